@@ -1,0 +1,37 @@
+# Set-up and the two commands of the README. Each target builds .venv by itself when needed.
+#
+#   make test                     the whole test suite
+#   make demo                     the plugin on examples/
+#   make test USE_SYSTEM_TORCH=1  reuse the torch of the Python that builds the venv
+#                                 (the venv is created with --system-site-packages)
+#   make test PYTEST_ARGS="-k renderer -x"
+PYTHON ?= python3
+VENV ?= .venv
+USE_SYSTEM_TORCH ?= 0
+CPU_TORCH ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test demo lint clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml scripts/setup-venv
+	PYTHON="$(PYTHON)" VENV="$(VENV)" USE_SYSTEM_TORCH="$(USE_SYSTEM_TORCH)" CPU_TORCH="$(CPU_TORCH)" \
+		bash scripts/setup-venv
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(BIN)/python -m pytest -p shutdown examples/ -v $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check pytest_shutdown tests examples
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

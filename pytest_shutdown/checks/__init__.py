@@ -1,0 +1,1 @@
+"""The assertion helpers: plain Python, no pytest needed. Each module checks one contract."""

@@ -1,0 +1,73 @@
+"""Findings: the data every check produces and every report renders."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: The stable finding codes users can match on, with what each one means.
+FINDING_CODES: Mapping[str, str] = {
+    "shutdown-raised": "a shutdown call raised instead of returning",
+    "cleanup-repeated": "a cleanup ran again on a later shutdown or on garbage collection",
+    "cleanup-missing": "a cleanup that explicit shutdown performs did not run on garbage collection",
+    "finalizer-bound-method": "a weakref.finalize callback is a bound method of its own object",
+    "finalizer-holds-object": "a weakref.finalize callback or its arguments reach the object",
+    "not-collected": "the object stayed alive after its last reference was dropped",
+    "blocking-close": "shutdown blocked on running work instead of returning",
+    "thread-leak": "a thread started inside the check is still running",
+    "process-leak": "a child process started inside the check is still running",
+    "gc-frozen-leak": "gc.get_freeze_count() changed: a gc.freeze() was left behind",
+    "force-killed": "a process had to be force-killed at the end of its shutdown budget",
+    "timeout-policy": "a process shutdown timeout policy returned the wrong budget",
+    "device-memory-held": "device memory did not return to its baseline after shutdown",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One broken shutdown contract.
+
+    ``code`` is one of :data:`FINDING_CODES`; ``message`` is one sentence naming the object and
+    what is wrong; ``details`` holds JSON-serialisable facts (durations, counts, stacks, pids).
+    """
+
+    code: str
+    message: str
+    details: Mapping[str, Any] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.code not in FINDING_CODES:
+            accepted = ", ".join(FINDING_CODES)
+            raise ValueError(f"unknown finding code {self.code!r}; accepted: {accepted}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": dict(self.details)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Finding:
+        return cls(data["code"], data["message"], dict(data.get("details", {})))
+
+
+class ShutdownContractError(AssertionError):
+    """Raised by every helper when a shutdown contract is broken; carries the findings."""
+
+    def __init__(self, findings: Iterable[Finding]) -> None:
+        self.findings: list[Finding] = list(findings)
+        if not self.findings:
+            raise ValueError("ShutdownContractError needs at least one finding")
+        super().__init__(str(self))
+
+    def __str__(self) -> str:
+        return "\n".join(f"[{f.code}] {f.message}" for f in self.findings)
+
+    @property
+    def codes(self) -> list[str]:
+        return [f.code for f in self.findings]
+
+
+def raise_if_any(findings: Iterable[Finding]) -> None:
+    """Raise :class:`ShutdownContractError` when ``findings`` is not empty."""
+    found = list(findings)
+    if found:
+        raise ShutdownContractError(found)

@@ -1,0 +1,1 @@
+"""The bundled reference engine, modelled on vLLM V1. Importing its modules imports torch."""

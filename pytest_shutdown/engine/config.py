@@ -1,0 +1,129 @@
+"""EngineConfig: every knob of the reference engine, validated when it is built."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+PLATFORM_CHOICES = ("auto", "cuda", "rocm", "cpu")
+START_METHODS = ("forkserver", "spawn", "fork")
+
+# Fields that must be finite and >= 0 (None allowed where the type says so).
+_NON_NEGATIVE = (
+    "shutdown_timeout",
+    "rocm_process_grace_s",
+    "child_exit_grace_s",
+    "default_process_timeout_s",
+    "startup_timeout_s",
+    "teardown_delay_s",
+    "step_delay_s",
+)
+_POSITIVE_INTS = (
+    "renderer_num_workers",
+    "mm_cache_size",
+    "vocab_size",
+    "hidden_size",
+    "kv_cache_bytes",
+    "data_parallel_size",
+)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Configuration of the reference engine.
+
+    ``platform`` decides every platform-dependent policy; a forced ``"rocm"`` on a machine without
+    a GPU keeps tensors on the CPU but takes every ROCm decision (grace, ``gc.freeze``). All
+    grace constants live here so that tests can scale a 15 s grace down to a fraction of a second
+    and still exercise the same decisions.
+    """
+
+    platform: str = "auto"
+    #: The request-drain budget given to EngineCore on shutdown; 0 aborts requests at once;
+    #: None lets the parent's process timeout decide.
+    shutdown_timeout: float | None = 0.0
+    #: Cleanup grace given to a ROCm EngineCore process after an immediate abort (R6).
+    rocm_process_grace_s: float = 15.0
+    #: Extra time the DP supervisor gives its children on top of the process timeout (R7).
+    child_exit_grace_s: float = 5.0
+    #: Process timeout used by shutdown_processes when the caller passes None (R4).
+    default_process_timeout_s: float = 5.0
+    renderer_num_workers: int = 2
+    mm_cache_size: int = 32
+    vocab_size: int = 256
+    hidden_size: int = 32
+    kv_cache_bytes: int = 1 << 20
+    data_parallel_size: int = 1
+    start_method: str = "forkserver"
+    startup_timeout_s: float = 60.0
+    #: Fault injection: sleep inside EngineCore.shutdown, like a slow ROCm teardown.
+    teardown_delay_s: float = 0.0
+    #: Fault injection: sleep inside every EngineCore.step.
+    step_delay_s: float = 0.0
+    #: Derived from ``platform``: the torch device string tensors are placed on.
+    device: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.platform not in PLATFORM_CHOICES:
+            raise ValueError(
+                f"EngineConfig.platform: unknown value {self.platform!r}; "
+                f"accepted: {', '.join(PLATFORM_CHOICES)}"
+            )
+        if self.start_method not in START_METHODS:
+            raise ValueError(
+                f"EngineConfig.start_method: unknown value {self.start_method!r}; "
+                f"accepted: {', '.join(START_METHODS)}"
+            )
+        for name in _NON_NEGATIVE:
+            _check_non_negative(name, getattr(self, name))
+        for name in _POSITIVE_INTS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(
+                    f"EngineConfig.{name}: expected a positive integer, got {value!r}"
+                )
+        if not self.device:
+            object.__setattr__(self, "device", _device_for(self.resolved_platform))
+
+    @property
+    def resolved_platform(self) -> str:
+        """The platform whose decisions the engine takes (``auto`` → detected)."""
+        if self.platform != "auto":
+            return self.platform
+        from pytest_shutdown.devices import detect_platform  # noqa: PLC0415
+
+        return detect_platform()
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        """A copy with ``changes`` applied (and validated); ``device`` is derived again."""
+        unknown = set(changes) - {f.name for f in fields(self)}
+        if unknown:
+            accepted = ", ".join(f.name for f in fields(self))
+            raise ValueError(
+                f"EngineConfig: unknown field(s) {', '.join(sorted(unknown))}; "
+                f"accepted: {accepted}"
+            )
+        changes.setdefault("device", "")
+        return replace(self, **changes)
+
+
+def _check_non_negative(name: str, value: object) -> None:
+    if value is None and name == "shutdown_timeout":
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"EngineConfig.{name}: expected a number >= 0, got {value!r}")
+    if math.isnan(value) or value < 0 or math.isinf(value):
+        raise ValueError(
+            f"EngineConfig.{name}: expected a finite number >= 0, got {value!r}"
+        )
+
+
+def _device_for(platform: str) -> str:
+    """The torch device for ``platform`` on this machine: the GPU only if one is really there."""
+    if platform in ("cuda", "rocm"):
+        from pytest_shutdown.devices import detect_platform  # noqa: PLC0415
+
+        if detect_platform() == platform:
+            return "cuda"  # ROCm builds of torch address HIP devices as "cuda" too
+    return "cpu"

@@ -1,0 +1,494 @@
+"""``no_leaks``: threads, child processes and gc freezes a block of code leaves behind.
+
+The module is built from small primitives that the pytest guard reuses, so the helper and the
+plugin share one implementation:
+
+* :func:`take_snapshot` records what exists now (threads, descendant processes, freeze count);
+* :func:`started_since` names what was started after a snapshot and is still running;
+* :func:`await_exit` gives those a grace period, polling against one deadline;
+* :func:`leak_findings` turns what is left into :class:`~pytest_shutdown.findings.Finding` data;
+* :func:`kill_process_trees` restores order afterwards.
+
+Cheap when nothing leaked: a snapshot is ``threading.enumerate()``, ``gc.get_freeze_count()`` and,
+for processes, one ``waitid(WNOHANG | WNOWAIT)`` system call that tells whether this process has
+any child at all. The process table is scanned only when a child exists, ``gc.collect()`` runs only
+when something is still alive after a short wait, and stacks and command lines are read only for
+what is reported.
+
+:func:`assert_device_memory_released` checks the ``device-memory-held`` contract against any
+reader with ``name`` and ``used_bytes()`` (see :class:`pytest_shutdown.devices.MemoryReader`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gc
+import math
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import psutil
+
+from pytest_shutdown.findings import Finding, ShutdownContractError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.devices import MemoryReader
+
+__all__ = [
+    "AllowRule",
+    "LeakSnapshot",
+    "Started",
+    "ThreadFilter",
+    "assert_device_memory_released",
+    "await_exit",
+    "kill_process_trees",
+    "leak_findings",
+    "no_leaks",
+    "started_since",
+    "take_snapshot",
+    "thread_filter",
+]
+
+#: A predicate that returns True for a thread that must not be reported.
+ThreadFilter = Callable[[threading.Thread], bool]
+#: One entry of ``allow=``: a glob pattern matched against the thread name, or a predicate.
+AllowRule = str | ThreadFilter
+
+#: Threads whose name starts with this prefix belong to pytest-shutdown itself (watchdogs); they
+#: are never reported.
+OWN_THREAD_PREFIX = "pytest-shutdown"
+
+#: Frames kept per thread stack in a finding (the innermost ones).
+STACK_LIMIT = 40
+
+#: How long to wait for leaked-looking threads and processes before paying for one gc.collect():
+#: an executor dropped without shutdown() ends its workers only when it is collected.
+_COLLECT_AFTER_S = 0.05
+
+_PROCESS_STATES_ENDED = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
+
+
+@dataclass(frozen=True)
+class LeakSnapshot:
+    """What existed when the snapshot was taken.
+
+    ``threads`` holds the live ``threading.Thread`` objects (identity, not ident: idents are
+    reused); ``pids`` the live descendant processes (recursive), empty when this process had no
+    child at all; ``freeze_count`` is ``gc.get_freeze_count()``.
+    """
+
+    threads: frozenset[threading.Thread]
+    pids: frozenset[int]
+    freeze_count: int
+    taken_at: float = field(default_factory=time.monotonic, compare=False)
+
+
+@dataclass(frozen=True)
+class Started:
+    """Threads and processes started after a snapshot that are still running."""
+
+    threads: tuple[threading.Thread, ...] = ()
+    pids: tuple[int, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.threads or self.pids)
+
+    def without(
+        self, threads: Iterable[threading.Thread] = (), pids: Iterable[int] = ()
+    ) -> Started:
+        """Return a copy without the given threads and pids (e.g. those owned by a fixture)."""
+        skip_threads = set(threads)
+        skip_pids = set(pids)
+        return Started(
+            tuple(t for t in self.threads if t not in skip_threads),
+            tuple(p for p in self.pids if p not in skip_pids),
+        )
+
+
+# --- snapshots -------------------------------------------------------------------------------
+
+
+def _may_have_children() -> bool:
+    """Return False only when this process certainly has no child process (one system call)."""
+    waitid = getattr(os, "waitid", None)
+    if waitid is None:  # pragma: no cover - not Unix
+        return True
+    try:
+        waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except OSError:  # pragma: no cover - e.g. EINTR; be safe and look
+        return True
+    return True
+
+
+def descendant_pids() -> frozenset[int]:
+    """Return the pids of this process's live descendants (recursive); cheap without children."""
+    if not _may_have_children():
+        return frozenset()
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:  # pragma: no cover - /proc unreadable
+        return frozenset()
+    return frozenset(child.pid for child in children)
+
+
+def take_snapshot(*, threads: bool = True, processes: bool = True) -> LeakSnapshot:
+    """Record the live threads, descendant processes and the gc freeze count."""
+    return LeakSnapshot(
+        threads=frozenset(threading.enumerate()) if threads else frozenset(),
+        pids=descendant_pids() if processes else frozenset(),
+        freeze_count=gc.get_freeze_count(),
+    )
+
+
+# --- what was started ------------------------------------------------------------------------
+
+
+def thread_filter(allow: Iterable[AllowRule] = ()) -> ThreadFilter:
+    """Compile ``allow=`` into one predicate: True for a thread that must not be reported.
+
+    A string is a glob pattern (``fnmatch``, case-sensitive) matched against the thread's name,
+    e.g. ``"pydevd.*"`` or ``"ThreadPoolExecutor-*"``; a callable receives the
+    ``threading.Thread`` and returns True to ignore it. pytest-shutdown's own threads (names
+    starting with ``pytest-shutdown``) are always ignored.
+    """
+    patterns: list[str] = []
+    predicates: list[ThreadFilter] = []
+    for rule in allow:
+        if isinstance(rule, str):
+            patterns.append(rule)
+        elif callable(rule):
+            predicates.append(rule)
+        else:
+            raise TypeError(
+                f"allow: {rule!r} is neither a thread-name glob pattern (str) nor a predicate "
+                "taking a threading.Thread"
+            )
+
+    def allowed(thread: threading.Thread) -> bool:
+        name = thread.name
+        if name.startswith(OWN_THREAD_PREFIX):
+            return True
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
+            return True
+        return any(predicate(thread) for predicate in predicates)
+
+    return allowed
+
+
+def _thread_running(thread: threading.Thread) -> bool:
+    # Foreign threads seen through threading (_DummyThread) can be neither joined nor tracked.
+    return (
+        thread.is_alive()
+        and thread is not threading.current_thread()
+        and not isinstance(thread, threading._DummyThread)
+    )
+
+
+def _process_running(pid: int) -> bool:
+    """True while ``pid`` runs; a zombie (ended, not yet reaped by its owner) has ended."""
+    try:
+        return psutil.Process(pid).status() not in _PROCESS_STATES_ENDED
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # pragma: no cover - access denied: it exists
+        return True
+
+
+def started_since(
+    before: LeakSnapshot,
+    *,
+    threads: bool = True,
+    processes: bool = True,
+    allow: ThreadFilter | None = None,
+) -> Started:
+    """Return the threads and processes started after ``before`` and still running now.
+
+    Cheap: no process-table scan unless this process has a child, no waiting.
+    """
+    new_threads: tuple[threading.Thread, ...] = ()
+    if threads:
+        new_threads = tuple(
+            t
+            for t in threading.enumerate()
+            if t not in before.threads and _thread_running(t) and not (allow and allow(t))
+        )
+    new_pids: tuple[int, ...] = ()
+    if processes:
+        now = descendant_pids()
+        if now:
+            new_pids = tuple(sorted(p for p in now - before.pids if _process_running(p)))
+    return Started(new_threads, new_pids)
+
+
+def await_exit(started: Started, grace: float, *, collect: bool = True) -> Started:
+    """Wait up to ``grace`` seconds (one deadline) for ``started`` to end; return what is left.
+
+    Threads are joined (a join returns as soon as its thread ends), processes are polled without
+    reaping them (their owners still need their exit status). When something is still running
+    after a short wait, one ``gc.collect()`` runs, since dropped executors stop their workers
+    only when collected (``collect=False`` skips it).
+    """
+    deadline = time.monotonic() + max(grace, 0.0)
+    collect_at = time.monotonic() + _COLLECT_AFTER_S
+    left = started
+    delay = 0.002
+    while True:
+        threads = tuple(t for t in left.threads if _thread_running(t))
+        pids = tuple(p for p in left.pids if _process_running(p))
+        left = Started(threads, pids)
+        now = time.monotonic()
+        if not left or now >= deadline:
+            return left
+        if collect and now >= collect_at:
+            collect = False
+            gc.collect()
+            continue
+        step = min(delay, deadline - now)
+        if threads:
+            threads[0].join(step)
+        else:
+            time.sleep(step)
+        delay = min(delay * 2, 0.05)
+
+
+# --- findings --------------------------------------------------------------------------------
+
+
+def _thread_record(thread: threading.Thread, frames: dict[int, Any]) -> dict[str, Any]:
+    frame = frames.get(thread.ident) if thread.ident is not None else None
+    stack = "".join(traceback.format_stack(frame)[-STACK_LIMIT:]) if frame is not None else ""
+    return {
+        "name": thread.name,
+        "ident": thread.ident,
+        "daemon": thread.daemon,
+        "stack": stack,
+    }
+
+
+def _process_record(pid: int) -> dict[str, Any]:
+    record: dict[str, Any] = {"pid": pid, "name": None, "cmdline": [], "ppid": None}
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            record["name"] = proc.name()
+            record["ppid"] = proc.ppid()
+            record["cmdline"] = proc.cmdline()
+    except psutil.Error:
+        pass
+    return record
+
+
+def leak_findings(
+    left: Started,
+    *,
+    grace: float,
+    subject: str = "the block",
+    freeze_before: int | None = None,
+    freeze_after: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> list[Finding]:
+    """Render what is left as findings: ``thread-leak``, ``process-leak``, ``gc-frozen-leak``.
+
+    ``subject`` names where things were started (``"test_x"``, ``"fixture 'engine'"``); ``extra``
+    is merged into every finding's details (e.g. the owner of the leak).
+    """
+    findings: list[Finding] = []
+    extra = dict(extra or {})
+    if left.threads:
+        frames = sys._current_frames()
+        records = [_thread_record(t, frames) for t in left.threads]
+        names = ", ".join(repr(r["name"]) for r in records)
+        count = len(records)
+        findings.append(
+            Finding(
+                "thread-leak",
+                f"{count} thread{'s' if count != 1 else ''} started in {subject} still "
+                f"running after the {grace:g} s grace: {names}.",
+                {"threads": records, "grace_s": grace, **extra},
+            )
+        )
+    if left.pids:
+        records = [_process_record(pid) for pid in left.pids]
+        described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in records)
+        count = len(records)
+        findings.append(
+            Finding(
+                "process-leak",
+                f"{count} child process{'es' if count != 1 else ''} started in {subject} still "
+                f"running after the {grace:g} s grace: {described}.",
+                {"processes": records, "grace_s": grace, **extra},
+            )
+        )
+    if freeze_before is not None and freeze_after is not None and freeze_before != freeze_after:
+        findings.append(
+            Finding(
+                "gc-frozen-leak",
+                f"gc.get_freeze_count() went from {freeze_before} to {freeze_after} in "
+                f"{subject}: a gc.freeze() was left behind.",
+                {"before": freeze_before, "after": freeze_after, **extra},
+            )
+        )
+    return findings
+
+
+# --- restoring order -------------------------------------------------------------------------
+
+
+def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dict[str, Any]]:
+    """SIGKILL each process and all its descendants; wait (one deadline) until they have ended.
+
+    Processes are not reaped: their owners (``subprocess``, ``multiprocessing``) still collect
+    the exit status. Returns one record per process killed (pid, name, command line).
+    """
+    victims: dict[int, psutil.Process] = {}
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            for member in [proc, *proc.children(recursive=True)]:
+                victims.setdefault(member.pid, member)
+        except psutil.Error:
+            continue
+    killed: list[dict[str, Any]] = []
+    for pid, proc in victims.items():
+        record = _process_record(pid)
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+        killed.append(record)
+    deadline = time.monotonic() + timeout
+    remaining = [p.pid for p in victims.values()]
+    while remaining and time.monotonic() < deadline:
+        remaining = [pid for pid in remaining if _process_running(pid)]
+        if remaining:
+            time.sleep(0.01)
+    return killed
+
+
+# --- the helper ------------------------------------------------------------------------------
+
+
+def _check_grace(grace: float) -> None:
+    if not isinstance(grace, (int, float)) or math.isnan(grace) or grace < 0:
+        raise ValueError(f"grace: expected a number of seconds >= 0, got {grace!r}")
+
+
+@contextmanager
+def no_leaks(
+    *,
+    threads: bool = True,
+    processes: bool = True,
+    gc_freeze: bool = True,
+    grace: float = 2.0,
+    allow: Sequence[AllowRule] = (),
+) -> Iterator[LeakSnapshot]:
+    """Fail when the block leaves threads, child processes or a ``gc.freeze()`` behind.
+
+    Threads and child processes (recursive) started inside the block and still running ``grace``
+    seconds after it ends are ``thread-leak`` (names and stacks) and ``process-leak`` (pid, name,
+    command line); a ``gc.get_freeze_count()`` different from the one at entry is
+    ``gc-frozen-leak``. Each kind can be switched off. ``allow`` ignores threads: glob patterns
+    matched against the thread name (``"ThreadPoolExecutor-*"``) or predicates taking the
+    ``threading.Thread``. Raises :class:`~pytest_shutdown.findings.ShutdownContractError`; when the
+    block itself raises, that exception propagates unchanged and nothing is checked.
+
+    Nothing is killed or unfrozen: the caller decides (see :func:`kill_process_trees`).
+
+    >>> with no_leaks(grace=1.0):
+    ...     engine = start_engine()
+    ...     engine.shutdown()
+    """
+    _check_grace(grace)
+    allowed = thread_filter(allow)
+    before = take_snapshot(threads=threads, processes=processes)
+    yield before
+    started = started_since(before, threads=threads, processes=processes, allow=allowed)
+    left = await_exit(started, grace) if started else started
+    freeze_after = gc.get_freeze_count()
+    findings = leak_findings(
+        left,
+        grace=grace,
+        subject="the no_leaks() block",
+        freeze_before=before.freeze_count if gc_freeze else None,
+        freeze_after=freeze_after if gc_freeze else None,
+    )
+    if findings:
+        raise ShutdownContractError(findings)
+
+
+#: Default slack for :func:`assert_device_memory_released`: allocator caches and driver
+#: bookkeeping move by a few MiB without anything being held.
+DEFAULT_DEVICE_TOLERANCE_BYTES = 64 * 1024 * 1024
+
+
+def assert_device_memory_released(
+    reader: MemoryReader,
+    baseline_bytes: int,
+    *,
+    tolerance_bytes: int = DEFAULT_DEVICE_TOLERANCE_BYTES,
+    timeout: float = 30.0,
+    interval: float = 0.1,
+) -> int:
+    """Wait until ``reader.used_bytes()`` is back to ``baseline_bytes`` (+ ``tolerance_bytes``).
+
+    ``reader`` is anything with ``name: str`` and ``used_bytes() -> int`` (the readers of
+    :mod:`pytest_shutdown.devices`); ``baseline_bytes`` is a reading taken before the engine
+    started. Device memory of a process that was just killed returns asynchronously, so the
+    reader is polled every ``interval`` seconds until ``timeout``; after the first reading above
+    the limit, one ``gc.collect()`` drops tensors held only by garbage. Returns the last reading;
+    raises :class:`~pytest_shutdown.findings.ShutdownContractError` with ``device-memory-held``
+    (device, baseline, last reading, bytes held, time waited) when memory did not come back.
+    """
+    for option, value in (("timeout", timeout), ("interval", interval)):
+        if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+            raise ValueError(f"{option}: expected a number of seconds >= 0, got {value!r}")
+    if interval == 0:
+        raise ValueError("interval: expected a number of seconds > 0, got 0")
+    if tolerance_bytes < 0 or baseline_bytes < 0:
+        raise ValueError(
+            "baseline_bytes and tolerance_bytes: expected byte counts >= 0, got "
+            f"{baseline_bytes!r} and {tolerance_bytes!r}"
+        )
+    limit = baseline_bytes + tolerance_bytes
+    start = time.monotonic()
+    deadline = start + timeout
+    collected = False
+    while True:
+        used = int(reader.used_bytes())
+        if used <= limit:
+            return used
+        now = time.monotonic()
+        if now >= deadline:
+            break
+        if not collected:
+            collected = True
+            gc.collect()
+            continue
+        time.sleep(min(interval, deadline - now))
+    held = used - baseline_bytes
+    raise ShutdownContractError(
+        [
+            Finding(
+                "device-memory-held",
+                f"{reader.name}: {held / 2**20:.1f} MiB above the baseline still in use after "
+                f"{timeout:g} s (tolerance {tolerance_bytes / 2**20:.1f} MiB).",
+                {
+                    "device": reader.name,
+                    "baseline_bytes": baseline_bytes,
+                    "used_bytes": used,
+                    "held_bytes": held,
+                    "tolerance_bytes": tolerance_bytes,
+                    "waited_s": round(time.monotonic() - start, 3),
+                },
+            )
+        ]
+    )

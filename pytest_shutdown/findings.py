@@ -10,7 +10,7 @@ from typing import Any
 FINDING_CODES: Mapping[str, str] = {
     "shutdown-raised": "a shutdown call raised instead of returning",
     "cleanup-repeated": "a cleanup ran again on a later shutdown or on garbage collection",
-    "cleanup-missing": "a cleanup that explicit shutdown performs did not run on garbage collection",
+    "cleanup-missing": "a cleanup that explicit shutdown performs did not run on collection",
     "finalizer-bound-method": "a weakref.finalize callback is a bound method of its own object",
     "finalizer-holds-object": "a weakref.finalize callback or its arguments reach the object",
     "not-collected": "the object stayed alive after its last reference was dropped",

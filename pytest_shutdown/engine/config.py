@@ -80,9 +80,7 @@ class EngineConfig:
         for name in _POSITIVE_INTS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(
-                    f"EngineConfig.{name}: expected a positive integer, got {value!r}"
-                )
+                raise ValueError(f"EngineConfig.{name}: expected a positive integer, got {value!r}")
         if not self.device:
             object.__setattr__(self, "device", _device_for(self.resolved_platform))
 
@@ -101,8 +99,7 @@ class EngineConfig:
         if unknown:
             accepted = ", ".join(f.name for f in fields(self))
             raise ValueError(
-                f"EngineConfig: unknown field(s) {', '.join(sorted(unknown))}; "
-                f"accepted: {accepted}"
+                f"EngineConfig: unknown field(s) {', '.join(sorted(unknown))}; accepted: {accepted}"
             )
         changes.setdefault("device", "")
         return replace(self, **changes)
@@ -114,9 +111,7 @@ def _check_non_negative(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"EngineConfig.{name}: expected a number >= 0, got {value!r}")
     if math.isnan(value) or value < 0 or math.isinf(value):
-        raise ValueError(
-            f"EngineConfig.{name}: expected a finite number >= 0, got {value!r}"
-        )
+        raise ValueError(f"EngineConfig.{name}: expected a finite number >= 0, got {value!r}")
 
 
 def _device_for(platform: str) -> str:

@@ -92,7 +92,11 @@ class EngineCore:
         self._lock = threading.RLock()
 
         self._resources = ExitStack()
+        # ExitStack.close is not safe against concurrent callers; racing shutdowns serialise.
+        self._shutdown_lock = threading.Lock()
         self._resources.callback(logger.info, "[shutdown] EngineCore")
+        self._closed = threading.Event()
+        self._resources.callback(self._closed.set)
         self._finalizer = weakref.finalize(self, self._resources.close)
 
         self.model: TinyModel | None = TinyModel(self.config.vocab_size, self.config.hidden_size)
@@ -156,7 +160,7 @@ class EngineCore:
             with torch.no_grad():
                 logits = self.model(torch.tensor(last, device=self.device))
                 next_tokens = logits.argmax(dim=-1).tolist()
-            for request, token in zip(running, next_tokens):
+            for request, token in zip(running, next_tokens, strict=True):
                 request.output_token_ids.append(int(token))
                 if len(request.output_token_ids) >= request.max_tokens:
                     request.finish_reason = FinishReason.LENGTH
@@ -181,11 +185,12 @@ class EngineCore:
     # -- lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Release model and KV cache and unfreeze the startup heap; later calls do nothing."""
-        self._resources.close()
+        with self._shutdown_lock:
+            self._resources.close()
 
     @property
     def is_shut_down(self) -> bool:
-        return not self._finalizer.alive
+        return self._closed.is_set()
 
     def utility(self, name: str, *args: Any) -> Any:
         """Answer a utility call by name (the child-process RPC path uses this)."""
@@ -195,7 +200,9 @@ class EngineCore:
             return self.has_work()
         if name == "ping":
             return "pong"
-        raise ValueError(f"unknown utility {name!r}; accepted: num_unfinished_requests, has_work, ping")
+        raise ValueError(
+            f"unknown utility {name!r}; accepted: num_unfinished_requests, has_work, ping"
+        )
 
 
 def _freeze_startup_heap() -> bool:

@@ -102,7 +102,11 @@ class ReferenceRenderer:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config if config is not None else EngineConfig()
         self._resources = ExitStack()
+        # ExitStack.close is not safe against concurrent callers; racing shutdowns serialise.
+        self._shutdown_lock = threading.Lock()
         self._resources.callback(logger.info, f"[shutdown] {type(self).__name__}")
+        self._closed = threading.Event()
+        self._resources.callback(self._closed.set)
         self._finalizer = weakref.finalize(self, self._resources.close)
 
         self.tokenizer = ByteTokenizer()
@@ -123,11 +127,12 @@ class ReferenceRenderer:
     # -- lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Release the pools and the MM cache; every later call does nothing."""
-        self._resources.close()
+        with self._shutdown_lock:
+            self._resources.close()
 
     @property
     def is_shut_down(self) -> bool:
-        return not self._finalizer.alive
+        return self._closed.is_set()
 
     # -- futures API -----------------------------------------------------------------------
     def tokenize(self, text: str) -> Future[list[int]]:

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pytest_shutdown import FINDING_CODES, Finding, ShutdownContractError
+from pytest_shutdown.findings import raise_if_any
+
+
+def test_the_thirteen_codes_of_the_design() -> None:
+    assert sorted(FINDING_CODES) == sorted(
+        [
+            "shutdown-raised",
+            "cleanup-repeated",
+            "cleanup-missing",
+            "finalizer-bound-method",
+            "finalizer-holds-object",
+            "not-collected",
+            "blocking-close",
+            "thread-leak",
+            "process-leak",
+            "gc-frozen-leak",
+            "force-killed",
+            "timeout-policy",
+            "device-memory-held",
+        ]
+    )
+
+
+def test_unknown_code_is_rejected_with_the_accepted_list() -> None:
+    with pytest.raises(ValueError, match="unknown finding code 'leak'; accepted: shutdown-raised"):
+        Finding("leak", "x")
+
+
+def test_finding_round_trips_through_json() -> None:
+    finding = Finding("thread-leak", "thread 'w' is still running", {"threads": ["w"]})
+    data = json.loads(json.dumps(finding.to_dict()))
+    assert Finding.from_dict(data) == finding
+    with pytest.raises(AttributeError):
+        finding.code = "x"  # type: ignore[misc]
+
+
+def test_error_lists_every_message_and_is_an_assertion_error() -> None:
+    found = [Finding("cleanup-repeated", "cache closed twice"), Finding("not-collected", "kept")]
+    with pytest.raises(AssertionError) as info:
+        raise_if_any(found)
+    error = info.value
+    assert isinstance(error, ShutdownContractError)
+    assert error.findings == found and error.codes == ["cleanup-repeated", "not-collected"]
+    assert str(error) == "[cleanup-repeated] cache closed twice\n[not-collected] kept"
+
+
+def test_no_findings_no_error() -> None:
+    raise_if_any([])
+    with pytest.raises(ValueError, match="at least one finding"):
+        ShutdownContractError([])

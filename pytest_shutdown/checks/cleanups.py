@@ -1,0 +1,502 @@
+"""Discovering an object's cleanups and counting the real calls made to them.
+
+An object's *cleanups* are found in three places:
+
+* its instance attributes, and one level into lists, tuples and dicts held there:
+  executors (``shutdown``), ``ExitStack`` callbacks, and any object whose type defines
+  ``close``, ``shutdown``, ``terminate``, ``release`` or ``stop`` (lock-like objects excepted);
+* its ``weakref.finalize`` and ``multiprocessing.util.Finalize`` registrations (the ExitStack
+  a finalizer closes, the bound method it calls, the resources in its arguments);
+* ``watch=``: functions, bound methods, objects, or attribute paths such as ``"cache.close"``.
+
+``ExitStack.close`` and finalizer calls are *routes* to cleanups, not cleanups themselves.
+
+Calls are counted with a profile hook (``sys.setprofile``) installed on the threads the helper
+drives, keyed by code object and by the identity of ``self``: bound methods captured at
+registration time (by an ExitStack or a finalizer) are seen, which wrapping an attribute
+afterwards would miss. A cleanup that calls its base class's method counts once (nested entries
+on one thread are one call). Each call is charged to the round (``"call 1"``, ``"gc"``, ...) of
+the thread that made it; threads the helper does not drive are not counted, so executor threads
+finishing their own work later are never taken for a repeat. Specs hold identities only: nothing
+installed here keeps the object under test alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import types
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Method names that mark an object as a resource with a cleanup.
+CLEANUP_METHODS: tuple[str, ...] = ("close", "shutdown", "terminate", "release", "stop")
+
+#: One watched item: a function, a bound method, an object, or an attribute path.
+Watch = object
+
+_ProfileHook = Callable[[types.FrameType, Any, Any], object]
+_NOT_RESOURCES = (
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+    str,
+    bytes,
+    int,
+    float,
+    weakref.finalize,
+)
+_MAX_CONTAINER_ITEMS = 256
+
+
+@dataclass(frozen=True)
+class CleanupSpec:
+    """One cleanup to count: which code objects, on which ``self``.
+
+    ``label`` is stable across twins built by the same factory (``"_executor.shutdown"``,
+    ``"_resources callback 0 (Logger.debug)"``); ``attribute`` and ``method`` split it for
+    reports. A Python frame matches when its code is in ``codes`` and its first argument is the
+    object with id ``self_id`` (any object when ``None``) and, for ExitStack callback wrappers,
+    its free variable ``closure_var`` is the object with id ``closure_id``. A C method matches
+    by ``c_name`` and the id of its ``__self__``.
+    """
+
+    label: str
+    attribute: str
+    method: str
+    codes: frozenset[types.CodeType] = frozenset()
+    c_name: str | None = None
+    self_id: int | None = None
+    closure_var: str | None = None
+    closure_id: int | None = None
+
+
+def is_exit_stack(value: object) -> bool:
+    """True for ``contextlib.ExitStack`` and ``AsyncExitStack`` instances."""
+    base = getattr(contextlib, "_BaseExitStack", None)
+    if base is not None:
+        return isinstance(value, base)
+    return isinstance(value, (contextlib.ExitStack, contextlib.AsyncExitStack))
+
+
+def exit_stack_callbacks(stack: object) -> list[Callable[..., Any]]:
+    """The callbacks still registered on an ExitStack, in registration order."""
+    entries = getattr(stack, "_exit_callbacks", ())
+    return [cb for _is_sync, cb in list(entries)]
+
+
+def finalizer_registrations(obj: object) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """``(func, args, kwargs)`` of every pending finalizer whose referent is ``obj``.
+
+    Both ``weakref.finalize`` and ``multiprocessing.util.Finalize`` registrations are returned.
+    """
+    found: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+    registry = getattr(weakref.finalize, "_registry", {})
+    for info in list(registry.values()):
+        ref = getattr(info, "weakref", None)
+        if ref is not None and ref() is obj:
+            found.append((info.func, tuple(info.args), dict(info.kwargs or {})))
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        for final in list(getattr(mp_util, "_finalizer_registry", {}).values()):
+            ref = getattr(final, "_weakref", None)
+            if ref is not None and ref() is obj:
+                found.append(
+                    (final._callback, tuple(final._args), dict(final._kwargs or {}))
+                )
+    return found
+
+
+def pending_finalizers(obj: object) -> list[Callable[[], Any]]:
+    """The pending finalizer objects of ``obj``: calling one runs what collection would run."""
+    found: list[Callable[[], Any]] = []
+    registry = getattr(weakref.finalize, "_registry", {})
+    for final, info in list(registry.items()):
+        ref = getattr(info, "weakref", None)
+        if ref is not None and ref() is obj:
+            found.append(final)
+    mp_util = sys.modules.get("multiprocessing.util")
+    if mp_util is not None:
+        for final in list(getattr(mp_util, "_finalizer_registry", {}).values()):
+            ref = getattr(final, "_weakref", None)
+            if ref is not None and ref() is obj:
+                found.append(final)
+    return found
+
+
+def cleanup_method_names(value: object) -> tuple[str, ...]:
+    """The cleanup methods ``value``'s type defines; empty when it is not a resource."""
+    if isinstance(value, _NOT_RESOURCES) or is_exit_stack(value):
+        return ()
+    if isinstance(value, Executor):
+        return ("shutdown",)
+    kind = type(value)
+    if callable(getattr(kind, "acquire", None)):
+        return ()  # locks, semaphores, conditions: release() is not a cleanup
+    return tuple(name for name in CLEANUP_METHODS if callable(getattr(kind, name, None)))
+
+
+def method_spec(target: object, name: str, label: str, attribute: str) -> CleanupSpec:
+    """A spec counting ``target.<name>()``, whichever class in the MRO implements it."""
+    codes: set[types.CodeType] = set()
+    c_name: str | None = None
+    for klass in type(target).__mro__:
+        impl = klass.__dict__.get(name)
+        if impl is None:
+            continue
+        func = getattr(impl, "__func__", impl)
+        code = getattr(func, "__code__", None)
+        if isinstance(code, types.CodeType):
+            codes.add(code)
+        else:
+            c_name = name
+    return CleanupSpec(
+        label=label,
+        attribute=attribute,
+        method=name,
+        codes=frozenset(codes),
+        c_name=c_name,
+        self_id=id(target),
+    )
+
+
+@dataclass
+class _Discovery:
+    obj: object
+    specs: list[CleanupSpec] = field(default_factory=list)
+    seen_methods: set[tuple[int, str]] = field(default_factory=set)
+    stacks: list[tuple[str, object]] = field(default_factory=list)
+    seen_stacks: set[int] = field(default_factory=set)
+    resource_ids: set[int] = field(default_factory=set)
+    names: dict[int, str] = field(default_factory=dict)
+
+    def add(self, spec: CleanupSpec) -> None:
+        key = (spec.self_id or 0, spec.method if spec.closure_id is None else spec.label)
+        if key in self.seen_methods:
+            return
+        self.seen_methods.add(key)
+        self.specs.append(spec)
+
+    def consider(self, label: str, value: object, *, nested: bool = True) -> None:
+        if value is self.obj:
+            return
+        if is_exit_stack(value):
+            if id(value) not in self.seen_stacks:
+                self.seen_stacks.add(id(value))
+                self.stacks.append((label, value))
+            return
+        names = cleanup_method_names(value)
+        if names:
+            self.resource_ids.add(id(value))
+            self.names.setdefault(id(value), label)
+            for name in names:
+                self.add(method_spec(value, name, f"{label}.{name}", label))
+            return
+        if not nested:
+            return
+        if isinstance(value, (list, tuple)):
+            for index, item in enumerate(value[:_MAX_CONTAINER_ITEMS]):
+                self.consider(f"{label}[{index}]", item, nested=False)
+        elif isinstance(value, dict):
+            for key, item in list(value.items())[:_MAX_CONTAINER_ITEMS]:
+                self.consider(f"{label}[{key!r}]", item, nested=False)
+
+    def expand_stack(self, label: str, stack: object) -> None:
+        for index, callback in enumerate(exit_stack_callbacks(stack)):
+            self.add_callback(f"{label} callback {index}", callback)
+
+    def add_callback(self, label: str, callback: Callable[..., Any]) -> None:
+        wrapped = getattr(callback, "__wrapped__", None)
+        inner = wrapped if wrapped is not None else callback
+        owner = getattr(inner, "__self__", None)
+        name = getattr(inner, "__name__", "")
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            if id(owner) in self.resource_ids and (
+                name in CLEANUP_METHODS or name == "__exit__"
+            ):
+                return  # already counted as the resource's own cleanup
+            if is_exit_stack(owner) and name in ("close", "__exit__"):
+                self.consider(label, owner)  # a nested stack: a route, expand it
+                return
+            if name in cleanup_method_names(owner) or name == "__exit__":
+                attribute = self.names.get(id(owner), f"{label} ({type(owner).__qualname__})")
+                self.add(method_spec(owner, name, f"{attribute}.{name}", attribute))
+                return
+        qualname = getattr(inner, "__qualname__", type(inner).__qualname__)
+        if wrapped is not None:
+            spec = _closure_spec(label, qualname, callback, wrapped)
+            if spec is not None:
+                self.add(spec)
+                return
+        code = getattr(getattr(inner, "__func__", inner), "__code__", None)
+        if isinstance(code, types.CodeType):
+            self.add(
+                CleanupSpec(
+                    label=f"{label} ({qualname})",
+                    attribute=label,
+                    method=qualname,
+                    codes=frozenset({code}),
+                    self_id=None if owner is None else id(owner),
+                )
+            )
+
+    def add_watch(self, item: Watch) -> None:
+        if isinstance(item, str):
+            self.add_path(item)
+        elif isinstance(item, types.MethodType):
+            owner = item.__self__
+            label = f"{self.names.get(id(owner), type(owner).__qualname__)}.{item.__name__}"
+            self.add(method_spec(owner, item.__name__, label, label.rsplit(".", 1)[0]))
+        elif isinstance(item, types.FunctionType):
+            self.add(
+                CleanupSpec(
+                    label=item.__qualname__,
+                    attribute="watch",
+                    method=item.__qualname__,
+                    codes=frozenset({item.__code__}),
+                )
+            )
+        elif cleanup_method_names(item) or is_exit_stack(item):
+            self.consider(self.names.get(id(item), type(item).__qualname__), item)
+        else:
+            raise ValueError(
+                f"watch: cannot count cleanups of {item!r}; accepted: a function, a bound "
+                "method, an object with close/shutdown/terminate/release/stop, an ExitStack, "
+                "or an attribute path string such as 'cache.close'"
+            )
+
+    def add_path(self, path: str) -> None:
+        current: object = self.obj
+        parts = path.split(".")
+        for index, part in enumerate(parts):
+            try:
+                nxt = getattr(current, part)
+            except AttributeError:
+                raise ValueError(
+                    f"watch: {type(self.obj).__qualname__} has no attribute path {path!r} "
+                    f"(missing {part!r})"
+                ) from None
+            if index == len(parts) - 1 and isinstance(nxt, types.MethodType):
+                attribute = ".".join(parts[:-1])
+                self.add(method_spec(nxt.__self__, part, path, attribute))
+                return
+            current = nxt
+        if not (cleanup_method_names(current) or is_exit_stack(current)):
+            raise ValueError(
+                f"watch: {path!r} is neither a method nor an object with "
+                f"{'/'.join(CLEANUP_METHODS)}"
+            )
+        self.consider(path, current)
+
+
+def _closure_spec(
+    label: str, qualname: str, wrapper: Callable[..., Any], wrapped: object
+) -> CleanupSpec | None:
+    """A spec matching one ExitStack ``callback()`` wrapper by the callable it closes over."""
+    code = getattr(wrapper, "__code__", None)
+    cells = getattr(wrapper, "__closure__", None) or ()
+    if not isinstance(code, types.CodeType):
+        return None
+    for var, cell in zip(code.co_freevars, cells, strict=False):
+        try:
+            if cell.cell_contents is wrapped:
+                return CleanupSpec(
+                    label=f"{label} ({qualname})",
+                    attribute=label,
+                    method=qualname,
+                    codes=frozenset({code}),
+                    closure_var=var,
+                    closure_id=id(wrapped),
+                )
+        except ValueError:  # empty cell
+            continue
+    return None
+
+
+def instance_attributes(obj: object) -> Iterator[tuple[str, object]]:
+    """``(name, value)`` of the instance attributes of ``obj`` (``__dict__`` and slots)."""
+    yield from list(getattr(obj, "__dict__", {}).items())
+    for klass in type(obj).__mro__:
+        slots = klass.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name in ("__dict__", "__weakref__"):
+                continue
+            try:
+                yield name, getattr(obj, name)
+            except AttributeError:
+                continue
+
+
+def discover_cleanups(obj: object, watch: Iterable[Watch] = ()) -> list[CleanupSpec]:
+    """Every cleanup of ``obj`` that the helpers count, in a stable order.
+
+    Call it before the first shutdown: ExitStack callbacks are consumed when the stack closes.
+    """
+    found = _Discovery(obj)
+    attributes = list(instance_attributes(obj))
+    for name, value in attributes:  # resources first, so callbacks can name them
+        if not is_exit_stack(value):
+            found.consider(name, value)
+    for name, value in attributes:
+        if is_exit_stack(value):
+            found.consider(name, value)
+    for index, (func, args, kwargs) in enumerate(finalizer_registrations(obj)):
+        label = f"finalizer {index}"
+        owner = getattr(func, "__self__", None)
+        if owner is not None and is_exit_stack(owner):
+            found.consider(found.names.get(id(owner), f"{label} stack"), owner)
+        elif owner is not None and owner is not obj:
+            found.add_callback(label, func)
+        for position, arg in enumerate(args):
+            found.consider(f"{label} args[{position}]", arg)
+        for key, arg in kwargs.items():
+            found.consider(f"{label} kwargs[{key!r}]", arg)
+    for item in watch:
+        found.add_watch(item)
+    index = 0
+    while index < len(found.stacks):  # stacks found while expanding are expanded too
+        label, stack = found.stacks[index]
+        found.expand_stack(label, stack)
+        index += 1
+    return found.specs
+
+
+class _ThreadState:
+    __slots__ = ("round", "depth", "frames", "c_stack")
+
+    def __init__(self, round_name: str) -> None:
+        self.round = round_name
+        self.depth: dict[int, int] = {}
+        self.frames: dict[int, list[int]] = {}
+        self.c_stack: list[tuple[int, list[int]]] = []
+
+
+class CleanupCounter:
+    """Counts calls to ``specs`` per round, on the threads that :meth:`charge` a round."""
+
+    def __init__(self, specs: Iterable[CleanupSpec]) -> None:
+        self.specs: list[CleanupSpec] = list(specs)
+        self._by_code: dict[types.CodeType, list[int]] = {}
+        self._by_c_name: dict[str, list[int]] = {}
+        for index, spec in enumerate(self.specs):
+            for code in spec.codes:
+                self._by_code.setdefault(code, []).append(index)
+            if spec.c_name is not None:
+                self._by_c_name.setdefault(spec.c_name, []).append(index)
+        self._counts: dict[tuple[int, str], int] = {}
+        self._rounds: list[str] = []
+        self._lock = threading.Lock()
+
+    @property
+    def rounds(self) -> list[str]:
+        """The rounds charged so far, in order."""
+        return list(self._rounds)
+
+    def count(self, spec_index: int, round_name: str) -> int:
+        return self._counts.get((spec_index, round_name), 0)
+
+    def table(self) -> dict[str, dict[str, int]]:
+        """``{label: {round: count}}`` for every spec and every round charged."""
+        return {
+            spec.label: {name: self.count(index, name) for name in self._rounds}
+            for index, spec in enumerate(self.specs)
+        }
+
+    @contextlib.contextmanager
+    def charge(self, round_name: str) -> Iterator[None]:
+        """Count the cleanups this thread calls inside the block as ``round_name``.
+
+        The previous profile hook of the thread (coverage, a debugger) keeps being called and is
+        restored on exit.
+        """
+        with self._lock:
+            if round_name not in self._rounds:
+                self._rounds.append(round_name)
+        previous = sys.getprofile()
+        hook = self._make_hook(_ThreadState(round_name), previous)
+        sys.setprofile(hook)
+        try:
+            yield
+        finally:
+            sys.setprofile(previous)
+
+    def _bump(self, index: int, round_name: str) -> None:
+        with self._lock:
+            key = (index, round_name)
+            self._counts[key] = self._counts.get(key, 0) + 1
+
+    def _matches(self, index: int, frame: types.FrameType) -> bool:
+        spec = self.specs[index]
+        if spec.self_id is None and spec.closure_var is None:
+            return True
+        code = frame.f_code
+        values = frame.f_locals
+        if spec.self_id is not None:
+            if code.co_argcount < 1 or id(values.get(code.co_varnames[0])) != spec.self_id:
+                return False
+        if spec.closure_var is not None:
+            if id(values.get(spec.closure_var)) != spec.closure_id:
+                return False
+        return True
+
+    def _enter(self, state: _ThreadState, indexes: list[int]) -> list[int]:
+        for index in indexes:
+            depth = state.depth.get(index, 0)
+            if depth == 0:
+                self._bump(index, state.round)
+            state.depth[index] = depth + 1
+        return indexes
+
+    def _leave(self, state: _ThreadState, indexes: list[int]) -> None:
+        for index in indexes:
+            state.depth[index] = max(0, state.depth.get(index, 1) - 1)
+
+    def _make_hook(self, state: _ThreadState, previous: _ProfileHook | None) -> _ProfileHook:
+        by_code = self._by_code
+        by_c_name = self._by_c_name
+
+        def hook(frame: types.FrameType, event: Any, arg: Any) -> None:
+            if previous is not None:
+                previous(frame, event, arg)
+            if event == "call":
+                candidates = by_code.get(frame.f_code)
+                if candidates:
+                    matched = [i for i in candidates if self._matches(i, frame)]
+                    if matched:
+                        state.frames[id(frame)] = self._enter(state, matched)
+            elif event == "return":
+                if state.frames:
+                    left = state.frames.pop(id(frame), None)
+                    if left:
+                        self._leave(state, left)
+            elif event == "c_call":
+                candidates = by_c_name.get(getattr(arg, "__name__", ""))
+                if candidates:
+                    owner = id(getattr(arg, "__self__", None))
+                    matched = [i for i in candidates if self.specs[i].self_id == owner]
+                    if matched:
+                        state.c_stack.append((id(arg), self._enter(state, matched)))
+            elif event in ("c_return", "c_exception"):
+                if state.c_stack and state.c_stack[-1][0] == id(arg):
+                    self._leave(state, state.c_stack.pop()[1])
+
+        return hook
+
+
+def labels_performed(counter: CleanupCounter, round_name: str) -> list[str]:
+    """Labels of the cleanups that ran at least once in ``round_name``."""
+    return [
+        spec.label
+        for index, spec in enumerate(counter.specs)
+        if counter.count(index, round_name) > 0
+    ]
+
+
+def spec_by_label(specs: Iterable[CleanupSpec]) -> Mapping[str, CleanupSpec]:
+    return {spec.label: spec for spec in specs}

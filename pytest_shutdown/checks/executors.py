@@ -1,0 +1,314 @@
+"""``assert_nonblocking_shutdown``: shutdown returns while the executors are still busy."""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import types
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from pytest_shutdown.checks.cleanups import (
+    exit_stack_callbacks,
+    finalizer_registrations,
+    instance_attributes,
+    is_exit_stack,
+)
+from pytest_shutdown.checks.report import CheckReport, describe
+from pytest_shutdown.findings import Finding, raise_if_any
+
+#: How long a blocking task waits for its release at most (every wait has a deadline).
+TASK_DEADLINE_S = 120.0
+#: How long the workers get to pick up the blocking tasks.
+STARTUP_DEADLINE_S = 30.0
+_POLL_S = 0.01
+
+
+def block_until_released(marker_dir: str, number: int, deadline_s: float) -> None:
+    """The blocking task: say it started, then wait for the release file or the deadline.
+
+    A plain function on files so that it works in threads and in processes of any start method.
+    """
+    with open(os.path.join(marker_dir, f"started-{number}-{os.getpid()}"), "w"):
+        pass
+    release = os.path.join(marker_dir, "release")
+    deadline = time.monotonic() + deadline_s
+    while not os.path.exists(release) and time.monotonic() < deadline:
+        time.sleep(_POLL_S)
+
+
+@dataclass
+class _Occupied:
+    label: str
+    executor: Executor
+    workers: int
+    futures: list[Future[Any]] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+    processes: list[Any] = field(default_factory=list)
+
+
+def discover_executors(obj: object) -> list[tuple[str, Executor]]:
+    """The executors of ``obj``: itself, its attributes (one level into containers), the ones
+    its ExitStacks and finalizers would shut down."""
+    found: list[tuple[str, Executor]] = []
+    seen: set[int] = set()
+
+    def add(label: str, value: object) -> None:
+        if isinstance(value, Executor) and id(value) not in seen:
+            seen.add(id(value))
+            found.append((label, value))
+
+    add(type(obj).__qualname__, obj)
+    stacks: list[tuple[str, object]] = []
+    for name, value in instance_attributes(obj):
+        add(name, value)
+        if is_exit_stack(value):
+            stacks.append((name, value))
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                add(f"{name}[{index}]", item)
+        elif isinstance(value, dict):
+            for key, item in list(value.items()):
+                add(f"{name}[{key!r}]", item)
+    for func, args, _kwargs in finalizer_registrations(obj):
+        add("finalizer", getattr(func, "__self__", None))
+        for index, arg in enumerate(args):
+            add(f"finalizer args[{index}]", arg)
+    for label, stack in stacks:
+        for index, callback in enumerate(exit_stack_callbacks(stack)):
+            inner = getattr(callback, "__wrapped__", callback)
+            add(f"{label} callback {index}", getattr(inner, "__self__", None))
+    return found
+
+
+def assert_nonblocking_shutdown(
+    obj: object,
+    method: str = "shutdown",
+    *,
+    budget: float = 0.25,
+    executors: Sequence[Executor] | None = None,
+    grace: float = 5.0,
+) -> CheckReport:
+    """Occupy every executor with blocking tasks, then require ``obj.<method>()`` to return fast.
+
+    The executors are those given, or those discovered on ``obj``. The method runs on a watchdog
+    thread; if it has not returned after ``budget`` seconds while the tasks still block, that is
+    ``blocking-close`` (with the time and the executor it waits on). The tasks are then always
+    released, and every executor thread must end within ``grace`` seconds (``thread-leak``;
+    ``process-leak`` for process pool workers). The helper itself never hangs.
+    """
+    _validate(obj, method, budget, grace)
+    subject = describe(obj)
+    found = (
+        [(f"executors[{i}]", ex) for i, ex in enumerate(executors)]
+        if executors is not None
+        else discover_executors(obj)
+    )
+    for label, ex in found:
+        if not isinstance(ex, Executor):
+            raise ValueError(
+                f"executors: {label} is {ex!r}; accepted: concurrent.futures.Executor instances"
+            )
+    if not found:
+        raise ValueError(
+            f"executors: found no concurrent.futures.Executor on {subject}; pass executors=[...]"
+        )
+    started = time.perf_counter()
+    marker_dir = tempfile.mkdtemp(prefix="pytest-shutdown-block-")
+    occupied: list[_Occupied] = []
+    findings: list[Finding] = []
+    timings: dict[str, float] = {}
+    runner: _Runner | None = None
+    try:
+        occupied = _occupy(found, marker_dir)
+        runner = _Runner(getattr(obj, method))
+        runner.start()
+        returned = runner.done.wait(budget)
+        timings["shutdown"] = runner.elapsed()
+        if not returned:
+            findings.append(_blocking(subject, method, budget, runner, occupied))
+    finally:
+        with open(os.path.join(marker_dir, "release"), "w"):
+            pass
+        if runner is not None and not runner.done.wait(grace):
+            findings.append(_hung(subject, method, grace, runner))
+        t0 = time.perf_counter()
+        findings += _leaks(subject, occupied, grace)
+        timings["workers_ended"] = time.perf_counter() - t0
+        shutil.rmtree(marker_dir, ignore_errors=True)
+    if runner is not None and runner.error is not None:
+        exc = runner.error
+        findings.append(
+            Finding(
+                "shutdown-raised",
+                f"{subject}: {method}() raised {type(exc).__name__}: {exc}",
+                {
+                    "exception": repr(exc),
+                    "traceback": "".join(
+                        traceback.format_exception(type(exc), exc, exc.__traceback__)
+                    ),
+                },
+            )
+        )
+    raise_if_any(findings)
+    return CheckReport(
+        check="nonblocking-shutdown",
+        subject=subject,
+        duration_s=time.perf_counter() - started,
+        timings=timings,
+        details={"executors": [o.label for o in occupied], "budget_s": budget},
+    )
+
+
+class _Runner:
+    """Runs the shutdown method on a daemon watchdog thread and remembers how it ended."""
+
+    def __init__(self, call: Any) -> None:
+        self._call = call
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self._t0 = 0.0
+        self._t1: float | None = None
+        self.thread = threading.Thread(target=self._run, name="shutdown-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._t0 = time.perf_counter()
+        self.thread.start()
+
+    def elapsed(self) -> float:
+        return (self._t1 if self._t1 is not None else time.perf_counter()) - self._t0
+
+    def _run(self) -> None:
+        try:
+            self._call()
+        except BaseException as exc:  # noqa: BLE001 - reported as a finding
+            self.error = exc
+        finally:
+            self._t1 = time.perf_counter()
+            self._call = None
+            self.done.set()
+
+    def stack(self) -> tuple[str, list[Any]]:
+        frame = sys._current_frames().get(self.thread.ident or -1)
+        if frame is None:
+            return "", []
+        frames = []
+        walker: types.FrameType | None = frame
+        while walker is not None:
+            frames.append(walker)
+            walker = walker.f_back
+        return "".join(traceback.format_stack(frame)), frames
+
+
+def _occupy(found: list[tuple[str, Executor]], marker_dir: str) -> list[_Occupied]:
+    occupied: list[_Occupied] = []
+    number = 0
+    expected = 0
+    for label, ex in found:
+        workers = int(getattr(ex, "_max_workers", 1) or 1)
+        entry = _Occupied(label, ex, workers)
+        occupied.append(entry)
+        for _ in range(workers + 1):  # every worker busy, one more queued
+            task = ex.submit(block_until_released, marker_dir, number, TASK_DEADLINE_S)
+            entry.futures.append(task)
+            number += 1
+        expected += workers
+    deadline = time.monotonic() + STARTUP_DEADLINE_S
+    while time.monotonic() < deadline:
+        if sum(name.startswith("started-") for name in os.listdir(marker_dir)) >= expected:
+            break
+        time.sleep(_POLL_S)
+    for entry in occupied:  # what must end once released, captured before shutdown forgets it
+        entry.threads = list(getattr(entry.executor, "_threads", ()) or ())
+        manager = getattr(entry.executor, "_executor_manager_thread", None)
+        if isinstance(manager, threading.Thread):
+            entry.threads.append(manager)
+        entry.processes = list((getattr(entry.executor, "_processes", None) or {}).values())
+    return occupied
+
+
+def _blocking(
+    subject: str, method: str, budget: float, runner: _Runner, occupied: list[_Occupied]
+) -> Finding:
+    stack, frames = runner.stack()
+    waits_on = [
+        entry.label
+        for entry in occupied
+        if any(frame.f_locals.get("self") is entry.executor for frame in frames)
+    ]
+    del frames
+    culprit = ", ".join(waits_on) or "a busy executor"
+    return Finding(
+        "blocking-close",
+        f"{subject}: {method}() was still blocked on {culprit} after {budget:g}s while its "
+        "tasks were running.",
+        {
+            "budget_s": budget,
+            "elapsed_s": runner.elapsed(),
+            "executors": waits_on,
+            "stack": stack,
+        },
+    )
+
+
+def _hung(subject: str, method: str, grace: float, runner: _Runner) -> Finding:
+    stack, frames = runner.stack()
+    del frames
+    return Finding(
+        "blocking-close",
+        f"{subject}: {method}() had not returned {grace:g}s after its executors' tasks were "
+        "released.",
+        {"grace_s": grace, "elapsed_s": runner.elapsed(), "stack": stack},
+    )
+
+
+def _leaks(subject: str, occupied: Iterable[_Occupied], grace: float) -> list[Finding]:
+    deadline = time.monotonic() + grace
+    findings: list[Finding] = []
+    for entry in occupied:
+        for thread in entry.threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        for proc in entry.processes:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in entry.threads if t.is_alive()]
+        if alive:
+            findings.append(
+                Finding(
+                    "thread-leak",
+                    f"{subject}: {len(alive)} thread(s) of {entry.label} were still running "
+                    f"{grace:g}s after its blocking tasks were released.",
+                    {"executor": entry.label, "threads": alive, "grace_s": grace},
+                )
+            )
+        procs = [p for p in entry.processes if p.is_alive()]
+        if procs:
+            findings.append(
+                Finding(
+                    "process-leak",
+                    f"{subject}: {len(procs)} worker process(es) of {entry.label} were still "
+                    f"running {grace:g}s after its blocking tasks were released.",
+                    {"executor": entry.label, "pids": [p.pid for p in procs], "grace_s": grace},
+                )
+            )
+    return findings
+
+
+def _validate(obj: object, method: str, budget: float, grace: float) -> None:
+    if not isinstance(method, str) or not callable(getattr(obj, method, None)):
+        raise ValueError(
+            f"method: {type(obj).__qualname__} has no callable {method!r}; pass the name of its "
+            "shutdown method, e.g. method='close'"
+        )
+    for name, value in (("budget", budget), ("grace", grace)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0
+        ):
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")

@@ -1,0 +1,233 @@
+"""How a process really ends: ``probe_exit`` and ``assert_not_force_killed``."""
+
+from __future__ import annotations
+
+import gc
+import math
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import psutil
+
+from pytest_shutdown.checks.report import CheckReport
+from pytest_shutdown.findings import Finding, raise_if_any
+
+#: How many characters of the child's stderr an ExitRecord keeps.
+STDERR_TAIL_CHARS = 4000
+#: How long a killed child gets to be reaped.
+KILL_DEADLINE_S = 5.0
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    """How a probed child process ended.
+
+    ``exitcode`` follows multiprocessing: the exit status, or minus the signal number when a
+    signal killed it (``-9`` when the probe killed a hung child at its timeout, ``timed_out``
+    then True). ``gc_freeze_count`` is ``gc.get_freeze_count()`` at the very end of the child,
+    after the target's own ``finally`` blocks (``None`` when the child never got there, e.g.
+    killed or ``os._exit``). ``stderr_tail`` is the last characters the child wrote to fd 2.
+    """
+
+    exitcode: int | None
+    gc_freeze_count: int | None
+    duration_s: float
+    stderr_tail: str
+    timed_out: bool
+    pid: int | None
+    start_method: str
+
+    @property
+    def signal_name(self) -> str | None:
+        """``"SIGTERM"`` etc. when a signal ended the child, else ``None``."""
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+
+def _probe_main(
+    target: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    workdir: str,
+) -> None:
+    """The child's entry: stderr to a file, run the target, record the freeze count last."""
+    err = os.open(os.path.join(workdir, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    sys.stderr.flush()
+    os.dup2(err, 2)
+    os.close(err)
+    try:
+        target(*args, **kwargs)
+    finally:
+        _write_atomically(os.path.join(workdir, "freeze"), str(gc.get_freeze_count()))
+
+
+def _write_atomically(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as handle:
+        handle.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def _kill_tree(pid: int | None) -> None:
+    if pid is None:
+        return
+    try:
+        root = psutil.Process(pid)
+        family = root.children(recursive=True) + [root]
+    except psutil.Error:
+        return
+    for proc in family:
+        try:
+            proc.kill()
+        except psutil.Error:
+            continue
+    psutil.wait_procs(family, timeout=KILL_DEADLINE_S)
+
+
+def probe_exit(
+    target: Callable[..., Any],
+    *args: Any,
+    start_method: str | None = None,
+    timeout: float = 30.0,
+    **kwargs: Any,
+) -> ExitRecord:
+    """Run ``target(*args, **kwargs)`` in a child process and record how it really ended.
+
+    ``start_method`` is a multiprocessing start method (default: the platform's); with
+    ``"spawn"`` or ``"forkserver"`` the target and its arguments must be picklable. A child still
+    running after ``timeout`` seconds is killed with its whole process tree and reported with
+    ``timed_out=True``; the child is never left behind.
+    """
+    methods = multiprocessing.get_all_start_methods()
+    if start_method is not None and start_method not in methods:
+        raise ValueError(f"start_method: {start_method!r} unknown; accepted: {', '.join(methods)}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+        math.isfinite(timeout) and timeout > 0
+    ):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if not callable(target):
+        raise ValueError(f"target must be callable, got {target!r}")
+    context = multiprocessing.get_context(start_method)
+    workdir = tempfile.mkdtemp(prefix="pytest-shutdown-probe-")
+    proc = context.Process(  # type: ignore[attr-defined]
+        target=_probe_main, args=(target, args, kwargs, workdir), name="probe-exit", daemon=False
+    )
+    started = time.perf_counter()
+    timed_out = False
+    try:
+        proc.start()
+        proc.join(timeout)
+        if proc.is_alive():
+            timed_out = True
+            _kill_tree(proc.pid)
+            proc.join(KILL_DEADLINE_S)
+        duration = time.perf_counter() - started
+        return ExitRecord(
+            exitcode=proc.exitcode,
+            gc_freeze_count=_read_int(os.path.join(workdir, "freeze")),
+            duration_s=duration,
+            stderr_tail=_tail(os.path.join(workdir, "stderr")),
+            timed_out=timed_out,
+            pid=proc.pid,
+            start_method=context.get_start_method(),
+        )
+    finally:
+        if proc.is_alive():  # interrupted (KeyboardInterrupt, an error above): still reap it
+            _kill_tree(proc.pid)
+            proc.join(KILL_DEADLINE_S)
+        if proc.exitcode is not None:
+            proc.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _tail(path: str) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - STDERR_TAIL_CHARS * 4))
+            data = handle.read()
+    except OSError:
+        return ""
+    return data.decode("utf-8", "replace")[-STDERR_TAIL_CHARS:]
+
+
+class ShutdownOutcomeLike(Protocol):
+    """What :func:`assert_not_force_killed` reads from an engine's shutdown outcome record."""
+
+    force_killed: Sequence[str]
+    timeout: float | None
+    exitcodes: Mapping[str, int | None]
+    duration_s: float
+
+
+def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = False) -> CheckReport:
+    """Require that no process had to be force-killed (``force-killed``), or, with
+    ``expected=True``, that one was (a test of the kill path itself).
+
+    ``outcome`` is duck-typed: any object with ``force_killed`` (process names), ``timeout``,
+    ``exitcodes`` (name -> code) and ``duration_s``, such as the engine's ``ShutdownOutcome``.
+    """
+    started = time.perf_counter()
+    missing = [
+        name
+        for name in ("force_killed", "timeout", "exitcodes", "duration_s")
+        if not hasattr(outcome, name)
+    ]
+    if missing:
+        raise ValueError(
+            f"outcome: {type(outcome).__qualname__} lacks {', '.join(missing)}; accepted: an "
+            "object with force_killed, timeout, exitcodes and duration_s"
+        )
+    killed = list(outcome.force_killed)
+    facts = {
+        "force_killed": killed,
+        "timeout": outcome.timeout,
+        "exitcodes": dict(outcome.exitcodes),
+        "duration_s": outcome.duration_s,
+    }
+    findings: list[Finding] = []
+    if killed and not expected:
+        findings.append(
+            Finding(
+                "force-killed",
+                f"{', '.join(killed)} had to be force-killed after the "
+                f"{outcome.timeout!r}s shutdown budget ran out.",
+                facts,
+            )
+        )
+    elif expected and not killed:
+        findings.append(
+            Finding(
+                "force-killed",
+                f"a force kill was expected but every process exited within the "
+                f"{outcome.timeout!r}s shutdown budget.",
+                {**facts, "expected": True},
+            )
+        )
+    raise_if_any(findings)
+    return CheckReport(
+        check="not-force-killed",
+        subject=type(outcome).__qualname__,
+        duration_s=time.perf_counter() - started,
+        details=facts,
+    )

@@ -1,0 +1,210 @@
+"""Finalization on garbage collection: ``check_finalizers`` and ``assert_finalizes_on_gc``."""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+import types
+import weakref
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from typing import Any
+
+from pytest_shutdown.checks.backrefs import (
+    backref_chain,
+    find_path,
+    runs_through_finalizer_registry,
+)
+from pytest_shutdown.checks.cleanups import (
+    CleanupCounter,
+    Watch,
+    discover_cleanups,
+    finalizer_registrations,
+    labels_performed,
+    pending_finalizers,
+)
+from pytest_shutdown.checks.report import CheckReport, describe
+from pytest_shutdown.findings import Finding, raise_if_any
+
+#: Seconds between two collections while waiting for a dropped object to go.
+POLL_INTERVAL_S = 0.05
+
+
+def _qualname(func: Any) -> str:
+    return str(getattr(func, "__qualname__", None) or type(func).__qualname__)
+
+
+def check_finalizers(obj: object) -> list[Finding]:
+    """Statically check every finalizer registered on ``obj``; return the findings (no raise).
+
+    A finalizer whose func is a bound method of ``obj`` is ``finalizer-bound-method``; one whose
+    func, args or kwargs reach ``obj`` by any path (partials, closures, defaults, containers,
+    attributes; any depth) is ``finalizer-holds-object``, with the path. Either keeps ``obj`` alive
+    forever: the finalizer registry holds the func and its arguments strongly. Both
+    ``weakref.finalize`` and ``multiprocessing.util.Finalize`` registrations are checked.
+    """
+    findings: list[Finding] = []
+    subject = describe(obj)
+    for index, (func, args, kwargs) in enumerate(finalizer_registrations(obj)):
+        name = _qualname(func)
+        if isinstance(func, types.MethodType) and func.__self__ is obj:
+            findings.append(
+                Finding(
+                    "finalizer-bound-method",
+                    f"{subject}: finalizer {index} calls its own bound method {name}, which keeps "
+                    "the object alive so the finalizer never runs.",
+                    {"finalizer": index, "func": name, "path": "func.__self__"},
+                )
+            )
+            continue
+        path = find_path(func, obj, "func")
+        if path is None:
+            path = find_path(tuple(args), obj, "args")
+        if path is None:
+            path = find_path(dict(kwargs), obj, "kwargs")
+        if path is not None:
+            findings.append(
+                Finding(
+                    "finalizer-holds-object",
+                    f"{subject}: finalizer {index} ({name}) reaches the object through {path}, "
+                    "which keeps it alive so the finalizer never runs.",
+                    {"finalizer": index, "func": name, "path": path},
+                )
+            )
+    return findings
+
+
+def assert_finalizes_on_gc(
+    factory: Callable[[], object],
+    *,
+    method: str = "shutdown",
+    watch: Iterable[Watch] = (),
+    timeout: float = 5.0,
+) -> CheckReport:
+    """Require an object built by ``factory`` to be collected, running its cleanups, once dropped.
+
+    The helper keeps only a weak reference, drops the object and collects until ``timeout``
+    seconds have passed. Still alive: ``not-collected`` with the shortest backref chain as text,
+    or ``finalizer-bound-method`` / ``finalizer-holds-object`` when that chain runs through the
+    finalizer registry. If the object has ``method``, a twin from the same factory is first shut
+    down explicitly; every cleanup that shutdown performed must also run on collection
+    (``cleanup-missing``). ``watch`` items must be attribute paths (``"cache.close"``) or
+    functions, since each object is built inside the helper.
+    """
+    if not callable(factory):
+        raise ValueError(f"factory must be a callable returning a fresh object, got {factory!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
+        math.isfinite(timeout) and timeout > 0
+    ):
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    watch = tuple(watch)
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    explicit: list[str] | None = None
+    twin = factory()
+    if isinstance(method, str) and callable(getattr(twin, method, None)):
+        twin_counter = CleanupCounter(discover_cleanups(twin, watch))
+        t0 = time.perf_counter()
+        with twin_counter.charge("explicit"):
+            getattr(twin, method)()
+        timings["explicit"] = time.perf_counter() - t0
+        explicit = labels_performed(twin_counter, "explicit")
+    del twin
+
+    obj = factory()
+    subject = describe(obj)
+    counter = CleanupCounter(discover_cleanups(obj, watch))
+    ref = weakref.ref(obj)
+    t0 = time.perf_counter()
+    with counter.charge("gc"):
+        del obj
+        alive = _wait_collected(ref, timeout)
+    timings["gc"] = time.perf_counter() - t0
+
+    findings: list[Finding] = []
+    if alive:
+        t0 = time.perf_counter()
+        findings = _diagnose(ref, subject)
+        timings["diagnosis"] = time.perf_counter() - t0
+        _dispose(ref, method)
+    elif explicit is not None:
+        collected = set(labels_performed(counter, "gc"))
+        findings = [
+            Finding(
+                "cleanup-missing",
+                f"{subject}: cleanup {label} runs on explicit {method}() but not when the "
+                "object is garbage-collected.",
+                {"cleanup": label, "method": method, "performed_on_gc": sorted(collected)},
+            )
+            for label in explicit
+            if label not in collected
+        ]
+    raise_if_any(findings)
+    table = counter.table()
+    return CheckReport(
+        check="finalizes-on-gc",
+        subject=subject,
+        duration_s=time.perf_counter() - started,
+        cleanups={
+            label: {"explicit": int(explicit is not None and label in explicit), **counts}
+            for label, counts in table.items()
+        },
+        timings=timings,
+        details={"method": method, "explicit_cleanups": explicit or []},
+    )
+
+
+def _wait_collected(ref: weakref.ref[Any], timeout: float) -> bool:
+    """Collect until ``ref`` is dead or ``timeout`` passes; True when still alive."""
+    if ref() is None:
+        return False
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        if ref() is None:
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(min(POLL_INTERVAL_S, max(0.0, deadline - time.monotonic())))
+
+
+def _dispose(ref: weakref.ref[Any], method: str) -> None:
+    """Release what a leaked object holds: the helper built it, so the helper cleans up.
+
+    Its shutdown method runs, then its pending finalizers (which also frees it from the registry);
+    errors are ignored, the finding is already made.
+    """
+    target = ref()
+    if target is None:
+        return
+    shutdown = getattr(target, method, None) if isinstance(method, str) else None
+    finalizers = pending_finalizers(target)
+    del target
+    for step in ([shutdown] if callable(shutdown) else []) + finalizers:
+        try:
+            step()
+        except Exception:  # noqa: BLE001, S112 - best effort; the finding is already made
+            continue
+    del shutdown, finalizers
+
+
+def _diagnose(ref: weakref.ref[Any], subject: str) -> list[Finding]:
+    target = ref()
+    if target is None:
+        return []
+    static = check_finalizers(target)
+    chain, text = backref_chain(target)
+    through_registry = runs_through_finalizer_registry(chain)
+    del chain, target
+    if through_registry and static:
+        return [replace(f, details={**f.details, "backref_chain": text}) for f in static]
+    return [
+        Finding(
+            "not-collected",
+            f"{subject} is still alive after its last reference was dropped and the garbage "
+            "collector ran.",
+            {"backref_chain": text, "finalizer_registry": through_registry},
+        )
+    ]

@@ -1,0 +1,196 @@
+"""``assert_idempotent_shutdown``: a second (and third) shutdown is harmless."""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Iterable
+from typing import Any
+
+from pytest_shutdown.checks.cleanups import (
+    CleanupCounter,
+    CleanupSpec,
+    Watch,
+    discover_cleanups,
+    pending_finalizers,
+)
+from pytest_shutdown.checks.report import CheckReport, describe
+from pytest_shutdown.findings import Finding, raise_if_any
+
+#: How long the racing threads of the first round may take before the check gives up on them.
+RACE_DEADLINE_S = 30.0
+GC_ROUND = "gc"
+
+
+def assert_idempotent_shutdown(
+    obj: object,
+    method: str = "shutdown",
+    *,
+    calls: int = 3,
+    threads: int = 0,
+    watch: Iterable[Watch] = (),
+) -> CheckReport:
+    """Call ``obj.<method>()`` ``calls`` times and require every call after the first to be a no-op.
+
+    With ``threads > 0`` the first round is that many threads calling at once. Every call must
+    return without raising (``shutdown-raised``). Every cleanup the first round performed must not
+    run again: not twice within the first round, not on a later call, and not when the object's
+    pending finalizers run afterwards, which is what garbage collection would do
+    (``cleanup-repeated``). Raises :class:`~pytest_shutdown.ShutdownContractError`; returns a
+    :class:`CheckReport` with the counts per round when the contract holds.
+    """
+    _validate(obj, method, calls, threads)
+    started = time.perf_counter()
+    specs = discover_cleanups(obj, watch)
+    counter = CleanupCounter(specs)
+    bound = getattr(obj, method)
+    findings: list[Finding] = []
+    timings: dict[str, float] = {}
+    subject = describe(obj)
+
+    first = "call 1"
+    t0 = time.perf_counter()
+    if threads:
+        findings += _racing_round(subject, method, bound, counter, threads)
+    else:
+        findings += _one_call(subject, method, bound, counter, first, 1)
+    timings[first] = time.perf_counter() - t0
+    for number in range(2, calls + 1):
+        name = f"call {number}"
+        t0 = time.perf_counter()
+        findings += _one_call(subject, method, bound, counter, name, number)
+        timings[name] = time.perf_counter() - t0
+    del bound
+
+    t0 = time.perf_counter()
+    with counter.charge(GC_ROUND):
+        for finalizer in pending_finalizers(obj):
+            finalizer()
+    timings[GC_ROUND] = time.perf_counter() - t0
+
+    findings += repeated_findings(subject, counter, first)
+    raise_if_any(findings)
+    return CheckReport(
+        check="idempotent-shutdown",
+        subject=subject,
+        duration_s=time.perf_counter() - started,
+        cleanups=counter.table(),
+        timings=timings,
+        details={"method": method, "calls": calls, "threads": threads},
+    )
+
+
+def repeated_findings(subject: str, counter: CleanupCounter, first: str) -> list[Finding]:
+    """``cleanup-repeated`` for every cleanup of round ``first`` that ran again afterwards."""
+    findings = []
+    later = [name for name in counter.rounds if name != first]
+    for index, spec in enumerate(counter.specs):
+        initial = counter.count(index, first)
+        again = {name: counter.count(index, name) for name in later if counter.count(index, name)}
+        if initial == 0 or (initial == 1 and not again):
+            continue
+        findings.append(_repeated(subject, spec, first, initial, again))
+    return findings
+
+
+def _repeated(
+    subject: str, spec: CleanupSpec, first: str, initial: int, again: dict[str, int]
+) -> Finding:
+    where = [f"{count}x on {name}" for name, count in again.items()]
+    if initial > 1:
+        where.insert(0, f"{initial}x on {first}")
+    return Finding(
+        "cleanup-repeated",
+        f"{subject}: cleanup {spec.label} ran again ({', '.join(where)}) after the first "
+        "shutdown performed it.",
+        {
+            "cleanup": spec.label,
+            "attribute": spec.attribute,
+            "method": spec.method,
+            "counts": {first: initial, **again},
+        },
+    )
+
+
+def _one_call(
+    subject: str,
+    method: str,
+    bound: Any,
+    counter: CleanupCounter,
+    round_name: str,
+    number: int,
+) -> list[Finding]:
+    with counter.charge(round_name):
+        try:
+            bound()
+        except BaseException as exc:  # noqa: BLE001 - reported as data, never swallowed silently
+            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+                raise
+            return [_raised(subject, method, number, threading.current_thread().name, exc)]
+    return []
+
+
+def _racing_round(
+    subject: str, method: str, bound: Any, counter: CleanupCounter, threads: int
+) -> list[Finding]:
+    barrier = threading.Barrier(threads)
+    errors: list[tuple[str, BaseException]] = []
+
+    def race() -> None:
+        try:
+            barrier.wait(timeout=RACE_DEADLINE_S)
+        except threading.BrokenBarrierError:
+            return
+        with counter.charge("call 1"):
+            try:
+                bound()
+            except BaseException as exc:  # noqa: BLE001 - collected and reported below
+                errors.append((threading.current_thread().name, exc))
+
+    workers = [
+        threading.Thread(target=race, name=f"shutdown-race-{i}", daemon=True)
+        for i in range(threads)
+    ]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + RACE_DEADLINE_S
+    for worker in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+    findings = [_raised(subject, method, 1, name, exc) for name, exc in errors]
+    stuck = [w.name for w in workers if w.is_alive()]
+    if stuck:
+        findings.append(
+            Finding(
+                "blocking-close",
+                f"{subject}: {method}() called from {len(stuck)} racing threads did not return "
+                f"within {RACE_DEADLINE_S:g}s.",
+                {"threads": stuck, "deadline_s": RACE_DEADLINE_S},
+            )
+        )
+    return findings
+
+
+def _raised(subject: str, method: str, number: int, thread: str, exc: BaseException) -> Finding:
+    return Finding(
+        "shutdown-raised",
+        f"{subject}: {method}() call {number} raised {type(exc).__name__}: {exc}",
+        {
+            "call": number,
+            "thread": thread,
+            "exception": repr(exc),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        },
+    )
+
+
+def _validate(obj: object, method: str, calls: int, threads: int) -> None:
+    if not isinstance(method, str) or not callable(getattr(obj, method, None)):
+        raise ValueError(
+            f"method: {type(obj).__qualname__} has no callable {method!r}; pass the name of its "
+            "shutdown method, e.g. method='close'"
+        )
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 2:
+        raise ValueError(f"calls must be an int >= 2 (a first call and a repeat), got {calls!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"threads must be an int >= 0 (0: no racing first round), got {threads!r}")

@@ -24,6 +24,7 @@ _LAZY: dict[str, str] = {
     "probe_exit": "pytest_shutdown.checks.exits",
     "ExitRecord": "pytest_shutdown.checks.exits",
     "detect_platform": "pytest_shutdown.devices",
+    "ShutdownLeakWarning": "pytest_shutdown.guard",
 }
 
 __all__ = ["FINDING_CODES", "Finding", "ShutdownContractError", "__version__", *_LAZY]
@@ -50,3 +51,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.checks.leaks import no_leaks
     from pytest_shutdown.checks.timeouts import assert_timeout_decoupling, timeout_matrix
     from pytest_shutdown.devices import detect_platform
+    from pytest_shutdown.guard import ShutdownLeakWarning

@@ -1,7 +1,13 @@
 """The pytest plugin (entry point ``shutdown``): ``pytest -p shutdown``.
 
-For now it only announces itself in the header; the guard, options and fixtures come later.
-Loading it must never import torch.
+Hooks only: options, ini keys, markers, turning the guard on, the report header. The guard itself
+lives in :mod:`pytest_shutdown.guard` (accounting), :mod:`pytest_shutdown.budget` (the teardown
+budget), :mod:`pytest_shutdown.report` (terminal, JSON, xdist) and :mod:`pytest_shutdown.settings`
+(validation).
+
+Installed, the plugin registers its options and markers and changes nothing in a run. The guard is
+on when ``-p shutdown`` is given explicitly, or ``--shutdown-guard=warn|fail``, or the ini key
+``shutdown_guard``; ``--shutdown-guard=off`` wins over all. Loading it never imports torch.
 """
 
 from __future__ import annotations
@@ -9,7 +15,123 @@ from __future__ import annotations
 import pytest
 
 import pytest_shutdown
+from pytest_shutdown.settings import (
+    DEFAULT_GRACE_S,
+    GUARD_MODES,
+    PLATFORM_CHOICES,
+    SETTINGS_KEY,
+    load_settings,
+)
+
+GUARD_DESC = """
+The shutdown guard: 'fail' errors every test that leaves threads, child processes or a
+gc.freeze() behind (and enforces the teardown budget), 'warn' emits ShutdownLeakWarning instead,
+'off' checks nothing. Default: 'fail' when the plugin is requested with '-p shutdown', otherwise
+'off'. '--shutdown-guard=off' wins over '-p shutdown' and the ini key.
+""".strip()
+GRACE_DESC = f"""
+Seconds a thread or child process started by a test may keep running after the test's teardown
+before it is reported as a leak (polled, so clean tests do not wait). Default {DEFAULT_GRACE_S:g}.
+""".strip()
+BUDGET_DESC = """
+Teardown budget in seconds: a test's teardown (fixture finalizers included) that takes longer is
+interrupted, every thread's stack goes into the report, the test's child processes are killed
+and the test errors; the session goes on. 0 (the default) means no budget. A per-test value is
+set with @pytest.mark.shutdown_budget(seconds).
+""".strip()
+REPORT_DESC = """
+Write the guard's findings and shutdown durations as JSON to this path (merged over xdist
+workers).
+""".strip()
+PLATFORM_DESC = """
+Device platform for the pytest-shutdown fixtures: 'auto' (default) detects it; 'cuda', 'rocm'
+or 'cpu' forces one.
+""".strip()
+
+MARKERS = (
+    "allow_leaks(threads=False, processes=False, gc_freeze=False, reason=...): "
+    "let this test leave the given kinds behind under the shutdown guard (all kinds when none is "
+    "given); threads= also takes thread-name glob patterns; reason is required.",
+    "shutdown_budget(seconds): the teardown budget of this test, overriding --shutdown-budget "
+    "(0 = none).",
+    "engine(**fields): EngineConfig fields for the pytest-shutdown engine fixtures.",
+    "shutdown_matrix(...): parametrize a test over the shutdown timeout matrix.",
+)
+
+
+@pytest.hookimpl
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """Options and ini keys of the shutdown guard."""
+    group = parser.getgroup("shutdown", "pytest-shutdown: leaks, frozen GC and hung teardowns")
+    group.addoption(
+        "--shutdown-guard",
+        dest="shutdown_guard",
+        metavar="|".join(GUARD_MODES),
+        default=None,
+        help=GUARD_DESC,
+    )
+    group.addoption(
+        "--shutdown-grace",
+        dest="shutdown_grace",
+        metavar="SECONDS",
+        default=None,
+        help=GRACE_DESC,
+    )
+    group.addoption(
+        "--shutdown-budget",
+        dest="shutdown_budget",
+        metavar="SECONDS",
+        default=None,
+        help=BUDGET_DESC,
+    )
+    group.addoption(
+        "--shutdown-report",
+        dest="shutdown_report",
+        metavar="PATH",
+        default=None,
+        help=REPORT_DESC,
+    )
+    group.addoption(
+        "--shutdown-platform",
+        dest="shutdown_platform",
+        metavar="|".join(PLATFORM_CHOICES),
+        default=None,
+        help=PLATFORM_DESC,
+    )
+    parser.addini("shutdown_guard", GUARD_DESC, default="")
+    parser.addini("shutdown_grace", GRACE_DESC, default="")
+    parser.addini("shutdown_budget", BUDGET_DESC, default="")
+
+
+@pytest.hookimpl
+def pytest_configure(config: pytest.Config) -> None:
+    """Register the markers, validate the options, and turn the guard on when asked."""
+    for line in MARKERS:
+        config.addinivalue_line("markers", line)
+    settings = load_settings(config)  # raises pytest.UsageError (exit code 4) on bad input
+    config.stash[SETTINGS_KEY] = settings
+
+    # The fixtures (pytest_shutdown/fixtures.py, the fixtures issue) are registered here, always,
+    # whether or not the guard is on:
+    #     config.pluginmanager.register(fixtures_module, "pytest-shutdown-fixtures")
+
+    if settings.enabled or settings.report_path is not None:
+        from pytest_shutdown.report import ShutdownReport
+
+        report = ShutdownReport(config, settings)
+        config.pluginmanager.register(report, "pytest-shutdown-report")
+        if settings.enabled:
+            from pytest_shutdown.guard import ShutdownGuard
+
+            guard = ShutdownGuard(config, settings, report)
+            config.pluginmanager.register(guard, "pytest-shutdown-guard")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"shutdown: pytest-shutdown {pytest_shutdown.__version__}"
+    """One header line: version and guard mode."""
+    line = f"shutdown: pytest-shutdown {pytest_shutdown.__version__}"
+    settings = config.stash.get(SETTINGS_KEY, None)
+    if settings is None or not settings.enabled:
+        return line + ", guard off"
+    budget = f"{settings.budget_s:g} s" if settings.budget_s else "none"
+    return f"{line}, guard {settings.mode} (grace {settings.grace_s:g} s, budget {budget})"

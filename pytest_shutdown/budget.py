@@ -1,0 +1,228 @@
+"""The teardown budget: interrupt a teardown that hangs instead of hanging the session.
+
+Like pytest-timeout's ``signal`` method, the budget arms ``ITIMER_REAL`` and raises
+:class:`ShutdownBudgetExceeded` from a ``SIGALRM`` handler in the main thread; a blocked system
+call (``join``, ``waitpid``, ``sleep``) is interrupted there, and pytest goes on with the other
+finalizers and the next test. Where signals are unavailable (not the main thread, no SIGALRM) a
+watchdog thread injects the exception asynchronously instead; that reaches Python code but not a
+thread blocked inside one C call, so it is a best effort.
+
+On expiry, before raising, the budget captures the stack of every thread and calls ``on_expire``
+(the guard kills the test's child processes there, which often unblocks the teardown too). If the
+teardown is still not done one budget later, the exception is raised again (at most
+:data:`MAX_FIRES` times).
+
+Coexistence with pytest-timeout: if its signal timer is already armed and due before the budget,
+pytest-timeout governs and the budget does not arm (one hang is never reported twice); otherwise
+its handler and its remaining time are restored when the budget is disarmed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType, TracebackType
+from typing import Any
+
+#: How often a teardown that keeps hanging is interrupted again.
+MAX_FIRES = 3
+
+HAVE_SIGALRM = hasattr(signal, "SIGALRM") and hasattr(signal, "setitimer")
+
+
+class ShutdownBudgetExceeded(Exception):
+    """Raised in the thread running a teardown that exceeded its shutdown budget."""
+
+
+def all_stacks() -> list[dict[str, Any]]:
+    """The stack of every thread now: name, ident, daemon flag and the formatted frames."""
+    names = {t.ident: t for t in threading.enumerate()}
+    stacks = []
+    for ident, frame in sys._current_frames().items():
+        thread = names.get(ident)
+        stacks.append(
+            {
+                "name": thread.name if thread else "<unknown>",
+                "ident": ident,
+                "daemon": thread.daemon if thread else None,
+                "stack": "".join(traceback.format_stack(frame)),
+            }
+        )
+    return stacks
+
+
+@dataclass
+class BudgetOutcome:
+    """What happened under one budget: whether it fired, when, and what was seen and killed."""
+
+    budget_s: float
+    method: str = "none"
+    fired: bool = False
+    deferred_to_timeout: bool = False
+    elapsed_s: float = 0.0
+    threads: list[dict[str, Any]] = field(default_factory=list)
+    killed: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget_s": self.budget_s,
+            "method": self.method,
+            "fired": self.fired,
+            "elapsed_s": round(self.elapsed_s, 4),
+            "threads": self.threads,
+            "killed": self.killed,
+        }
+
+
+class TeardownBudget:
+    """Context manager: interrupt the block when it runs longer than ``seconds``.
+
+    ``label`` names what is guarded in the exception message; ``on_expire`` runs once, at the
+    first expiry, and returns records of what it killed. ``method`` is ``"auto"`` (signal in the
+    main thread where available, else thread), ``"signal"`` or ``"thread"``.
+    """
+
+    def __init__(
+        self,
+        seconds: float,
+        label: str,
+        on_expire: Callable[[], list[dict[str, Any]]] | None = None,
+        *,
+        method: str = "auto",
+    ) -> None:
+        if method not in ("auto", "signal", "thread"):
+            raise ValueError(f"method: {method!r} is not accepted; accepted: auto, signal, thread")
+        self.seconds = seconds
+        self.label = label
+        self.on_expire = on_expire
+        in_main = threading.current_thread() is threading.main_thread()
+        if method == "auto":
+            method = "signal" if HAVE_SIGALRM and in_main else "thread"
+        self.outcome = BudgetOutcome(budget_s=seconds, method=method)
+        self._fires = 0
+        self._start = 0.0
+        self._old_handler: Any = None
+        self._old_timer: tuple[float, float] = (0.0, 0.0)
+        self._armed = False
+        self._lock = threading.Lock()
+        self._done = threading.Event()
+        self._target = threading.get_ident()
+        self._watchdog: threading.Thread | None = None
+
+    # --- common ---
+
+    def _message(self) -> str:
+        return (
+            f"shutdown budget of {self.seconds:g} s exceeded in the teardown of {self.label}; "
+            "the stacks of all threads are in the shutdown report"
+        )
+
+    def _expire(self) -> None:
+        self._fires += 1
+        if self.outcome.fired:
+            return
+        self.outcome.fired = True
+        self.outcome.elapsed_s = time.monotonic() - self._start
+        self.outcome.threads = all_stacks()
+        if self.on_expire is not None:
+            try:
+                self.outcome.killed = self.on_expire()
+            except Exception as exc:  # never let the watchdog itself break the teardown
+                self.outcome.killed = [{"error": repr(exc)}]
+
+    def __enter__(self) -> TeardownBudget:
+        self._start = time.monotonic()
+        if self.seconds <= 0:
+            self.outcome.method = "none"
+            return self
+        if self.outcome.method == "signal":
+            self._arm_signal()
+        else:
+            self._arm_thread()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self.outcome.method == "signal":
+            self._disarm_signal()
+        elif self.outcome.method == "thread":
+            self._disarm_thread()
+        if not self.outcome.fired:
+            self.outcome.elapsed_s = time.monotonic() - self._start
+
+    # --- signal method ---
+
+    def _arm_signal(self) -> None:
+        delay, interval = signal.getitimer(signal.ITIMER_REAL)
+        if delay and delay <= self.seconds:
+            # Another timer (pytest-timeout's) is due first: it governs this hang.
+            self.outcome.method = "none"
+            self.outcome.deferred_to_timeout = True
+            return
+        self._old_timer = (delay, interval)
+        self._old_handler = signal.signal(signal.SIGALRM, self._on_signal)
+        signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        self._armed = True
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        __tracebackhide__ = True
+        if not self._armed:
+            return
+        self._expire()
+        if self._fires < MAX_FIRES:
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        raise ShutdownBudgetExceeded(self._message())
+
+    def _disarm_signal(self) -> None:
+        if not self._armed:
+            return
+        self._armed = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        handler = self._old_handler if self._old_handler is not None else signal.SIG_DFL
+        signal.signal(signal.SIGALRM, handler)
+        delay, interval = self._old_timer
+        if delay:
+            remaining = delay - (time.monotonic() - self._start)
+            signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), interval)
+
+    # --- thread method ---
+
+    def _arm_thread(self) -> None:
+        self._armed = True
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"pytest-shutdown budget {self.label}", daemon=True
+        )
+        self._watchdog.start()
+
+    def _watch(self) -> None:
+        wait = self.seconds
+        while not self._done.wait(wait):
+            with self._lock:
+                if not self._armed:
+                    return
+                self._expire()
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(self._target), ctypes.py_object(ShutdownBudgetExceeded)
+                )
+                if self._fires >= MAX_FIRES:
+                    return
+
+    def _disarm_thread(self) -> None:
+        with self._lock:
+            self._armed = False
+            if self.outcome.fired:
+                # Clear an injected exception not yet delivered: the teardown is over.
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._target), None)
+        self._done.set()
+        if self._watchdog is not None:
+            self._watchdog.join(5.0)

@@ -1,0 +1,364 @@
+"""The guard: per-test and per-fixture accounting of threads, child processes and gc freezes.
+
+For every test (setup, call and teardown together) the guard takes a snapshot before setup and
+compares after teardown, using the primitives of :mod:`pytest_shutdown.checks.leaks`. Whose leak
+is it: threads and processes started while a fixture of wider scope (class, module, package,
+session) was being set up belong to that fixture; they are checked, and blamed on it, when that
+fixture is torn down. The tools' own threads (pytest-timeout's timer, execnet/xdist, pytest,
+pytest-shutdown's watchdogs) are never blamed.
+
+Findings become a :class:`~pytest_shutdown.report.TestRecord` and ``user_properties``; in
+``fail`` mode the test errors in teardown with :class:`ShutdownContractError`, in ``warn`` mode a
+:class:`ShutdownLeakWarning` is emitted. Then the guard restores order for the next test: leaked
+process trees are killed, a gc freeze left behind is undone (when there was none before), and
+leaked threads, now part of the next baseline, are not blamed again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+import time
+import warnings
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from pytest_shutdown.budget import TeardownBudget
+from pytest_shutdown.checks.leaks import (
+    LeakSnapshot,
+    Started,
+    ThreadFilter,
+    await_exit,
+    kill_process_trees,
+    leak_findings,
+    started_since,
+    take_snapshot,
+    thread_filter,
+)
+from pytest_shutdown.findings import Finding, ShutdownContractError
+from pytest_shutdown.report import ShutdownReport, TestRecord, render_budget, render_findings
+from pytest_shutdown.settings import AllowLeaks, GuardSettings, allow_leaks_of, budget_of
+
+__all__ = ["ShutdownGuard", "ShutdownLeakWarning"]
+
+
+class ShutdownLeakWarning(pytest.PytestWarning):
+    """Emitted by ``pytest -p shutdown --shutdown-guard=warn`` for each test that leaked."""
+
+
+#: Top-level modules whose threads belong to the test tools, never to the code under test.
+TOOL_MODULES = frozenset({"execnet", "xdist", "pytest_timeout", "_pytest", "pluggy"})
+
+_ALLOW_KEY = pytest.StashKey["AllowLeaks | None"]()
+_BUDGET_KEY = pytest.StashKey[float]()
+
+_PYTEST_TIMEOUT_MARK = "from pytest-timeout"
+_GUARD_ATTR = "_pytest_shutdown_findings"
+_GUARD_ERROR_TITLE = "shutdown guard"
+
+
+def is_tool_thread(thread: threading.Thread) -> bool:
+    """True for the test tools' own threads (pytest-timeout's timer, execnet I/O threads)."""
+    if thread.name.startswith("pytest_timeout "):
+        return True
+    target = getattr(thread, "_target", None)
+    module = getattr(target, "__module__", None) or type(thread).__module__ or ""
+    return module.partition(".")[0] in TOOL_MODULES
+
+
+def _is_pytest_timeout(exc: BaseException | None) -> bool:
+    return exc is not None and _PYTEST_TIMEOUT_MARK in str(exc)
+
+
+@dataclass
+class _Owned:
+    """Threads and processes a wider-scope fixture started during its setup."""
+
+    fixture: str
+    scope: str
+    baseid: str
+    started: Started
+    freeze_before_setup: int
+    freeze_at_teardown: int | None = None
+
+    def teardown_started(self) -> None:
+        self.freeze_at_teardown = gc.get_freeze_count()
+
+    def owner(self) -> dict[str, str]:
+        return {"fixture": self.fixture, "scope": self.scope, "baseid": self.baseid}
+
+
+@dataclass
+class _Watch:
+    """The guard's state for the test being run."""
+
+    item: pytest.Item
+    before: LeakSnapshot
+    allow: AllowLeaks | None
+    budget_s: float
+    excluded: set[Any] = field(default_factory=set)
+    freeze_adjust: int = 0
+    finished: list[tuple[_Owned, int]] = field(default_factory=list)
+    timed_out: bool = False
+
+
+class ShutdownGuard:
+    """The pytest plugin object registered when the guard is on (by the plugin module)."""
+
+    def __init__(
+        self, config: pytest.Config, settings: GuardSettings, report: ShutdownReport
+    ) -> None:
+        self.config = config
+        self.settings = settings
+        self.report = report
+        self.tools: ThreadFilter = thread_filter([is_tool_thread])
+        self._watch: _Watch | None = None
+        self._owned: dict[Any, _Owned] = {}
+
+    # --- collection: markers are validated once, here ---
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        for item in items:
+            item.stash[_ALLOW_KEY] = allow_leaks_of(item)
+            item.stash[_BUDGET_KEY] = budget_of(item, self.settings.budget_s)
+
+    # --- the test ---
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, object, object]:
+        allow = item.stash.get(_ALLOW_KEY, None)
+        budget = item.stash.get(_BUDGET_KEY, self.settings.budget_s)
+        self._watch = _Watch(item, take_snapshot(), allow, budget)
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        watch = self._watch
+        if call.excinfo is None:
+            return report
+        if watch is not None and _is_pytest_timeout(call.excinfo.value):
+            watch.timed_out = True
+        plain = getattr(call.excinfo.value, _GUARD_ATTR, None)
+        if call.when == "teardown" and plain is not None:
+            # The guard's own error: show the findings, not the guard's source.
+            codes = ", ".join(dict.fromkeys(f["code"] for f in plain))
+            report.longrepr = f"{_GUARD_ERROR_TITLE}: {codes}\n{render_findings(plain)}"
+        return report
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_teardown(
+        self, item: pytest.Item, nextitem: pytest.Item | None
+    ) -> Generator[None, object, object]:
+        watch = self._watch
+        if watch is None or watch.item is not item:
+            return (yield)
+        start = time.monotonic()
+        budget = None
+        if watch.budget_s > 0:
+            budget = TeardownBudget(
+                watch.budget_s, item.nodeid, on_expire=lambda: self._kill_children(watch)
+            )
+        error: BaseException | None = None
+        result: object = None
+        try:
+            with budget if budget is not None else contextlib.nullcontext():
+                result = yield
+        except (KeyboardInterrupt, SystemExit, pytest.exit.Exception):
+            self._watch = None
+            raise
+        except BaseException as exc:
+            error = exc
+        teardown_s = time.monotonic() - start
+        self._watch = None
+        if _is_pytest_timeout(error):
+            watch.timed_out = True
+        fired = budget.outcome if budget is not None and budget.outcome.fired else None
+        findings = self._check(watch)
+        if fired is not None and fired.killed:
+            count = len(fired.killed)
+            findings.append(
+                Finding(
+                    "force-killed",
+                    f"{count} child process{'es' if count != 1 else ''} of {item.name} killed "
+                    f"when its {fired.budget_s:g} s shutdown budget ran out.",
+                    {"processes": fired.killed, "budget_s": fired.budget_s},
+                )
+            )
+        plain = [f.to_dict() for f in findings]
+        reported = error is None and not watch.timed_out
+        self.report.add(
+            TestRecord(
+                nodeid=item.nodeid,
+                worker=self.report.worker,
+                teardown_s=teardown_s,
+                findings=plain,
+                budget=fired.to_dict() if fired is not None else None,
+                reported=reported,
+            )
+        )
+        for finding in findings:
+            item.user_properties.append((f"shutdown:{finding.code}", finding.message))
+        if fired is not None:
+            item.add_report_section("teardown", "shutdown budget", render_budget(fired.to_dict()))
+        if error is not None:
+            raise error
+        if findings and reported:
+            self._complain(item, findings, plain)
+        return result
+
+    def _complain(self, item: pytest.Item, findings: list[Finding], plain: list[Any]) -> None:
+        __tracebackhide__ = True
+        if self.settings.mode == "warn":
+            warnings.warn(ShutdownLeakWarning(render_findings(plain)), stacklevel=1)
+            return
+        error = ShutdownContractError(findings)
+        setattr(error, _GUARD_ATTR, plain)
+        raise error
+
+    # --- wider-scope fixtures own what their setup started ---
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_fixture_setup(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> Generator[None, object, object]:
+        watch = self._watch
+        if fixturedef.scope == "function" or watch is None:
+            return (yield)
+        before = take_snapshot()
+        try:
+            return (yield)
+        finally:
+            started = started_since(before, allow=self.tools)
+            owned = _Owned(
+                fixturedef.argname,
+                fixturedef.scope,
+                fixturedef.baseid,
+                started,
+                before.freeze_count,
+            )
+            self._owned[fixturedef] = owned
+            watch.excluded.update(started.threads)
+            watch.excluded.update(started.pids)
+            watch.freeze_adjust += gc.get_freeze_count() - before.freeze_count
+            # Finalizers run last-in first-out: this one runs before the fixture's own teardown.
+            fixturedef.addfinalizer(owned.teardown_started)
+
+    def pytest_fixture_post_finalizer(
+        self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
+    ) -> None:
+        owned = self._owned.pop(fixturedef, None)
+        if owned is None:
+            return
+        freeze_now = gc.get_freeze_count()
+        watch = self._watch
+        if watch is None:  # torn down outside any test (e.g. an interrupted session)
+            self._finish_orphan(owned, freeze_now)
+            return
+        # Whatever the fixture's teardown changed in the freeze count is the fixture's.
+        at_teardown = (
+            owned.freeze_at_teardown if owned.freeze_at_teardown is not None else freeze_now
+        )
+        watch.freeze_adjust += freeze_now - at_teardown
+        watch.finished.append((owned, freeze_now))
+
+    def _finish_orphan(self, owned: _Owned, freeze_now: int) -> None:
+        left = await_exit(owned.started, self.settings.grace_s)
+        findings = self._owned_findings(owned, left, freeze_now)
+        self._restore(left.pids, owned.freeze_before_setup, freeze_now)
+        if findings:
+            self.report.add(
+                TestRecord(
+                    nodeid=f"<fixture {owned.fixture}>",
+                    worker=self.report.worker,
+                    teardown_s=0.0,
+                    findings=[f.to_dict() for f in findings],
+                )
+            )
+
+    def _owned_findings(self, owned: _Owned, left: Started, freeze_now: int) -> list[Finding]:
+        return leak_findings(
+            left,
+            grace=self.settings.grace_s,
+            subject=f"fixture {owned.fixture!r} ({owned.scope} scope)",
+            freeze_before=owned.freeze_before_setup,
+            freeze_after=freeze_now,
+            extra={"owner": owned.owner()},
+        )
+
+    # --- checking and restoring order ---
+
+    def _check(self, watch: _Watch) -> list[Finding]:
+        allow = watch.allow
+        threads = not (allow is not None and allow.threads is True)
+        processes = not (allow is not None and allow.processes)
+        gc_freeze = not (allow is not None and allow.gc_freeze)
+        filt = self.tools
+        if allow is not None and isinstance(allow.threads, tuple):
+            filt = thread_filter([is_tool_thread, *allow.threads])
+        started = started_since(watch.before, threads=threads, processes=processes, allow=filt)
+        live_owned = [o.started for o in self._owned.values()]
+        started = started.without(
+            [t for t in started.threads if t in watch.excluded]
+            + [t for s in live_owned for t in s.threads],
+            [p for p in started.pids if p in watch.excluded]
+            + [p for s in live_owned for p in s.pids],
+        )
+        # One deadline for the test's own leftovers and those of fixtures torn down here.
+        combined = Started(
+            started.threads + tuple(t for o, _ in watch.finished for t in o.started.threads),
+            started.pids + tuple(p for o, _ in watch.finished for p in o.started.pids),
+        )
+        alive = Started()
+        if combined and not watch.timed_out:
+            alive = await_exit(combined, self.settings.grace_s)
+        elif combined:  # the hang was reported by pytest-timeout: no second wait
+            alive = await_exit(combined, 0.0, collect=False)
+        findings: list[Finding] = []
+        still_threads = set(alive.threads)
+        still_pids = set(alive.pids)
+        for owned, freeze_now in watch.finished:
+            left = Started(
+                tuple(t for t in owned.started.threads if t in still_threads),
+                tuple(p for p in owned.started.pids if p in still_pids),
+            )
+            findings.extend(self._owned_findings(owned, left, freeze_now))
+            self._restore(left.pids, owned.freeze_before_setup, freeze_now)
+        mine = Started(
+            tuple(t for t in started.threads if t in still_threads),
+            tuple(p for p in started.pids if p in still_pids),
+        )
+        expected = watch.before.freeze_count + watch.freeze_adjust
+        freeze_now = gc.get_freeze_count()
+        findings.extend(
+            leak_findings(
+                mine,
+                grace=self.settings.grace_s,
+                subject=watch.item.name,
+                freeze_before=expected if gc_freeze else None,
+                freeze_after=freeze_now if gc_freeze else None,
+            )
+        )
+        self._restore(mine.pids, expected if gc_freeze else freeze_now, freeze_now)
+        return findings
+
+    def _restore(self, pids: tuple[int, ...], freeze_expected: int, freeze_now: int) -> None:
+        """Kill leaked process trees; undo a leaked gc.freeze() when there was none before."""
+        if pids:
+            kill_process_trees(pids, timeout=5.0)
+        if freeze_now > freeze_expected == 0:
+            gc.unfreeze()
+
+    def _kill_children(self, watch: _Watch) -> list[dict[str, Any]]:
+        """On budget expiry: kill the test's child processes (not those of live fixtures)."""
+        started = started_since(watch.before, threads=False)
+        owned = {p for o in self._owned.values() for p in o.started.pids}
+        pids = [p for p in started.pids if p not in owned and p not in watch.excluded]
+        return kill_process_trees(pids, timeout=2.0) if pids else []

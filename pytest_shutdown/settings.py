@@ -1,0 +1,198 @@
+"""The guard's settings: options and ini values read, validated and stored on the config.
+
+Every value is validated at configure time; a bad one is a :class:`pytest.UsageError` (exit code
+4) whose message names the option or ini key and the accepted values. Marker arguments are
+validated at collection by :func:`allow_leaks_of` and :func:`budget_of`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pytest_shutdown.devices import PLATFORMS
+
+#: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
+GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
+#: Accepted values of ``--shutdown-platform``.
+PLATFORM_CHOICES: tuple[str, ...] = ("auto", *PLATFORMS)
+#: The plugin names that, given as ``-p NAME``, turn the guard on.
+PLUGIN_NAMES: frozenset[str] = frozenset({"shutdown", "pytest_shutdown.plugin"})
+
+DEFAULT_GRACE_S = 2.0
+DEFAULT_BUDGET_S = 0.0
+
+#: The keyword arguments ``allow_leaks`` accepts.
+ALLOW_LEAKS_KINDS: tuple[str, ...] = ("threads", "processes", "gc_freeze")
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """The validated settings of one run. ``budget_s == 0`` means no teardown budget."""
+
+    mode: str
+    grace_s: float
+    budget_s: float
+    report_path: Path | None
+    platform: str
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "off"
+
+
+#: Where the settings live: ``config.stash[SETTINGS_KEY]`` (the fixtures read the platform).
+SETTINGS_KEY = pytest.StashKey[GuardSettings]()
+
+
+def _seconds(value: object, source: str) -> float:
+    try:
+        seconds = float(str(value).strip())
+    except ValueError:
+        seconds = math.nan
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+        raise pytest.UsageError(
+            f"{source}: {value!r} is not a duration; accepted: a number of seconds >= 0"
+        )
+    return seconds
+
+
+def _choice(value: str, source: str, accepted: Sequence[str]) -> str:
+    if value not in accepted:
+        raise pytest.UsageError(
+            f"{source}: {value!r} is not accepted; accepted: {', '.join(accepted)}"
+        )
+    return value
+
+
+def _explicit_plugin(config: pytest.Config) -> bool:
+    """True when ``-p shutdown`` was given (command line, PYTEST_ADDOPTS or ini addopts)."""
+    requested = config.getoption("plugins", default=None) or []
+    return any(str(name).strip() in PLUGIN_NAMES for name in requested)
+
+
+def guard_mode(config: pytest.Config) -> str:
+    """Resolve the guard mode: ``--shutdown-guard``, else ini ``shutdown_guard``, else ``fail``
+    when ``-p shutdown`` was given explicitly, else ``off``. ``--shutdown-guard=off`` wins."""
+    option = config.getoption("shutdown_guard")
+    if option is not None:
+        return _choice(str(option).strip(), "--shutdown-guard", GUARD_MODES)
+    ini = str(config.getini("shutdown_guard") or "").strip()
+    if ini:
+        return _choice(ini, "shutdown_guard (ini)", GUARD_MODES)
+    return "fail" if _explicit_plugin(config) else "off"
+
+
+def _option_or_ini(config: pytest.Config, name: str, default: float) -> float:
+    option = config.getoption(name)
+    if option is not None:
+        return _seconds(option, "--" + name.replace("_", "-"))
+    ini = str(config.getini(name) or "").strip()
+    if ini:
+        return _seconds(ini, f"{name} (ini)")
+    return default
+
+
+def load_settings(config: pytest.Config) -> GuardSettings:
+    """Read and validate every option; raise :class:`pytest.UsageError` on the first bad one."""
+    mode = guard_mode(config)
+    grace = _option_or_ini(config, "shutdown_grace", DEFAULT_GRACE_S)
+    budget = _option_or_ini(config, "shutdown_budget", DEFAULT_BUDGET_S)
+    platform = _choice(
+        str(config.getoption("shutdown_platform") or "auto").strip(),
+        "--shutdown-platform",
+        PLATFORM_CHOICES,
+    )
+    report = config.getoption("shutdown_report")
+    report_path = None
+    if report is not None:
+        if not str(report).strip():
+            raise pytest.UsageError("--shutdown-report: expected a file path, got ''")
+        report_path = Path(report).expanduser()
+        if not report_path.is_absolute():
+            report_path = config.invocation_params.dir / report_path
+    return GuardSettings(mode, grace, budget, report_path, platform)
+
+
+# --- markers ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllowLeaks:
+    """What ``@pytest.mark.allow_leaks`` permits one test to leave behind.
+
+    ``threads`` is True (any thread), False, or thread-name glob patterns.
+    """
+
+    threads: bool | tuple[str, ...]
+    processes: bool
+    gc_freeze: bool
+    reason: str
+
+
+def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:
+    """Parse the closest ``allow_leaks`` marker of ``item``; a bad one is a UsageError.
+
+    ``allow_leaks(reason=...)`` alone allows every kind; with any of ``threads``, ``processes``,
+    ``gc_freeze`` given, only the kinds given a true value are allowed. ``threads`` may also be
+    a list of thread-name glob patterns.
+    """
+    marker = item.get_closest_marker("allow_leaks")
+    if marker is None:
+        return None
+    where = f"{item.nodeid}: @pytest.mark.allow_leaks"
+    accepted = f"accepted: {', '.join(ALLOW_LEAKS_KINDS)}, reason"
+    if marker.args:
+        raise pytest.UsageError(f"{where} takes keyword arguments only; {accepted}")
+    unknown = sorted(set(marker.kwargs) - {*ALLOW_LEAKS_KINDS, "reason"})
+    if unknown:
+        raise pytest.UsageError(f"{where}: unknown argument(s) {', '.join(unknown)}; {accepted}")
+    reason = marker.kwargs.get("reason")
+    if not isinstance(reason, str) or not reason.strip():
+        raise pytest.UsageError(f"{where} needs reason='why these leaks are expected'")
+    given = {kind: marker.kwargs[kind] for kind in ALLOW_LEAKS_KINDS if kind in marker.kwargs}
+    if not given:
+        return AllowLeaks(True, True, True, reason)
+    threads = given.get("threads", False)
+    if isinstance(threads, (list, tuple)):
+        if not all(isinstance(p, str) for p in threads):
+            raise pytest.UsageError(
+                f"{where}: threads= takes True/False or thread-name glob patterns (strings)"
+            )
+        threads = tuple(threads)
+    elif not isinstance(threads, bool):
+        raise pytest.UsageError(
+            f"{where}: threads= takes True/False or thread-name glob patterns, got {threads!r}"
+        )
+    for kind in ("processes", "gc_freeze"):
+        if not isinstance(given.get(kind, False), bool):
+            raise pytest.UsageError(f"{where}: {kind}= takes True or False, got {given[kind]!r}")
+    return AllowLeaks(
+        threads, bool(given.get("processes", False)), bool(given.get("gc_freeze", False)), reason
+    )
+
+
+def budget_of(item: pytest.Item, default: float) -> float:
+    """The teardown budget of ``item``: its ``shutdown_budget(seconds)`` marker, else
+    ``default``; a bad marker is a UsageError."""
+    marker = item.get_closest_marker("shutdown_budget")
+    if marker is None:
+        return default
+    where = f"{item.nodeid}: @pytest.mark.shutdown_budget"
+    args = list(marker.args)
+    unknown = sorted(set(marker.kwargs) - {"seconds"})
+    if unknown:
+        raise pytest.UsageError(
+            f"{where}: unknown argument(s) {', '.join(unknown)}; accepted: seconds"
+        )
+    if "seconds" in marker.kwargs:
+        args.append(marker.kwargs["seconds"])
+    if len(args) != 1 or isinstance(args[0], bool) or not isinstance(args[0], (int, float)):
+        raise pytest.UsageError(
+            f"{where} takes one number of seconds >= 0 (0 = no budget), got {marker.args!r}"
+        )
+    return _seconds(args[0], where)

@@ -1,0 +1,348 @@
+"""no_leaks and its primitives: real threads, processes and gc freezes; device memory on fakes."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+
+from pytest_shutdown import ShutdownContractError, no_leaks
+from pytest_shutdown.checks.leaks import (
+    Started,
+    assert_device_memory_released,
+    await_exit,
+    kill_process_trees,
+    started_since,
+    take_snapshot,
+    thread_filter,
+)
+
+
+@pytest.fixture
+def release() -> Iterator[threading.Event]:
+    """An event that parked threads wait on; set at teardown so nothing outlives the test."""
+    event = threading.Event()
+    yield event
+    event.set()
+
+
+@pytest.fixture
+def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes a test starts; killed and reaped at teardown."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        kill_process_trees([proc.pid], timeout=5.0)
+        proc.wait(timeout=10)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+# --- thread-leak -----------------------------------------------------------------------------
+
+
+def parked_worker(event: threading.Event) -> None:
+    event.wait(30)
+
+
+def test_thread_still_running_is_a_thread_leak_with_name_and_stack(
+    release: threading.Event,
+) -> None:
+    with pytest.raises(ShutdownContractError) as caught, no_leaks(grace=0.2):
+        threading.Thread(target=parked_worker, args=(release,), name="parked-1").start()
+    (finding,) = caught.value.findings
+    assert finding.code == "thread-leak"
+    assert "'parked-1'" in finding.message
+    (record,) = finding.details["threads"]
+    assert record["name"] == "parked-1"
+    assert "parked_worker" in record["stack"]
+    json.dumps(finding.to_dict())  # details are JSON-serialisable
+
+
+def test_thread_that_ends_within_the_grace_is_not_a_leak() -> None:
+    start = time.monotonic()
+    with no_leaks(grace=5.0):
+        threading.Thread(target=time.sleep, args=(0.2,), name="short").start()
+    # Polled: returns as soon as the thread ends, not after the grace.
+    assert time.monotonic() - start < 4.0
+
+
+def test_executor_shut_down_properly_is_not_a_leak() -> None:
+    with no_leaks(grace=2.0):
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            list(pool.map(abs, range(10)))
+
+
+def test_executor_dropped_in_a_cycle_is_collected_not_accused() -> None:
+    with no_leaks(grace=2.0):
+        pool = ThreadPoolExecutor(max_workers=1)
+        pool.submit(abs, 1).result()
+        holder: dict[str, object] = {"pool": pool}
+        holder["self"] = holder  # only a gc.collect() frees the executor and stops its worker
+        del holder, pool
+
+
+def test_allow_ignores_threads_by_glob_pattern_and_by_predicate(
+    release: threading.Event,
+) -> None:
+    with no_leaks(grace=0.1, allow=["bg-*", lambda t: t.name == "other"]):
+        threading.Thread(target=parked_worker, args=(release,), name="bg-poller").start()
+        threading.Thread(target=parked_worker, args=(release,), name="other").start()
+    with pytest.raises(ShutdownContractError, match="'not-allowed'"):
+        with no_leaks(grace=0.1, allow=["bg-*"]):
+            threading.Thread(target=parked_worker, args=(release,), name="not-allowed").start()
+
+
+def test_threads_already_running_before_the_block_are_not_blamed(
+    release: threading.Event,
+) -> None:
+    threading.Thread(target=parked_worker, args=(release,), name="older").start()
+    with no_leaks(grace=0.1):
+        pass
+
+
+def test_thread_check_can_be_switched_off(release: threading.Event) -> None:
+    with no_leaks(threads=False, grace=0.1):
+        threading.Thread(target=parked_worker, args=(release,)).start()
+
+
+# --- process-leak ----------------------------------------------------------------------------
+
+
+def test_child_process_still_running_is_a_process_leak_with_command_line(
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    with pytest.raises(ShutdownContractError) as caught, no_leaks(grace=0.2):
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+    (finding,) = caught.value.findings
+    assert finding.code == "process-leak"
+    (record,) = finding.details["processes"]
+    assert record["pid"] == procs[0].pid
+    assert record["cmdline"][-1] == "import time; time.sleep(60)"
+    assert str(procs[0].pid) in finding.message
+
+
+def test_grandchildren_are_found_recursively(procs: list[subprocess.Popen[bytes]]) -> None:
+    script = "import subprocess, sys, time; subprocess.Popen(['sleep', '60']); time.sleep(60)"
+    with pytest.raises(ShutdownContractError) as caught, no_leaks(grace=0.5):
+        procs.append(subprocess.Popen([sys.executable, "-c", script]))
+        deadline = time.monotonic() + 10
+        while len(psutil.Process(procs[0].pid).children()) < 1:
+            assert time.monotonic() < deadline, "the grandchild never started"
+            time.sleep(0.02)
+    names = {r["name"] for r in caught.value.findings[0].details["processes"]}
+    assert "sleep" in names and len(caught.value.findings[0].details["processes"]) == 2
+
+
+def test_process_waited_for_inside_the_block_is_not_a_leak() -> None:
+    with no_leaks(grace=0.2):
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+
+def test_process_exiting_within_the_grace_is_not_a_leak(
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    with no_leaks(grace=10.0):
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"]))
+    # Ended but not reaped by the block: a zombie is not running, and its owner can still wait().
+    assert procs[0].wait(timeout=10) == 0
+
+
+def test_kill_process_trees_kills_the_whole_tree(procs: list[subprocess.Popen[bytes]]) -> None:
+    procs.append(subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60; wait"]))
+    deadline = time.monotonic() + 10
+    while len(psutil.Process(procs[0].pid).children()) < 2:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    tree = [procs[0].pid, *(c.pid for c in psutil.Process(procs[0].pid).children())]
+    killed = kill_process_trees([procs[0].pid], timeout=5.0)
+    assert sorted(r["pid"] for r in killed) == sorted(tree)
+    assert not any(_running(pid) for pid in tree)
+    assert procs[0].wait(timeout=5) == -9  # not reaped by the helper: the owner gets the status
+
+
+# --- gc-frozen-leak --------------------------------------------------------------------------
+
+
+def test_gc_freeze_left_behind_is_a_gc_frozen_leak() -> None:
+    try:
+        with pytest.raises(ShutdownContractError) as caught, no_leaks():
+            gc.freeze()
+    finally:
+        gc.unfreeze()
+    (finding,) = caught.value.findings
+    assert finding.code == "gc-frozen-leak"
+    assert finding.details["before"] == 0 and finding.details["after"] > 0
+
+
+def test_gc_freeze_undone_inside_the_block_is_clean() -> None:
+    with no_leaks():
+        gc.freeze()
+        gc.unfreeze()
+
+
+def test_gc_freeze_check_can_be_switched_off() -> None:
+    try:
+        with no_leaks(gc_freeze=False):
+            gc.freeze()
+    finally:
+        gc.unfreeze()
+
+
+# --- several kinds, errors, cost -------------------------------------------------------------
+
+
+def test_all_kinds_are_reported_together(
+    release: threading.Event, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    try:
+        with pytest.raises(ShutdownContractError) as caught, no_leaks(grace=0.2):
+            threading.Thread(target=parked_worker, args=(release,)).start()
+            procs.append(subprocess.Popen(["sleep", "60"]))
+            gc.freeze()
+    finally:
+        gc.unfreeze()
+    assert caught.value.codes == ["thread-leak", "process-leak", "gc-frozen-leak"]
+
+
+def test_an_exception_from_the_block_propagates_unchanged(release: threading.Event) -> None:
+    with pytest.raises(KeyError):
+        with no_leaks(grace=0.1):
+            threading.Thread(target=parked_worker, args=(release,)).start()
+            raise KeyError("from the block")
+
+
+@pytest.mark.parametrize("grace", [-1.0, float("nan"), "2"])
+def test_bad_grace_is_rejected_naming_the_argument(grace: object) -> None:
+    with pytest.raises(ValueError, match="grace"):
+        with no_leaks(grace=grace):  # type: ignore[arg-type]
+            pass
+
+
+def test_bad_allow_rule_is_rejected() -> None:
+    with pytest.raises(TypeError, match="allow"):
+        thread_filter([42])  # type: ignore[list-item]
+
+
+def test_started_since_and_without() -> None:
+    event = threading.Event()
+    before = take_snapshot()
+    thread = threading.Thread(target=event.wait, args=(10,))
+    thread.start()
+    try:
+        started = started_since(before)
+        assert started.threads == (thread,)
+        assert not started.without(threads=[thread])
+        assert bool(Started((), (1,)))
+    finally:
+        event.set()
+        thread.join(5)
+    assert not await_exit(started, 1.0)
+
+
+def test_clean_block_is_cheap_and_never_collects_nor_scans_processes() -> None:
+    # A fresh interpreter without children, so other tests' processes do not matter.
+    code = textwrap.dedent(
+        """
+        import gc, time, psutil
+        from pytest_shutdown.checks.leaks import no_leaks
+        calls = {"collect": 0, "children": 0}
+        real_collect, real_children = gc.collect, psutil.Process.children
+        def collect(*a):
+            calls["collect"] += 1
+            return real_collect(*a)
+        def children(self, *a, **k):
+            calls["children"] += 1
+            return real_children(self, *a, **k)
+        gc.collect, psutil.Process.children = collect, children
+        start = time.perf_counter()
+        for _ in range(500):
+            with no_leaks():
+                pass
+        per_block = (time.perf_counter() - start) / 500
+        print(calls["collect"], calls["children"], per_block)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout.split()
+    assert out[:2] == ["0", "0"]
+    assert float(out[2]) < 1e-3  # generous: about 15 us on a laptop
+
+
+# --- device-memory-held ----------------------------------------------------------------------
+
+
+class FakeReader:
+    """A reader whose readings are scripted; the last one repeats."""
+
+    def __init__(self, name: str, readings: list[int]) -> None:
+        self.name = name
+        self.readings = list(readings)
+        self.calls = 0
+
+    def used_bytes(self) -> int:
+        self.calls += 1
+        return self.readings.pop(0) if len(self.readings) > 1 else self.readings[0]
+
+
+MIB = 1024 * 1024
+
+
+def test_device_memory_not_returned_is_device_memory_held() -> None:
+    reader = FakeReader("fake-gpu", [5000 * MIB])
+    start = time.monotonic()
+    with pytest.raises(ShutdownContractError) as caught:
+        assert_device_memory_released(
+            reader, 1000 * MIB, tolerance_bytes=10 * MIB, timeout=0.3, interval=0.05
+        )
+    assert time.monotonic() - start < 5.0
+    (finding,) = caught.value.findings
+    assert finding.code == "device-memory-held"
+    assert finding.details["device"] == "fake-gpu"
+    assert finding.details["held_bytes"] == 4000 * MIB
+    assert finding.details["tolerance_bytes"] == 10 * MIB
+    assert "fake-gpu" in finding.message and "4000.0 MiB" in finding.message
+    assert reader.calls > 2  # it polled
+
+
+def test_device_memory_returning_late_within_the_timeout_passes() -> None:
+    reader = FakeReader("fake-gpu", [3000 * MIB, 3000 * MIB, 2000 * MIB, 1005 * MIB])
+    used = assert_device_memory_released(
+        reader, 1000 * MIB, tolerance_bytes=10 * MIB, timeout=10.0, interval=0.01
+    )
+    assert used == 1005 * MIB
+
+
+def test_device_memory_within_tolerance_passes_at_once() -> None:
+    reader = FakeReader("fake-gpu", [1000 * MIB + 100])
+    assert assert_device_memory_released(reader, 1000 * MIB, timeout=10.0) == 1000 * MIB + 100
+    assert reader.calls == 1
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"timeout": -1.0}, "timeout"),
+        ({"timeout": float("nan")}, "timeout"),
+        ({"interval": 0}, "interval"),
+        ({"tolerance_bytes": -1}, "tolerance_bytes"),
+    ],
+)
+def test_device_memory_bad_arguments_are_rejected(kwargs: dict[str, float], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        assert_device_memory_released(FakeReader("x", [0]), 0, **kwargs)  # type: ignore[arg-type]

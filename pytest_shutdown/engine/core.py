@@ -233,3 +233,14 @@ def _release(engine_ref: weakref.ReferenceType[EngineCore], device_type: str) ->
     if device_type == "cuda":
         gc.collect()
         torch.cuda.empty_cache()
+
+
+def __getattr__(name: str) -> Any:
+    # run_engine_core (the child-process entry, R3) lives in core_proc, which imports this
+    # module; resolving it lazily here keeps `from pytest_shutdown.engine.core import
+    # run_engine_core` working without an import cycle.
+    if name in ("run_engine_core", "ChildFaults", "is_clean_shutdown"):
+        from pytest_shutdown.engine import core_proc  # noqa: PLC0415
+
+        return getattr(core_proc, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,495 @@
+"""run_engine_core: the EngineCore child-process entry (DESIGN R3), modelled on vLLM V1.
+
+The child talks to its parent over one duplex ``multiprocessing`` connection: an input thread
+turns what arrives into items of ``input_queue``; an output thread sends what the busy loop puts
+on ``output_queue``. The busy loop is ``while handle_shutdown(): process_input(); step()``.
+
+Shutdown. SIGTERM and SIGINT handlers only set state and write one byte to a pipe; a helper
+thread turns that byte into a wake-up item on the input queue (a handler that touched the queue
+itself could deadlock on a lock the interrupted main thread holds). A signal that arrives before
+the engine exists is remembered and honoured once it does. On REQUESTED the loop aborts every
+request (``shutdown_timeout == 0``, or the parent is gone) or drains them (at most
+``shutdown_timeout`` seconds, then the rest is aborted); new requests are answered ABORTED and
+utility calls "shutting down"; the loop ends when no work is left.
+
+``finally``: ignore further SIGTERM/SIGINT (a second signal must not cut the cleanup short),
+stop the helper thread, flush outputs, ``engine_core.shutdown()``, and only then restore the
+default handlers. A clean shutdown (SystemExit code None/0, state SHUTTING_DOWN, no work left,
+``shutdown_timeout == 0``) on ROCm ends with ``gc.freeze()``: the process is about to exit, and
+freezing the live object graph skips the slow cyclic collection at interpreter finalization.
+Working out "clean" never replaces the exit code: if it raises, the shutdown counts as unclean.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import logging
+import os
+import queue
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.core import (
+    EngineCore,
+    EngineCoreOutput,
+    EngineShutdownState,
+    FinishReason,
+)
+from pytest_shutdown.engine.lifeline import EXIT_PARENT_GONE, ParentWatch, set_parent_death_signal
+
+logger = logging.getLogger("pytest_shutdown.engine")
+
+# Parent -> child messages (tuples; the first item is the kind).
+MSG_ADD = "add"  # (MSG_ADD, request_id, prompt_token_ids, max_tokens)
+MSG_ABORT = "abort"  # (MSG_ABORT, request_ids | None)
+MSG_UTILITY = "utility"  # (MSG_UTILITY, call_id, name, args)
+# Child -> parent messages.
+MSG_READY = "ready"  # (MSG_READY, pid)
+MSG_OUTPUTS = "outputs"  # (MSG_OUTPUTS, list[EngineCoreOutput])
+MSG_UTILITY_RESULT = "utility_result"  # (MSG_UTILITY_RESULT, call_id, ok, value_or_error)
+MSG_STARTUP_FAILED = "startup_failed"  # (MSG_STARTUP_FAILED, traceback_text)
+MSG_ENGINE_DEAD = "engine_dead"  # (MSG_ENGINE_DEAD, traceback_text)
+# Internal items of the input queue.
+_WAKE = ("wake",)
+_PARENT_GONE = ("parent_gone",)
+
+SHUTTING_DOWN_ERROR = "EngineCore is shutting down"
+#: The idle busy loop wakes at least this often even without input.
+IDLE_WAKE_S = 1.0
+#: How long the child waits for its output thread to hand the last outputs to the parent.
+OUTPUT_FLUSH_S = 1.0
+#: After its parent dies, a child that has not exited by itself this long after is ended.
+PARENT_GONE_EXIT_S = 1.0
+
+
+@dataclass(frozen=True)
+class ChildFaults:
+    """Fault injection for tests of the child's shutdown path; the defaults inject nothing.
+
+    Each field reproduces a state the seed's ``clean_shutdown`` check must handle, or a startup
+    failure the manager must survive, in a real child process.
+    """
+
+    #: The child sends itself SIGTERM after installing its handlers, before the engine exists.
+    signal_before_engine: bool = False
+    #: Sleep before building the engine (a slow startup).
+    startup_delay_s: float = 0.0
+    #: Ranks whose startup raises (a failed start).
+    fail_startup_ranks: tuple[int, ...] = ()
+    #: The busy loop ends with ``SystemExit(exit_code)`` instead of 0.
+    exit_code: int | None = None
+    #: The busy loop ends with ``SystemExit(0)`` as soon as the shutdown is requested, leaving
+    #: the state at REQUESTED.
+    exit_while_requested: bool = False
+    #: A request is added after the busy loop ends: work is left at exit.
+    leave_work: bool = False
+    #: ``has_work()`` raises once the busy loop has ended.
+    has_work_raises: bool = False
+
+
+class LifecycleLog:
+    """Appends one JSON line per lifecycle event to ``path`` (nothing when ``path`` is None).
+
+    Tests read it to observe the child at the very end of its life (its gc freeze count, its
+    exit code, the order of cleanup steps).
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+
+    def event(self, name: str, **fields: Any) -> None:
+        if self.path is None:
+            return
+        record = {"event": name, "t": time.time(), "pid": os.getpid(), **fields}
+        line = json.dumps(record, default=repr) + "\n"
+        with self._lock, open(self.path, "a", encoding="utf-8") as f:
+            f.write(line)
+            f.flush()
+
+    @staticmethod
+    def read(path: str) -> list[dict[str, Any]]:
+        """All events written so far to ``path`` (by every process that shares it)."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                return [json.loads(line) for line in f if line.strip()]
+        except FileNotFoundError:
+            return []
+
+
+class SignalWaker:
+    """Turns a signal handler's wake-up into a call on a helper thread (a self-pipe).
+
+    ``trigger()`` only writes one byte to a non-blocking pipe, which is async-signal-safe; the
+    helper thread reads it and calls ``wake``, which may take locks freely.
+    """
+
+    def __init__(self, wake: Callable[[], None]) -> None:
+        self._wake = wake
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._w, False)
+        self._thread = threading.Thread(target=self._run, name="signal-waker", daemon=True)
+        self._thread.start()
+
+    def trigger(self) -> None:
+        try:
+            os.write(self._w, b"\x01")
+        except OSError:  # the pipe is full: a wake-up is already pending
+            pass
+
+    def stop(self, timeout: float = 1.0) -> None:
+        try:
+            os.write(self._w, b"\x00")
+        except OSError:
+            pass
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            os.close(self._r)
+            os.close(self._w)
+
+    def _run(self) -> None:
+        while True:
+            data = os.read(self._r, 64)
+            if not data or b"\x00" in data:
+                return
+            self._wake()
+
+
+class EngineCoreProc:
+    """The child's side of one engine process: IO threads, the busy loop, the handlers."""
+
+    def __init__(
+        self, config: EngineConfig, conn: Connection, log: LifecycleLog, faults: ChildFaults
+    ) -> None:
+        self.config = config
+        self.conn = conn
+        self.log = log
+        self.faults = faults
+        self.input_queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.output_queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
+        self.engine_core: EngineCore | None = None
+        self.waker: SignalWaker | None = None
+        #: Set by the signal handler, even before the engine exists.
+        self.shutdown_requested = False
+        self.signals_received: list[int] = []
+        self.parent_gone = False
+        self.exit_code = 0
+        self._drain_deadline: float | None = None
+        self._output_thread: threading.Thread | None = None
+
+    # -- IO threads ------------------------------------------------------------------------
+    def start_io_threads(self) -> None:
+        threading.Thread(target=self._input_loop, name="engine-input", daemon=True).start()
+        self._output_thread = threading.Thread(
+            target=self._output_loop, name="engine-output", daemon=True
+        )
+        self._output_thread.start()
+
+    def _input_loop(self) -> None:
+        while True:
+            try:
+                msg = self.conn.recv()
+            except (EOFError, OSError):
+                self.input_queue.put(_PARENT_GONE)
+                return
+            self.input_queue.put(msg)
+
+    def _output_loop(self) -> None:
+        while True:
+            msg = self.output_queue.get()
+            if msg is None:
+                return
+            try:
+                self.conn.send(msg)
+            except (OSError, ValueError):  # the parent is gone
+                return
+
+    def send(self, msg: tuple[Any, ...]) -> None:
+        self.output_queue.put(msg)
+
+    def flush_outputs(self, timeout: float = OUTPUT_FLUSH_S) -> None:
+        if self._output_thread is not None:
+            self.output_queue.put(None)
+            self._output_thread.join(timeout)
+
+    # -- wake-ups --------------------------------------------------------------------------
+    def signal_handler(self, signum: int, frame: object) -> None:
+        """Only set state and wake the loop (through the helper thread)."""
+        self.signals_received.append(signum)
+        self.shutdown_requested = True
+        core = self.engine_core
+        if core is not None and core.shutdown_state == EngineShutdownState.RUNNING:
+            core.shutdown_state = EngineShutdownState.REQUESTED
+        if self.waker is not None:
+            self.waker.trigger()
+
+    def wake(self) -> None:
+        self.input_queue.put(_WAKE)
+
+    def on_parent_gone(self) -> None:
+        self.input_queue.put(_PARENT_GONE)
+
+    # -- busy loop -------------------------------------------------------------------------
+    def run_busy_loop(self) -> None:
+        """Serve until a requested shutdown has no work left, then raise SystemExit."""
+        while self._handle_shutdown():
+            self._process_input_queue()
+            self._process_engine_step()
+        core = self._core
+        if self.faults.leave_work:
+            core.add_request("left-behind", [1], 1)
+        if self.faults.has_work_raises:
+            setattr(core, "has_work", _raise_has_work)  # noqa: B010
+        code = self.exit_code if self.faults.exit_code is None else self.faults.exit_code
+        raise SystemExit(code)
+
+    @property
+    def _core(self) -> EngineCore:
+        assert self.engine_core is not None
+        return self.engine_core
+
+    def _handle_shutdown(self) -> bool:
+        core = self._core
+        if self.shutdown_requested and core.shutdown_state == EngineShutdownState.RUNNING:
+            core.shutdown_state = EngineShutdownState.REQUESTED
+        if core.shutdown_state == EngineShutdownState.RUNNING:
+            return True
+        if core.shutdown_state == EngineShutdownState.REQUESTED:
+            if self.faults.exit_while_requested:
+                raise SystemExit(0)
+            timeout = self.config.shutdown_timeout
+            unfinished = core.num_unfinished_requests()
+            if timeout == 0 or self.parent_gone:
+                mode = "abort"
+                core.abort_requests(None)
+            else:
+                mode = "drain"
+                if timeout is not None:
+                    self._drain_deadline = time.monotonic() + timeout
+            logger.info("[shutdown] EngineCore: %s %d request(s)", mode, unfinished)
+            self.log.event(
+                "shutdown_requested", mode=mode, unfinished=unfinished,
+                signals=list(self.signals_received), parent_gone=self.parent_gone,
+            )
+            core.shutdown_state = EngineShutdownState.SHUTTING_DOWN
+        if core.num_unfinished_requests() and (
+            self.parent_gone
+            or (self._drain_deadline is not None and time.monotonic() >= self._drain_deadline)
+        ):
+            aborted = core.abort_requests(None)
+            self.log.event("drain_cut_short", aborted=len(aborted), parent_gone=self.parent_gone)
+        return core.has_work()
+
+    def _process_input_queue(self) -> None:
+        core = self._core
+        idle = (
+            core.shutdown_state == EngineShutdownState.RUNNING
+            and not self.shutdown_requested
+            and not core.has_work()
+        )
+        try:
+            if idle:
+                msg = self.input_queue.get(timeout=IDLE_WAKE_S)
+            else:
+                msg = self.input_queue.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle_input(msg)
+            try:
+                msg = self.input_queue.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle_input(self, msg: tuple[Any, ...]) -> None:
+        core = self._core
+        kind = msg[0]
+        running = core.shutdown_state == EngineShutdownState.RUNNING and not self.shutdown_requested
+        if kind == "wake":
+            return
+        if kind == "parent_gone":
+            self.parent_gone = True
+            self.shutdown_requested = True
+            self.exit_code = EXIT_PARENT_GONE
+            if core.shutdown_state == EngineShutdownState.RUNNING:
+                core.shutdown_state = EngineShutdownState.REQUESTED
+        elif kind == MSG_ADD:
+            _, request_id, prompt, max_tokens = msg
+            if not running:
+                self.log.event("request_rejected", request_id=request_id)
+                self.send((MSG_OUTPUTS, [_aborted(request_id)]))
+                return
+            try:
+                core.add_request(request_id, prompt, max_tokens)
+            except ValueError as exc:
+                logger.warning("EngineCore: rejected request %r: %s", request_id, exc)
+                self.send((MSG_OUTPUTS, [_aborted(request_id)]))
+        elif kind == MSG_ABORT:
+            core.abort_requests(msg[1])
+        elif kind == MSG_UTILITY:
+            _, call_id, name, args = msg
+            if not running:
+                self.send((MSG_UTILITY_RESULT, call_id, False, SHUTTING_DOWN_ERROR))
+                return
+            try:
+                result = core.utility(name, *args)
+            except Exception as exc:  # noqa: BLE001 - the caller gets the error
+                self.send((MSG_UTILITY_RESULT, call_id, False, f"{type(exc).__name__}: {exc}"))
+            else:
+                self.send((MSG_UTILITY_RESULT, call_id, True, result))
+        else:
+            logger.warning("EngineCore: unknown message kind %r", kind)
+
+    def _process_engine_step(self) -> None:
+        core = self._core
+        if core.has_work():
+            outputs = core.step()
+            if outputs:
+                self.send((MSG_OUTPUTS, outputs))
+
+
+def is_clean_shutdown(code: object, engine_core: EngineCore | None, config: EngineConfig) -> bool:
+    """The seed's ``clean_shutdown``; never raises (an error makes the shutdown unclean)."""
+    try:
+        return (
+            code in (None, 0)
+            and engine_core is not None
+            and engine_core.shutdown_state == EngineShutdownState.SHUTTING_DOWN
+            and not engine_core.has_work()
+            and config.shutdown_timeout == 0
+        )
+    except Exception:  # noqa: BLE001 - must never replace the SystemExit being handled
+        logger.exception("[shutdown] EngineCore: could not tell whether the exit was clean")
+        return False
+
+
+def run_engine_core(
+    config: EngineConfig,
+    conn: Connection,
+    *,
+    dp_rank: int = 0,
+    parent_pid: int | None = None,
+    lifecycle_log: str | None = None,
+    faults: ChildFaults | None = None,
+    pdeathsig: bool = False,
+) -> None:
+    """Run one EngineCore in this (child) process until it is told to stop; ends in SystemExit.
+
+    ``parent_pid`` is the logical parent (the process that owns ``conn``); when it dies this
+    process exits by itself within about ``PARENT_GONE_EXIT_S``. ``pdeathsig`` additionally asks
+    the kernel for a SIGTERM when the forking thread exits (see ``start.pdeathsig_safe``).
+    Must run in the main thread of the process (it installs signal handlers).
+    """
+    faults = faults if faults is not None else ChildFaults()
+    log = LifecycleLog(lifecycle_log)
+    proc = EngineCoreProc(config, conn, log, faults)
+    platform = config.resolved_platform
+    engine_core: EngineCore | None = None
+    parent_watch: ParentWatch | None = None
+    clean_shutdown = False
+    try:
+        proc.waker = SignalWaker(proc.wake)
+        signal.signal(signal.SIGTERM, proc.signal_handler)
+        signal.signal(signal.SIGINT, proc.signal_handler)
+        log.event("handlers_installed", dp_rank=dp_rank)
+        if pdeathsig:
+            set_parent_death_signal(signal.SIGTERM)
+        if parent_pid is not None:
+            parent_watch = ParentWatch(
+                parent_pid, proc.on_parent_gone, exit_after_s=PARENT_GONE_EXIT_S
+            ).start()
+        proc.start_io_threads()
+
+        if faults.signal_before_engine:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if faults.startup_delay_s:
+            time.sleep(faults.startup_delay_s)
+        if dp_rank in faults.fail_startup_ranks:
+            raise RuntimeError(f"injected startup failure in EngineCore_DP{dp_rank}")
+
+        engine_core = EngineCore(config)
+        proc.engine_core = engine_core
+        log.event("engine_built", signals=list(proc.signals_received))
+        proc.send((MSG_READY, os.getpid()))
+        proc.run_busy_loop()
+    except SystemExit as exc:
+        clean_shutdown = is_clean_shutdown(exc.code, engine_core, config)
+        log.event("loop_exited", code=exc.code, clean=clean_shutdown)
+        raise
+    except Exception:
+        text = traceback.format_exc()
+        log.event("engine_failed", error=text)
+        kind = MSG_STARTUP_FAILED if engine_core is None else MSG_ENGINE_DEAD
+        proc.send((kind, text))
+        raise
+    finally:
+        # Ignore repeated SIGTERM/SIGINT while cleaning up: a second signal must not cut it short.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        log.event("cleanup_started")
+        if proc.waker is not None:
+            proc.waker.stop()
+        proc.flush_outputs()
+        if engine_core is not None:
+            engine_core.shutdown()
+        log.event("cleanup_finished")
+        # Only now: the default handlers.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        log.event("handlers_restored")
+        if parent_watch is not None:
+            parent_watch.stop()
+        if clean_shutdown and platform == "rocm":
+            # The cleanup above unfroze and released the heap; freezing what is left skips the
+            # slow cyclic GC at interpreter finalization of this exiting process.
+            gc.freeze()
+            log.event("gc_frozen", freeze_count=gc.get_freeze_count())
+
+
+def engine_process_main(
+    config: EngineConfig,
+    conn: Connection,
+    dp_rank: int,
+    parent_pid: int | None,
+    lifecycle_log: str | None,
+    faults: ChildFaults | None,
+    pdeathsig: bool,
+) -> None:
+    """Target of every engine process: ``run_engine_core``, then record how the life ended.
+
+    The ``final`` event is written after ``run_engine_core`` has returned or raised, i.e. after
+    its ``finally`` (and any ``gc.freeze()``): the state the interpreter exits with.
+    """
+    log = LifecycleLog(lifecycle_log)
+    log.event("started", dp_rank=dp_rank, freeze_count=gc.get_freeze_count())
+    code: object = None
+    try:
+        run_engine_core(
+            config, conn, dp_rank=dp_rank, parent_pid=parent_pid,
+            lifecycle_log=lifecycle_log, faults=faults, pdeathsig=pdeathsig,
+        )
+    except SystemExit as exc:
+        code = exc.code
+        raise
+    except BaseException as exc:
+        code = type(exc).__name__
+        raise
+    finally:
+        freeze_count = gc.get_freeze_count()
+        log.event("final", exit=code, freeze_count=freeze_count)
+
+
+def _aborted(request_id: str) -> EngineCoreOutput:
+    return EngineCoreOutput(request_id, [], FinishReason.ABORTED)
+
+
+def _raise_has_work() -> bool:
+    raise RuntimeError("injected fault: has_work() failed")

@@ -1,0 +1,480 @@
+"""Stopping engine processes (DESIGN R4) and the EngineCore process manager (R5).
+
+``shutdown_processes`` sends SIGTERM to every process first, then waits for all of them against
+one shared deadline (never a timeout per process), then kills the survivors' whole process
+trees with one warning. It returns a ``ShutdownOutcome`` that tests (and
+``assert_not_force_killed``) read.
+
+``EngineProcManager`` starts ``data_parallel_size`` EngineCore processes, talks to them, watches
+them, and stops them with the process timeout of R6: the request-drain budget and the process
+cleanup budget are separate, and a ROCm engine told to abort at once (0/0) still gets its
+cleanup grace.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import queue
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from multiprocessing import connection as mp_connection
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import psutil
+
+from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.core import EngineCoreOutput
+from pytest_shutdown.engine.core_proc import (
+    MSG_ABORT,
+    MSG_ADD,
+    MSG_ENGINE_DEAD,
+    MSG_OUTPUTS,
+    MSG_READY,
+    MSG_STARTUP_FAILED,
+    MSG_UTILITY,
+    MSG_UTILITY_RESULT,
+    ChildFaults,
+    engine_process_main,
+)
+from pytest_shutdown.engine.start import mp_context, pdeathsig_safe
+from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
+
+logger = logging.getLogger("pytest_shutdown.engine")
+
+#: How long a killed process tree may take to disappear after SIGKILL.
+KILL_WAIT_S = 5.0
+#: How often the monitor thread wakes without any event.
+MONITOR_POLL_S = 1.0
+
+
+@dataclass(frozen=True)
+class ShutdownOutcome:
+    """What ``shutdown_processes`` did: the timeout it used, exit codes, who was force-killed."""
+
+    timeout: float
+    exitcodes: dict[str, int | None]
+    force_killed: list[str]
+    duration_s: float
+
+    @property
+    def any_force_killed(self) -> bool:
+        return bool(self.force_killed)
+
+
+def validate_timeout(value: object, option: str = "timeout") -> float | None:
+    """``value`` if it is None or a finite number >= 0; else a ValueError naming ``option``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{option}: expected None or a number >= 0, got {value!r}")
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise ValueError(f"{option}: expected None or a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def kill_process_tree(pid: int, *, timeout: float = KILL_WAIT_S) -> list[int]:
+    """SIGKILL ``pid`` and all its descendants; wait up to ``timeout``; return the pids killed.
+
+    Descendants are listed before anything is killed, so the ones re-parented by the kill are
+    not missed. A zombie counts as gone.
+    """
+    try:
+        root = psutil.Process(pid)
+        victims = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    killed = []
+    for proc in victims:
+        try:
+            proc.kill()
+            killed.append(proc.pid)
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + timeout
+    for proc in victims:
+        while time.monotonic() < deadline:
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    break
+                proc.wait(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+                break
+            except psutil.TimeoutExpired:
+                continue
+            except psutil.Error:
+                break
+    return killed
+
+
+def shutdown_processes(
+    procs: Sequence[BaseProcess],
+    timeout: float | None,
+    *,
+    default_timeout: float = 5.0,
+    terminate: Callable[[BaseProcess], None] | None = None,
+) -> ShutdownOutcome:
+    """Stop ``procs``: SIGTERM to all, one shared deadline, then kill the survivors' trees.
+
+    ``timeout`` None means ``default_timeout``. ``terminate`` replaces ``proc.terminate()`` as the
+    first step (the DP supervisor forwards a signal to a process group instead). Processes that
+    were never started are left alone.
+    """
+    timeout_used = validate_timeout(timeout)
+    if timeout_used is None:
+        timeout_used = validate_timeout(default_timeout, "default_timeout") or 0.0
+    started = time.monotonic()
+    deadline = started + timeout_used
+    live = [p for p in procs if p.pid is not None]
+    for proc in live:
+        if proc.is_alive():
+            try:
+                (terminate or _terminate)(proc)
+            except (ProcessLookupError, OSError):
+                pass
+    for proc in live:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    survivors = [p for p in live if p.is_alive()]
+    if survivors:
+        logger.warning("force killing remaining processes count=%d", len(survivors))
+        for proc in survivors:
+            assert proc.pid is not None
+            kill_process_tree(proc.pid)
+        for proc in survivors:
+            proc.join(KILL_WAIT_S)
+    names = _unique_names(procs)
+    return ShutdownOutcome(
+        timeout=timeout_used,
+        exitcodes={names[i]: p.exitcode for i, p in enumerate(procs) if p.pid is not None},
+        force_killed=[names[i] for i, p in enumerate(procs) if p in survivors],
+        duration_s=time.monotonic() - started,
+    )
+
+
+def _terminate(proc: BaseProcess) -> None:
+    proc.terminate()
+
+
+def _unique_names(procs: Sequence[BaseProcess]) -> list[str]:
+    counts: dict[str, int] = {}
+    for p in procs:
+        counts[p.name] = counts.get(p.name, 0) + 1
+    return [p.name if counts[p.name] == 1 else f"{p.name}[pid={p.pid}]" for p in procs]
+
+
+class EngineStartupError(RuntimeError):
+    """An engine process failed while starting; the message carries the child's traceback."""
+
+
+@dataclass(frozen=True)
+class ProcessFailure:
+    """An engine process that died (or reported its engine dead) while the manager was running."""
+
+    name: str
+    pid: int | None
+    exitcode: int | None
+    detail: str = ""
+
+
+@dataclass
+class _Shared:
+    """What the manager shares with its monitor thread and finalizer (never the manager)."""
+
+    config: EngineConfig
+    processes: list[BaseProcess] = field(default_factory=list)
+    connections: list[Connection] = field(default_factory=list)
+    send_locks: list[threading.Lock] = field(default_factory=list)
+    manager_stopped: threading.Event = field(default_factory=threading.Event)
+    outputs: queue.Queue[EngineCoreOutput] = field(default_factory=queue.Queue)
+    utility_calls: dict[int, Future[Any]] = field(default_factory=dict)
+    failures: list[ProcessFailure] = field(default_factory=list)
+
+    def close_connections(self) -> None:
+        for conn in self.connections:
+            conn.close()
+        for call_id in list(self.utility_calls):
+            future = self.utility_calls.pop(call_id, None)
+            if future is not None and not future.done():
+                future.set_exception(RuntimeError("EngineProcManager is shut down"))
+
+
+def _reap_on_gc(shared: _Shared, wake_w: Connection, timeout: float | None) -> None:
+    """The GC/atexit fallback: stop the monitor and the processes, close the connections."""
+    shared.manager_stopped.set()
+    _close_quietly(wake_w)
+    shutdown_processes(
+        shared.processes, timeout, default_timeout=shared.config.default_process_timeout_s
+    )
+    shared.close_connections()
+
+
+def _close_quietly(conn: Connection) -> None:
+    try:
+        conn.close()
+    except OSError:
+        pass
+
+
+class EngineProcManager:
+    """Starts ``data_parallel_size`` EngineCore processes ``EngineCore_DP{i}`` and stops them.
+
+    The constructor returns once every process reported ready (deadline
+    ``config.startup_timeout_s``). The GC fallback (``weakref.finalize``) exists before the first
+    start; if a start fails, the ones already started are reaped and the error propagates.
+    ``shutdown(timeout)`` is idempotent; ``last_outcome`` keeps what it did. A monitor thread
+    forwards outputs and notices a process that dies while the manager runs: it is recorded in
+    ``failures``, logged, and the others are shut down.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        lifecycle_log: str | None = None,
+        faults: ChildFaults | None = None,
+    ) -> None:
+        self.config = config if config is not None else EngineConfig()
+        self._shared = _Shared(self.config)
+        self.processes = self._shared.processes
+        self.manager_stopped = self._shared.manager_stopped
+        self.outputs = self._shared.outputs
+        self.failures = self._shared.failures
+        self.last_outcome: ShutdownOutcome | None = None
+        self._request_shutdown_timeout = self.config.shutdown_timeout
+        self._platform = self.config.resolved_platform
+        self._shutdown_lock = threading.Lock()
+        self._call_ids = itertools.count()
+        self._next_rank = itertools.cycle(range(self.config.data_parallel_size))
+        self._wake_r, self._wake_w = mp_connection.Pipe(duplex=False)
+        gc_timeout = get_engine_process_shutdown_timeout(
+            self._request_shutdown_timeout, None, self._platform,
+            rocm_grace_s=self.config.rocm_process_grace_s,
+        )
+        # Registered before the first start, so a process is never unowned.
+        self._finalizer = weakref.finalize(
+            self, _reap_on_gc, self._shared, self._wake_w, gc_timeout
+        )
+        self._monitor: threading.Thread | None = None
+        try:
+            self._start_processes(lifecycle_log, faults)
+        except BaseException:
+            self._finalizer.detach()
+            self.manager_stopped.set()
+            self.last_outcome = shutdown_processes(
+                self.processes, None, default_timeout=self.config.default_process_timeout_s
+            )
+            self._shared.close_connections()
+            _close_quietly(self._wake_w)
+            _close_quietly(self._wake_r)
+            raise
+        self._monitor = threading.Thread(
+            target=_monitor_loop,
+            args=(self._shared, self._wake_r, weakref.ref(self)),
+            name="engine-proc-monitor",
+            daemon=True,
+        )
+        self._monitor.start()
+
+    # -- startup ---------------------------------------------------------------------------
+    def _start_processes(self, lifecycle_log: str | None, faults: ChildFaults | None) -> None:
+        ctx = mp_context(self.config.start_method)
+        pdeathsig = pdeathsig_safe(self.config.start_method)
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        for rank in range(self.config.data_parallel_size):
+            parent_conn, child_conn = ctx.Pipe(duplex=True)
+            self._shared.connections.append(parent_conn)
+            self._shared.send_locks.append(threading.Lock())
+            proc = ctx.Process(  # type: ignore[attr-defined]
+                target=engine_process_main,
+                name=f"EngineCore_DP{rank}",
+                args=(
+                    self.config, child_conn, rank, os.getpid(), lifecycle_log, faults, pdeathsig
+                ),
+                daemon=True,
+            )
+            self.processes.append(proc)
+            try:
+                proc.start()
+            finally:
+                child_conn.close()
+        for proc, conn in zip(self.processes, self._shared.connections, strict=True):
+            self._wait_ready(proc, conn, deadline)
+
+    def _wait_ready(self, proc: BaseProcess, conn: Connection, deadline: float) -> None:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(
+                    f"{proc.name} was not ready within EngineConfig.startup_timeout_s="
+                    f"{self.config.startup_timeout_s} s; raise startup_timeout_s on a slow machine"
+                )
+            ready = mp_connection.wait([conn, proc.sentinel], timeout=remaining)
+            if conn in ready:
+                try:
+                    msg = conn.recv()
+                except (EOFError, OSError):
+                    proc.join(1.0)
+                    raise EngineStartupError(
+                        f"{proc.name} exited during startup (exit code {proc.exitcode})"
+                    ) from None
+                if msg[0] == MSG_READY:
+                    return
+                if msg[0] == MSG_STARTUP_FAILED:
+                    raise EngineStartupError(f"{proc.name} failed to start:\n{msg[1]}")
+            elif proc.sentinel in ready:
+                proc.join(1.0)
+                raise EngineStartupError(
+                    f"{proc.name} exited during startup (exit code {proc.exitcode})"
+                )
+
+    # -- client ----------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Iterable[int],
+        max_tokens: int = 16,
+        *,
+        rank: int | None = None,
+    ) -> int:
+        """Send a request to engine ``rank`` (round robin when None); returns the rank."""
+        rank = next(self._next_rank) if rank is None else rank
+        self._send(rank, (MSG_ADD, request_id, list(prompt_token_ids), max_tokens))
+        return rank
+
+    def abort_requests(self, request_ids: Iterable[str] | None = None) -> None:
+        """Abort the given requests (all when None) on every engine."""
+        ids = None if request_ids is None else list(request_ids)
+        for rank in range(len(self.processes)):
+            self._send(rank, (MSG_ABORT, ids))
+
+    def call_utility(self, name: str, *args: Any, rank: int = 0, timeout: float = 10.0) -> Any:
+        """Call ``EngineCore.utility(name, *args)`` in engine ``rank`` and wait for the answer."""
+        call_id = next(self._call_ids)
+        future: Future[Any] = Future()
+        self._shared.utility_calls[call_id] = future
+        self._send(rank, (MSG_UTILITY, call_id, name, tuple(args)))
+        return future.result(timeout)
+
+    def _send(self, rank: int, msg: tuple[Any, ...]) -> None:
+        if not 0 <= rank < len(self.processes):
+            raise ValueError(f"rank: expected 0..{len(self.processes) - 1}, got {rank!r}")
+        if self.manager_stopped.is_set():
+            raise RuntimeError("EngineProcManager is shut down")
+        with self._shared.send_locks[rank]:
+            self._shared.connections[rank].send(msg)
+
+    # -- shutdown --------------------------------------------------------------------------
+    def shutdown(self, timeout: float | None = None) -> ShutdownOutcome | None:
+        """Stop the engine processes; idempotent; returns (and keeps) the outcome.
+
+        ``timeout`` is the process timeout offered by the caller (None: the default); the one
+        used comes from ``get_engine_process_shutdown_timeout`` (the ROCm grace on 0/0).
+        """
+        timeout = validate_timeout(timeout)
+        self.manager_stopped.set()
+        with self._shutdown_lock:
+            if self._finalizer.detach() is not None:
+                process_timeout = get_engine_process_shutdown_timeout(
+                    self._request_shutdown_timeout, timeout, self._platform,
+                    rocm_grace_s=self.config.rocm_process_grace_s,
+                )
+                if process_timeout != timeout:
+                    logger.info(
+                        "[shutdown] EngineCore process manager: using %ss ROCm cleanup grace "
+                        "after immediate request abort", process_timeout,
+                    )
+                _close_quietly(self._wake_w)
+                self.last_outcome = shutdown_processes(
+                    self.processes, process_timeout,
+                    default_timeout=self.config.default_process_timeout_s,
+                )
+                monitor = self._monitor
+                if monitor is not None and monitor is not threading.current_thread():
+                    monitor.join(MONITOR_POLL_S + 1.0)
+                self._shared.close_connections()
+                _close_quietly(self._wake_r)
+        return self.last_outcome
+
+    @property
+    def is_shut_down(self) -> bool:
+        return not self._finalizer.alive
+
+    def __enter__(self) -> EngineProcManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+def _monitor_loop(
+    shared: _Shared, wake_r: Connection, manager_ref: weakref.ReferenceType[EngineProcManager]
+) -> None:
+    """Forward outputs and utility results; report a process that dies while the manager runs.
+
+    Holds only a weak reference to the manager, so the manager can still be collected.
+    """
+    conns = list(shared.connections)
+    sentinels = {p.sentinel: p for p in shared.processes}
+    while not shared.manager_stopped.is_set():
+        try:
+            ready = mp_connection.wait([wake_r, *conns, *sentinels], timeout=MONITOR_POLL_S)
+        except OSError:
+            return
+        if wake_r in ready or shared.manager_stopped.is_set():
+            return
+        for obj in ready:
+            if isinstance(obj, Connection) and not _drain(shared, obj):
+                conns.remove(obj)
+        dead = [sentinels.pop(s) for s in list(sentinels) if s in ready]
+        if dead and not shared.manager_stopped.is_set():
+            for proc in dead:
+                conn = shared.connections[shared.processes.index(proc)]
+                if conn in conns:
+                    _drain(shared, conn)  # the last outputs it sent before dying
+                proc.join(1.0)
+                failure = ProcessFailure(proc.name, proc.pid, proc.exitcode, "exited")
+                shared.failures.append(failure)
+                logger.error(
+                    "[shutdown] %s (pid %s) died while the manager was running, exit code %s; "
+                    "shutting the other engine processes down", proc.name, proc.pid, proc.exitcode,
+                )
+            manager = manager_ref()
+            if manager is not None:
+                manager.shutdown()
+            return
+
+
+def _drain(shared: _Shared, conn: Connection) -> bool:
+    """Dispatch every message waiting on ``conn``; False once it is at EOF."""
+    proc = shared.processes[shared.connections.index(conn)]
+    try:
+        while conn.poll(0):
+            _dispatch(shared, conn.recv(), proc)
+    except (EOFError, OSError):
+        return False
+    return True
+
+
+def _dispatch(shared: _Shared, msg: tuple[Any, ...], proc: BaseProcess) -> None:
+    kind = msg[0]
+    if kind == MSG_OUTPUTS:
+        for output in msg[1]:
+            shared.outputs.put(output)
+    elif kind == MSG_UTILITY_RESULT:
+        _, call_id, ok, value = msg
+        future = shared.utility_calls.pop(call_id, None)
+        if future is not None and not future.done():
+            if ok:
+                future.set_result(value)
+            else:
+                future.set_exception(RuntimeError(f"{proc.name}: {value}"))
+    elif kind == MSG_ENGINE_DEAD:
+        shared.failures.append(ProcessFailure(proc.name, proc.pid, None, msg[1]))
+        logger.error("[shutdown] %s reported its engine dead:\n%s", proc.name, msg[1])

@@ -1,0 +1,227 @@
+"""DPSupervisor: a data-parallel supervisor over engine-owning children (DESIGN R7).
+
+A three-level tree, like vLLM's DP supervisor: this process -> ``num_children`` supervised
+children, each in its own process group and each running an ``EngineProcManager`` with its
+EngineCore process(es). ``shutdown(signum)`` forwards the signal to every child's process group
+(the child and its engines), waits ``get_engine_process_shutdown_timeout(t, t) +
+child_exit_grace_s`` in total (``t`` the request-drain timeout), then kills the survivors' whole
+trees. A child that drains within its budget is never force-killed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import time
+import weakref
+from multiprocessing import connection as mp_connection
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from pytest_shutdown.engine.config import START_METHODS, EngineConfig
+from pytest_shutdown.engine.core_proc import ChildFaults
+from pytest_shutdown.engine.lifeline import ParentWatch, set_parent_death_signal
+from pytest_shutdown.engine.processes import (
+    EngineProcManager,
+    ShutdownOutcome,
+    kill_process_tree,
+    shutdown_processes,
+    validate_timeout,
+)
+from pytest_shutdown.engine.start import mp_context, pdeathsig_safe
+from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
+
+logger = logging.getLogger("pytest_shutdown.engine")
+
+
+class DPSupervisor:
+    """Starts ``num_children`` supervised children, each owning an ``EngineProcManager``.
+
+    The children are started with ``config.start_method``; their engine processes with
+    ``engine_start_method`` (default: the same). The constructor returns once every child and
+    its engines are ready (deadline ``config.startup_timeout_s``). ``engine_pids`` maps each
+    child's pid to its engine pids, so tests can check the whole tree.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        num_children: int = 2,
+        engine_start_method: str | None = None,
+        lifecycle_log: str | None = None,
+        faults: ChildFaults | None = None,
+    ) -> None:
+        self.config = config if config is not None else EngineConfig()
+        if isinstance(num_children, bool) or not isinstance(num_children, int) or num_children < 1:
+            raise ValueError(f"num_children: expected a positive integer, got {num_children!r}")
+        if engine_start_method is not None and engine_start_method not in START_METHODS:
+            raise ValueError(
+                f"engine_start_method: unknown value {engine_start_method!r}; "
+                f"accepted: {', '.join(START_METHODS)}"
+            )
+        self._platform = self.config.resolved_platform
+        child_config = self.config.replace(
+            platform=self._platform,
+            start_method=engine_start_method or self.config.start_method,
+        )
+        self.children: list[BaseProcess] = []
+        self.engine_pids: dict[int, list[int]] = {}
+        self.last_outcome: ShutdownOutcome | None = None
+        self._pgids: dict[int, int] = {}
+        self._conns: list[Connection] = []
+        self._finalizer = weakref.finalize(self, _kill_trees, self.children)
+        ctx = mp_context(self.config.start_method)
+        pdeathsig = pdeathsig_safe(self.config.start_method)
+        try:
+            for index in range(num_children):
+                parent_conn, child_conn = ctx.Pipe(duplex=False)
+                self._conns.append(parent_conn)
+                proc = ctx.Process(  # type: ignore[attr-defined]
+                    target=supervised_child_main,
+                    name=f"DPSupervisorChild_{index}",
+                    args=(child_config, child_conn, os.getpid(), lifecycle_log, faults, pdeathsig),
+                    daemon=False,  # it has children of its own
+                )
+                self.children.append(proc)
+                try:
+                    proc.start()
+                finally:
+                    child_conn.close()
+            deadline = time.monotonic() + self.config.startup_timeout_s
+            for proc, conn in zip(self.children, self._conns, strict=True):
+                self._wait_ready(proc, conn, deadline)
+        except BaseException:
+            self._finalizer.detach()
+            _kill_trees(self.children)
+            self._close()
+            raise
+
+    def _wait_ready(self, proc: BaseProcess, conn: Connection, deadline: float) -> None:
+        remaining = deadline - time.monotonic()
+        ready = mp_connection.wait([conn, proc.sentinel], timeout=max(0.0, remaining))
+        if conn in ready:
+            try:
+                kind, pid, pgid, engine_pids = conn.recv()
+            except (EOFError, OSError):
+                kind = "died"
+            if kind == "ready":
+                self._pgids[pid] = pgid
+                self.engine_pids[pid] = list(engine_pids)
+                return
+        if not ready:
+            raise TimeoutError(
+                f"{proc.name} was not ready within EngineConfig.startup_timeout_s="
+                f"{self.config.startup_timeout_s} s"
+            )
+        proc.join(1.0)
+        raise RuntimeError(f"{proc.name} failed to start (exit code {proc.exitcode})")
+
+    def forward_signal(self, proc: BaseProcess, signum: int = signal.SIGTERM) -> None:
+        """Send ``signum`` to ``proc``'s process group (to ``proc`` alone if it has none)."""
+        assert proc.pid is not None
+        pgid = self._pgids.get(proc.pid)
+        try:
+            if pgid is not None:
+                os.killpg(pgid, signum)
+            else:
+                os.kill(proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def shutdown_budget(self, timeout: float | None = None) -> float:
+        """``get_engine_process_shutdown_timeout(t, t) + child_exit_grace_s``.
+
+        ``t`` is ``timeout`` or else ``config.shutdown_timeout``; a ``t`` of None (no drain
+        deadline) counts as ``config.default_process_timeout_s``.
+        """
+        t = self.config.shutdown_timeout if timeout is None else validate_timeout(timeout)
+        process_timeout = get_engine_process_shutdown_timeout(
+            t, t, self._platform, rocm_grace_s=self.config.rocm_process_grace_s
+        )
+        if process_timeout is None:
+            process_timeout = self.config.default_process_timeout_s
+        return process_timeout + self.config.child_exit_grace_s
+
+    def shutdown(
+        self, timeout: float | None = None, *, signum: int = signal.SIGTERM
+    ) -> ShutdownOutcome | None:
+        """Forward ``signum`` to every child's group and wait the budget; idempotent."""
+        if self._finalizer.detach() is not None:
+            budget = self.shutdown_budget(timeout)
+            self.last_outcome = shutdown_processes(
+                self.children, budget, terminate=lambda p: self.forward_signal(p, signum)
+            )
+            self._close()
+        return self.last_outcome
+
+    def _close(self) -> None:
+        for conn in self._conns:
+            conn.close()
+
+    def __enter__(self) -> DPSupervisor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+def _kill_trees(children: list[BaseProcess]) -> None:
+    for proc in children:
+        if proc.pid is not None and proc.is_alive():
+            kill_process_tree(proc.pid)
+            proc.join(1.0)
+
+
+def supervised_child_main(
+    config: EngineConfig,
+    conn: Connection,
+    parent_pid: int,
+    lifecycle_log: str | None,
+    faults: ChildFaults | None,
+    pdeathsig: bool,
+) -> None:
+    """A supervised child: own process group, one ``EngineProcManager``, stop on SIGTERM/SIGINT.
+
+    The handlers only record the signal and write to a pipe; the main thread waits on that pipe
+    (and on the parent's death), then ignores further signals, shuts its manager down with the
+    configured request timeout and exits 0.
+    """
+    os.setpgid(0, 0)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    received: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        received.append(signum)
+        _wake(wake_w)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    if pdeathsig:
+        set_parent_death_signal(signal.SIGTERM)
+    manager = EngineProcManager(config, lifecycle_log=lifecycle_log, faults=faults)
+    # Started after the engines: a fork start method must not fork while this thread runs.
+    watch = ParentWatch(parent_pid, lambda: _wake(wake_w), exit_after_s=1.0).start()
+    try:
+        conn.send(("ready", os.getpid(), os.getpgid(0), [p.pid for p in manager.processes]))
+        while not received and not watch.parent_gone.is_set():
+            select.select([wake_r], [], [], 0.5)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        timeout = 0.0 if watch.parent_gone.is_set() else config.shutdown_timeout
+        manager.shutdown(timeout)
+        watch.stop()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _wake(fd: int) -> None:
+    try:
+        os.write(fd, b"\x01")
+    except OSError:  # full: a wake-up is already pending
+        pass

@@ -48,6 +48,12 @@ def _edges(node: object) -> Iterator[tuple[str, object]]:
         for key, default in (node.__kwdefaults__ or {}).items():
             yield f".__kwdefaults__[{key!r}]", default
         return
+    if isinstance(node, types.CellType):
+        try:
+            yield ".cell_contents", node.cell_contents
+        except ValueError:
+            pass
+        return
     if isinstance(node, (type, types.ModuleType, types.BuiltinFunctionType, str, bytes)):
         return
     if isinstance(node, dict):
@@ -191,6 +197,8 @@ def _node_name(node: object, owner: dict[int, str]) -> str:
         return f"{type(node).__name__} {node.__qualname__}"
     if isinstance(node, (dict, list, tuple, set)):
         return f"{type(node).__name__} of {len(node)}"
+    if isinstance(node, threading.Thread):
+        return f"Thread {node.name!r}"
     return f"{type(node).__qualname__} at {id(node):#x}"
 
 
@@ -222,6 +230,9 @@ def _edge_name(parent: object, child: object) -> str:
     for label, value in _edges(parent):
         if value is child:
             return label
+    for name in ("__defaults__", "__kwdefaults__", "__closure__", "__globals__", "__dict__"):
+        if getattr(parent, name, None) is child:
+            return f".{name}"
     if getattr(parent, "__dict__", None) is child:
         return ".__dict__"
     return "(refers to)"

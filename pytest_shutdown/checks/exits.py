@@ -64,9 +64,14 @@ def _probe_main(
 ) -> None:
     """The child's entry: stderr to a file, run the target, record the freeze count last."""
     err = os.open(os.path.join(workdir, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    sys.stderr.flush()
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
     os.dup2(err, 2)
     os.close(err)
+    # The parent's sys.stderr may not write to fd 2 (pytest's capture replaces it): rebind it.
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
     try:
         target(*args, **kwargs)
     finally:
@@ -79,20 +84,24 @@ def _write_atomically(path: str, text: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _kill_tree(pid: int | None) -> None:
-    if pid is None:
-        return
+def _kill_tree(proc: Any) -> None:
+    """SIGKILL the child and its descendants; reap the child through multiprocessing.
+
+    The descendants go first, found before the child dies (afterwards they are orphans). The
+    child itself is killed and joined by multiprocessing, so that ``exitcode`` stays readable.
+    """
     try:
-        root = psutil.Process(pid)
-        family = root.children(recursive=True) + [root]
+        descendants = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:
-        return
-    for proc in family:
+        descendants = []
+    for child in descendants:
         try:
-            proc.kill()
+            child.kill()
         except psutil.Error:
             continue
-    psutil.wait_procs(family, timeout=KILL_DEADLINE_S)
+    proc.kill()
+    proc.join(KILL_DEADLINE_S)
+    psutil.wait_procs(descendants, timeout=KILL_DEADLINE_S)
 
 
 def probe_exit(
@@ -130,8 +139,7 @@ def probe_exit(
         proc.join(timeout)
         if proc.is_alive():
             timed_out = True
-            _kill_tree(proc.pid)
-            proc.join(KILL_DEADLINE_S)
+            _kill_tree(proc)
         duration = time.perf_counter() - started
         return ExitRecord(
             exitcode=proc.exitcode,
@@ -144,8 +152,7 @@ def probe_exit(
         )
     finally:
         if proc.is_alive():  # interrupted (KeyboardInterrupt, an error above): still reap it
-            _kill_tree(proc.pid)
-            proc.join(KILL_DEADLINE_S)
+            _kill_tree(proc)
         if proc.exitcode is not None:
             proc.close()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -1,0 +1,165 @@
+"""probe_exit (how a child really ends) and assert_not_force_killed."""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+import psutil
+import pytest
+
+from pytest_shutdown import ShutdownContractError, probe_exit
+from pytest_shutdown.checks.exits import assert_not_force_killed
+
+
+def _clean() -> None:
+    gc.freeze()
+    try:
+        pass
+    finally:
+        gc.unfreeze()
+
+
+def _leaves_gc_frozen() -> None:
+    try:
+        raise SystemExit(0)
+    finally:
+        gc.freeze()  # the target's own finally runs before the probe reads the count
+
+
+def _exits(code: int) -> None:
+    sys.exit(code)
+
+
+def _raises() -> None:
+    raise RuntimeError("engine core crashed")
+
+
+def _terminates_itself() -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(10)
+
+
+def _hangs(pid_file: str) -> None:
+    with open(pid_file, "w") as handle:
+        handle.write(str(os.getpid()))
+    time.sleep(60)
+
+
+def test_clean_exit_and_freeze_count_restored() -> None:
+    record = probe_exit(_clean)
+    assert record.exitcode == 0
+    assert record.gc_freeze_count == 0
+    assert not record.timed_out and record.signal_name is None
+
+
+def test_freeze_left_behind_is_seen_after_the_targets_finally() -> None:
+    record = probe_exit(_leaves_gc_frozen)
+    assert record.exitcode == 0
+    assert record.gc_freeze_count is not None and record.gc_freeze_count > 0
+
+
+def test_exit_codes_follow_the_multiprocessing_convention() -> None:
+    assert probe_exit(_exits, 3).exitcode == 3
+    crashed = probe_exit(_raises)
+    assert crashed.exitcode == 1
+    assert "RuntimeError: engine core crashed" in crashed.stderr_tail
+    killed = probe_exit(_terminates_itself)
+    assert killed.exitcode == -signal.SIGTERM
+    assert killed.signal_name == "SIGTERM"
+    assert killed.gc_freeze_count is None
+
+
+def test_a_hung_target_is_killed_at_the_timeout_and_not_left_behind(tmp_path: object) -> None:
+    pid_file = os.path.join(str(tmp_path), "pid")
+    started = time.monotonic()
+    record = probe_exit(_hangs, pid_file, timeout=0.5)
+    assert record.timed_out
+    assert record.exitcode == -signal.SIGKILL
+    assert 0.5 <= record.duration_s < 10
+    assert time.monotonic() - started < 15
+    with open(pid_file) as handle:
+        pid = int(handle.read())
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_spawn_start_method() -> None:
+    record = probe_exit(_exits, 4, start_method="spawn", timeout=60)
+    assert (record.exitcode, record.start_method) == (4, "spawn")
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [({"timeout": 0}, "timeout"),
+                                              ({"start_method": "thread"}, "start_method")])
+def test_bad_arguments_name_the_option(kwargs: dict[str, object], name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        probe_exit(_clean, **kwargs)  # type: ignore[arg-type]
+
+
+@dataclass
+class Outcome:
+    """The fields of the engine's ShutdownOutcome, filled from a real shutdown below."""
+
+    timeout: float | None
+    exitcodes: dict[str, int | None] = field(default_factory=dict)
+    force_killed: list[str] = field(default_factory=list)
+    duration_s: float = 0.0
+
+
+def _ignores_sigterm(ready: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()  # type: ignore[attr-defined]
+    time.sleep(30)
+
+
+def _shutdown(procs: list[object], timeout: float) -> Outcome:
+    """SIGTERM, one shared deadline, then SIGKILL: the R4 shape, for a real outcome record."""
+    started = time.monotonic()
+    for proc in procs:
+        proc.terminate()  # type: ignore[attr-defined]
+    deadline = started + timeout
+    outcome = Outcome(timeout)
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))  # type: ignore[attr-defined]
+        if proc.is_alive():  # type: ignore[attr-defined]
+            proc.kill()  # type: ignore[attr-defined]
+            proc.join(5)  # type: ignore[attr-defined]
+            outcome.force_killed.append(proc.name)  # type: ignore[attr-defined]
+        outcome.exitcodes[proc.name] = proc.exitcode  # type: ignore[attr-defined]
+    outcome.duration_s = time.monotonic() - started
+    return outcome
+
+
+def test_force_killed_is_reported_and_a_clean_exit_is_not() -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    ready = ctx.Event()
+    stubborn = ctx.Process(target=_ignores_sigterm, args=(ready,), name="EngineCore_DP0")
+    polite = ctx.Process(target=time.sleep, args=(30,), name="EngineCore_DP1")
+    stubborn.start()
+    polite.start()
+    assert ready.wait(10)
+    outcome = _shutdown([stubborn, polite], timeout=0.3)
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_not_force_killed(outcome)
+    (finding,) = exc.value.findings
+    assert finding.code == "force-killed"
+    assert finding.details["force_killed"] == ["EngineCore_DP0"]
+    assert finding.details["exitcodes"] == {"EngineCore_DP0": -9, "EngineCore_DP1": -15}
+    assert_not_force_killed(outcome, expected=True)
+
+    gentle = ctx.Process(target=time.sleep, args=(30,), name="EngineCore_DP2")
+    gentle.start()
+    clean = _shutdown([gentle], timeout=5.0)
+    assert_not_force_killed(clean)
+    with pytest.raises(ShutdownContractError, match="expected"):
+        assert_not_force_killed(clean, expected=True)
+
+
+def test_outcome_without_the_fields_is_rejected() -> None:
+    with pytest.raises(ValueError, match="force_killed"):
+        assert_not_force_killed(object())  # type: ignore[arg-type]

@@ -76,6 +76,10 @@ def durations_summary(durations: Iterable[float]) -> dict[str, Any]:
     }
 
 
+def _cmdline(parts: Iterable[str] | None) -> str:
+    return " ".join(parts or []).replace("\n", "\\n") or "?"
+
+
 def render_findings(findings: Iterable[Mapping[str, Any]]) -> str:
     """Render findings as text: the message, then thread stacks and process command lines."""
     lines: list[str] = []
@@ -87,8 +91,9 @@ def render_findings(findings: Iterable[Mapping[str, Any]]) -> str:
             stack = str(thread.get("stack") or "  <no stack>\n")
             lines.extend("    " + line for line in stack.rstrip("\n").splitlines())
         for proc in details.get("processes", []):
-            cmdline = " ".join(proc.get("cmdline") or []) or "?"
-            lines.append(f"  process {proc.get('pid')} ({proc.get('name')}): {cmdline}")
+            lines.append(
+                f"  process {proc.get('pid')} ({proc.get('name')}): {_cmdline(proc.get('cmdline'))}"
+            )
     return "\n".join(lines)
 
 
@@ -99,8 +104,10 @@ def render_budget(budget: Mapping[str, Any]) -> str:
         f" ({budget['method']} method)"
     ]
     for killed in budget.get("killed", []):
-        cmdline = " ".join(killed.get("cmdline") or []) or "?"
-        lines.append(f"  killed process {killed.get('pid')} ({killed.get('name')}): {cmdline}")
+        lines.append(
+            f"  killed process {killed.get('pid')} ({killed.get('name')}): "
+            f"{_cmdline(killed.get('cmdline'))}"
+        )
     for thread in budget.get("threads", []):
         lines.append(f"  stack of thread {thread.get('name')!r} (ident {thread.get('ident')}):")
         lines.extend("    " + line for line in str(thread["stack"]).rstrip("\n").splitlines())

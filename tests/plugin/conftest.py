@@ -1,0 +1,50 @@
+"""Suites the plugin tests run with pytester, as fixtures that write them."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+#: A child process that exits by itself once its parent (the pytester run) is gone, so a leak
+#: left on purpose with the guard off never outlives the test that started it.
+CHILD = "import os, time\\np = os.getppid()\\nwhile os.getppid() == p: time.sleep(0.05)"
+
+LEAKY = textwrap.dedent(
+    f"""
+    import gc, subprocess, sys, threading
+
+    CHILD = "{CHILD}"
+    _release = threading.Event()
+
+    def test_clean():
+        t = threading.Thread(target=sum, args=([1, 2],))
+        t.start()
+        t.join()
+        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        gc.freeze()
+        gc.unfreeze()
+
+    def test_thread_leak():
+        threading.Thread(target=_release.wait, name="leaky-thread", daemon=True).start()
+
+    def test_process_leak():
+        subprocess.Popen([sys.executable, "-c", CHILD])
+
+    def test_freeze_leak():
+        gc.freeze()
+    """
+)
+
+
+@pytest.fixture
+def leaky_suite(pytester: pytest.Pytester) -> pytest.Pytester:
+    """test_leaky.py: one clean test, then a thread leak, a process leak and a gc.freeze()."""
+    pytester.makepyfile(test_leaky=LEAKY)
+    return pytester
+
+
+@pytest.fixture
+def child_script() -> str:
+    """Python source of a child process that ends when its parent does."""
+    return CHILD

@@ -1,0 +1,230 @@
+"""The teardown budget: hung teardowns end, the session goes on; beside pytest-timeout."""
+
+from __future__ import annotations
+
+import json
+import signal
+import textwrap
+import threading
+import time
+
+import pytest
+
+from pytest_shutdown.budget import ShutdownBudgetExceeded, TeardownBudget
+
+HUNG = textwrap.dedent(
+    """
+    import subprocess, sys, time
+    import pytest
+
+    @pytest.fixture
+    def waits_for_child():
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        yield proc
+        proc.wait()  # hangs: nobody told the child to stop
+
+    @pytest.fixture
+    def sleeps():
+        yield
+        time.sleep(120)
+
+    def test_hung_on_child(waits_for_child):
+        pass
+
+    @pytest.mark.shutdown_budget(0.5)
+    def test_hung_sleeping(sleeps):
+        pass
+
+    def test_next_one_runs():
+        pass
+    """
+)
+
+
+def test_hung_teardown_ends_at_the_budget_and_the_session_goes_on(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_hung=HUNG)
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-budget=1", "--shutdown-report=r.json"
+    )
+    assert time.monotonic() - start < 60
+    result.assert_outcomes(passed=3, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*ShutdownBudgetExceeded: shutdown budget of 1 s exceeded in the teardown of "
+            "test_hung.py::test_hung_on_child*",
+            "*Captured shutdown budget teardown*",
+            "shutdown budget of 1 s exceeded after * s (signal method)",
+            "  killed process * (python): *time.sleep(120)",
+            "  stack of thread 'MainThread'*",
+            "*ShutdownBudgetExceeded: shutdown budget of 0.5 s exceeded*test_hung_sleeping*",
+        ]
+    )
+    report = json.loads((pytester.path / "r.json").read_text())
+    by_id = {t["nodeid"]: t for t in report["tests"]}
+    hung = by_id["test_hung.py::test_hung_on_child"]
+    assert hung["budget"]["fired"] and hung["budget"]["budget_s"] == 1.0
+    assert [f["code"] for f in hung["findings"]] == ["force-killed"]
+    assert any("proc.wait()" in t["stack"] for t in hung["budget"]["threads"])
+    assert by_id["test_hung.py::test_hung_sleeping"]["budget"]["budget_s"] == 0.5
+    assert report["summary"]["budgets_exceeded"] == 2
+
+
+def test_without_a_budget_a_slow_teardown_is_left_alone(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import time
+        import pytest
+
+        @pytest.fixture
+        def slow():
+            yield
+            time.sleep(0.5)
+
+        def test_slow(slow):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown")
+    result.assert_outcomes(passed=1)
+
+
+def test_pytest_timeout_governs_the_body_and_a_hang_is_reported_once(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_timeout=textwrap.dedent(
+            """
+            import threading, time
+
+            def test_body_hangs():
+                threading.Thread(target=threading.Event().wait, daemon=True).start()
+                time.sleep(30)
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--timeout=1", "--shutdown-budget=5", "--shutdown-report=r.json"
+    )
+    # pytest-timeout's failure only: the thread left by the hung body is not a second error.
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*Timeout (>1.0s) from pytest-timeout*"])
+    (record,) = json.loads((pytester.path / "r.json").read_text())["tests"]
+    assert record["reported"] is False
+    assert [f["code"] for f in record["findings"]] == ["thread-leak"]
+
+
+def test_pytest_timeout_due_first_wins_in_teardown_too(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import time
+        import pytest
+
+        @pytest.fixture
+        def sleeps():
+            yield
+            time.sleep(30)
+
+        def test_hung(sleeps):
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--timeout=1", "--shutdown-budget=20", "--shutdown-report=r.json"
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    out = result.stdout.str()
+    assert "from pytest-timeout" in out
+    assert "ShutdownBudgetExceeded" not in out
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["summary"]["budgets_exceeded"] == 0
+
+
+def test_budget_first_then_pytest_timeout_still_works(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        import time
+        import pytest
+
+        @pytest.fixture
+        def sleeps():
+            yield
+            time.sleep(30)
+
+        def test_hung_teardown(sleeps):
+            pass
+
+        def test_hung_body():
+            time.sleep(30)
+        """
+    )
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "shutdown", "--timeout=3", "--shutdown-budget=0.5")
+    assert time.monotonic() - start < 30
+    result.assert_outcomes(passed=1, failed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ShutdownBudgetExceeded: shutdown budget of 0.5 s*",
+            "*Timeout (>3.0s) from pytest-timeout*",
+        ]
+    )
+
+
+# --- TeardownBudget directly ---------------------------------------------------------------
+
+
+def test_thread_method_interrupts_python_code() -> None:
+    killed: list[str] = []
+
+    def on_expire() -> list[dict[str, object]]:
+        killed.append("called")
+        return [{"pid": 0}]
+
+    start = time.monotonic()
+    with pytest.raises(ShutdownBudgetExceeded):
+        with TeardownBudget(0.3, "loop", on_expire, method="thread") as budget:
+            while time.monotonic() - start < 20:
+                time.sleep(0.01)
+    assert time.monotonic() - start < 10
+    assert budget.outcome.fired and budget.outcome.method == "thread"
+    assert killed == ["called"] and budget.outcome.killed == [{"pid": 0}]
+    assert any(t["name"] == threading.current_thread().name for t in budget.outcome.threads)
+    assert not any(t.name.startswith("pytest-shutdown budget") for t in threading.enumerate())
+
+
+def test_budget_not_reached_does_nothing() -> None:
+    for method in ("signal", "thread"):
+        with TeardownBudget(5.0, "quick", method=method) as budget:
+            time.sleep(0.01)
+        assert not budget.outcome.fired
+        assert 0 < budget.outcome.elapsed_s < 5
+
+
+@pytest.mark.skipif(not hasattr(signal, "setitimer"), reason="needs SIGALRM")
+def test_signal_method_restores_the_previous_handler_and_timer() -> None:
+    fired: list[int] = []
+
+    def previous(signum: int, frame: object) -> None:
+        fired.append(signum)
+
+    old = signal.signal(signal.SIGALRM, previous)
+    old_timer = signal.setitimer(signal.ITIMER_REAL, 30.0)
+    try:
+        with pytest.raises(ShutdownBudgetExceeded):
+            with TeardownBudget(0.2, "sleep", method="signal"):
+                time.sleep(10)
+        assert signal.getsignal(signal.SIGALRM) is previous
+        remaining = signal.getitimer(signal.ITIMER_REAL)[0]
+        assert 20 < remaining < 30  # re-armed with what was left, not reset
+        # A timer due before the budget governs: the budget does not arm.
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with TeardownBudget(5.0, "deferred", method="signal") as budget:
+            deadline = time.monotonic() + 10
+            while not fired and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert budget.outcome.deferred_to_timeout and fired == [signal.SIGALRM]
+    finally:
+        signal.signal(signal.SIGALRM, old)
+        signal.setitimer(signal.ITIMER_REAL, *old_timer)

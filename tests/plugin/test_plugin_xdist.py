@@ -1,0 +1,87 @@
+"""The guard under pytest-xdist: findings travel through workeroutput to the controller."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+pytest.importorskip("xdist")
+
+PER_WORKER = textwrap.dedent(
+    """
+    import os, threading
+
+    WORKER = os.environ.get("PYTEST_XDIST_WORKER", "none")
+
+    def test_leaks_a_thread_named_after_its_worker():
+        threading.Thread(
+            target=threading.Event().wait, name=f"leak-{WORKER}", daemon=True
+        ).start()
+
+    def test_clean():
+        pass
+    """
+)
+
+
+def test_leaks_in_both_workers_reach_the_controller(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_workers=PER_WORKER)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "shutdown",
+        "-n",
+        "2",
+        "--dist=each",
+        "--shutdown-grace=0.3",
+        "--shutdown-report=r.json",
+        "-v",
+    )
+    result.assert_outcomes(passed=4, errors=2)
+    result.stdout.fnmatch_lines_random(
+        [
+            "*= shutdown =*",
+            "guard fail, grace 0.3 s: 2 of 4 tests with findings (thread-leak: 2)",
+            "test_workers.py::test_leaks_a_thread_named_after_its_worker [[]gw0]: "
+            "[[]thread-leak]*'leak-gw0'*",
+            "test_workers.py::test_leaks_a_thread_named_after_its_worker [[]gw1]: "
+            "[[]thread-leak]*'leak-gw1'*",
+            "shutdown durations: median * s, max * s over 4 tests",
+        ]
+    )
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["workers"] == ["gw0", "gw1"]
+    assert report["lost_workers"] == []
+    assert sorted(t["worker"] for t in report["tests"]) == ["gw0", "gw1"]
+    names = sorted(t["findings"][0]["details"]["threads"][0]["name"] for t in report["tests"])
+    assert names == ["leak-gw0", "leak-gw1"]
+    assert report["durations"]["count"] == 4
+
+
+def test_a_crashed_worker_loses_only_its_own_data(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_crash=PER_WORKER
+        + textwrap.dedent(
+            """
+            def test_zz_crash_on_gw1():
+                if WORKER == "gw1":
+                    os._exit(3)
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "shutdown",
+        "-n",
+        "2",
+        "--dist=each",
+        "--shutdown-grace=0.3",
+        "--shutdown-report=r.json",
+    )
+    assert result.ret != 0
+    report = json.loads((pytester.path / "r.json").read_text())
+    # gw0's leak is kept; gw1 died before sending its data and is listed as lost.
+    assert [t["worker"] for t in report["tests"]] == ["gw0"]
+    assert [lost["worker"] for lost in report["lost_workers"]] == ["gw1"]
+    result.stdout.fnmatch_lines(["worker gw1 crashed: its shutdown records are lost"])

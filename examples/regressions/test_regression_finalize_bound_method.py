@@ -10,6 +10,7 @@ from __future__ import annotations
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,8 @@ class Cache:
 class BuggyRenderer:
     def __init__(self) -> None:
         self._resources = ExitStack()
-        self._finalizer = weakref.finalize(self, self.shutdown)  # the bug
+        # the bug: a bound method of self holds self
+        self._finalizer: weakref.finalize[Any, Any] = weakref.finalize(self, self.shutdown)
         self._executor = ThreadPoolExecutor(max_workers=2)
         self._resources.callback(self._executor.shutdown, wait=False)
         cache = Cache()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from typing import Any
 
 import pytest
 
@@ -18,7 +19,9 @@ from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc, check
 class BuggyRenderer:
     def __init__(self) -> None:
         self._resources = ExitStack()
-        self._finalizer = weakref.finalize(self, _shutdown_renderer, self)  # the bug
+        # the bug: the registry holds the args, and the first one is self
+        self._finalizer: weakref.finalize[Any, Any]
+        self._finalizer = weakref.finalize(self, _shutdown_renderer, self)
         self._executor = ThreadPoolExecutor(max_workers=2)
         self._resources.callback(self._executor.shutdown, wait=False)
 

@@ -181,10 +181,17 @@ def _tail(path: str) -> str:
 class ShutdownOutcomeLike(Protocol):
     """What :func:`assert_not_force_killed` reads from an engine's shutdown outcome record."""
 
-    force_killed: Sequence[str]
-    timeout: float | None
-    exitcodes: Mapping[str, int | None]
-    duration_s: float
+    @property
+    def force_killed(self) -> Sequence[str]: ...
+
+    @property
+    def timeout(self) -> float | None: ...
+
+    @property
+    def exitcodes(self) -> Mapping[str, int | None]: ...
+
+    @property
+    def duration_s(self) -> float: ...
 
 
 def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = False) -> CheckReport:

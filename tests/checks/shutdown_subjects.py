@@ -12,6 +12,7 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from typing import Any
 
 logger = logging.getLogger("tests.shutdown_subjects")
 
@@ -35,7 +36,7 @@ class GoodRenderer:
     def __init__(self) -> None:
         self._resources = ExitStack()
         self._resources.callback(logger.debug, "[shutdown] GoodRenderer")
-        self._finalizer = weakref.finalize(self, self._resources.close)
+        self._finalizer: weakref.finalize[Any, Any] = weakref.finalize(self, self._resources.close)
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="good-tok")
         self._resources.callback(self._executor.shutdown, wait=False)
         self._mm_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="good-mm")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import gc
+import multiprocessing
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from typing import Any
 
 import psutil
 import pytest
@@ -99,43 +100,14 @@ def test_bad_arguments_name_the_option(kwargs: dict[str, object], name: str) -> 
         probe_exit(_clean, **kwargs)  # type: ignore[arg-type]
 
 
-@dataclass
-class Outcome:
-    """The fields of the engine's ShutdownOutcome, filled from a real shutdown below."""
-
-    timeout: float | None
-    exitcodes: dict[str, int | None] = field(default_factory=dict)
-    force_killed: list[str] = field(default_factory=list)
-    duration_s: float = 0.0
-
-
-def _ignores_sigterm(ready: object) -> None:
+def _ignores_sigterm(ready: Any) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    ready.set()  # type: ignore[attr-defined]
+    ready.set()
     time.sleep(30)
 
 
-def _shutdown(procs: list[object], timeout: float) -> Outcome:
-    """SIGTERM, one shared deadline, then SIGKILL: the R4 shape, for a real outcome record."""
-    started = time.monotonic()
-    for proc in procs:
-        proc.terminate()  # type: ignore[attr-defined]
-    deadline = started + timeout
-    outcome = Outcome(timeout)
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))  # type: ignore[attr-defined]
-        if proc.is_alive():  # type: ignore[attr-defined]
-            proc.kill()  # type: ignore[attr-defined]
-            proc.join(5)  # type: ignore[attr-defined]
-            outcome.force_killed.append(proc.name)  # type: ignore[attr-defined]
-        outcome.exitcodes[proc.name] = proc.exitcode  # type: ignore[attr-defined]
-    outcome.duration_s = time.monotonic() - started
-    return outcome
-
-
 def test_force_killed_is_reported_and_a_clean_exit_is_not() -> None:
-    import multiprocessing
-
+    processes = pytest.importorskip("pytest_shutdown.engine.processes")
     ctx = multiprocessing.get_context("fork")
     ready = ctx.Event()
     stubborn = ctx.Process(target=_ignores_sigterm, args=(ready,), name="EngineCore_DP0")
@@ -143,18 +115,20 @@ def test_force_killed_is_reported_and_a_clean_exit_is_not() -> None:
     stubborn.start()
     polite.start()
     assert ready.wait(10)
-    outcome = _shutdown([stubborn, polite], timeout=0.3)
+    outcome = processes.shutdown_processes([stubborn, polite], timeout=0.3)
     with pytest.raises(ShutdownContractError) as exc:
         assert_not_force_killed(outcome)
     (finding,) = exc.value.findings
     assert finding.code == "force-killed"
     assert finding.details["force_killed"] == ["EngineCore_DP0"]
-    assert finding.details["exitcodes"] == {"EngineCore_DP0": -9, "EngineCore_DP1": -15}
+    assert finding.details["exitcodes"] == dict(outcome.exitcodes)
+    assert outcome.exitcodes["EngineCore_DP1"] == -signal.SIGTERM
+    assert "EngineCore_DP0" in finding.message
     assert_not_force_killed(outcome, expected=True)
 
     gentle = ctx.Process(target=time.sleep, args=(30,), name="EngineCore_DP2")
     gentle.start()
-    clean = _shutdown([gentle], timeout=5.0)
+    clean = processes.shutdown_processes([gentle], timeout=5.0)
     assert_not_force_killed(clean)
     with pytest.raises(ShutdownContractError, match="expected"):
         assert_not_force_killed(clean, expected=True)

@@ -45,7 +45,7 @@ from pytest_shutdown.engine.core_proc import (
     ChildFaults,
     engine_process_main,
 )
-from pytest_shutdown.engine.start import mp_context, pdeathsig_safe
+from pytest_shutdown.engine.start import mp_context, pdeathsig_safe, serialize_exit_polling
 from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
 
 logger = logging.getLogger("pytest_shutdown.engine")
@@ -302,6 +302,7 @@ class EngineProcManager:
             self.processes.append(proc)
             try:
                 proc.start()
+                serialize_exit_polling(proc)
             finally:
                 child_conn.close()
         for proc, conn in zip(self.processes, self._shared.connections, strict=True):

@@ -21,8 +21,11 @@ that leak checks can leave them out.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import cast
 
 from pytest_shutdown.engine.config import START_METHODS
 
@@ -76,3 +79,27 @@ def helper_process_pids() -> set[int]:
     except (ImportError, AttributeError):
         pass
     return pids
+
+
+def serialize_exit_polling(proc: BaseProcess) -> BaseProcess:
+    """Make ``proc``'s exit-status polling safe when several threads join/poll it.
+
+    CPython's ``Popen.poll`` is not thread-safe: under the fork server two threads that see the
+    sentinel ready both read the 4-byte exit status and the loser records 255; under fork/spawn
+    the loser of two ``waitpid`` calls gets ECHILD and the process looks alive forever. The
+    manager's monitor thread and the caller's thread both join engine processes, so every poll
+    goes through one lock per process. Call it right after ``proc.start()``.
+    """
+    popen = getattr(proc, "_popen", None)
+    if popen is None or getattr(popen, "_pytest_shutdown_serialized", False):
+        return proc
+    lock = threading.Lock()
+    original = popen.poll
+
+    def poll(flag: int = os.WNOHANG) -> int | None:
+        with lock:
+            return cast("int | None", original(flag))
+
+    popen.poll = poll
+    popen._pytest_shutdown_serialized = True
+    return proc

@@ -31,7 +31,7 @@ from pytest_shutdown.engine.processes import (
     shutdown_processes,
     validate_timeout,
 )
-from pytest_shutdown.engine.start import mp_context, pdeathsig_safe
+from pytest_shutdown.engine.start import mp_context, pdeathsig_safe, serialize_exit_polling
 from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
 
 logger = logging.getLogger("pytest_shutdown.engine")
@@ -89,6 +89,7 @@ class DPSupervisor:
                 self.children.append(proc)
                 try:
                     proc.start()
+                    serialize_exit_polling(proc)
                 finally:
                     child_conn.close()
             deadline = time.monotonic() + self.config.startup_timeout_s

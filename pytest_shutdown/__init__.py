@@ -23,6 +23,8 @@ _LAZY: dict[str, str] = {
     "assert_timeout_decoupling": "pytest_shutdown.checks.timeouts",
     "probe_exit": "pytest_shutdown.checks.exits",
     "ExitRecord": "pytest_shutdown.checks.exits",
+    "assert_not_force_killed": "pytest_shutdown.checks.exits",
+    "CheckReport": "pytest_shutdown.checks.report",
     "detect_platform": "pytest_shutdown.devices",
     "ShutdownLeakWarning": "pytest_shutdown.guard",
 }
@@ -45,10 +47,11 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.checks.executors import assert_nonblocking_shutdown
-    from pytest_shutdown.checks.exits import ExitRecord, probe_exit
+    from pytest_shutdown.checks.exits import ExitRecord, assert_not_force_killed, probe_exit
     from pytest_shutdown.checks.finalization import assert_finalizes_on_gc, check_finalizers
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.checks.leaks import no_leaks
+    from pytest_shutdown.checks.report import CheckReport
     from pytest_shutdown.checks.timeouts import assert_timeout_decoupling, timeout_matrix
     from pytest_shutdown.devices import detect_platform
     from pytest_shutdown.guard import ShutdownLeakWarning

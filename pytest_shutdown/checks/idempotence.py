@@ -97,18 +97,17 @@ def repeated_findings(subject: str, counter: CleanupCounter, first: str) -> list
 def _repeated(
     subject: str, spec: CleanupSpec, first: str, initial: int, again: dict[str, int]
 ) -> Finding:
-    where = [f"{count}x on {name}" for name, count in again.items()]
-    if initial > 1:
-        where.insert(0, f"{initial}x on {first}")
+    counts = {first: initial, **again}
+    where = ", ".join(f"{count}x on {name}" for name, count in counts.items())
     return Finding(
         "cleanup-repeated",
-        f"{subject}: cleanup {spec.label} ran again ({', '.join(where)}) after the first "
-        "shutdown performed it.",
+        f"{subject}: cleanup {spec.label} ran {sum(counts.values())} times ({where}); it must "
+        "run once, on the first shutdown.",
         {
             "cleanup": spec.label,
             "attribute": spec.attribute,
             "method": spec.method,
-            "counts": {first: initial, **again},
+            "counts": counts,
         },
     )
 

@@ -101,3 +101,17 @@ def test_bad_durations_name_the_option(name: str, value: float) -> None:
             assert_nonblocking_shutdown(renderer, **{name: value})  # type: ignore[arg-type]
     finally:
         renderer.shutdown()
+
+
+def test_executors_given_explicitly_are_the_ones_occupied() -> None:
+    hidden = ThreadPoolExecutor(max_workers=2)
+
+    class Hides:
+        """Keeps its pool only in a closure: discovery cannot see it, ``executors=`` can."""
+
+        def __init__(self) -> None:
+            self.shutdown = lambda: hidden.shutdown(wait=True)
+
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_nonblocking_shutdown(Hides(), budget=0.2, executors=[hidden])
+    assert exc.value.findings[0].details["executors"] == ["executors[0]"]

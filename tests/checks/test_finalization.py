@@ -151,3 +151,45 @@ def test_a_leaked_object_is_released_by_the_helper() -> None:
 def test_bad_timeout_is_rejected(timeout: float) -> None:
     with pytest.raises(ValueError, match="timeout"):
         assert_finalizes_on_gc(s.GoodRenderer, timeout=timeout)
+
+
+def test_multiprocessing_finalize_bound_to_the_object_is_caught() -> None:
+    from multiprocessing import util
+
+    class Holder:
+        def __init__(self) -> None:
+            self.cache = s.Cache()
+            self._final = util.Finalize(self, self.shutdown)
+
+        def shutdown(self) -> None:
+            self.cache.close()
+
+    holder = Holder()
+    try:
+        (finding,) = check_finalizers(holder)
+    finally:
+        holder._final.cancel()
+    assert finding.code == "finalizer-bound-method"
+
+
+_unmapped: list[str] = []
+
+
+def unmap_shared_memory() -> None:
+    """A module-level cleanup only ``watch=`` can count."""
+    _unmapped.append("unmapped")
+
+
+class UnmapsOnlyOnShutdown(s.GoodRenderer):
+    def shutdown(self) -> None:
+        super().shutdown()
+        unmap_shared_memory()
+
+
+def test_watch_finds_a_cleanup_missing_from_the_gc_path() -> None:
+    assert_finalizes_on_gc(UnmapsOnlyOnShutdown)  # unwatched, nothing differs
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_finalizes_on_gc(UnmapsOnlyOnShutdown, watch=[unmap_shared_memory])
+    (finding,) = exc.value.findings
+    assert finding.code == "cleanup-missing"
+    assert finding.details["cleanup"] == "unmap_shared_memory"

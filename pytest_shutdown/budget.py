@@ -19,7 +19,6 @@ its handler and its remaining time are restored when the budget is disarmed.
 
 from __future__ import annotations
 
-import ctypes
 import signal
 import sys
 import threading
@@ -205,6 +204,8 @@ class TeardownBudget:
         self._watchdog.start()
 
     def _watch(self) -> None:
+        import ctypes  # noqa: PLC0415 - only the thread method needs it
+
         wait = self.seconds
         while not self._done.wait(wait):
             with self._lock:
@@ -221,6 +222,8 @@ class TeardownBudget:
         with self._lock:
             self._armed = False
             if self.outcome.fired:
+                import ctypes  # noqa: PLC0415
+
                 # Clear an injected exception not yet delivered: the teardown is over.
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._target), None)
         self._done.set()

@@ -304,6 +304,10 @@ class ShutdownGuard:
         if allow is not None and isinstance(allow.threads, tuple):
             filt = thread_filter([is_tool_thread, *allow.threads])
         started = started_since(watch.before, threads=threads, processes=processes, allow=filt)
+        freeze_now = gc.get_freeze_count()
+        expected = watch.before.freeze_count + watch.freeze_adjust
+        if not started and not watch.finished and (freeze_now == expected or not gc_freeze):
+            return []  # the common case: nothing to wait for, nothing to report
         live_owned = [o.started for o in self._owned.values()]
         started = started.without(
             [t for t in started.threads if t in watch.excluded]
@@ -324,18 +328,19 @@ class ShutdownGuard:
         findings: list[Finding] = []
         still_threads = set(alive.threads)
         still_pids = set(alive.pids)
-        for owned, freeze_now in watch.finished:
+        for owned, freeze_at_finish in watch.finished:
             left = Started(
                 tuple(t for t in owned.started.threads if t in still_threads),
                 tuple(p for p in owned.started.pids if p in still_pids),
             )
-            findings.extend(self._owned_findings(owned, left, freeze_now))
-            self._restore(left.pids, owned.freeze_before_setup, freeze_now)
+            findings.extend(self._owned_findings(owned, left, freeze_at_finish))
+            before_restore = gc.get_freeze_count()
+            self._restore(left.pids, owned.freeze_before_setup, freeze_at_finish)
+            expected += gc.get_freeze_count() - before_restore  # an unfreeze is not the test's
         mine = Started(
             tuple(t for t in started.threads if t in still_threads),
             tuple(p for p in started.pids if p in still_pids),
         )
-        expected = watch.before.freeze_count + watch.freeze_adjust
         freeze_now = gc.get_freeze_count()
         findings.extend(
             leak_findings(

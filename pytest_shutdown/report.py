@@ -9,7 +9,6 @@ are lost and the worker is listed under ``lost_workers``; everything else is kep
 from __future__ import annotations
 
 import json
-import statistics
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -65,6 +64,8 @@ class TestRecord:
 
 def durations_summary(durations: Iterable[float]) -> dict[str, Any]:
     """Count, median, max and total of the per-test shutdown (teardown) durations."""
+    import statistics  # noqa: PLC0415 - not paid for at plugin load
+
     values = list(durations)
     if not values:
         return {"count": 0, "median_s": None, "max_s": None, "total_s": 0.0}

@@ -11,7 +11,8 @@ plugin share one implementation:
 
 Cheap when nothing leaked: a snapshot is ``threading.enumerate()``, ``gc.get_freeze_count()`` and,
 for processes, one ``waitid(WNOHANG | WNOWAIT)`` system call that tells whether this process has
-any child at all. The process table is scanned only when a child exists, ``gc.collect()`` runs only
+any child at all. The process table is scanned (and psutil imported) only when a child exists,
+``gc.collect()`` runs only
 when something is still alive after a short wait, and stacks and command lines are read only for
 what is reported.
 
@@ -34,11 +35,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from pytest_shutdown.findings import Finding, ShutdownContractError
 
 if TYPE_CHECKING:  # pragma: no cover
+    import psutil
+
     from pytest_shutdown.devices import MemoryReader
 
 __all__ = [
@@ -72,7 +73,8 @@ STACK_LIMIT = 40
 #: an executor dropped without shutdown() ends its workers only when it is collected.
 _COLLECT_AFTER_S = 0.05
 
-_PROCESS_STATES_ENDED = frozenset({psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD})
+#: psutil.STATUS_ZOMBIE and psutil.STATUS_DEAD (psutil is imported only when a child exists).
+_PROCESS_STATES_ENDED = frozenset({"zombie", "dead"})
 
 
 @dataclass(frozen=True)
@@ -133,6 +135,8 @@ def descendant_pids() -> frozenset[int]:
     """Return the pids of this process's live descendants (recursive); cheap without children."""
     if not _may_have_children():
         return frozenset()
+    import psutil  # noqa: PLC0415 - only paid for when a child process exists
+
     try:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:  # pragma: no cover - /proc unreadable
@@ -195,6 +199,8 @@ def _thread_running(thread: threading.Thread) -> bool:
 
 def _process_running(pid: int) -> bool:
     """True while ``pid`` runs; a zombie (ended, not yet reaped by its owner) has ended."""
+    import psutil  # noqa: PLC0415
+
     try:
         return psutil.Process(pid).status() not in _PROCESS_STATES_ENDED
     except psutil.NoSuchProcess:
@@ -275,6 +281,8 @@ def _thread_record(thread: threading.Thread, frames: dict[int, Any]) -> dict[str
 
 
 def _process_record(pid: int) -> dict[str, Any]:
+    import psutil  # noqa: PLC0415
+
     record: dict[str, Any] = {"pid": pid, "name": None, "cmdline": [], "ppid": None}
     try:
         proc = psutil.Process(pid)
@@ -328,7 +336,9 @@ def leak_findings(
                 {"processes": records, "grace_s": grace, **extra},
             )
         )
-    if freeze_before is not None and freeze_after is not None and freeze_before != freeze_after:
+    # Only growth is a leak: frozen objects that die leave the permanent generation, so the count
+    # drifts down by itself while something else holds a freeze.
+    if freeze_before is not None and freeze_after is not None and freeze_after > freeze_before:
         findings.append(
             Finding(
                 "gc-frozen-leak",
@@ -349,6 +359,8 @@ def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dic
     Processes are not reaped: their owners (``subprocess``, ``multiprocessing``) still collect
     the exit status. Returns one record per process killed (pid, name, command line).
     """
+    import psutil  # noqa: PLC0415
+
     victims: dict[int, psutil.Process] = {}
     for pid in pids:
         try:
@@ -395,17 +407,20 @@ def no_leaks(
 
     Threads and child processes (recursive) started inside the block and still running ``grace``
     seconds after it ends are ``thread-leak`` (names and stacks) and ``process-leak`` (pid, name,
-    command line); a ``gc.get_freeze_count()`` different from the one at entry is
-    ``gc-frozen-leak``. Each kind can be switched off. ``allow`` ignores threads: glob patterns
-    matched against the thread name (``"ThreadPoolExecutor-*"``) or predicates taking the
-    ``threading.Thread``. Raises :class:`~pytest_shutdown.findings.ShutdownContractError`; when the
-    block itself raises, that exception propagates unchanged and nothing is checked.
+    command line); a ``gc.get_freeze_count()`` higher than at entry is ``gc-frozen-leak`` (a
+    lower one is not: frozen objects that die leave the permanent generation by themselves).
+    Each kind can be switched off. ``allow`` ignores threads: glob patterns matched against the
+    thread name (``"ThreadPoolExecutor-*"``) or predicates taking the ``threading.Thread``.
+    Raises :class:`~pytest_shutdown.findings.ShutdownContractError`; when the block itself
+    raises, that exception propagates unchanged and nothing is checked.
 
     Nothing is killed or unfrozen: the caller decides (see :func:`kill_process_trees`).
 
-    >>> with no_leaks(grace=1.0):
-    ...     engine = start_engine()
-    ...     engine.shutdown()
+    Example::
+
+        with no_leaks(grace=1.0):
+            engine = start_engine()
+            engine.shutdown()
     """
     _check_grace(grace)
     allowed = thread_filter(allow)

@@ -313,3 +313,59 @@ def test_markers_are_registered_for_strict_markers(pytester: pytest.Pytester) ->
     result.stdout.fnmatch_lines(
         ["@pytest.mark.allow_leaks(*", "@pytest.mark.shutdown_budget(*", "@pytest.mark.engine(*"]
     )
+
+
+def test_gc_freeze_of_a_wider_scope_fixture_is_the_fixtures(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_a_frozen_ok=textwrap.dedent(
+            """
+            import gc
+            import pytest
+
+            @pytest.fixture(scope="module")
+            def frozen_ok():
+                gc.freeze()
+                yield
+                gc.unfreeze()
+
+            def test_one(frozen_ok):
+                pass
+
+            def test_two(frozen_ok):
+                pass
+            """
+        ),
+        test_b_frozen_leak=textwrap.dedent(
+            """
+            import gc
+            import pytest
+
+            @pytest.fixture(scope="module")
+            def frozen_leak():
+                gc.freeze()
+                yield
+
+            def test_one(frozen_leak):
+                pass
+
+            def test_two(frozen_leak):
+                pass
+            """
+        ),
+        test_c_after=textwrap.dedent(
+            """
+            import gc
+
+            def test_restored():
+                assert gc.get_freeze_count() == 0
+            """
+        ),
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", GRACE)
+    result.assert_outcomes(passed=5, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "test_b_frozen_leak.py::test_two: [[]gc-frozen-leak] gc.get_freeze_count() went from 0"
+            " to * in fixture 'frozen_leak' (module scope)*",
+        ]
+    )

@@ -73,7 +73,11 @@ class DPSupervisor:
         self.last_outcome: ShutdownOutcome | None = None
         self._pgids: dict[int, int] = {}
         self._conns: list[Connection] = []
-        self._finalizer = weakref.finalize(self, _kill_trees, self.children)
+        # The GC/atexit fallback: the same forwarding shutdown with the configured budget.
+        self._finalizer = weakref.finalize(
+            self, _shutdown_children, self.children, self._pgids, self.shutdown_budget(),
+            signal.SIGTERM,
+        )
         ctx = mp_context(self.config.start_method)
         pdeathsig = pdeathsig_safe(self.config.start_method)
         try:
@@ -123,15 +127,7 @@ class DPSupervisor:
 
     def forward_signal(self, proc: BaseProcess, signum: int = signal.SIGTERM) -> None:
         """Send ``signum`` to ``proc``'s process group (to ``proc`` alone if it has none)."""
-        assert proc.pid is not None
-        pgid = self._pgids.get(proc.pid)
-        try:
-            if pgid is not None:
-                os.killpg(pgid, signum)
-            else:
-                os.kill(proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        _forward_signal(proc, self._pgids, signum)
 
     def shutdown_budget(self, timeout: float | None = None) -> float:
         """``get_engine_process_shutdown_timeout(t, t) + child_exit_grace_s``.
@@ -153,9 +149,7 @@ class DPSupervisor:
         """Forward ``signum`` to every child's group and wait the budget; idempotent."""
         if self._finalizer.detach() is not None:
             budget = self.shutdown_budget(timeout)
-            self.last_outcome = shutdown_processes(
-                self.children, budget, terminate=lambda p: self.forward_signal(p, signum)
-            )
+            self.last_outcome = _shutdown_children(self.children, self._pgids, budget, signum)
             self._close()
         return self.last_outcome
 
@@ -168,6 +162,27 @@ class DPSupervisor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
+
+
+def _forward_signal(proc: BaseProcess, pgids: dict[int, int], signum: int) -> None:
+    assert proc.pid is not None
+    pgid = pgids.get(proc.pid)
+    try:
+        if pgid is not None:
+            os.killpg(pgid, signum)
+        else:
+            os.kill(proc.pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _shutdown_children(
+    children: list[BaseProcess], pgids: dict[int, int], budget: float, signum: int
+) -> ShutdownOutcome:
+    """Forward ``signum`` to each child's group, wait ``budget`` in total, kill survivors' trees."""
+    return shutdown_processes(
+        children, budget, terminate=lambda p: _forward_signal(p, pgids, signum)
+    )
 
 
 def _kill_trees(children: list[BaseProcess]) -> None:

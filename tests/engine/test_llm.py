@@ -1,0 +1,166 @@
+"""R5 and R8: EngineProcManager and ReferenceLLM with real engine processes."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import weakref
+from pathlib import Path
+
+import pytest
+from engine_proc_testing import GRACE_S, assert_gone, events, fast_config, wait_for
+
+from pytest_shutdown.engine.core import FinishReason
+from pytest_shutdown.engine.core_proc import ChildFaults
+from pytest_shutdown.engine.llm import ReferenceLLM
+from pytest_shutdown.engine.processes import EngineProcManager, EngineStartupError
+
+PROMPTS = ["Hello, world", "shutdown is where the bugs live", "é"]
+
+
+def pids_of(manager: EngineProcManager) -> list[int]:
+    return [p.pid for p in manager.processes if p.pid is not None]
+
+
+# -- ReferenceLLM ----------------------------------------------------------------------------------
+def test_generate_gives_one_output_per_prompt_the_same_in_and_out_of_process() -> None:
+    config = fast_config(data_parallel_size=2)
+    with ReferenceLLM(config) as multi, ReferenceLLM(config, multiprocess=False) as single:
+        outs = multi.generate(PROMPTS, max_tokens=8)
+        reference = single.generate(PROMPTS, max_tokens=8)
+
+    assert [o.prompt for o in outs] == PROMPTS
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+    for out in outs:
+        assert len(out.token_ids) == 8 and out.finish_reason is FinishReason.LENGTH
+        assert out.prompt_token_ids == list(out.prompt.encode())
+        assert out.text == bytes(out.token_ids).decode("utf-8", errors="replace")
+    assert len({o.request_id for o in outs}) == len(PROMPTS)
+
+
+def test_llm_shutdown_is_idempotent_and_passes_its_timeout_through() -> None:
+    llm = ReferenceLLM(fast_config(platform="rocm", shutdown_timeout=0.0))
+    assert llm.manager is not None
+    pids = pids_of(llm.manager)
+
+    llm.shutdown(timeout=0)
+    first = llm.manager.last_outcome
+    llm.shutdown(timeout=0)
+
+    assert first is not None and llm.manager.last_outcome is first
+    assert first.timeout == GRACE_S  # 0/0 on ROCm: the cleanup grace reached the manager
+    assert first.force_killed == [] and first.exitcodes == {"EngineCore_DP0": 0}
+    assert llm.is_shut_down and llm.renderer.is_shut_down
+    assert_gone(pids)
+    with pytest.raises(RuntimeError, match="shut down"):
+        llm.generate("too late")
+
+
+def _dropped_llm() -> tuple[weakref.ref[ReferenceLLM], list[int]]:
+    llm = ReferenceLLM(fast_config())
+    assert llm.generate("hi", max_tokens=2)[0].token_ids
+    assert llm.manager is not None
+    return weakref.ref(llm), pids_of(llm.manager)
+
+
+def test_a_dropped_llm_is_collected_and_its_engine_processes_reaped() -> None:
+    ref, pids = _dropped_llm()
+    gc.collect()
+    assert ref() is None, "something still holds the ReferenceLLM"
+    assert_gone(pids, what="engine processes of the dropped ReferenceLLM")
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), "0"])
+def test_llm_rejects_a_bad_timeout_and_bad_max_tokens(bad: object) -> None:
+    with ReferenceLLM(fast_config(), multiprocess=False) as llm:
+        with pytest.raises(ValueError, match="timeout"):
+            llm.shutdown(bad)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="max_tokens"):
+            llm.generate("x", max_tokens=0)
+
+
+# -- EngineProcManager -----------------------------------------------------------------------------
+def test_manager_shutdown_is_idempotent() -> None:
+    manager = EngineProcManager(fast_config(data_parallel_size=2))
+    pids = pids_of(manager)
+    assert [p.name for p in manager.processes] == ["EngineCore_DP0", "EngineCore_DP1"]
+
+    first = manager.shutdown()
+    second = manager.shutdown()
+
+    assert first is not None and second is first and manager.last_outcome is first
+    assert first.exitcodes == {"EngineCore_DP0": 0, "EngineCore_DP1": 0}
+    assert manager.manager_stopped.is_set() and manager.is_shut_down
+    assert_gone(pids)
+    with pytest.raises(RuntimeError, match="shut down"):
+        manager.add_request("late", [1])
+
+
+def _dropped_manager() -> tuple[weakref.ref[EngineProcManager], list[int]]:
+    manager = EngineProcManager(fast_config(data_parallel_size=2))
+    assert manager.call_utility("ping", rank=1) == "pong"
+    return weakref.ref(manager), pids_of(manager)
+
+
+def test_a_dropped_manager_is_collected_and_its_finalizer_reaps_the_processes() -> None:
+    ref, pids = _dropped_manager()
+    gc.collect()
+    assert ref() is None, "something (the monitor thread?) still holds the manager"
+    assert_gone(pids, what="engine processes of the dropped manager")
+
+
+def test_a_process_that_dies_while_running_is_reported_and_the_others_shut_down(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR, logger="pytest_shutdown.engine")
+    manager = EngineProcManager(fast_config(data_parallel_size=2))
+    try:
+        victim, other = manager.processes
+        assert victim.pid is not None and other.pid is not None
+        os.kill(victim.pid, signal.SIGKILL)
+
+        wait_for(lambda: manager.failures, 5, "the failure to be reported")
+        assert_gone([other.pid], what="the surviving engine process")
+        wait_for(lambda: manager.is_shut_down, 5, "the manager to shut itself down")
+    finally:
+        manager.shutdown(0)
+
+    failure = manager.failures[0]
+    assert (failure.name, failure.exitcode) == ("EngineCore_DP0", -signal.SIGKILL)
+    assert any("EngineCore_DP0" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failed_start_reaps_the_started_processes_and_raises_the_original_error(
+    tmp_path: Path,
+) -> None:
+    log = str(tmp_path / "life.jsonl")
+    faults = ChildFaults(fail_startup_ranks=(1,))
+    with pytest.raises(EngineStartupError, match="(?s)EngineCore_DP1 failed to start.*injected"):
+        EngineProcManager(fast_config(data_parallel_size=2), lifecycle_log=log, faults=faults)
+
+    started = events(log, "started")
+    assert sorted(e["dp_rank"] for e in started) == [0, 1]
+    assert_gone([e["pid"] for e in started], what="engine processes of the failed start")
+
+
+def test_a_start_slower_than_startup_timeout_raises_a_timeout_naming_the_setting(
+    tmp_path: Path,
+) -> None:
+    log = str(tmp_path / "life.jsonl")
+    config = fast_config(startup_timeout_s=0.3, default_process_timeout_s=0.5)
+    with pytest.raises(TimeoutError, match="startup_timeout_s=0.3"):
+        EngineProcManager(config, lifecycle_log=log, faults=ChildFaults(startup_delay_s=5.0))
+
+    assert_gone([e["pid"] for e in events(log, "started")], what="the slow engine process")
+
+
+def test_manager_rejects_a_bad_shutdown_timeout() -> None:
+    manager = EngineProcManager(fast_config())
+    try:
+        with pytest.raises(ValueError, match="timeout"):
+            manager.shutdown(-1)
+        assert not manager.is_shut_down
+    finally:
+        manager.shutdown()

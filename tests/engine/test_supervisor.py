@@ -1,0 +1,108 @@
+"""R7: DPSupervisor over a real three-level tree (supervisor -> children -> engine processes)."""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import signal
+import weakref
+from pathlib import Path
+
+import psutil
+import pytest
+from engine_proc_testing import assert_gone, events, fast_config
+
+from pytest_shutdown.engine.supervisor import DPSupervisor
+
+FORCE_KILL_MESSAGE = "force killing remaining processes count="
+
+
+def tree_pids(supervisor: DPSupervisor) -> list[int]:
+    """Every process under the supervisor's children: children, engines, their helpers."""
+    pids: list[int] = []
+    for child in supervisor.children:
+        assert child.pid is not None
+        root = psutil.Process(child.pid)
+        pids += [child.pid, *(p.pid for p in root.children(recursive=True))]
+    return pids
+
+
+def test_children_draining_within_the_budget_are_not_force_killed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # ROCm 0/0: the budget is the cleanup grace (2.5 s) + child_exit_grace_s (0.5 s). The engines'
+    # teardown (1.2 s) outlasts child_exit_grace_s alone, so a supervisor that gave 0/0 no
+    # grace would kill these children.
+    caplog.set_level(logging.WARNING, logger="pytest_shutdown.engine")
+    log = str(tmp_path / "life.jsonl")
+    config = fast_config(
+        platform="rocm", shutdown_timeout=0.0, rocm_process_grace_s=2.5,
+        child_exit_grace_s=0.5, teardown_delay_s=1.2,
+    )
+    supervisor = DPSupervisor(config, num_children=2, engine_start_method="fork", lifecycle_log=log)
+    try:
+        pids = tree_pids(supervisor)
+        engine_pids = [pid for pids_ in supervisor.engine_pids.values() for pid in pids_]
+        assert len(engine_pids) == 2 and set(engine_pids) <= set(pids)
+        for child in supervisor.children:  # each child leads its own process group
+            assert os.getpgid(child.pid) == child.pid  # type: ignore[arg-type]
+
+        outcome = supervisor.shutdown(signum=signal.SIGINT)
+    finally:
+        supervisor.shutdown()
+
+    assert outcome is not None
+    assert outcome.timeout == pytest.approx(3.0) == supervisor.shutdown_budget()
+    assert outcome.force_killed == []
+    assert set(outcome.exitcodes.values()) == {0}
+    assert [r for r in caplog.records if FORCE_KILL_MESSAGE in r.getMessage()] == []
+    assert_gone(pids, what="the supervisor's tree")
+    for pid in engine_pids:
+        # SIGINT reached the engines through their group, before their manager's SIGTERM.
+        assert events(log, "shutdown_requested", pid)[0]["signals"][0] == signal.SIGINT
+        assert events(log, "final", pid)[0]["exit"] == 0
+
+
+def test_children_outlasting_the_budget_have_their_whole_trees_killed(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # No drain deadline in the children (None: the default 10 s), engines that take 5 s to
+    # tear down, and a supervisor told to finish in 0.5 s + 0.5 s.
+    caplog.set_level(logging.WARNING, logger="pytest_shutdown.engine")
+    config = fast_config(
+        shutdown_timeout=None, default_process_timeout_s=10.0, child_exit_grace_s=0.5,
+        teardown_delay_s=5.0,
+    )
+    supervisor = DPSupervisor(config, num_children=2, engine_start_method="fork")
+    try:
+        pids = tree_pids(supervisor)
+        outcome = supervisor.shutdown(timeout=0.5)
+    finally:
+        supervisor.shutdown()
+
+    assert outcome is not None and outcome.timeout == pytest.approx(1.0)
+    assert sorted(outcome.force_killed) == ["DPSupervisorChild_0", "DPSupervisorChild_1"]
+    warnings = [r.getMessage() for r in caplog.records if FORCE_KILL_MESSAGE in r.getMessage()]
+    assert warnings == [f"{FORCE_KILL_MESSAGE}2"]
+    assert_gone(pids, what="the killed children's trees (no orphan)")
+
+
+def test_default_start_method_tree_and_a_dropped_supervisor_leave_no_orphan() -> None:
+    # The children start their engines through their own fork servers (the default).
+    def make() -> tuple[weakref.ref[DPSupervisor], list[int]]:
+        supervisor = DPSupervisor(fast_config(), num_children=1)
+        return weakref.ref(supervisor), tree_pids(supervisor)
+
+    ref, pids = make()
+    gc.collect()
+    assert ref() is None
+    assert len(pids) >= 3  # child, its fork server, its engine (and maybe a resource tracker)
+    assert_gone(pids, what="the dropped supervisor's tree")
+
+
+def test_supervisor_rejects_bad_arguments_naming_them() -> None:
+    with pytest.raises(ValueError, match="num_children"):
+        DPSupervisor(fast_config(), num_children=0)
+    with pytest.raises(ValueError, match="engine_start_method"):
+        DPSupervisor(fast_config(), engine_start_method="thread")

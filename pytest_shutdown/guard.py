@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown.budget import TeardownBudget
 from pytest_shutdown.checks.leaks import (
     LeakSnapshot,
     Started,
@@ -163,6 +162,8 @@ class ShutdownGuard:
         start = time.monotonic()
         budget = None
         if watch.budget_s > 0:
+            from pytest_shutdown.budget import TeardownBudget  # noqa: PLC0415 - only with a budget
+
             budget = TeardownBudget(
                 watch.budget_s, item.nodeid, on_expire=lambda: self._kill_children(watch)
             )

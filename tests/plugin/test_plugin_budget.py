@@ -228,3 +228,14 @@ def test_signal_method_restores_the_previous_handler_and_timer() -> None:
     finally:
         signal.signal(signal.SIGALRM, old)
         signal.setitimer(signal.ITIMER_REAL, *old_timer)
+
+
+def test_tool_threads_are_recognised_and_user_threads_are_not() -> None:
+    from pytest_shutdown.guard import is_tool_thread
+
+    timer = threading.Timer(30, lambda: None)
+    timer.name = "pytest_timeout test_x.py::test_y"  # how pytest-timeout names its timer
+    user = threading.Thread(target=time.sleep, args=(0,), name="pytest_timeout_lookalike")
+    assert is_tool_thread(timer)
+    assert not is_tool_thread(user)
+    assert not is_tool_thread(threading.Thread(target=print))

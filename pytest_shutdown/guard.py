@@ -54,6 +54,7 @@ TOOL_MODULES = frozenset({"execnet", "xdist", "pytest_timeout", "_pytest", "plug
 
 _ALLOW_KEY = pytest.StashKey["AllowLeaks | None"]()
 _BUDGET_KEY = pytest.StashKey[float]()
+_MARKER_ERROR_KEY = pytest.StashKey[str]()
 
 _PYTEST_TIMEOUT_MARK = "from pytest-timeout"
 _GUARD_ATTR = "_pytest_shutdown_findings"
@@ -122,9 +123,17 @@ class ShutdownGuard:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        """Validate the markers: a bad one is a usage error (exit code 4). On an xdist worker,
+        where a usage error would only crash the worker, the test errors in setup instead."""
+        on_worker = hasattr(self.config, "workerinput")
         for item in items:
-            item.stash[_ALLOW_KEY] = allow_leaks_of(item)
-            item.stash[_BUDGET_KEY] = budget_of(item, self.settings.budget_s)
+            try:
+                item.stash[_ALLOW_KEY] = allow_leaks_of(item)
+                item.stash[_BUDGET_KEY] = budget_of(item, self.settings.budget_s)
+            except pytest.UsageError as exc:
+                if not on_worker:
+                    raise
+                item.stash[_MARKER_ERROR_KEY] = str(exc)
 
     # --- the test ---
 
@@ -133,7 +142,11 @@ class ShutdownGuard:
         allow = item.stash.get(_ALLOW_KEY, None)
         budget = item.stash.get(_BUDGET_KEY, self.settings.budget_s)
         self._watch = _Watch(item, take_snapshot(), allow, budget)
-        return (yield)
+        result = yield
+        marker_error = item.stash.get(_MARKER_ERROR_KEY, None)
+        if marker_error is not None:  # after setup, so that teardown finds a consistent state
+            pytest.fail(marker_error, pytrace=False)
+        return result
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(

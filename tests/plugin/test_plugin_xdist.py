@@ -85,3 +85,24 @@ def test_a_crashed_worker_loses_only_its_own_data(pytester: pytest.Pytester) -> 
     assert [t["worker"] for t in report["tests"]] == ["gw0"]
     assert [lost["worker"] for lost in report["lost_workers"]] == ["gw1"]
     result.stdout.fnmatch_lines(["worker gw1 crashed: its shutdown records are lost"])
+
+
+def test_bad_marker_under_xdist_errors_the_test_without_crashing_the_worker(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import pytest
+
+        @pytest.mark.allow_leaks(threads=True)
+        def test_no_reason():
+            pass
+
+        def test_fine():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", "-n", "2")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*test_no_reason: @pytest.mark.allow_leaks needs reason=*"])
+    assert "INTERNALERROR" not in result.stdout.str()

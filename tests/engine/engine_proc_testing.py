@@ -31,10 +31,14 @@ GRACE_S = 2.0
 DEFAULT_TIMEOUT_S = 1.5
 
 
+#: The platform tests run on unless they force one; scripts/gpu-check sets it to the real device.
+TEST_PLATFORM = os.environ.get("PYTEST_SHUTDOWN_TEST_PLATFORM", "cpu")
+
+
 def fast_config(**changes: Any) -> EngineConfig:
     """A small engine with scaled-down graces; ``changes`` override any field."""
     base: dict[str, Any] = dict(
-        platform="cpu",
+        platform=TEST_PLATFORM,
         rocm_process_grace_s=GRACE_S,
         child_exit_grace_s=1.0,
         default_process_timeout_s=DEFAULT_TIMEOUT_S,

@@ -11,10 +11,10 @@ plugin share one implementation:
 
 Cheap when nothing leaked: a snapshot is ``threading.enumerate()``, ``gc.get_freeze_count()`` and,
 for processes, one ``waitid(WNOHANG | WNOWAIT)`` system call that tells whether this process has
-any child at all. The process table is scanned (and psutil imported) only when a child exists,
-``gc.collect()`` runs only
-when something is still alive after a short wait, and stacks and command lines are read only for
-what is reported.
+any child at all. The process table is scanned (and psutil imported) only when a child exists
+and, on Linux, a pid was allocated since the last scan (``ns_last_pid``); ``gc.collect()`` runs
+only when something is still alive after a short wait; stacks and command lines are read only
+for what is reported.
 
 :func:`assert_device_memory_released` checks the ``device-memory-held`` contract against any
 reader with ``name`` and ``used_bytes()`` (see :class:`pytest_shutdown.devices.MemoryReader`).
@@ -131,17 +131,49 @@ def _may_have_children() -> bool:
     return True
 
 
+#: The last pid the kernel allocated in this pid namespace (Linux). While it has not moved, no
+#: process (nor thread) was created anywhere, so no new descendant can exist.
+_LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
+#: (this process's pid, ns_last_pid at the scan, the descendants found by that scan)
+_scan_cache: tuple[int, bytes, frozenset[int]] | None = None
+
+
+def _last_pid() -> bytes | None:
+    try:
+        fd = os.open(_LAST_PID_PATH, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 32)
+    except OSError:  # pragma: no cover
+        return None
+    finally:
+        os.close(fd)
+
+
 def descendant_pids() -> frozenset[int]:
-    """Return the pids of this process's live descendants (recursive); cheap without children."""
+    """Return the pids of this process's descendants (recursive); cheap when nothing changed.
+
+    No child at all: one ``waitid`` call. Children, but no pid allocated since the last scan
+    (``ns_last_pid`` unchanged): the last scan's answer. Otherwise a process-table scan.
+    """
+    global _scan_cache
     if not _may_have_children():
         return frozenset()
+    pid = os.getpid()
+    marker = _last_pid()  # read before scanning: a process created during the scan moves it
+    cached = _scan_cache
+    if marker is not None and cached is not None and cached[:2] == (pid, marker):
+        return cached[2]
     import psutil  # noqa: PLC0415 - only paid for when a child process exists
 
     try:
         children = psutil.Process().children(recursive=True)
     except psutil.Error:  # pragma: no cover - /proc unreadable
         return frozenset()
-    return frozenset(child.pid for child in children)
+    found = frozenset(child.pid for child in children)
+    _scan_cache = (pid, marker, found) if marker is not None else None
+    return found
 
 
 def take_snapshot(*, threads: bool = True, processes: bool = True) -> LeakSnapshot:

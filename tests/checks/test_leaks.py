@@ -358,3 +358,34 @@ def test_device_memory_within_tolerance_passes_at_once() -> None:
 def test_device_memory_bad_arguments_are_rejected(kwargs: dict[str, float], name: str) -> None:
     with pytest.raises(ValueError, match=name):
         assert_device_memory_released(FakeReader("x", [0]), 0, **kwargs)  # type: ignore[arg-type]
+
+
+def test_process_table_is_rescanned_only_when_a_pid_was_allocated(
+    monkeypatch: pytest.MonkeyPatch, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    import pytest_shutdown.checks.leaks as leaks
+
+    procs.append(subprocess.Popen(["sleep", "60"]))  # a child exists: waitid cannot rule it out
+    scans = []
+    real_children = psutil.Process.children
+
+    def children(self: psutil.Process, *args: object, **kwargs: object) -> list[psutil.Process]:
+        scans.append(1)
+        return real_children(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(psutil.Process, "children", children)
+    last_pid = [b"100\n"]
+    monkeypatch.setattr(leaks, "_last_pid", lambda: last_pid[0])
+    monkeypatch.setattr(leaks, "_scan_cache", None)
+    first = leaks.descendant_pids()
+    assert procs[0].pid in first and len(scans) == 1
+    for _ in range(20):
+        assert leaks.descendant_pids() == first
+    assert len(scans) == 1  # nothing allocated: the last answer stands
+    last_pid[0] = b"101\n"
+    leaks.descendant_pids()
+    assert len(scans) == 2
+    monkeypatch.setattr(leaks, "_last_pid", lambda: None)  # no procfs: always scan
+    leaks.descendant_pids()
+    leaks.descendant_pids()
+    assert len(scans) == 4

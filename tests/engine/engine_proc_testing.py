@@ -26,9 +26,9 @@ from pytest_shutdown.engine.start import helper_process_pids
 T = TypeVar("T")
 
 #: The 15 s ROCm grace, scaled down: same decisions, seconds instead of minutes.
-GRACE_S = 2.0
+GRACE_S = 2.5
 #: shutdown_processes' default timeout when the caller passes None, scaled down.
-DEFAULT_TIMEOUT_S = 1.5
+DEFAULT_TIMEOUT_S = 3.0
 
 
 #: The platform tests run on unless they force one; scripts/gpu-check sets it to the real device.

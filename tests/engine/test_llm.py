@@ -164,3 +164,33 @@ def test_manager_rejects_a_bad_shutdown_timeout() -> None:
         assert not manager.is_shut_down
     finally:
         manager.shutdown()
+
+
+EXITING_SCRIPT = """
+import sys
+from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.llm import ReferenceLLM
+
+if __name__ == "__main__":
+    llm = ReferenceLLM(EngineConfig(platform="cpu", data_parallel_size=2))
+    print(" ".join(str(p.pid) for p in llm.manager.processes), flush=True)
+    sys.exit(0)  # no shutdown(): the atexit run of the finalizers must reap the engines
+"""
+
+
+def test_an_interpreter_exiting_without_shutdown_reaps_its_engine_processes(
+    tmp_path: Path,
+) -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    script = tmp_path / "exiting.py"
+    script.write_text(EXITING_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=90
+    )
+
+    assert done.returncode == 0, done.stderr
+    pids = [int(p) for p in done.stdout.split()]
+    assert len(pids) == 2
+    assert_gone(pids, what="engine processes of the exited interpreter")

@@ -132,7 +132,7 @@ MATRIX = {
     # A zero budget left from a positive drain timeout is spent time: no new grace.
     "rocm-spent-drain-budget-gets-no-grace": ("rocm", 1.0, 0.0, 0.3, 0.0, True),
     "rocm-None-means-the-default": ("rocm", 0.0, None, 0.3, DEFAULT_TIMEOUT_S, False),
-    "rocm-positive-budget-is-kept": ("rocm", 0.0, 1.0, 0.3, 1.0, False),
+    "rocm-positive-budget-is-kept": ("rocm", 0.0, 2.0, 0.3, 2.0, False),
     "teardown-outlasting-a-positive-budget": ("rocm", 0.0, 0.5, 2.5, 0.5, True),
     "teardown-outlasting-the-grace": ("rocm", 0.0, 0.0, GRACE_S + 2.0, GRACE_S, True),
 }

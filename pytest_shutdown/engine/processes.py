@@ -421,6 +421,15 @@ def _monitor_loop(
 
     Holds only a weak reference to the manager, so the manager can still be collected.
     """
+    try:
+        _monitor(shared, wake_r, manager_ref)
+    finally:
+        _close_quietly(wake_r)
+
+
+def _monitor(
+    shared: _Shared, wake_r: Connection, manager_ref: weakref.ReferenceType[EngineProcManager]
+) -> None:
     conns = list(shared.connections)
     sentinels = {p.sentinel: p for p in shared.processes}
     while not shared.manager_stopped.is_set():

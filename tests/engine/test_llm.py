@@ -194,3 +194,16 @@ def test_an_interpreter_exiting_without_shutdown_reaps_its_engine_processes(
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 2
     assert_gone(pids, what="engine processes of the exited interpreter")
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "spawn", "fork"])
+def test_every_start_method_serves_and_shuts_down_cleanly(start_method: str) -> None:
+    config = fast_config(start_method=start_method)
+    with ReferenceLLM(config) as llm:
+        assert llm.manager is not None
+        pids = pids_of(llm.manager)
+        out = llm.generate("start", max_tokens=3)[0]
+    assert len(out.token_ids) == 3
+    assert llm.manager.last_outcome is not None
+    assert llm.manager.last_outcome.exitcodes == {"EngineCore_DP0": 0}
+    assert_gone(pids)

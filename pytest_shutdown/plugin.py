@@ -54,8 +54,6 @@ MARKERS = (
     "given); threads= also takes thread-name glob patterns; reason is required.",
     "shutdown_budget(seconds): the teardown budget of this test, overriding --shutdown-budget "
     "(0 = none).",
-    "engine(**fields): EngineConfig fields for the pytest-shutdown engine fixtures.",
-    "shutdown_matrix(...): parametrize a test over the shutdown timeout matrix.",
 )
 
 
@@ -111,9 +109,11 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = load_settings(config)  # raises pytest.UsageError (exit code 4) on bad input
     config.stash[SETTINGS_KEY] = settings
 
-    # The fixtures (pytest_shutdown/fixtures.py, the fixtures issue) are registered here, always,
-    # whether or not the guard is on:
-    #     config.pluginmanager.register(fixtures_module, "pytest-shutdown-fixtures")
+    # The fixtures are registered always, whether or not the guard is on.
+    from pytest_shutdown import fixtures
+
+    if not config.pluginmanager.is_registered(fixtures):
+        config.pluginmanager.register(fixtures, "pytest-shutdown-fixtures")
 
     if settings.enabled or settings.report_path is not None:
         from pytest_shutdown.report import ShutdownReport

@@ -301,7 +301,7 @@ def test_markers_are_registered_for_strict_markers(pytester: pytest.Pytester) ->
         import pytest
 
         @pytest.mark.engine(data_parallel_size=2)
-        @pytest.mark.shutdown_matrix()
+        @pytest.mark.shutdown_matrix(request=[0], process=[0], platform=["rocm"])
         @pytest.mark.shutdown_budget(5)
         @pytest.mark.allow_leaks(reason="documented")
         def test_marked():

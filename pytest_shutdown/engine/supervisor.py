@@ -153,6 +153,36 @@ class DPSupervisor:
             self._close()
         return self.last_outcome
 
+    def run_until_signal(self, timeout: float | None = None) -> ShutdownOutcome | None:
+        """Serve until this process gets SIGTERM or SIGINT, then forward it and shut down.
+
+        Call from the main thread. The handlers only record the signal and write to a pipe; the
+        shutdown runs here, after them, and the previous handlers are restored at the end. With
+        a ``timeout`` and no signal by then, returns None and leaves the children running.
+        """
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        received: list[int] = []
+
+        def handler(signum: int, frame: Any) -> None:
+            received.append(signum)
+            _wake(wake_w)
+
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while not received:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                select.select([wake_r], [], [], 0.5 if remaining is None else min(0.5, remaining))
+            return self.shutdown(signum=received[0])
+        finally:
+            for signum, old_handler in previous.items():
+                signal.signal(signum, old_handler)
+            os.close(wake_r)
+            os.close(wake_w)
+
     def _close(self) -> None:
         for conn in self._conns:
             conn.close()

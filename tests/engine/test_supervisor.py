@@ -106,3 +106,33 @@ def test_supervisor_rejects_bad_arguments_naming_them() -> None:
         DPSupervisor(fast_config(), num_children=0)
     with pytest.raises(ValueError, match="engine_start_method"):
         DPSupervisor(fast_config(), engine_start_method="thread")
+
+
+def test_a_signal_to_the_supervisor_is_forwarded_to_every_group(tmp_path: Path) -> None:
+    import threading  # noqa: PLC0415
+
+    log = str(tmp_path / "life.jsonl")
+    supervisor = DPSupervisor(
+        fast_config(shutdown_timeout=5.0), num_children=2, engine_start_method="fork",
+        lifecycle_log=log,
+    )
+    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM))
+    before = (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT))
+    try:
+        pids = tree_pids(supervisor)
+        engine_pids = [pid for pids_ in supervisor.engine_pids.values() for pid in pids_]
+        assert supervisor.run_until_signal(timeout=0.05) is None  # no signal: keeps serving
+        timer.start()
+        outcome = supervisor.run_until_signal(timeout=30)
+    finally:
+        timer.cancel()
+        supervisor.shutdown()
+
+    assert outcome is not None and outcome.force_killed == []
+    assert set(outcome.exitcodes.values()) == {0}
+    assert_gone(pids, what="the supervisor's tree")
+    for pid in engine_pids:
+        assert events(log, "shutdown_requested", pid)[0]["mode"] == "drain"
+        assert events(log, "final", pid)[0]["exit"] == 0
+    # The previous handlers are back.
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before

@@ -70,14 +70,18 @@ class ReferenceLLM:
         self.renderer = renderer
         self.manager: EngineProcManager | None = None
         self.engine_core: EngineCore | None = None
-        if multiprocess:
-            manager = EngineProcManager(self.config)
-            self._resources.callback(_shutdown_manager, manager, self._timeout)
-            self.manager = manager
-        else:
-            core = EngineCore(self.config)
-            self._resources.callback(core.shutdown)
-            self.engine_core = core
+        try:
+            if multiprocess:
+                manager = EngineProcManager(self.config)
+                self._resources.callback(_shutdown_manager, manager, self._timeout)
+                self.manager = manager
+            else:
+                core = EngineCore(self.config)
+                self._resources.callback(core.shutdown)
+                self.engine_core = core
+        except BaseException:
+            self._finalizer()  # what was built (the renderer) is released now, not at GC
+            raise
 
     # -- generation ------------------------------------------------------------------------
     def generate(

@@ -207,3 +207,27 @@ def test_every_start_method_serves_and_shuts_down_cleanly(start_method: str) -> 
     assert llm.manager.last_outcome is not None
     assert llm.manager.last_outcome.exitcodes == {"EngineCore_DP0": 0}
     assert_gone(pids)
+
+
+def test_a_failed_engine_start_releases_the_renderer_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pytest_shutdown.engine.llm as llm_module  # noqa: PLC0415
+
+    renderers = []
+    real = llm_module.ReferenceRenderer
+
+    def recording(config):  # type: ignore[no-untyped-def]
+        renderers.append(real(config))
+        return renderers[-1]
+
+    monkeypatch.setattr(llm_module, "ReferenceRenderer", recording)
+    # An engine that sleeps through its start cannot be ready within 0.2 s.
+    monkeypatch.setattr(
+        llm_module, "EngineProcManager",
+        lambda c: EngineProcManager(c, faults=ChildFaults(startup_delay_s=2.0)),
+    )
+    with pytest.raises(TimeoutError, match="startup_timeout_s"):
+        ReferenceLLM(fast_config(startup_timeout_s=0.2, default_process_timeout_s=0.5))
+
+    assert renderers and renderers[0].is_shut_down

@@ -158,3 +158,32 @@ def test_timeout_matrix_end_to_end(cell: str, caplog: pytest.LogCaptureFixture) 
     assert force_kill_warnings(caplog) == ([f"{FORCE_KILL_MESSAGE}1"] if killed else [])
     grace_logged = any("ROCm cleanup grace" in r.getMessage() for r in caplog.records)
     assert grace_logged is (expected != offered and offered is not None)
+
+
+PRELOAD_SCRIPT = """
+import psutil
+from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.processes import EngineProcManager
+from pytest_shutdown.engine.start import helper_process_pids
+
+if __name__ == "__main__":
+    manager = EngineProcManager(EngineConfig(platform="cpu"))
+    engine = manager.processes[0].pid
+    server = psutil.Process(engine).ppid()
+    assert server in helper_process_pids(), "the engine is not a child of the fork server"
+    maps = [m.path for m in psutil.Process(server).memory_maps()]
+    print(any("libtorch" in path for path in maps))
+    manager.shutdown()
+"""
+
+
+def test_the_fork_server_has_torch_preloaded(tmp_path) -> None:
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    # A fresh interpreter: in this one another test may have started the fork server first.
+    script = tmp_path / "preload.py"
+    script.write_text(PRELOAD_SCRIPT)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True", "the fork server did not load torch before forking"

@@ -263,8 +263,27 @@ def started_since(
     if processes:
         now = descendant_pids()
         if now:
-            new_pids = tuple(sorted(p for p in now - before.pids if _process_running(p)))
+            fresh = now - before.pids - multiprocessing_helper_pids()
+            new_pids = tuple(sorted(p for p in fresh if _process_running(p)))
     return Started(new_threads, new_pids)
+
+
+def multiprocessing_helper_pids() -> frozenset[int]:
+    """Pids of this process's multiprocessing fork server and resource tracker, if running.
+
+    Both are started on first use and live as long as this process by design: they are never a
+    test's leak (the processes the fork server starts are, and stay checked).
+    """
+    pids: set[int] = set()
+    for module, owner, attr in (
+        ("multiprocessing.forkserver", "_forkserver", "_forkserver_pid"),
+        ("multiprocessing.resource_tracker", "_resource_tracker", "_pid"),
+    ):
+        loaded = sys.modules.get(module)  # not imported here: unused means not running
+        pid = getattr(getattr(loaded, owner, None), attr, None)
+        if isinstance(pid, int):
+            pids.add(pid)
+    return frozenset(pids)
 
 
 def await_exit(started: Started, grace: float, *, collect: bool = True) -> Started:

@@ -389,3 +389,28 @@ def test_process_table_is_rescanned_only_when_a_pid_was_allocated(
     leaks.descendant_pids()
     leaks.descendant_pids()
     assert len(scans) == 4
+
+
+def test_the_multiprocessing_fork_server_is_not_a_leak_but_its_children_are() -> None:
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("forkserver")
+    release = ctx.Event()
+    with pytest.raises(ShutdownContractError) as info:
+        with no_leaks(threads=False, gc_freeze=False, grace=0.2):
+            worker = ctx.Process(target=release.wait, args=(10,), name="fs-child")
+            worker.start()
+    try:
+        from multiprocessing import forkserver
+
+        server = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+        leaked = [p["pid"] for f in info.value.findings for p in f.details["processes"]]
+        assert worker.pid in leaked
+        assert server not in leaked
+    finally:
+        release.set()
+        worker.join(5)
+    with no_leaks(threads=False, gc_freeze=False, grace=2.0):
+        other = ctx.Process(target=release.wait, args=(1,))
+        other.start()
+        other.join(5)

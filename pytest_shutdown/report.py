@@ -138,7 +138,26 @@ class ShutdownReport:
         """Add one test's outcome; only tests with findings or a budget event are kept whole."""
         self.durations.append(record.teardown_s)
         if record.findings or record.budget:
-            self.records.append(record)
+            self._keep(record)
+
+    def add_findings(self, nodeid: str, findings: list[dict[str, Any]]) -> None:
+        """Add findings of a test made outside the guard (engine fixtures, ``shutdown_check``)."""
+        if findings:
+            self._keep(
+                TestRecord(
+                    nodeid=nodeid, worker=self.worker, teardown_s=0.0, findings=list(findings)
+                )
+            )
+
+    def _keep(self, record: TestRecord) -> None:
+        for kept in self.records:
+            if kept.nodeid == record.nodeid and kept.worker == record.worker:
+                kept.findings.extend(record.findings)
+                kept.teardown_s = max(kept.teardown_s, record.teardown_s)
+                kept.budget = kept.budget or record.budget
+                kept.reported = kept.reported and record.reported
+                return
+        self.records.append(record)
 
     def to_plain(self) -> dict[str, Any]:
         """This process's data as plain types (what a worker sends)."""

@@ -43,6 +43,16 @@ REPORT_DESC = """
 Write the guard's findings and shutdown durations as JSON to this path (merged over xdist
 workers).
 """.strip()
+GRAPHS_DESC = """
+Draw a backref picture (objgraph.show_backrefs) into this folder for every not-collected and
+finalizer-* finding of assert_finalizes_on_gc: a PNG when graphviz's 'dot' is on PATH, else the
+.dot source and a note. The terminal section 'shutdown graphs' names the files.
+""".strip()
+GPU_PER_WORKER_DESC = """
+Under pytest-xdist, give each worker one GPU: worker gwN sees the (N mod count)-th visible device
+through CUDA_VISIBLE_DEVICES (CUDA) or HIP_VISIBLE_DEVICES (ROCm), so engine fixtures fan out over
+a multi-GPU machine. Does nothing without xdist or on the CPU.
+""".strip()
 PLATFORM_DESC = """
 Device platform for the pytest-shutdown fixtures: 'auto' (default) detects it; 'cuda', 'rocm'
 or 'cpu' forces one.
@@ -90,11 +100,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help=REPORT_DESC,
     )
     group.addoption(
+        "--shutdown-graphs",
+        dest="shutdown_graphs",
+        metavar="DIR",
+        default=None,
+        help=GRAPHS_DESC,
+    )
+    group.addoption(
         "--shutdown-platform",
         dest="shutdown_platform",
         metavar="|".join(PLATFORM_CHOICES),
         default=None,
         help=PLATFORM_DESC,
+    )
+    group.addoption(
+        "--shutdown-gpu-per-worker",
+        dest="shutdown_gpu_per_worker",
+        action="store_true",
+        default=False,
+        help=GPU_PER_WORKER_DESC,
     )
     parser.addini("shutdown_guard", GUARD_DESC, default="")
     parser.addini("shutdown_grace", GRACE_DESC, default="")
@@ -114,6 +138,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "pytest-shutdown-fixtures")
+
+    if settings.graphs_dir is not None:
+        from pytest_shutdown.report import GraphsRecorder
+
+        config.pluginmanager.register(
+            GraphsRecorder(config, settings.graphs_dir), "pytest-shutdown-graphs"
+        )
 
     if settings.enabled or settings.report_path is not None:
         from pytest_shutdown.report import ShutdownReport

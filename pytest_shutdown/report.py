@@ -12,6 +12,7 @@ import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -264,3 +265,72 @@ class ShutdownReport:
             terminalreporter.line(line)
         if self.settings.report_path is not None:
             terminalreporter.line(f"shutdown report written to {self.settings.report_path}")
+
+
+#: The key under ``config.workeroutput`` that carries a worker's backref pictures.
+GRAPHS_WORKEROUTPUT_KEY = "pytest_shutdown_graphs"
+
+
+class GraphsRecorder:
+    """``--shutdown-graphs=DIR``: the diagnosis draws into DIR; the summary names the files.
+
+    While a test runs, :data:`pytest_shutdown.checks.backrefs.GRAPHS` points at DIR with the
+    test's id as file-name prefix; every picture drawn is recorded with that id. Workers send
+    theirs through ``workeroutput``; the controller prints the section ``shutdown graphs``.
+    """
+
+    def __init__(self, config: pytest.Config, directory: Path) -> None:
+        self.config = config
+        self.directory = directory
+        self.current: str | None = None
+        self.graphs: list[dict[str, Any]] = []
+        self.previous: tuple[Any, str] | None = None
+
+    def _record(self, graph: Any) -> None:
+        self.graphs.append({"nodeid": self.current, **graph.to_details()})
+
+    @pytest.hookimpl
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        from pytest_shutdown.checks.backrefs import GRAPHS, configure_graphs  # noqa: PLC0415
+
+        self.previous = (GRAPHS.directory, GRAPHS.prefix)
+        configure_graphs(self.directory)
+        GRAPHS.listeners.append(self._record)
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
+        from pytest_shutdown.checks.backrefs import configure_graphs  # noqa: PLC0415
+
+        self.current = nodeid
+        configure_graphs(self.directory, prefix=nodeid.replace("::", "-").replace("/", "-"))
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: object) -> None:
+        self.graphs.extend(getattr(node, "workeroutput", {}).get(GRAPHS_WORKEROUTPUT_KEY, []))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        workeroutput = getattr(self.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput[GRAPHS_WORKEROUTPUT_KEY] = list(self.graphs)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if hasattr(self.config, "workerinput"):
+            return
+        terminalreporter.section("shutdown graphs")
+        if not self.graphs:
+            terminalreporter.line(f"no backref pictures drawn (folder {self.directory})")
+        for graph in sorted(self.graphs, key=lambda g: str(g["nodeid"])):
+            where = graph["nodeid"] or "(outside a test)"
+            terminalreporter.line(f"{where}: {graph['png'] or graph['dot']}")
+            if graph.get("note"):
+                terminalreporter.line(f"  note: {graph['note']}")
+
+    @pytest.hookimpl
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        from pytest_shutdown.checks.backrefs import GRAPHS, configure_graphs  # noqa: PLC0415
+
+        directory, prefix = self.previous or (None, "")
+        configure_graphs(directory, prefix=prefix)
+        if self._record in GRAPHS.listeners:
+            GRAPHS.listeners.remove(self._record)

@@ -39,6 +39,7 @@ class GuardSettings:
     budget_s: float
     report_path: Path | None
     platform: str
+    graphs_dir: Path | None = None
 
     @property
     def enabled(self) -> bool:
@@ -115,7 +116,23 @@ def load_settings(config: pytest.Config) -> GuardSettings:
         report_path = Path(report).expanduser()
         if not report_path.is_absolute():
             report_path = config.invocation_params.dir / report_path
-    return GuardSettings(mode, grace, budget, report_path, platform)
+    graphs_dir = _path_option(config, "shutdown_graphs", "--shutdown-graphs", "a folder path")
+    return GuardSettings(mode, grace, budget, report_path, platform, graphs_dir)
+
+
+def _path_option(config: pytest.Config, dest: str, option: str, what: str) -> Path | None:
+    """A path option, relative to the invocation directory; an empty value is a UsageError."""
+    value = config.getoption(dest, default=None)
+    if value is None:
+        return None
+    if not str(value).strip():
+        raise pytest.UsageError(f"{option}: expected {what}, got {str(value)!r}")
+    path = Path(str(value)).expanduser()
+    if not path.is_absolute():
+        path = config.invocation_params.dir / path
+    if path.exists() and not path.is_dir():
+        raise pytest.UsageError(f"{option}: {str(value)!r} exists and is not a folder")
+    return path
 
 
 # --- markers ---------------------------------------------------------------------------------

@@ -8,17 +8,29 @@ Two searches live here:
 * :func:`backref_chain` walks *backwards* from the object to a root (a module in
   ``sys.modules`` or a frame on a running thread's stack) with ``objgraph``, for the
   ``not-collected`` diagnosis. It is only called on failure.
+
+:func:`draw_backrefs` draws the same question as a picture (``objgraph.show_backrefs``; a PNG when
+graphviz's ``dot`` is installed, else the ``.dot`` source and a note), into the folder given as
+``graphs_dir=`` or set module-wide with :func:`configure_graphs` (the plugin's
+``--shutdown-graphs=DIR`` does that).
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
+import os
+import re
+import shutil
+import subprocess
 import sys
 import threading
 import time
 import types
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import objgraph
@@ -265,3 +277,132 @@ def runs_through_finalizer_registry(chain: list[Any]) -> bool:
     if mp_util is not None:
         registries.append(getattr(mp_util, "_finalizer_registry", None))
     return any(node is registry for node in chain for registry in registries if registry)
+
+
+# --- pictures: objgraph.show_backrefs, drawn while the object is still alive ---------------------
+
+#: Seconds graphviz's ``dot`` may take to render one picture.
+DOT_TIMEOUT_S = 30.0
+#: Depth of the backref picture: the chain's length, at most this many hops.
+GRAPH_MAX_DEPTH = 6
+#: Referrers drawn per node; the rest are summarised as "N more backreferences".
+GRAPH_TOO_MANY = 8
+
+NO_DOT_NOTE = (
+    "graphviz's 'dot' is not on PATH, so no PNG was drawn, only the .dot source; install "
+    "graphviz (e.g. 'apt-get install graphviz') or render it elsewhere: dot -Tpng -O {name}"
+)
+
+
+@dataclass(frozen=True)
+class BackrefGraph:
+    """The files of one backref picture: the graphviz source, the PNG (``None`` without
+    ``dot``), and a note saying why there is no PNG."""
+
+    dot: str
+    png: str | None
+    note: str | None
+
+    def to_details(self) -> dict[str, str | None]:
+        """The picture as JSON-serialisable finding details."""
+        return {"dot": self.dot, "png": self.png, "note": self.note}
+
+
+class GraphSettings:
+    """Where the diagnosis draws pictures when no ``graphs_dir=`` is passed (module-level).
+
+    ``directory`` is ``None`` (the default: no pictures) or a folder; ``prefix`` starts every
+    file name (the plugin sets the running test's id); every listener is called with each
+    picture drawn (the plugin's terminal summary names the files). Plain Python, no pytest.
+    """
+
+    def __init__(self) -> None:
+        self.directory: Path | None = None
+        self.prefix: str = ""
+        self.listeners: list[Callable[[BackrefGraph], None]] = []
+        self._counter = itertools.count(1)
+
+    def next_stem(self, label: str) -> str:
+        """A file stem unique in this process: prefix (or pid), label, counter."""
+        head = self.prefix or f"pid{os.getpid()}"
+        return _safe_name(f"{head}-{label}-{next(self._counter)}")
+
+
+#: The module-level picture settings; :func:`configure_graphs` changes them.
+GRAPHS = GraphSettings()
+
+
+def configure_graphs(directory: str | os.PathLike[str] | None, *, prefix: str = "") -> None:
+    """Draw a backref picture for every ``not-collected`` diagnosis into ``directory``
+    (``None``: stop drawing). ``prefix`` starts the file names (e.g. the current test's id)."""
+    GRAPHS.directory = None if directory is None else Path(directory)
+    GRAPHS.prefix = prefix
+
+
+def _safe_name(text: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("._")
+    return name[-150:] or "graph"
+
+
+def draw_backrefs(
+    target: object,
+    directory: str | os.PathLike[str],
+    label: str,
+    *,
+    max_depth: int = GRAPH_MAX_DEPTH,
+    extra_ignore: Iterable[int] = (),
+) -> BackrefGraph:
+    """Draw ``target``'s referrers (``objgraph.show_backrefs``) into ``directory``.
+
+    The graphviz source ``<stem>.dot`` is always written; with graphviz's ``dot`` on PATH it is
+    rendered to ``<stem>.png`` (within :data:`DOT_TIMEOUT_S`), otherwise the note says so. Must be
+    called while ``target`` is alive; keeps no reference to it.
+    """
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    stem = GRAPHS.next_stem(label)
+    dot_path = folder / f"{stem}.dot"
+    ignore = list(extra_ignore)
+    walker: types.FrameType | None = sys._getframe()
+    while walker is not None:  # this call stack (the helper's, the caller's) is not the story
+        ignore.append(id(walker))
+        walker = walker.f_back
+    target_id = id(target)
+    with open(dot_path, "w", encoding="utf-8") as handle:
+        objgraph.show_backrefs(
+            [target],
+            max_depth=max_depth,
+            extra_ignore=ignore,
+            too_many=GRAPH_TOO_MANY,
+            highlight=lambda node: id(node) == target_id,
+            output=handle,
+        )
+    del walker
+    dot_exe = shutil.which("dot")
+    if dot_exe is None:
+        graph = BackrefGraph(str(dot_path), None, NO_DOT_NOTE.format(name=dot_path.name))
+    else:
+        graph = _render_png(dot_exe, dot_path)
+    for listener in list(GRAPHS.listeners):
+        listener(graph)
+    return graph
+
+
+def _render_png(dot_exe: str, dot_path: Path) -> BackrefGraph:
+    png_path = dot_path.with_suffix(".png")
+    try:
+        done = subprocess.run(
+            [dot_exe, "-Tpng", "-o", str(png_path), str(dot_path)],
+            capture_output=True,
+            text=True,
+            timeout=DOT_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return BackrefGraph(str(dot_path), None, f"'dot' failed on {dot_path}: {exc}")
+    if done.returncode != 0 or not png_path.exists():
+        error = (done.stderr or "").strip()[-300:]
+        return BackrefGraph(
+            str(dot_path), None, f"'dot' exited {done.returncode} on {dot_path}: {error}"
+        )
+    return BackrefGraph(str(dot_path), str(png_path), None)

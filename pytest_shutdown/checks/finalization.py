@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import time
 import types
 import weakref
@@ -12,7 +13,9 @@ from dataclasses import replace
 from typing import Any
 
 from pytest_shutdown.checks.backrefs import (
+    GRAPHS,
     backref_chain,
+    draw_backrefs,
     find_path,
     runs_through_finalizer_registry,
 )
@@ -81,6 +84,7 @@ def assert_finalizes_on_gc(
     method: str = "shutdown",
     watch: Iterable[Watch] = (),
     timeout: float = 5.0,
+    graphs_dir: str | os.PathLike[str] | None = None,
 ) -> CheckReport:
     """Require an object built by ``factory`` to be collected, running its cleanups, once dropped.
 
@@ -91,6 +95,12 @@ def assert_finalizes_on_gc(
     down explicitly; every cleanup that shutdown performed must also run on collection
     (``cleanup-missing``). ``watch`` items must be attribute paths (``"cache.close"``) or
     functions, since each object is built inside the helper.
+
+    ``graphs_dir``: on a failed collection, also draw the object's referrers there
+    (``objgraph.show_backrefs``; a PNG with graphviz's ``dot``, else the ``.dot`` source) while
+    the object is still alive; the finding's ``details["graph"]`` names the files. Default: the
+    folder set by :func:`pytest_shutdown.checks.backrefs.configure_graphs` (the plugin's
+    ``--shutdown-graphs=DIR``), else no picture.
     """
     if not callable(factory):
         raise ValueError(f"factory must be a callable returning a fresh object, got {factory!r}")
@@ -126,7 +136,7 @@ def assert_finalizes_on_gc(
     findings: list[Finding] = []
     if alive:
         t0 = time.perf_counter()
-        findings = _diagnose(ref, subject)
+        findings = _diagnose(ref, subject, graphs_dir)
         timings["diagnosis"] = time.perf_counter() - t0
         _dispose(ref, method)
     elif explicit is not None:
@@ -190,21 +200,32 @@ def _dispose(ref: weakref.ref[Any], method: str) -> None:
     del shutdown, finalizers
 
 
-def _diagnose(ref: weakref.ref[Any], subject: str) -> list[Finding]:
+def _diagnose(
+    ref: weakref.ref[Any], subject: str, graphs_dir: str | os.PathLike[str] | None = None
+) -> list[Finding]:
     target = ref()
     if target is None:
         return []
     static = check_finalizers(target)
     chain, text = backref_chain(target)
     through_registry = runs_through_finalizer_registry(chain)
-    del chain, target
+    del chain
     if through_registry and static:
-        return [replace(f, details={**f.details, "backref_chain": text}) for f in static]
-    return [
-        Finding(
-            "not-collected",
-            f"{subject} is still alive after its last reference was dropped and the garbage "
-            "collector ran.",
-            {"backref_chain": text, "finalizer_registry": through_registry},
-        )
-    ]
+        findings = [replace(f, details={**f.details, "backref_chain": text}) for f in static]
+    else:
+        findings = [
+            Finding(
+                "not-collected",
+                f"{subject} is still alive after its last reference was dropped and the garbage "
+                "collector ran.",
+                {"backref_chain": text, "finalizer_registry": through_registry},
+            )
+        ]
+    folder = graphs_dir if graphs_dir is not None else GRAPHS.directory
+    if folder is not None:
+        # Drawn now, while the object is still alive; the label names the first finding.
+        graph = draw_backrefs(target, folder, f"{findings[0].code}-{type(target).__name__}")
+        picture = graph.to_details()
+        findings = [replace(f, details={**f.details, "graph": picture}) for f in findings]
+    del target
+    return findings

@@ -1,0 +1,31 @@
+"""Device memory back to its baseline after shutdown: ``assert_device_memory_released``.
+
+``memory_reader`` picks the reader for the platform: NVML (CUDA) or amdsmi (ROCm), falling back
+to ``torch.cuda.mem_get_info``; on a machine without a GPU, this process's RSS stands in, so the
+same test runs everywhere (scripts/gpu-check runs the engine tests on the real device).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch", reason="the reference engine needs torch (extra 'engine')")
+
+from pytest_shutdown.checks.leaks import assert_device_memory_released  # noqa: E402
+from pytest_shutdown.devices import memory_reader  # noqa: E402
+from pytest_shutdown.engine.config import EngineConfig  # noqa: E402
+from pytest_shutdown.engine.core import EngineCore  # noqa: E402
+
+MiB = 2**20
+
+
+@pytest.mark.engine(kv_cache_bytes=256 * MiB)
+def test_kv_cache_memory_returns_after_shutdown(engine_config: EngineConfig) -> None:
+    reader = memory_reader(engine_config.resolved_platform)
+    baseline = reader.used_bytes()
+
+    core = EngineCore(engine_config)
+    assert reader.used_bytes() > baseline + 128 * MiB, "the KV cache was not allocated"
+    core.shutdown()
+
+    assert_device_memory_released(reader, baseline, tolerance_bytes=64 * MiB, timeout=30.0)

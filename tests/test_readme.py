@@ -1,0 +1,173 @@
+"""The README's samples and tables stay true.
+
+* Every ``python`` sample is quoted from a file under ``examples/`` (which ``make demo`` runs): the
+  ``<!-- quote: PATH::NAME[,NAME...] -->`` line above it names the top-level definitions it
+  shows, and the sample must equal their source exactly (decorators included, one blank line
+  between them).
+* The ini sample configures the guard as the README says.
+* The tables list every option, ini key, marker and fixture the plugin registers, and nothing
+  else; every ``--shutdown-*`` option mentioned exists; every finding code is in both tables.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pytest_shutdown import FINDING_CODES
+
+ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
+QUOTE = re.compile(r"<!-- quote: (\S+?)::(\S+) -->\n\Z")
+CHECK = re.compile(r"<!-- check: (\w+) -->\n\Z")
+
+
+@dataclass(frozen=True)
+class Block:
+    lang: str
+    code: str
+    line: int
+    before: str  # the text between the previous block and this one
+
+    @property
+    def where(self) -> str:
+        return f"README.md:{self.line}"
+
+
+def blocks() -> list[Block]:
+    text = README.read_text(encoding="utf-8")
+    found: list[Block] = []
+    last = 0
+    for match in FENCE.finditer(text):
+        line = text.count("\n", 0, match.start()) + 1
+        found.append(Block(match.group(1), match.group(2), line, text[last : match.start()]))
+        last = match.end()
+    return found
+
+
+def definition_source(path: Path, name: str) -> str:
+    """The source of a top-level def/class/assignment ``name`` in ``path``, decorators included."""
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    for node in tree.body:
+        names: list[str] = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names = [node.name]
+        elif isinstance(node, ast.Assign):
+            names = [t.id for t in node.targets if isinstance(t, ast.Name)]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            names = [node.target.id]
+        if name in names:
+            decorators = getattr(node, "decorator_list", [])
+            start = min([node.lineno, *(d.lineno for d in decorators)])
+            assert node.end_lineno is not None
+            return "\n".join(lines[start - 1 : node.end_lineno])
+    raise AssertionError(f"{path.relative_to(ROOT)} has no top-level definition {name!r}")
+
+
+PYTHON_BLOCKS = [b for b in blocks() if b.lang == "python"]
+
+
+def test_the_readme_has_python_samples() -> None:
+    assert len(PYTHON_BLOCKS) >= 10  # one per helper at least; guards the parsing below
+
+
+@pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[b.where for b in PYTHON_BLOCKS])
+def test_each_python_sample_is_quoted_exactly_from_an_example(block: Block) -> None:
+    quote = QUOTE.search(block.before)
+    assert quote, f"{block.where}: a python sample needs a '<!-- quote: PATH::NAME -->' line above"
+    path = ROOT / quote.group(1)
+    assert path.is_file(), f"{block.where}: {quote.group(1)} does not exist"
+    assert path.relative_to(ROOT).parts[0] == "examples", f"{block.where}: quote from examples/"
+    expected = "\n\n".join(definition_source(path, n) for n in quote.group(2).split(","))
+    assert block.code.rstrip("\n") == expected, f"{block.where} differs from {quote.group(1)}"
+
+
+def test_the_ini_sample_configures_the_guard(pytester: pytest.Pytester) -> None:
+    (ini,) = [b for b in blocks() if (m := CHECK.search(b.before)) and m.group(1) == "ini"]
+    pytester.makefile(".toml", pyproject=ini.code)
+    pytester.makepyfile("def test_ok():\n    pass\n")
+
+    result = pytester.runpytest()
+
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["shutdown: pytest-shutdown *, guard warn (grace 5 s, budget 60 s)"]
+    )
+
+
+# -- tables ---------------------------------------------------------------------------------------
+
+
+def section(title: str) -> str:
+    text = README.read_text(encoding="utf-8")
+    start = text.index(title)
+    end = text.find("\n#", start + len(title))
+    return text[start : end if end != -1 else len(text)]
+
+
+def first_cells(table_text: str, cells: int = 1) -> set[str]:
+    """The backticked names at the start of each table row's first ``cells`` cells."""
+    names: set[str] = set()
+    for row in table_text.splitlines():
+        if not row.startswith("|") or row.startswith("|---"):
+            continue
+        for cell in row.strip("|").split(" | ")[:cells]:
+            match = re.match(r"\s*`([^`=(\s]+)", cell)
+            if match:
+                names.add(match.group(1))
+    return names
+
+
+@pytest.fixture(scope="module")
+def registered(pytestconfig: pytest.Config) -> dict[str, set[str]]:
+    """What the plugin registers, read from this very session's plugin."""
+    from pytest_shutdown import fixtures, plugin
+
+    parser = pytestconfig._parser  # noqa: SLF001 - the only place options are listed
+    group = parser.getgroup("shutdown")
+    options = {name for opt in group.options for name in opt.names() if name.startswith("--")}
+    ini = {name for name in parser._inidict if name.startswith("shutdown_")}  # noqa: SLF001
+    markers = {line.split("(")[0].split(":")[0] for line in (*plugin.MARKERS, *fixtures.MARKERS)}
+    defined = {
+        name
+        for name, value in vars(fixtures).items()
+        if type(value).__name__ == "FixtureFunctionDefinition" or hasattr(value, "_pytestfixture")
+    }
+    return {"options": options, "ini": ini, "markers": markers, "fixtures": defined}
+
+
+def test_every_option_and_ini_key_is_in_the_table(registered: dict[str, set[str]]) -> None:
+    table = first_cells(section("### Options and ini keys"), cells=2)
+    assert registered["options"] and registered["ini"]
+    assert {n for n in table if n.startswith("--")} == registered["options"]
+    assert {n for n in table if not n.startswith("--")} == registered["ini"]
+
+
+def test_every_marker_is_in_the_table(registered: dict[str, set[str]]) -> None:
+    assert first_cells(section("### Markers")) == registered["markers"]
+
+
+def test_every_fixture_is_in_the_table(registered: dict[str, set[str]]) -> None:
+    assert len(registered["fixtures"]) >= 6
+    assert first_cells(section("### Fixtures")) == registered["fixtures"]
+
+
+def test_every_option_the_readme_mentions_exists(registered: dict[str, set[str]]) -> None:
+    mentioned = set(re.findall(r"--shutdown-[a-z-]+[a-z]", README.read_text(encoding="utf-8")))
+    assert mentioned and mentioned <= registered["options"]
+
+
+def test_every_finding_code_is_explained() -> None:
+    bugs = first_cells(section("## The bugs it catches"))
+    codes = re.findall(r"^\| `([a-z-]+)` \|", README.read_text(encoding="utf-8"), re.M)
+    for code in FINDING_CODES:
+        assert code in bugs or f"`{code}`" in section("## The bugs it catches"), code
+        assert code in codes, f"{code} is missing from the helpers' code table"

@@ -19,9 +19,11 @@ blocked on its input queue would notice the signal only at its next ``IDLE_WAKE_
 
 ``finally``: ignore further SIGTERM/SIGINT (a second signal must not cut the cleanup short),
 stop the helper thread, flush outputs, ``engine_core.shutdown()``, and only then restore the
-default handlers. A clean shutdown (SystemExit code None/0, state SHUTTING_DOWN, no work left,
-``shutdown_timeout == 0``) on ROCm ends with ``gc.freeze()``: the process is about to exit, and
-freezing the live object graph skips the slow cyclic collection at interpreter finalization.
+default handlers. A heap frozen by the fork server before this process was forked is released
+with the engine (``gc.unfreeze()``): the end-of-life freeze count is this process's own. A clean
+shutdown (SystemExit code None/0, state SHUTTING_DOWN, no work left, ``shutdown_timeout == 0``)
+on ROCm ends with ``gc.freeze()``: the process is about to exit, and freezing the live object
+graph skips the slow cyclic collection at interpreter finalization.
 Working out "clean" never replaces the exit code: if it raises, the shutdown counts as unclean.
 
 Exit. Once ``run_engine_core`` has ended in ``SystemExit`` (its cleanup done, outputs flushed),
@@ -59,6 +61,7 @@ from pytest_shutdown.engine.core import (
     FinishReason,
 )
 from pytest_shutdown.engine.lifeline import EXIT_PARENT_GONE, ParentWatch, set_parent_death_signal
+from pytest_shutdown.engine.start import heap_frozen_by_fork_server
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
@@ -474,6 +477,9 @@ def run_engine_core(
         proc.flush_outputs()
         if engine_core is not None:
             engine_core.shutdown()
+        if heap_frozen_by_fork_server():
+            # The fork server's freeze, not this process's: released with the engine.
+            gc.unfreeze()
         log.event("cleanup_finished")
         # Only now: the default handlers.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

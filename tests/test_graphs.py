@@ -111,6 +111,17 @@ def test_without_dot_the_source_is_written_with_a_note(tmp_path: Path) -> None:
     assert list(source.parent.glob("*.png")) == []
 
 
+def test_an_unwritable_folder_is_a_note_not_a_lost_finding(tmp_path: Path) -> None:
+    afile = tmp_path / "afile"
+    afile.write_text("")
+
+    finding = finding_of(BoundFinalizer, graphs_dir=afile / "graphs")
+
+    assert finding.code == "finalizer-bound-method"
+    assert finding.details["graph"]["png"] is None
+    assert "no picture written to" in finding.details["graph"]["note"]
+
+
 def test_no_picture_unless_asked(tmp_path: Path) -> None:
     configure_graphs(None)
     finding = finding_of(BoundFinalizer)

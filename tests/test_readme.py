@@ -139,7 +139,8 @@ def registered(pytestconfig: pytest.Config) -> dict[str, set[str]]:
     defined = {
         name
         for name, value in vars(fixtures).items()
-        if type(value).__name__ == "FixtureFunctionDefinition" or hasattr(value, "_pytestfixture")
+        if type(value).__name__ == "FixtureFunctionDefinition"
+        or hasattr(value, "_pytestfixturefunction")
     }
     return {"options": options, "ini": ini, "markers": markers, "fixtures": defined}
 

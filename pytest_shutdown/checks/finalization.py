@@ -224,8 +224,12 @@ def _diagnose(
     folder = graphs_dir if graphs_dir is not None else GRAPHS.directory
     if folder is not None:
         # Drawn now, while the object is still alive; the label names the first finding.
-        graph = draw_backrefs(target, folder, f"{findings[0].code}-{type(target).__name__}")
-        picture = graph.to_details()
+        picture: dict[str, str | None]
+        try:
+            graph = draw_backrefs(target, folder, f"{findings[0].code}-{type(target).__name__}")
+            picture = graph.to_details()
+        except OSError as exc:  # a picture must never hide the finding itself
+            picture = {"dot": None, "png": None, "note": f"no picture written to {folder}: {exc}"}
         findings = [replace(f, details={**f.details, "graph": picture}) for f in findings]
     del target
     return findings

@@ -1,0 +1,131 @@
+"""Every figure of issue 8, each benchmark in a fresh interpreter, then one summary table.
+
+    .venv/bin/python benchmarks/run.py            # engine, guard, helpers (about a minute)
+    .venv/bin/python benchmarks/run.py --suite    # and the whole suite under `make test`
+    .venv/bin/python benchmarks/run.py --only engine,guard --markdown
+
+Each benchmark is a small module of this directory, run as a script with ``--json`` so that its
+figures come back as data; its own output (with every run and the ratios measured side by side)
+is shown as it runs. A fresh interpreter per benchmark keeps them apart: the helper benchmark
+pads the heap to 165,000 objects, the engine benchmark starts a fork server. Figures are
+medians; the machine the figures come from is printed first. Nothing is asserted: a missed
+target is reported as NOT MET.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from figures import Figure, markdown_table, read_json, table  # noqa: E402
+
+#: name -> (script, what it measures); in the order they run.
+BENCHMARKS = {
+    "engine": ("engine_lifecycle.py", "engine start-to-ready and graceful stop, vs spawn"),
+    "guard": ("guard_overhead.py", "guard overhead on 400 trivial tests, on vs -p no:shutdown"),
+    "helpers": ("helpers.py", "assertion helpers on a clean renderer; leak diagnosis at 165k"),
+    "suite": ("suite.py", "the whole suite under make test"),
+}
+#: Each benchmark must end within this (every wait has a deadline).
+DEADLINE_S = 1800.0
+
+
+def machine() -> list[str]:
+    """Where the figures come from: CPUs, memory, CPU model, Python and torch versions."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        memory = subprocess.run(
+            ["free", "-h"], capture_output=True, text=True, timeout=10
+        ).stdout.splitlines()[1].split()[1]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        memory = "unknown"
+    try:
+        torch = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch = "not installed"
+    try:
+        load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        load = "unknown"
+    return [
+        f"CPUs (nproc): {os.cpu_count()}; memory: {memory}; CPU: {model}",
+        f"Python {platform.python_version()} ({sys.executable}); torch {torch}",
+        f"load average at start: {load}",
+    ]
+
+
+def run_benchmark(name: str, workdir: Path) -> list[Figure]:
+    """Run one benchmark script in a fresh interpreter; its figures, or none if it failed."""
+    script, what = BENCHMARKS[name]
+    out = workdir / f"{name}.json"
+    print(f"\n=== {name}: {what}", flush=True)
+    t0 = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, str(HERE / script), "--json", str(out)], timeout=DEADLINE_S
+        )
+    except subprocess.TimeoutExpired:
+        print(f"=== {name}: did not finish within {DEADLINE_S:.0f} s", flush=True)
+        return []
+    print(f"=== {name}: {time.perf_counter() - t0:.1f} s, exit {done.returncode}", flush=True)
+    return read_json(out) if done.returncode == 0 and out.exists() else []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", action="store_true", help="also time `make test` (minutes)")
+    parser.add_argument("--only", help=f"comma-separated subset of: {', '.join(BENCHMARKS)}")
+    parser.add_argument("--markdown", action="store_true", help="summary as a Markdown table")
+    args = parser.parse_args(argv)
+    names = [n for n in BENCHMARKS if n != "suite" or args.suite]
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = [n for n in wanted if n not in BENCHMARKS]
+        if unknown:
+            parser.error(f"--only: unknown {', '.join(unknown)}; accepted: {', '.join(BENCHMARKS)}")
+        names = [n for n in BENCHMARKS if n in wanted]
+
+    print("\n".join(machine()))
+    figures: list[Figure] = []
+    failed: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="pytest-shutdown-bench-") as tmp:
+        for name in names:
+            got = run_benchmark(name, Path(tmp))
+            figures += got
+            if not got:
+                failed.append(name)
+
+    print("\n=== summary (medians; a shared machine: expect noise)")
+    print(markdown_table(figures) if args.markdown else table(figures))
+    for figure in figures:
+        if figure.note:
+            print(f"  {figure.name}: {figure.note}")
+    missed = [f.name for f in figures if f.met is False]
+    met = sum(f.met is True for f in figures)
+    targets = sum(f.met is not None for f in figures)
+    print(f"targets met: {met}/{targets}" + (f"; not met: {'; '.join(missed)}" if missed else ""))
+    if failed:
+        print(f"benchmarks that failed (no figures): {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

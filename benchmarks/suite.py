@@ -1,0 +1,73 @@
+"""Wall time of the whole test suite under ``make test`` (``pytest -n 2``), with its slowest tests.
+
+Runs ``make test PYTEST_ARGS="--durations=N"`` in the repository root, prints the wall time, the
+slowest tests pytest reports and its summary line. Target: 3 minutes on 2 cores. Not a test.
+
+    .venv/bin/python benchmarks/suite.py [--durations 15] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from figures import Figure, write_json
+
+ROOT = Path(__file__).resolve().parent.parent
+#: The suite must end within this; a run that does not is cut off (every wait has a deadline).
+DEADLINE_S = 1800.0
+TARGET_S = 180.0
+
+
+def run_suite(durations: int) -> tuple[float, int, str]:
+    """Wall time, exit status and output of one ``make test`` run."""
+    command = ["make", "-s", "test", f"PYTEST_ARGS=--durations={durations} -q"]
+    t0 = time.perf_counter()
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE_S,
+        env=dict(os.environ),
+    )
+    return time.perf_counter() - t0, done.returncode, done.stdout + done.stderr
+
+
+def slowest(output: str) -> list[str]:
+    """The ``slowest durations`` block and the summary line of pytest's output."""
+    lines = output.splitlines()
+    start = next((i for i, line in enumerate(lines) if "slowest" in line and "=" in line), None)
+    block: list[str] = []
+    if start is not None:
+        for line in lines[start + 1:]:
+            if line.startswith("=") or not line.strip():
+                break
+            block.append(line)
+    summary = [line for line in lines if " passed" in line or " failed" in line][-1:]
+    return block + summary
+
+
+def main(argv: Sequence[str] | None = None) -> list[Figure]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--durations", type=int, default=15, help="slowest tests listed (15)")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    wall, status, output = run_suite(args.durations)
+    print(f"make test (pytest -n 2), {os.cpu_count()} CPUs: {wall:.1f} s wall, exit {status}")
+    for line in slowest(output):
+        print(f"  {line}")
+    if status != 0:
+        print("  WARNING: the suite did not pass; its wall time is not comparable")
+        print("\n".join(f"  | {line}" for line in output.splitlines()[-30:]))
+    result = [
+        Figure("whole suite, make test (pytest -n 2)", wall, "s", limit=TARGET_S,
+               note=f"exit {status}"),
+    ]
+    if args.json:
+        write_json(args.json, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,12 +23,19 @@ from pytest_shutdown.matrix import ShutdownTimeouts, cells_from_marker
 if TYPE_CHECKING:
     from pytest_shutdown.engine.config import EngineConfig
     from pytest_shutdown.engine.core import EngineCore
+    from pytest_shutdown.engine.llm import ReferenceLLM
+    from pytest_shutdown.engine.processes import EngineProcManager, ShutdownOutcome
     from pytest_shutdown.engine.renderer import ReferenceRenderer
+    from pytest_shutdown.engine.supervisor import DPSupervisor
 
 #: Graces in tests are this fraction of production (15 s → 1.5 s): the same decisions, cheaper.
 TEST_GRACE_SCALE = 0.1
 #: How long an engine's own threads may take to end after its shutdown.
 THREAD_EXIT_DEADLINE_S = 5.0
+#: How long an engine's processes may take to disappear after its shutdown returned.
+PROCESS_EXIT_DEADLINE_S = 5.0
+#: Children of each ``dp_supervisor``.
+SUPERVISOR_CHILDREN = 2
 
 MARKERS = (
     "engine(**fields): override EngineConfig fields for the engine fixtures of this test.",
@@ -42,6 +49,25 @@ MARKERS = (
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
+    if config.getoption("shutdown_gpu_per_worker", default=False):
+        _assign_worker_gpu(config)
+
+
+def _assign_worker_gpu(config: pytest.Config) -> None:
+    """``--shutdown-gpu-per-worker``: this xdist worker sees one GPU, chosen by its index."""
+    import os
+
+    from pytest_shutdown import workers
+
+    worker = getattr(config, "workerinput", {}).get("workerid") or os.environ.get(
+        "PYTEST_XDIST_WORKER"
+    )
+    if workers.worker_index(worker) is None:
+        return
+    forced = config.getoption("shutdown_platform", default=None) or "auto"
+    probed = workers.probe_devices()
+    platform = probed[0] if forced == "auto" else forced
+    workers.assign_gpu(platform, worker, count=lambda: probed[1])
 
 
 # -- collection: markers become parametrizations, bad arguments collection errors ----------
@@ -172,7 +198,9 @@ def expect_force_kill(request: pytest.FixtureRequest) -> ForceKillExpectation:
 
 # -- engine fixtures -------------------------------------------------------------------------
 @pytest.fixture
-def reference_renderer(engine_config: EngineConfig) -> Iterator[ReferenceRenderer]:
+def reference_renderer(
+    request: pytest.FixtureRequest, engine_config: EngineConfig
+) -> Iterator[ReferenceRenderer]:
     """A ReferenceRenderer; teardown checks that its shutdown is idempotent and its threads end."""
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.engine.renderer import ReferenceRenderer
@@ -182,11 +210,13 @@ def reference_renderer(engine_config: EngineConfig) -> Iterator[ReferenceRendere
     executors = (renderer._executor, renderer._mm_executor)
     findings = _collect(lambda: assert_idempotent_shutdown(renderer))
     findings += _threads_still_running(renderer, executors)
-    raise_if_any(findings)
+    _fail_teardown(request, findings)
 
 
 @pytest.fixture
-def engine_core(engine_config: EngineConfig) -> Iterator[EngineCore]:
+def engine_core(
+    request: pytest.FixtureRequest, engine_config: EngineConfig
+) -> Iterator[EngineCore]:
     """An in-process EngineCore; teardown checks idempotent shutdown and the gc freeze count."""
     import gc
 
@@ -206,7 +236,311 @@ def engine_core(engine_config: EngineConfig) -> Iterator[EngineCore]:
                 {"before": freeze_count, "after": gc.get_freeze_count()},
             )
         )
+    _fail_teardown(request, findings)
+
+
+@pytest.fixture
+def engine_manager(
+    request: pytest.FixtureRequest,
+    engine_config: EngineConfig,
+    expect_force_kill: ForceKillExpectation,
+) -> Iterator[EngineProcManager]:
+    """An EngineProcManager with ``data_parallel_size`` EngineCore processes, ready.
+
+    Teardown calls ``shutdown(timeout)`` twice — ``timeout`` is the matrix cell's process timeout
+    when the test has one, else None — and checks: the second call changes nothing; the timeout
+    used is the cell's expected one; nothing was force-killed unless the test expects it
+    (``expect_force_kill``); no engine process is left.
+    """
+    from pytest_shutdown.engine.processes import EngineProcManager
+
+    manager = EngineProcManager(engine_config)
+    pids = _tree_pids(p.pid for p in manager.processes)
+    yield manager
+    findings = _check_process_shutdown(
+        request, manager, engine_config, expect_force_kill, lambda t: manager.shutdown(t)
+    )
+    findings += _processes_still_running(manager, pids)
+    _fail_teardown(request, findings)
+
+
+@pytest.fixture
+def reference_llm(
+    request: pytest.FixtureRequest,
+    engine_config: EngineConfig,
+    expect_force_kill: ForceKillExpectation,
+) -> Iterator[ReferenceLLM]:
+    """A ReferenceLLM (renderer + engine processes); teardown checks as ``engine_manager``."""
+    from pytest_shutdown.engine.llm import ReferenceLLM
+
+    llm = ReferenceLLM(engine_config)
+    manager = llm.manager
+    assert manager is not None
+    pids = _tree_pids(p.pid for p in manager.processes)
+    yield llm
+
+    def shutdown(timeout: float | None) -> ShutdownOutcome | None:
+        llm.shutdown(timeout)
+        return manager.last_outcome
+
+    findings = _check_process_shutdown(request, llm, engine_config, expect_force_kill, shutdown)
+    if not llm.renderer.is_shut_down:
+        findings.append(
+            Finding(
+                "cleanup-missing",
+                "ReferenceLLM.shutdown() left its renderer running.",
+                {"cleanup": "renderer.shutdown"},
+            )
+        )
+    findings += _processes_still_running(llm, pids)
+    _fail_teardown(request, findings)
+
+
+@pytest.fixture
+def dp_supervisor(
+    request: pytest.FixtureRequest,
+    engine_config: EngineConfig,
+    expect_force_kill: ForceKillExpectation,
+) -> Iterator[DPSupervisor]:
+    """A DPSupervisor with two children, each running an EngineProcManager (a 3-level tree).
+
+    Teardown forwards SIGTERM to each child's process group and waits the supervisor's budget
+    (``get_engine_process_shutdown_timeout(t, t) + child_exit_grace_s``, ``t`` the cell's
+    request timeout or the config's); checks as ``engine_manager``, over the whole tree.
+    """
+    from pytest_shutdown.engine.supervisor import DPSupervisor
+
+    supervisor = DPSupervisor(engine_config, num_children=SUPERVISOR_CHILDREN)
+    roots = [p.pid for p in supervisor.children]
+    roots += [pid for pids in supervisor.engine_pids.values() for pid in pids]
+    pids = _tree_pids(roots)
+    yield supervisor
+    cell = current_cell(request)
+    timeout = cell.request_timeout if cell is not None else None
+    findings = _check_idempotent(supervisor, lambda: supervisor.shutdown(timeout))
+    outcome = supervisor.last_outcome
+    if outcome is not None:
+        findings += _collect(lambda: _assert_force_kill(outcome, expect_force_kill))
+    findings += _processes_still_running(supervisor, pids)
+    _fail_teardown(request, findings)
+
+
+# -- shutdown_check: the helpers, bound to the current test --------------------------------
+class ShutdownCheck:
+    """The assertion helpers under their own names, bound to the running test.
+
+    Each call behaves exactly like the helper (same arguments, same return value, same
+    ``ShutdownContractError``); in addition, every finding is recorded for the test, so it
+    reaches the terminal summary, the ``--shutdown-report`` JSON and the JUnit XML properties.
+    """
+
+    HELPERS = (
+        "assert_idempotent_shutdown",
+        "assert_finalizes_on_gc",
+        "check_finalizers",
+        "assert_nonblocking_shutdown",
+        "assert_timeout_decoupling",
+        "assert_not_force_killed",
+        "assert_device_memory_released",
+        "no_leaks",
+        "probe_exit",
+    )
+
+    def __init__(self, request: pytest.FixtureRequest) -> None:
+        self._request = request
+        self.findings: list[Finding] = []
+
+    def record(self, findings: list[Finding]) -> None:
+        """Record findings for this test (what every bound helper does with its findings)."""
+        self.findings.extend(findings)
+        _record(self._request, findings)
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in self.HELPERS:
+            raise AttributeError(
+                f"shutdown_check has no helper {name!r}; accepted: {', '.join(self.HELPERS)}"
+            )
+        import functools
+
+        import pytest_shutdown
+        from pytest_shutdown.checks.leaks import assert_device_memory_released
+
+        helper: Callable[..., Any] = (
+            assert_device_memory_released
+            if name == "assert_device_memory_released"
+            else getattr(pytest_shutdown, name)
+        )
+        if name == "no_leaks":
+            return self._bound_context(helper)
+
+        @functools.wraps(helper)
+        def bound(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            try:
+                result = helper(*args, **kwargs)
+            except ShutdownContractError as exc:
+                self.record(exc.findings)
+                raise
+            if name == "check_finalizers":
+                self.record(list(result))
+            return result
+
+        return bound
+
+    def _bound_context(self, helper: Callable[..., Any]) -> Callable[..., Any]:
+        import contextlib
+        import functools
+
+        @functools.wraps(helper)
+        @contextlib.contextmanager
+        def bound(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            try:
+                with helper(*args, **kwargs) as value:
+                    yield value
+            except ShutdownContractError as exc:
+                self.record(exc.findings)
+                raise
+
+        return bound
+
+
+@pytest.fixture
+def shutdown_check(request: pytest.FixtureRequest) -> ShutdownCheck:
+    """The helpers bound to this test: ``shutdown_check.assert_idempotent_shutdown(obj)`` etc."""
+    return ShutdownCheck(request)
+
+
+# -- teardown checks shared by the engine fixtures ------------------------------------------
+def _record(request: pytest.FixtureRequest, findings: list[Finding]) -> None:
+    """Put findings into the test's JUnit properties and the shutdown report, if one runs."""
+    if not findings:
+        return
+    node = request.node
+    for finding in findings:
+        node.user_properties.append((f"shutdown:{finding.code}", finding.message))
+    report = request.config.pluginmanager.get_plugin("pytest-shutdown-report")
+    if report is not None:
+        report.add_findings(node.nodeid, [f.to_dict() for f in findings])
+
+
+def _fail_teardown(request: pytest.FixtureRequest, findings: list[Finding]) -> None:
+    __tracebackhide__ = True
+    _record(request, findings)
     raise_if_any(findings)
+
+
+def _check_process_shutdown(
+    request: pytest.FixtureRequest,
+    engine: object,
+    config: EngineConfig,
+    expect_force_kill: ForceKillExpectation,
+    shutdown: Callable[[float | None], ShutdownOutcome | None],
+) -> list[Finding]:
+    cell = current_cell(request)
+    timeout = cell.process_timeout if cell is not None else None
+    outcomes: list[ShutdownOutcome | None] = []
+    findings = _check_idempotent(engine, lambda: outcomes.append(shutdown(timeout)))
+    if not outcomes or outcomes[0] is None:
+        return findings
+    outcome = outcomes[0]
+    if any(later is not outcome for later in outcomes[1:]):
+        findings.append(
+            Finding(
+                "cleanup-repeated",
+                f"{type(engine).__name__}.shutdown() stopped its processes again on a later call.",
+                {"outcomes": [repr(o) for o in outcomes]},
+            )
+        )
+    if cell is not None:
+        expected = cell.expected_process_timeout
+        if expected is None:
+            expected = config.default_process_timeout_s
+        if outcome.timeout != expected:
+            findings.append(
+                Finding(
+                    "timeout-policy",
+                    f"{type(engine).__name__} used a {outcome.timeout:g} s process timeout in "
+                    f"cell {cell.id}, expected {expected:g} s.",
+                    {"cell": cell.id, "got": outcome.timeout, "expected": expected},
+                )
+            )
+    findings += _collect(lambda: _assert_force_kill(outcome, expect_force_kill))
+    return findings
+
+
+def _check_idempotent(engine: object, shutdown: Callable[[], object]) -> list[Finding]:
+    """Call ``shutdown`` twice; each call must return without raising."""
+    import traceback
+
+    findings = []
+    for number in (1, 2):
+        try:
+            shutdown()
+        except Exception as exc:  # noqa: BLE001 - a raising shutdown is the finding
+            findings.append(
+                Finding(
+                    "shutdown-raised",
+                    f"{type(engine).__name__}.shutdown() call {number} raised "
+                    f"{type(exc).__name__}: {exc}",
+                    {"call": number, "traceback": traceback.format_exc()},
+                )
+            )
+    return findings
+
+
+def _assert_force_kill(outcome: ShutdownOutcome, expectation: ForceKillExpectation) -> None:
+    from pytest_shutdown.checks.exits import assert_not_force_killed
+
+    assert_not_force_killed(outcome, expected=bool(expectation))
+
+
+def _tree_pids(roots: Iterable[int | None]) -> set[int]:
+    import psutil
+
+    pids: set[int] = set()
+    for pid in roots:
+        if pid is None:
+            continue
+        pids.add(pid)
+        try:
+            pids.update(child.pid for child in psutil.Process(pid).children(recursive=True))
+        except psutil.Error:
+            pass
+    return pids
+
+
+def _processes_still_running(owner: object, pids: set[int]) -> list[Finding]:
+    import psutil
+
+    deadline = time.monotonic() + PROCESS_EXIT_DEADLINE_S
+    alive: list[psutil.Process] = []
+    for pid in sorted(pids):
+        try:
+            proc = psutil.Process(pid)
+            proc.wait(max(0.0, deadline - time.monotonic()))
+        except psutil.TimeoutExpired:
+            alive.append(proc)
+        except (psutil.NoSuchProcess, ChildProcessError):
+            continue
+        except psutil.Error:
+            continue
+    if not alive:
+        return []
+    records = []
+    for proc in alive:
+        try:
+            records.append({"pid": proc.pid, "name": proc.name(), "cmdline": proc.cmdline()})
+            proc.kill()  # nothing the fixture started may outlive the test
+        except psutil.Error:
+            continue
+    return [
+        Finding(
+            "process-leak",
+            f"{len(records)} process(es) of {type(owner).__name__} still ran "
+            f"{PROCESS_EXIT_DEADLINE_S:g}s after its shutdown.",
+            {"processes": records, "deadline_s": PROCESS_EXIT_DEADLINE_S},
+        )
+    ]
 
 
 def _collect(check: Callable[[], object]) -> list[Finding]:

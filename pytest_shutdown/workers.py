@@ -10,7 +10,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 
 VISIBLE_DEVICES_VARIABLE = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES"}
 
@@ -31,36 +31,52 @@ def gpu_for_worker(worker_id: str | None, visible: Sequence[str]) -> str | None:
     return visible[index % len(visible)]
 
 
-def visible_devices(platform: str, environ: MutableMapping[str, str]) -> list[str]:
+def visible_devices(
+    platform: str, environ: MutableMapping[str, str], count: Callable[[], int] | None = None
+) -> list[str]:
     """The devices visible to the run: the variable if set, else ``range(device_count)``."""
     current = environ.get(VISIBLE_DEVICES_VARIABLE[platform], "").strip()
     if current:
         return [d.strip() for d in current.split(",") if d.strip()]
-    return [str(i) for i in range(_device_count())]
+    return [str(i) for i in range((count or device_count)())]
 
 
 def assign_gpu(
-    platform: str, worker_id: str | None, environ: MutableMapping[str, str] | None = None
+    platform: str,
+    worker_id: str | None,
+    environ: MutableMapping[str, str] | None = None,
+    count: Callable[[], int] | None = None,
 ) -> str | None:
     """Restrict this worker to one GPU; returns the device chosen (None: nothing to do)."""
-    if platform not in VISIBLE_DEVICES_VARIABLE:
+    if platform not in VISIBLE_DEVICES_VARIABLE or worker_index(worker_id) is None:
         return None
     env = os.environ if environ is None else environ
-    if worker_index(worker_id) is None:
-        return None
-    device = gpu_for_worker(worker_id, visible_devices(platform, env))
+    device = gpu_for_worker(worker_id, visible_devices(platform, env, count))
     if device is not None:
         env[VISIBLE_DEVICES_VARIABLE[platform]] = device
     return device
 
 
-def _device_count() -> int:
-    # Counted in a child process so that this worker never initialises the device itself.
-    code = "import torch; print(torch.cuda.device_count())"
+def probe_devices() -> tuple[str, int]:
+    """(platform, device count) as torch sees them, asked in a child process.
+
+    The worker itself must not initialise the device before its visible devices are set, and
+    loading the plugin never imports torch.
+    """
+    code = (
+        "import torch\n"
+        "from pytest_shutdown.devices import detect_platform\n"
+        "print(detect_platform(torch), torch.cuda.device_count())"
+    )
     try:
         out = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
         )
-        return int(out.stdout.strip().splitlines()[-1])
-    except (subprocess.SubprocessError, ValueError, IndexError, OSError):
-        return 0
+        platform, count = out.stdout.split()[-2:]
+        return platform, int(count)
+    except (subprocess.SubprocessError, ValueError, OSError):
+        return "cpu", 0
+
+
+def device_count() -> int:
+    return probe_devices()[1]

@@ -7,8 +7,12 @@ import textwrap
 import pytest
 
 #: A child process that exits by itself once its parent (the pytester run) is gone, so a leak
-#: left on purpose with the guard off never outlives the test that started it.
-CHILD = "import os, time\\np = os.getppid()\\nwhile os.getppid() == p: time.sleep(0.05)"
+#: left on purpose with the guard off never outlives the test that started it. A parent that died
+#: before the child looked (orphaned at birth: parent pid 1) and a 60 s deadline end it too.
+CHILD = (
+    "import os, time\\np = os.getppid()\\nend = time.monotonic() + 60\\n"
+    "while p != 1 and os.getppid() == p and time.monotonic() < end: time.sleep(0.05)"
+)
 
 LEAKY = textwrap.dedent(
     f"""

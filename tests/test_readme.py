@@ -172,3 +172,53 @@ def test_every_finding_code_is_explained() -> None:
     for code in FINDING_CODES:
         assert code in bugs or f"`{code}`" in section("## The bugs it catches"), code
         assert code in codes, f"{code} is missing from the helpers' code table"
+
+
+# -- the status-line hooks of examples/conftest.py, which the tour shows --------------------------
+
+XFAIL_SUITE = """
+import weakref
+import pytest
+from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc
+
+class Leaky:
+    def __init__(self):
+        self._finalizer = weakref.finalize(self, self.shutdown)
+    def shutdown(self):
+        pass
+
+@pytest.mark.xfail(strict=True, raises=ShutdownContractError)
+def test_buggy():
+    assert_finalizes_on_gc(Leaky, timeout=0.2)
+
+def test_failing():
+    assert_finalizes_on_gc(Leaky, timeout=0.2)
+
+def test_plain_failure():
+    assert False
+"""
+
+
+@pytest.mark.parametrize("xdist", [False, True], ids=["plain", "xdist"])
+def test_the_examples_conftest_puts_finding_codes_on_the_status_line(
+    pytester: pytest.Pytester, xdist: bool
+) -> None:
+    conftest = (ROOT / "examples" / "conftest.py").read_text(encoding="utf-8")
+    pytester.makeconftest(conftest)
+    pytester.makepyfile(test_suite=XFAIL_SUITE)
+    args = ["-v", "-p", "no:cacheprovider"] + (["-n", "2"] if xdist else [])
+
+    result = pytester.runpytest_subprocess(*args)
+
+    result.assert_outcomes(xfailed=1, failed=2)
+    lines = result.stdout.lines
+
+    def status_of(test: str) -> list[str]:  # xdist puts the word before the id, -v after it
+        return [
+            line for line in lines if f"::{test}" in line and ("XFAIL" in line or "FAIL" in line)
+        ]
+
+    assert any("XFAIL [finalizer-bound-method]" in line for line in status_of("test_buggy"))
+    assert any("FAILED [finalizer-bound-method]" in line for line in status_of("test_failing"))
+    plain = status_of("test_plain_failure")
+    assert plain and all("FAILED [" not in line for line in plain)  # no finding, no codes

@@ -65,9 +65,11 @@ def _assign_worker_gpu(config: pytest.Config) -> None:
     if workers.worker_index(worker) is None:
         return
     forced = config.getoption("shutdown_platform", default=None) or "auto"
-    probed = workers.probe_devices()
-    platform = probed[0] if forced == "auto" else forced
-    workers.assign_gpu(platform, worker, count=lambda: probed[1])
+    if forced == "auto":
+        platform, count = workers.probe_devices()
+        workers.assign_gpu(platform, worker, count=lambda: count)
+    else:  # the device count is probed only if the visible devices are not given
+        workers.assign_gpu(forced, worker, count=lambda: workers.probe_devices()[1])
 
 
 # -- collection: markers become parametrizations, bad arguments collection errors ----------

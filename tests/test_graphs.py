@@ -218,3 +218,18 @@ def test_plugin_option_bad_value_is_a_usage_error(
     result = pytester.runpytest(f"--shutdown-graphs={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([message])
+
+
+@pytest.mark.usefixtures("no_dot_on_path")
+def test_plugin_option_under_xdist_merges_the_workers_pictures(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_leaky=LEAKY_TEST, test_leaky_too=LEAKY_TEST)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "-n", "2", "--shutdown-graphs=pictures", "-p", "no:cacheprovider"
+    )
+
+    result.assert_outcomes(passed=4)
+    sources = sorted((pytester.path / "pictures").glob("*.dot"))
+    assert [s.name.split("-")[0] for s in sources] == ["test_leaky.py", "test_leaky_too.py"]
+    result.stdout.fnmatch_lines_random(
+        [f"test_leaky.py::test_leaky: {sources[0]}", f"test_leaky_too.py::test_leaky: {sources[1]}"]
+    )

@@ -38,10 +38,12 @@ from typing import cast
 
 from pytest_shutdown.engine.config import START_METHODS
 
-#: Modules the fork server imports once, so that forked engine processes start warm (a child
-#: also re-imports what the parent's ``__main__`` script imports). The last one is this module:
-#: imported by the fork server, it freezes the server's heap.
+#: Modules the fork server imports once, so that forked engine processes start warm. First the
+#: parent's main script, as multiprocessing's own default does: otherwise every engine process
+#: re-runs it (as ``__mp_main__``) with all it imports, e.g. pytest under the ``pytest`` console
+#: script. The last one is this module: imported by the fork server, it freezes the server's heap.
 FORKSERVER_PRELOAD = (
+    "__main__",
     "torch",
     "pytest_shutdown.engine.core_proc",
     "pytest_shutdown.engine.processes",

@@ -3,7 +3,11 @@
 Runs ``make test PYTEST_ARGS="--durations=N"`` in the repository root, prints the wall time, the
 slowest tests pytest reports and its summary line. Target: 3 minutes on 2 cores. Not a test.
 
-    .venv/bin/python benchmarks/suite.py [--durations 15] [--json PATH]
+    .venv/bin/python benchmarks/suite.py [--durations 15] [--root DIR] [--json PATH]
+
+``--root`` times another tree, e.g. a clean export of the last commit when the working tree
+holds someone's unfinished tests (``git archive HEAD | tar -x -C DIR``, then link ``DIR/.venv``
+to this venv: ``make`` finds it built and the tree's own ``pytest_shutdown`` is imported first).
 """
 
 from __future__ import annotations
@@ -23,12 +27,12 @@ DEADLINE_S = 1800.0
 TARGET_S = 180.0
 
 
-def run_suite(durations: int) -> tuple[float, int, str]:
-    """Wall time, exit status and output of one ``make test`` run."""
+def run_suite(durations: int, root: Path = ROOT) -> tuple[float, int, str]:
+    """Wall time, exit status and output of one ``make test`` run in ``root``."""
     command = ["make", "-s", "test", f"PYTEST_ARGS=--durations={durations} -q"]
     t0 = time.perf_counter()
     done = subprocess.run(
-        command, cwd=ROOT, capture_output=True, text=True, timeout=DEADLINE_S,
+        command, cwd=root, capture_output=True, text=True, timeout=DEADLINE_S,
         env=dict(os.environ),
     )
     return time.perf_counter() - t0, done.returncode, done.stdout + done.stderr
@@ -51,10 +55,12 @@ def slowest(output: str) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--durations", type=int, default=15, help="slowest tests listed (15)")
+    parser.add_argument("--root", type=Path, default=ROOT, help="tree to test (this one)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    wall, status, output = run_suite(args.durations)
-    print(f"make test (pytest -n 2), {os.cpu_count()} CPUs: {wall:.1f} s wall, exit {status}")
+    wall, status, output = run_suite(args.durations, args.root)
+    print(f"make test (pytest -n 2) in {args.root}, {os.cpu_count()} CPUs: "
+          f"{wall:.1f} s wall, exit {status}")
     for line in slowest(output):
         print(f"  {line}")
     if status != 0:

@@ -3,7 +3,8 @@
 Runs ``make test PYTEST_ARGS="--durations=N"`` in the repository root, prints the wall time, the
 slowest tests pytest reports and its summary line. Target: 3 minutes on 2 cores. Not a test.
 
-    .venv/bin/python benchmarks/suite.py [--durations 15] [--root DIR] [--json PATH]
+    .venv/bin/python benchmarks/suite.py [--durations 15] [--root DIR] [--pytest-args ARGS]
+                                         [--json PATH]
 
 ``--root`` times another tree, e.g. a clean export of the last commit when the working tree
 holds someone's unfinished tests (``git archive HEAD | tar -x -C DIR``, then link ``DIR/.venv``
@@ -27,9 +28,9 @@ DEADLINE_S = 1800.0
 TARGET_S = 180.0
 
 
-def run_suite(durations: int, root: Path = ROOT) -> tuple[float, int, str]:
+def run_suite(durations: int, root: Path = ROOT, extra: str = "") -> tuple[float, int, str]:
     """Wall time, exit status and output of one ``make test`` run in ``root``."""
-    command = ["make", "-s", "test", f"PYTEST_ARGS=--durations={durations} -q"]
+    command = ["make", "-s", "test", f"PYTEST_ARGS=--durations={durations} -q {extra}".rstrip()]
     t0 = time.perf_counter()
     done = subprocess.run(
         command, cwd=root, capture_output=True, text=True, timeout=DEADLINE_S,
@@ -56,9 +57,10 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--durations", type=int, default=15, help="slowest tests listed (15)")
     parser.add_argument("--root", type=Path, default=ROOT, help="tree to test (this one)")
+    parser.add_argument("--pytest-args", default="", help="more pytest arguments, e.g. --ignore=")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
-    wall, status, output = run_suite(args.durations, args.root)
+    wall, status, output = run_suite(args.durations, args.root, args.pytest_args)
     print(f"make test (pytest -n 2) in {args.root}, {os.cpu_count()} CPUs: "
           f"{wall:.1f} s wall, exit {status}")
     for line in slowest(output):
@@ -68,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
         print("\n".join(f"  | {line}" for line in output.splitlines()[-30:]))
     result = [
         Figure("whole suite, make test (pytest -n 2)", wall, "s", limit=TARGET_S,
-               note=f"exit {status}"),
+               note=f"exit {status} {args.pytest_args}".rstrip()),
     ]
     if args.json:
         write_json(args.json, result)

@@ -34,6 +34,69 @@ MAX_FIRES = 3
 
 HAVE_SIGALRM = hasattr(signal, "SIGALRM") and hasattr(signal, "setitimer")
 
+#: CPython 3.11 keeps one interpreter-wide "an async exception is pending" flag. Any
+#: ``PyThreadState_SetAsyncExc`` call sets it, also one that *clears* a thread's exception (NULL),
+#: and only the delivery of a real async exception resets it. While it is stuck, every eval-breaker
+#: check finds nothing to do, and a thread with a profile or trace hook (``sys.setprofile``,
+#: coverage, the cleanup counter) spins forever at the entry of the next Python function it calls,
+#: holding the GIL; a Python SIGALRM handler (pytest-timeout's) spins the same way when it starts.
+#: 3.10, 3.12 and later do not loop.
+STALE_ASYNC_EXC_LOOPS = sys.implementation.name == "cpython" and sys.version_info[:2] == (3, 11)
+
+
+class _AsyncExcFlush(Exception):
+    """Delivered to the current thread only to reset a stuck async-exception flag."""
+
+
+def _spin(rounds: int = 64) -> None:
+    """A few backward jumps: eval-breaker checks where a pending async exception is raised."""
+    for _ in range(rounds):
+        pass
+
+
+def discard_pending_async_exc(ident: int, exc_type: type[BaseException]) -> None:
+    """Drop an ``exc_type`` injected into thread ``ident`` and not yet raised; no stuck flag.
+
+    On the current thread the pending exception is let out where it is caught (its delivery
+    resets the interpreter's flag). Then the thread's async exception is cleared with
+    ``PyThreadState_SetAsyncExc(ident, NULL)``, which on CPython 3.11 leaves the flag set, so
+    :func:`reset_async_exc_flag` resets it (see :data:`STALE_ASYNC_EXC_LOOPS`).
+    """
+    if ident == threading.get_ident():
+        try:
+            _spin()
+        except exc_type:
+            pass
+    import ctypes  # noqa: PLC0415 - only a fired thread budget needs it
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(ident), None)
+    reset_async_exc_flag()
+
+
+def reset_async_exc_flag() -> None:
+    """Reset CPython 3.11's async-exception flag if someone left it stuck (no-op elsewhere).
+
+    Call it in the thread that is about to install a profile or trace hook. An exception already
+    pending for this thread is raised here, as it would be at the next check; then a private one
+    is delivered to this thread and caught, and its delivery resets the flag. Retried when
+    another thread's delivery reset the flag first and left the private one undelivered.
+    """
+    if not STALE_ASYNC_EXC_LOOPS:
+        return
+    import ctypes  # noqa: PLC0415 - only 3.11 needs it
+
+    ident = ctypes.c_ulong(threading.get_ident())
+    _spin()
+    for _attempt in range(100):
+        try:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, ctypes.py_object(_AsyncExcFlush))
+            _spin()
+        except _AsyncExcFlush:
+            return
+    # Never delivered (cannot happen without a pathological race): take it back rather than
+    # let it surface later in unrelated code.
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ident, None)
+
 
 class ShutdownBudgetExceeded(Exception):
     """Raised in the thread running a teardown that exceeded its shutdown budget."""
@@ -219,13 +282,20 @@ class TeardownBudget:
                     return
 
     def _disarm_thread(self) -> None:
-        with self._lock:
-            self._armed = False
-            if self.outcome.fired:
-                import ctypes  # noqa: PLC0415
-
-                # Clear an injected exception not yet delivered: the teardown is over.
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(self._target), None)
+        # An injected exception not yet delivered is dropped: the teardown is over. Not by
+        # clearing it with PyThreadState_SetAsyncExc(ident, NULL) alone: on CPython 3.11 that
+        # leaves the interpreter's async-exception flag set for good, and the next profiled or
+        # traced Python call of any later test spins forever, out of reach of pytest-timeout's
+        # SIGALRM (see STALE_ASYNC_EXC_LOOPS).
+        fired = self.outcome.fired
+        try:
+            with self._lock:
+                self._armed = False  # from here on the watchdog injects nothing
+                fired = self.outcome.fired
+            if fired:
+                discard_pending_async_exc(self._target, ShutdownBudgetExceeded)
+        except ShutdownBudgetExceeded:  # it arrived during the disarm itself
+            discard_pending_async_exc(self._target, ShutdownBudgetExceeded)
         self._done.set()
         if self._watchdog is not None:
             self._watchdog.join(5.0)

@@ -33,6 +33,8 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_shutdown.budget import reset_async_exc_flag
+
 #: Method names that mark an object as a resource with a cleanup.
 CLEANUP_METHODS: tuple[str, ...] = ("close", "shutdown", "terminate", "release", "stop")
 
@@ -413,11 +415,15 @@ class CleanupCounter:
         """Count the cleanups this thread calls inside the block as ``round_name``.
 
         The previous profile hook of the thread (coverage, a debugger) keeps being called and is
-        restored on exit.
+        restored on exit, also when the block raises. On CPython 3.11 a stuck async-exception
+        flag (left by anyone clearing a thread's async exception) is reset first: with it, the
+        first profiled Python call would spin forever (see
+        :data:`pytest_shutdown.budget.STALE_ASYNC_EXC_LOOPS`).
         """
         with self._lock:
             if round_name not in self._rounds:
                 self._rounds.append(round_name)
+        reset_async_exc_flag()
         previous = sys.getprofile()
         hook = self._make_hook(_ThreadState(round_name), previous)
         sys.setprofile(hook)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import gc
+import subprocess
 import sys
+import textwrap
 import threading
 import types
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -143,3 +146,46 @@ def test_racing_rounds_are_charged_per_thread() -> None:
 def test_watch_rejects_what_it_cannot_count() -> None:
     with pytest.raises(ValueError, match="watch"):
         discover_cleanups(s.Cache(), watch=[42])
+
+
+def test_the_previous_profile_hook_is_restored_when_the_block_raises() -> None:
+    obj = s.RepeatsCleanup()
+    counter = CleanupCounter(discover_cleanups(obj))
+    old = sys.getprofile()
+    with pytest.raises(RuntimeError, match="boom"):
+        with counter.charge("call 1"):
+            obj.shutdown()
+            raise RuntimeError("boom")
+    assert sys.getprofile() is old
+
+
+STUCK_FLAG = textwrap.dedent(
+    """
+    import ctypes, sys, threading
+    sys.path.insert(0, {here!r})
+    import shutdown_subjects as s
+    from pytest_shutdown.checks.cleanups import CleanupCounter, discover_cleanups
+
+    obj = s.RepeatsCleanup()
+    counter = CleanupCounter(discover_cleanups(obj))
+    # How a watchdog takes back an async exception it injected: on CPython 3.11 this leaves the
+    # interpreter's async-exception flag set for good (a fired thread-method TeardownBudget did,
+    # and test_graphs.py spun forever after test_plugin_budget.py in the same worker).
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
+    with counter.charge("call 1"):
+        obj.shutdown()  # spun at its first bytecode, GIL held, SIGALRM handler spinning too
+    print("counted", counter.table()["mm_cache.close"])
+    """
+)
+
+
+def test_a_stuck_async_exception_flag_does_not_make_the_counted_call_spin() -> None:
+    script = STUCK_FLAG.format(here=str(Path(__file__).parent))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("the call counted under the profile hook spun forever (stuck async-exc flag)")
+    assert done.returncode == 0, done.stderr
+    assert "counted {'call 1': 1}" in done.stdout

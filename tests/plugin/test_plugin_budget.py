@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -192,6 +194,46 @@ def test_thread_method_interrupts_python_code() -> None:
     assert killed == ["called"] and budget.outcome.killed == [{"pid": 0}]
     assert any(t["name"] == threading.current_thread().name for t in budget.outcome.threads)
     assert not any(t.name.startswith("pytest-shutdown budget") for t in threading.enumerate())
+
+
+AFTER_A_THREAD_BUDGET = textwrap.dedent(
+    """
+    import sys, time
+    from pytest_shutdown.budget import ShutdownBudgetExceeded, TeardownBudget
+
+    try:
+        with TeardownBudget(0.2, "loop", method="thread"):
+            while True:
+                time.sleep(0.01)
+    except ShutdownBudgetExceeded:
+        print("fired")
+
+    def later_test():
+        pass
+
+    sys.setprofile(lambda frame, event, arg: None)  # a profiler, coverage, a cleanup counter
+    later_test()
+    sys.setprofile(None)
+    print("no spin")
+    """
+)
+
+
+def test_a_fired_thread_budget_leaves_no_stuck_async_exception_flag() -> None:
+    # On CPython 3.11, clearing the undelivered exception with PyThreadState_SetAsyncExc(id,
+    # NULL) left the interpreter's async-exception flag set for good: the next profiled Python
+    # call spun forever, out of reach of pytest-timeout's SIGALRM handler (it spun too).
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", AFTER_A_THREAD_BUDGET],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("a profiled call after a fired thread-method budget spun forever")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["fired", "no", "spin"]
 
 
 def test_budget_not_reached_does_nothing() -> None:

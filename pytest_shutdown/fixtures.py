@@ -55,13 +55,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _assign_worker_gpu(config: pytest.Config) -> None:
     """``--shutdown-gpu-per-worker``: this xdist worker sees one GPU, chosen by its index."""
-    import os
-
     from pytest_shutdown import workers
 
-    worker = getattr(config, "workerinput", {}).get("workerid") or os.environ.get(
-        "PYTEST_XDIST_WORKER"
-    )
+    # Only a real worker (workerinput): PYTEST_XDIST_WORKER is inherited by any subprocess.
+    worker = getattr(config, "workerinput", {}).get("workerid")
     if workers.worker_index(worker) is None:
         return
     forced = config.getoption("shutdown_platform", default=None) or "auto"

@@ -8,7 +8,7 @@ server, which imports torch and freezes its heap once per parent process. Gracef
 cleans up and exits; the wall time until the process is reaped. Figures are medians: the machine
 is shared, so single runs are noisy. Not a test: nothing is asserted.
 
-    .venv/bin/python benchmarks/engine_lifecycle.py [--starts 16] [--spawn-starts 4] [--json PATH]
+    .venv/bin/python benchmarks/engine_lifecycle.py [--starts 24] [--spawn-starts 4] [--json PATH]
 
 Under forkserver and spawn every engine process re-runs this script as ``__mp_main__``: it
 imports only light standard-library modules at the top; ``figures`` and the engine are imported
@@ -123,7 +123,7 @@ def report(runs: Sequence[Lifecycles]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--starts", type=int, default=16, help="engines, default method (16)")
+    parser.add_argument("--starts", type=int, default=24, help="engines, default method (24)")
     parser.add_argument("--spawn-starts", type=int, default=4, help="engines under spawn (4)")
     parser.add_argument("--start-method", default="forkserver", help="the default (forkserver)")
     parser.add_argument("--json", help="also write the figures to this file")

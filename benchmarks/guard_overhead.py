@@ -9,7 +9,7 @@ Both modes run with bytecode caching on (into a temporary ``PYTHONPYCACHEPREFIX`
 ``PYTHONDONTWRITEBYTECODE`` says), after one warm-up run each, as an installed plugin would:
 otherwise every run would pay for compiling the plugin's modules from source.
 
-    .venv/bin/python benchmarks/guard_overhead.py [--tests 400] [--rounds 5] [--json PATH]
+    .venv/bin/python benchmarks/guard_overhead.py [--tests 400] [--rounds 9] [--json PATH]
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def report(times: dict[str, list[float]], tests: int, rounds: int) -> list[Figur
 def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tests", type=int, default=400, help="tests in the suite (400)")
-    parser.add_argument("--rounds", type=int, default=5, help="runs per mode, alternating (5)")
+    parser.add_argument("--rounds", type=int, default=9, help="runs per mode, alternating (9)")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     if args.tests < 1 or args.rounds < 1:

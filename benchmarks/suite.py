@@ -50,7 +50,7 @@ def slowest(output: str) -> list[str]:
                 break
             block.append(line)
     summary = [line for line in lines if " passed" in line or " failed" in line][-1:]
-    return block + summary
+    return block + [line for line in summary if line not in block]
 
 
 def main(argv: Sequence[str] | None = None) -> list[Figure]:

@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import json
 import multiprocessing
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 
 import pytest
-from engine_proc_testing import events, fast_config, wait_event, wait_for
+from engine_proc_testing import fast_config, wait_event, wait_for
 
 from pytest_shutdown.engine import core_proc
 from pytest_shutdown.engine.core_proc import ChildFaults, skip_finalization_at_exit
 from pytest_shutdown.engine.processes import EngineProcManager
-from pytest_shutdown.engine.start import heap_frozen_by_fork_server
 
 
 @pytest.fixture
@@ -42,18 +43,36 @@ def managers() -> Iterator[list[EngineProcManager]]:
         manager.shutdown(0)
 
 
-def test_a_forked_engine_inherits_the_fork_servers_frozen_heap_and_releases_it(
-    managers: list[EngineProcManager], log: str
-) -> None:
-    assert not heap_frozen_by_fork_server()  # this process is no fork of a fork server
-    manager = EngineProcManager(fast_config(start_method="forkserver"), lifecycle_log=log)
-    managers.append(manager)
-    pid = manager.processes[0].pid
+FROZEN_HEAP_SCRIPT = """
+import json, sys
+from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.core_proc import LifecycleLog
+from pytest_shutdown.engine.processes import EngineProcManager
+from pytest_shutdown.engine.start import heap_frozen_by_fork_server
 
+if __name__ == "__main__":
+    log = sys.argv[1]
+    manager = EngineProcManager(EngineConfig(platform="cpu"), lifecycle_log=log)
     manager.shutdown()
+    print(json.dumps([heap_frozen_by_fork_server(), LifecycleLog.read(log)]))
+"""
 
-    started = events(log, "started", pid)[0]
-    final = wait_event(log, "final", pid)
+
+def test_a_forked_engine_inherits_the_fork_servers_frozen_heap_and_releases_it(
+    tmp_path: Path, log: str
+) -> None:
+    # A fresh interpreter: in this one another test may have started the fork server first.
+    script = tmp_path / "frozen_heap.py"
+    script.write_text(FROZEN_HEAP_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script), log], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    frozen_here, records = json.loads(done.stdout.strip().splitlines()[-1])
+
+    assert frozen_here is False  # the parent is no fork of a fork server
+    started = next(r for r in records if r["event"] == "started")
+    final = next(r for r in records if r["event"] == "final")
     assert started["freeze_count"] > 0, "the fork server's heap was not frozen"
     assert final["exit"] == 0 and final["freeze_count"] == 0, final
 

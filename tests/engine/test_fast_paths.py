@@ -82,7 +82,10 @@ def _unblocked_other_thread(pid: int, signum: int) -> int:
     for tid in sorted(int(t) for t in os.listdir(f"/proc/{pid}/task")):
         if tid == pid:
             continue
-        status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
         blocked = next(line for line in status.splitlines() if line.startswith("SigBlk:"))
         if not int(blocked.split()[1], 16) & (1 << (signum - 1)):
             return tid

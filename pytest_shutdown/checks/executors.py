@@ -29,6 +29,8 @@ from pytest_shutdown.findings import Finding, raise_if_any
 TASK_DEADLINE_S = 120.0
 #: How long the workers get to pick up the blocking tasks.
 STARTUP_DEADLINE_S = 30.0
+#: Polls start at _FIRST_POLL_S and back off to _POLL_S: a clean check stays in milliseconds.
+_FIRST_POLL_S = 0.0005
 _POLL_S = 0.01
 
 
@@ -41,8 +43,10 @@ def block_until_released(marker_dir: str, number: int, deadline_s: float) -> Non
         pass
     release = os.path.join(marker_dir, "release")
     deadline = time.monotonic() + deadline_s
+    delay = _FIRST_POLL_S
     while not os.path.exists(release) and time.monotonic() < deadline:
-        time.sleep(_POLL_S)
+        time.sleep(delay)
+        delay = min(delay * 2, _POLL_S)
 
 
 @dataclass
@@ -222,10 +226,12 @@ def _occupy(found: list[tuple[str, Executor]], marker_dir: str) -> list[_Occupie
             number += 1
         expected += workers
     deadline = time.monotonic() + STARTUP_DEADLINE_S
+    delay = _FIRST_POLL_S
     while time.monotonic() < deadline:
         if sum(name.startswith("started-") for name in os.listdir(marker_dir)) >= expected:
             break
-        time.sleep(_POLL_S)
+        time.sleep(delay)
+        delay = min(delay * 2, _POLL_S)
     for entry in occupied:  # what must end once released, captured before shutdown forgets it
         entry.threads = list(getattr(entry.executor, "_threads", ()) or ())
         manager = getattr(entry.executor, "_executor_manager_thread", None)

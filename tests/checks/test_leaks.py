@@ -392,9 +392,11 @@ def test_process_table_is_rescanned_only_when_a_pid_was_allocated(
 
 
 def test_the_multiprocessing_fork_server_is_not_a_leak_but_its_children_are() -> None:
-    import multiprocessing
+    # The engine's own context: a plain get_context("forkserver") would start this worker's
+    # fork server without the engine's preloads, and every later engine test would pay for it.
+    from pytest_shutdown.engine.start import mp_context
 
-    ctx = multiprocessing.get_context("forkserver")
+    ctx = mp_context("forkserver")
     release = ctx.Event()
     with pytest.raises(ShutdownContractError) as info:
         with no_leaks(threads=False, gc_freeze=False, grace=0.2):

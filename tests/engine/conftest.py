@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 import pytest
 from engine_proc_testing import descendants
 
-from pytest_shutdown.engine.processes import kill_process_tree
+from pytest_shutdown.engine.processes import EngineProcManager, kill_process_tree
 
 #: Processes still exiting at the end of the session get this long before they count as left.
 LEFTOVER_GRACE_S = 5.0
@@ -39,3 +40,18 @@ def no_process_left_behind() -> Iterator[None]:
             described.append(f"pid {proc.pid}")
         kill_process_tree(proc.pid)
     pytest.fail("processes left behind by the engine tests:\n" + "\n".join(described))
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> str:
+    """A lifecycle-log path for engine children (one JSON line per event)."""
+    return str(tmp_path / "lifecycle.jsonl")
+
+
+@pytest.fixture
+def managers() -> Iterator[list[EngineProcManager]]:
+    """Managers a test appends to are shut down (timeout 0) at its end, whatever happened."""
+    made: list[EngineProcManager] = []
+    yield made
+    for manager in made:
+        manager.shutdown(0)

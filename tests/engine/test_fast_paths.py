@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from multiprocessing.connection import Connection
 from pathlib import Path
 
@@ -28,20 +27,6 @@ from engine_proc_testing import fast_config, wait_event, wait_for
 from pytest_shutdown.engine import core_proc
 from pytest_shutdown.engine.core_proc import ChildFaults, skip_finalization_at_exit
 from pytest_shutdown.engine.processes import EngineProcManager
-
-
-@pytest.fixture
-def log(tmp_path: Path) -> str:
-    return str(tmp_path / "lifecycle.jsonl")
-
-
-@pytest.fixture
-def managers() -> Iterator[list[EngineProcManager]]:
-    made: list[EngineProcManager] = []
-    yield made
-    for manager in made:
-        manager.shutdown(0)
-
 
 FROZEN_HEAP_SCRIPT = """
 import json, sys

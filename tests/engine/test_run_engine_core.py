@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from engine_proc_testing import (
@@ -26,19 +24,6 @@ from pytest_shutdown.engine.core import EngineCoreOutput, FinishReason
 from pytest_shutdown.engine.core_proc import SHUTTING_DOWN_ERROR, ChildFaults
 from pytest_shutdown.engine.processes import EngineProcManager, kill_process_tree
 from pytest_shutdown.engine.start import mp_context
-
-
-@pytest.fixture
-def log(tmp_path: Path) -> str:
-    return str(tmp_path / "lifecycle.jsonl")
-
-
-@pytest.fixture
-def managers() -> Iterator[list[EngineProcManager]]:
-    made: list[EngineProcManager] = []
-    yield made
-    for manager in made:
-        manager.shutdown(0)
 
 
 def start_engine(

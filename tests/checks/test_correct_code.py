@@ -29,8 +29,10 @@ def _square(x: int) -> int:
 
 @pytest.fixture
 def renderer_cls() -> Any:
-    renderer = pytest.importorskip("pytest_shutdown.engine.renderer")
-    return renderer.ReferenceRenderer
+    # A plain import: torch is a dev requirement, and a broken engine import must fail, not skip.
+    from pytest_shutdown.engine.renderer import ReferenceRenderer
+
+    return ReferenceRenderer
 
 
 def test_reference_renderer_idempotent_even_when_raced(renderer_cls: Any) -> None:

@@ -107,7 +107,7 @@ def _ignores_sigterm(ready: Any) -> None:
 
 
 def test_force_killed_is_reported_and_a_clean_exit_is_not() -> None:
-    processes = pytest.importorskip("pytest_shutdown.engine.processes")
+    from pytest_shutdown.engine import processes  # a broken import must fail, not skip
     ctx = multiprocessing.get_context("fork")
     ready = ctx.Event()
     stubborn = ctx.Process(target=_ignores_sigterm, args=(ready,), name="EngineCore_DP0")

@@ -2,6 +2,7 @@
 #
 #   make test                     the whole test suite
 #   make demo                     the plugin on examples/
+#   make docs                     the documentation site (mkdocs, strict) into site/
 #   make test USE_SYSTEM_TORCH=1  reuse the torch of the Python that builds the venv
 #                                 (the venv is created with --system-site-packages)
 #   make test PYTEST_ARGS="-k renderer -x"
@@ -14,7 +15,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo lint clean
+.PHONY: venv test demo docs lint clean
 
 venv: $(STAMP)
 
@@ -29,9 +30,12 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m pytest -p shutdown examples/ -v $(PYTEST_ARGS)
 
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict --site-dir site
+
 lint: $(STAMP)
 	$(BIN)/ruff check pytest_shutdown tests examples
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown.findings import FINDING_CODES, Finding, ShutdownContractError
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _LAZY: dict[str, str] = {
     "assert_idempotent_shutdown": "pytest_shutdown.checks.idempotence",

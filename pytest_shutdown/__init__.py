@@ -1,7 +1,9 @@
 """pytest-shutdown: make the shutdown paths of inference engines testable.
 
-The public API is re-exported here. Names are resolved lazily so that importing the package (or
-loading the pytest plugin) stays cheap and never imports torch.
+The public API is re-exported here (the reference engine's in :mod:`pytest_shutdown.engine`, the
+device readers in :mod:`pytest_shutdown.devices`; docs/api.md lists all three). Names are resolved
+lazily so that importing the package (or loading the pytest plugin) stays cheap and never imports
+torch.
 """
 
 from __future__ import annotations
@@ -17,16 +19,28 @@ _LAZY: dict[str, str] = {
     "assert_idempotent_shutdown": "pytest_shutdown.checks.idempotence",
     "assert_finalizes_on_gc": "pytest_shutdown.checks.finalization",
     "check_finalizers": "pytest_shutdown.checks.finalization",
+    "assert_finalizers_ok": "pytest_shutdown.checks.finalization",
     "assert_nonblocking_shutdown": "pytest_shutdown.checks.executors",
     "no_leaks": "pytest_shutdown.checks.leaks",
+    "kill_process_trees": "pytest_shutdown.checks.leaks",
+    "assert_device_memory_released": "pytest_shutdown.checks.leaks",
     "timeout_matrix": "pytest_shutdown.checks.timeouts",
     "assert_timeout_decoupling": "pytest_shutdown.checks.timeouts",
+    "TimeoutCell": "pytest_shutdown.checks.timeouts",
+    "TimeoutMatrix": "pytest_shutdown.checks.timeouts",
     "probe_exit": "pytest_shutdown.checks.exits",
     "ExitRecord": "pytest_shutdown.checks.exits",
     "assert_not_force_killed": "pytest_shutdown.checks.exits",
     "CheckReport": "pytest_shutdown.checks.report",
+    "configure_graphs": "pytest_shutdown.checks.backrefs",
     "detect_platform": "pytest_shutdown.devices",
+    "memory_reader": "pytest_shutdown.devices",
     "ShutdownLeakWarning": "pytest_shutdown.guard",
+    "ShutdownBudgetExceeded": "pytest_shutdown.budget",
+    # the values of the plugin's fixtures, for type hints in a test or conftest
+    "ShutdownTimeouts": "pytest_shutdown.matrix",
+    "ForceKillExpectation": "pytest_shutdown.fixtures",
+    "ShutdownCheck": "pytest_shutdown.fixtures",
 }
 
 __all__ = ["FINDING_CODES", "Finding", "ShutdownContractError", "__version__", *_LAZY]
@@ -46,12 +60,29 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.budget import ShutdownBudgetExceeded
+    from pytest_shutdown.checks.backrefs import configure_graphs
     from pytest_shutdown.checks.executors import assert_nonblocking_shutdown
     from pytest_shutdown.checks.exits import ExitRecord, assert_not_force_killed, probe_exit
-    from pytest_shutdown.checks.finalization import assert_finalizes_on_gc, check_finalizers
+    from pytest_shutdown.checks.finalization import (
+        assert_finalizers_ok,
+        assert_finalizes_on_gc,
+        check_finalizers,
+    )
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
-    from pytest_shutdown.checks.leaks import no_leaks
+    from pytest_shutdown.checks.leaks import (
+        assert_device_memory_released,
+        kill_process_trees,
+        no_leaks,
+    )
     from pytest_shutdown.checks.report import CheckReport
-    from pytest_shutdown.checks.timeouts import assert_timeout_decoupling, timeout_matrix
-    from pytest_shutdown.devices import detect_platform
+    from pytest_shutdown.checks.timeouts import (
+        TimeoutCell,
+        TimeoutMatrix,
+        assert_timeout_decoupling,
+        timeout_matrix,
+    )
+    from pytest_shutdown.devices import detect_platform, memory_reader
+    from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
     from pytest_shutdown.guard import ShutdownLeakWarning
+    from pytest_shutdown.matrix import ShutdownTimeouts

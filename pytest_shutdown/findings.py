@@ -68,6 +68,7 @@ class ShutdownContractError(AssertionError):
 
 def raise_if_any(findings: Iterable[Finding]) -> None:
     """Raise :class:`ShutdownContractError` when ``findings`` is not empty."""
+    __tracebackhide__ = True  # a failure points at the caller's line
     found = list(findings)
     if found:
         raise ShutdownContractError(found)

@@ -337,6 +337,7 @@ class ShutdownCheck:
         "assert_idempotent_shutdown",
         "assert_finalizes_on_gc",
         "check_finalizers",
+        "assert_finalizers_ok",
         "assert_nonblocking_shutdown",
         "assert_timeout_decoupling",
         "assert_not_force_killed",

@@ -109,6 +109,7 @@ def assert_nonblocking_shutdown(
     released, and every executor thread must end within ``grace`` seconds (``thread-leak``;
     ``process-leak`` for process pool workers). The helper itself never hangs.
     """
+    __tracebackhide__ = True  # a failure points at the caller's line
     _validate(obj, method, budget, grace)
     subject = describe(obj)
     found = (

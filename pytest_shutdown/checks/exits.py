@@ -201,6 +201,7 @@ def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = Fa
     ``outcome`` is duck-typed: any object with ``force_killed`` (process names), ``timeout``,
     ``exitcodes`` (name -> code) and ``duration_s``, such as the engine's ``ShutdownOutcome``.
     """
+    __tracebackhide__ = True  # a failure points at the caller's line
     started = time.perf_counter()
     missing = [
         name

@@ -78,6 +78,24 @@ def check_finalizers(obj: object) -> list[Finding]:
     return findings
 
 
+def assert_finalizers_ok(obj: object) -> CheckReport:
+    """Raise ``ShutdownContractError`` with the findings of :func:`check_finalizers`, if any.
+
+    The assert-style form of ``assert check_finalizers(obj) == []``: the failure shows each
+    finding's whole message (pytest's list diff would truncate it). Returns a ``CheckReport``
+    whose ``details["finalizers"]`` is the number of registrations checked.
+    """
+    __tracebackhide__ = True  # a failure points at the caller's line
+    start = time.perf_counter()
+    raise_if_any(check_finalizers(obj))
+    return CheckReport(
+        check="finalizers-ok",
+        subject=describe(obj),
+        duration_s=time.perf_counter() - start,
+        details={"finalizers": len(finalizer_registrations(obj))},
+    )
+
+
 def assert_finalizes_on_gc(
     factory: Callable[[], object],
     *,
@@ -102,6 +120,7 @@ def assert_finalizes_on_gc(
     folder set by :func:`pytest_shutdown.checks.backrefs.configure_graphs` (the plugin's
     ``--shutdown-graphs=DIR``), else no picture.
     """
+    __tracebackhide__ = True  # a failure points at the caller's line
     if not callable(factory):
         raise ValueError(f"factory must be a callable returning a fresh object, got {factory!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (

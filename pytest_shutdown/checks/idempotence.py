@@ -40,6 +40,7 @@ def assert_idempotent_shutdown(
     (``cleanup-repeated``). Raises :class:`~pytest_shutdown.ShutdownContractError`; returns a
     :class:`CheckReport` with the counts per round when the contract holds.
     """
+    __tracebackhide__ = True  # a failure points at the caller's line
     _validate(obj, method, calls, threads)
     started = time.perf_counter()
     specs = discover_cleanups(obj, watch)

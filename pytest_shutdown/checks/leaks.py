@@ -473,6 +473,7 @@ def no_leaks(
             engine = start_engine()
             engine.shutdown()
     """
+    __tracebackhide__ = True  # a failure points at the caller's line
     _check_grace(grace)
     allowed = thread_filter(allow)
     before = take_snapshot(threads=threads, processes=processes)
@@ -514,6 +515,7 @@ def assert_device_memory_released(
     raises :class:`~pytest_shutdown.findings.ShutdownContractError` with ``device-memory-held``
     (device, baseline, last reading, bytes held, time waited) when memory did not come back.
     """
+    __tracebackhide__ = True  # a failure points at the caller's line
     for option, value in (("timeout", timeout), ("interval", interval)):
         if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
             raise ValueError(f"{option}: expected a number of seconds >= 0, got {value!r}")

@@ -165,6 +165,7 @@ def assert_timeout_decoupling(
     Every cell whose result differs from the rule (or that raises) is a ``timeout-policy``
     finding naming the cell, what came back and what was expected; all of them are reported.
     """
+    __tracebackhide__ = True  # a failure points at the caller's line
     if not callable(policy):
         raise ValueError(f"policy must be callable(request, process, platform), got {policy!r}")
     started = time.perf_counter()

@@ -1,1 +1,73 @@
-"""The bundled reference engine, modelled on vLLM V1. Importing its modules imports torch."""
+"""The bundled reference engine, modelled on vLLM V1: its public names, re-exported lazily.
+
+Importing this package imports no torch, and neither do ``EngineConfig``, the timeout policy,
+``ReferenceRenderer`` or the start-method helpers: torch is imported when a name that needs it is
+first used (``EngineCore`` and everything that runs one: ``EngineProcManager``, ``ReferenceLLM``,
+``DPSupervisor``, ``run_engine_core``, ``shutdown_processes``). docs/api.md lists which is which.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY: dict[str, str] = {
+    # no torch
+    "EngineConfig": "pytest_shutdown.engine.config",
+    "get_engine_process_shutdown_timeout": "pytest_shutdown.engine.timeouts",
+    "ROCM_ENGINE_PROCESS_SHUTDOWN_TIMEOUT_S": "pytest_shutdown.engine.timeouts",
+    "ReferenceRenderer": "pytest_shutdown.engine.renderer",
+    "helper_process_pids": "pytest_shutdown.engine.start",
+    # torch
+    "EngineCore": "pytest_shutdown.engine.core",
+    "EngineShutdownState": "pytest_shutdown.engine.core",
+    "FinishReason": "pytest_shutdown.engine.core",
+    "ChildFaults": "pytest_shutdown.engine.core_proc",
+    "run_engine_core": "pytest_shutdown.engine.core_proc",
+    "ShutdownOutcome": "pytest_shutdown.engine.processes",
+    "shutdown_processes": "pytest_shutdown.engine.processes",
+    "kill_process_tree": "pytest_shutdown.engine.processes",
+    "EngineProcManager": "pytest_shutdown.engine.processes",
+    "EngineStartupError": "pytest_shutdown.engine.processes",
+    "ProcessFailure": "pytest_shutdown.engine.processes",
+    "ReferenceLLM": "pytest_shutdown.engine.llm",
+    "RequestOutput": "pytest_shutdown.engine.llm",
+    "DPSupervisor": "pytest_shutdown.engine.supervisor",
+}
+
+__all__ = list(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytest_shutdown.engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.engine.config import EngineConfig
+    from pytest_shutdown.engine.core import EngineCore, EngineShutdownState, FinishReason
+    from pytest_shutdown.engine.core_proc import ChildFaults, run_engine_core
+    from pytest_shutdown.engine.llm import ReferenceLLM, RequestOutput
+    from pytest_shutdown.engine.processes import (
+        EngineProcManager,
+        EngineStartupError,
+        ProcessFailure,
+        ShutdownOutcome,
+        kill_process_tree,
+        shutdown_processes,
+    )
+    from pytest_shutdown.engine.renderer import ReferenceRenderer
+    from pytest_shutdown.engine.start import helper_process_pids
+    from pytest_shutdown.engine.supervisor import DPSupervisor
+    from pytest_shutdown.engine.timeouts import (
+        ROCM_ENGINE_PROCESS_SHUTDOWN_TIMEOUT_S,
+        get_engine_process_shutdown_timeout,
+    )

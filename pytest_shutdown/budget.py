@@ -182,7 +182,7 @@ class TeardownBudget:
     def _message(self) -> str:
         return (
             f"shutdown budget of {self.seconds:g} s exceeded in the teardown of {self.label}; "
-            "the stacks of all threads are in the shutdown report"
+            "the stack of every thread is in its report section 'Captured shutdown budget teardown'"
         )
 
     def _expire(self) -> None:

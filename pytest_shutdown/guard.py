@@ -231,7 +231,10 @@ class ShutdownGuard:
     def _complain(self, item: pytest.Item, findings: list[Finding], plain: list[Any]) -> None:
         __tracebackhide__ = True
         if self.settings.mode == "warn":
-            warnings.warn(ShutdownLeakWarning(render_findings(plain)), stacklevel=1)
+            # attributed to the test's own line, not to this module
+            path, lineno, _ = item.reportinfo()
+            warning = ShutdownLeakWarning(render_findings(plain))
+            warnings.warn_explicit(warning, ShutdownLeakWarning, str(path), (lineno or 0) + 1)
             return
         error = ShutdownContractError(findings)
         setattr(error, _GUARD_ATTR, plain)

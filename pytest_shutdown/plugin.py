@@ -28,35 +28,35 @@ The shutdown guard: 'fail' errors every test that leaves threads, child processe
 gc.freeze() behind (and enforces the teardown budget), 'warn' emits ShutdownLeakWarning instead,
 'off' checks nothing. Default: 'fail' when the plugin is requested with '-p shutdown', otherwise
 'off'. '--shutdown-guard=off' wins over '-p shutdown' and the ini key.
-""".strip()
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 GRACE_DESC = f"""
 Seconds a thread or child process started by a test may keep running after the test's teardown
 before it is reported as a leak (polled, so clean tests do not wait). Default {DEFAULT_GRACE_S:g}.
-""".strip()
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 BUDGET_DESC = """
 Teardown budget in seconds: a test's teardown (fixture finalizers included) that takes longer is
 interrupted, every thread's stack goes into the report, the test's child processes are killed
 and the test errors; the session goes on. 0 (the default) means no budget. A per-test value is
 set with @pytest.mark.shutdown_budget(seconds).
-""".strip()
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 REPORT_DESC = """
 Write the guard's findings and shutdown durations as JSON to this path (merged over xdist
 workers).
-""".strip()
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 GRAPHS_DESC = """
 Draw a backref picture (objgraph.show_backrefs) into this folder for every not-collected and
 finalizer-* finding of assert_finalizes_on_gc: a PNG when graphviz's 'dot' is on PATH, else the
 .dot source and a note. The terminal section 'shutdown graphs' names the files.
-""".strip()
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 GPU_PER_WORKER_DESC = """
 Under pytest-xdist, give each worker one GPU: worker gwN sees the (N mod count)-th visible device
 through CUDA_VISIBLE_DEVICES (CUDA) or HIP_VISIBLE_DEVICES (ROCm), so engine fixtures fan out over
 a multi-GPU machine. Does nothing without xdist or on the CPU.
-""".strip()
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 PLATFORM_DESC = """
 Device platform for the pytest-shutdown fixtures: 'auto' (default) detects it; 'cuda', 'rocm'
 or 'cpu' forces one.
-""".strip()
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 
 MARKERS = (
     "allow_leaks(threads=False, processes=False, gc_freeze=False, reason=...): "

@@ -202,20 +202,26 @@ class ShutdownReport:
             "tests": [r.to_plain() for r in records],
         }
 
-    def summary_lines(self, verbose: bool) -> list[str]:
-        """The lines of the terminal section ``shutdown``."""
+    def summary_lines(self, verbose: bool, collection_errors: int = 0) -> list[str]:
+        """The lines of the terminal section ``shutdown``: the result first, then the settings."""
         records = sorted(self.records, key=lambda r: r.nodeid)
         counts = self.counts()
         flagged = sum(1 for r in records if r.findings)
-        head = f"guard {self.settings.mode}, grace {self.settings.grace_s:g} s"
+        setting = f"guard in {self.settings.mode} mode, grace {self.settings.grace_s:g} s"
         if self.settings.budget_s:
-            head += f", budget {self.settings.budget_s:g} s"
+            setting += f", budget {self.settings.budget_s:g} s"
+        tests = len(self.durations)
         if counts:
             by_code = ", ".join(f"{code}: {n}" for code, n in sorted(counts.items()))
-            head += f": {flagged} of {len(self.durations)} tests with findings ({by_code})"
+            head = f"{flagged} of {tests} test{'s' if tests > 1 else ''} with findings ({by_code})"
+        elif tests:
+            head = f"no findings in {tests} test{'s' if tests > 1 else ''}"
+        elif collection_errors:
+            plural = "s" if collection_errors > 1 else ""
+            head = f"the guard checked nothing: {collection_errors} collection error{plural}"
         else:
-            head += f": no findings in {len(self.durations)} tests"
-        lines = [head]
+            head = "the guard checked nothing: no test ran"
+        lines = [f"{head} ({setting})"]
         for record in records:
             where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
             if record.budget:
@@ -261,7 +267,9 @@ class ShutdownReport:
             return
         terminalreporter.section("shutdown")
         verbose = self.config.get_verbosity() > 0
-        for line in self.summary_lines(verbose):
+        errors = terminalreporter.stats.get("error", [])
+        collection_errors = sum(1 for r in errors if isinstance(r, pytest.CollectReport))
+        for line in self.summary_lines(verbose, collection_errors):
             terminalreporter.line(line)
         if self.settings.report_path is not None:
             terminalreporter.line(f"shutdown report written to {self.settings.report_path}")

@@ -17,8 +17,8 @@ from mini_engine import MiniEngine
 from pytest_shutdown import assert_idempotent_shutdown, assert_not_force_killed
 
 if TYPE_CHECKING:
-    from pytest_shutdown.engine.config import EngineConfig
-    from pytest_shutdown.fixtures import ForceKillExpectation
+    from pytest_shutdown import ForceKillExpectation
+    from pytest_shutdown.engine import EngineConfig
 
 
 @pytest.fixture

@@ -13,14 +13,14 @@ import pytest
 from mini_engine import MiniEngine, Renderer, process_timeout_for
 
 from pytest_shutdown import (
+    ShutdownTimeouts,
+    assert_finalizers_ok,
     assert_finalizes_on_gc,
     assert_idempotent_shutdown,
     assert_nonblocking_shutdown,
     assert_not_force_killed,
     assert_timeout_decoupling,
-    check_finalizers,
 )
-from pytest_shutdown.matrix import ShutdownTimeouts
 
 
 def test_generate_then_shut_down_three_times_from_racing_threads(mini_engine: MiniEngine) -> None:
@@ -33,8 +33,9 @@ def test_generate_then_shut_down_three_times_from_racing_threads(mini_engine: Mi
 
 
 def test_our_finalizers_do_not_keep_the_engine_alive(mini_engine: MiniEngine) -> None:
-    assert check_finalizers(mini_engine) == []
-    assert check_finalizers(mini_engine.renderer) == []
+    # raises with every finding's whole message; `check_finalizers` returns them as a list
+    assert_finalizers_ok(mini_engine)
+    assert_finalizers_ok(mini_engine.renderer)
 
 
 def test_a_dropped_engine_is_collected_and_reaps_its_worker() -> None:
@@ -52,7 +53,7 @@ def make_renderer(request: pytest.FixtureRequest, engine_config: Any) -> Callabl
         return lambda: Renderer(engine_config.renderer_num_workers)
     # Skip only when torch (the 'engine' extra) is missing; a broken engine import still fails.
     pytest.importorskip("torch", reason="the reference renderer needs torch (extra 'engine')")
-    from pytest_shutdown.engine.renderer import ReferenceRenderer
+    from pytest_shutdown.engine import ReferenceRenderer
 
     return lambda: ReferenceRenderer(engine_config)
 

@@ -11,10 +11,12 @@ import pytest
 
 pytest.importorskip("torch", reason="the reference engine needs torch (extra 'engine')")
 
-from pytest_shutdown.checks.leaks import assert_device_memory_released  # noqa: E402
+from pytest_shutdown import assert_device_memory_released  # noqa: E402
 from pytest_shutdown.devices import memory_reader  # noqa: E402
-from pytest_shutdown.engine.config import EngineConfig  # noqa: E402
-from pytest_shutdown.engine.core import EngineCore  # noqa: E402
+from pytest_shutdown.engine import (  # noqa: E402
+    EngineConfig,
+    EngineCore,
+)
 
 MiB = 2**20
 

@@ -17,8 +17,11 @@ import pytest
 pytest.importorskip("torch", reason="the reference engine needs torch (extra 'engine')")
 
 from pytest_shutdown import probe_exit  # noqa: E402
-from pytest_shutdown.engine.config import EngineConfig  # noqa: E402
-from pytest_shutdown.engine.core_proc import ChildFaults, run_engine_core  # noqa: E402
+from pytest_shutdown.engine import (  # noqa: E402
+    ChildFaults,
+    EngineConfig,
+    run_engine_core,
+)
 
 # scenario: (config fields, injected faults, expected exit code, heap frozen at the end)
 SCENARIOS: dict[str, tuple[dict[str, Any], dict[str, Any], int, bool]] = {

@@ -14,8 +14,10 @@ import pytest
 pytest.importorskip("torch", reason="the reference engine needs torch (extra 'engine')")
 
 from pytest_shutdown import assert_nonblocking_shutdown  # noqa: E402
-from pytest_shutdown.engine.core import EngineCore  # noqa: E402
-from pytest_shutdown.engine.renderer import ReferenceRenderer  # noqa: E402
+from pytest_shutdown.engine import (  # noqa: E402
+    EngineCore,
+    ReferenceRenderer,
+)
 
 
 @pytest.mark.engine(renderer_num_workers=3)

@@ -13,10 +13,15 @@ import pytest
 
 pytest.importorskip("torch", reason="the reference engine needs torch (extra 'engine')")
 
-from pytest_shutdown.engine.llm import ReferenceLLM  # noqa: E402
-from pytest_shutdown.engine.processes import EngineProcManager  # noqa: E402
-from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck  # noqa: E402
-from pytest_shutdown.matrix import ShutdownTimeouts  # noqa: E402
+from pytest_shutdown import (  # noqa: E402
+    ForceKillExpectation,
+    ShutdownCheck,
+    ShutdownTimeouts,
+)
+from pytest_shutdown.engine import (  # noqa: E402
+    EngineProcManager,
+    ReferenceLLM,
+)
 
 
 def test_generate_with_the_reference_llm(reference_llm: ReferenceLLM) -> None:
@@ -48,5 +53,5 @@ def test_engine_shutdown_over_the_timeout_matrix(
 def test_helpers_bound_to_the_test(shutdown_check: ShutdownCheck) -> None:
     # the same helpers; a finding would also reach the shutdown summary, JSON and JUnit XML
     llm = ReferenceLLM(multiprocess=False)
-    assert shutdown_check.check_finalizers(llm) == []
+    shutdown_check.assert_finalizers_ok(llm)
     shutdown_check.assert_idempotent_shutdown(llm, calls=3, threads=2)

@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the reference engine needs torch (extra 'engine')")
 
-from pytest_shutdown.engine.renderer import ReferenceRenderer  # noqa: E402
+from pytest_shutdown.engine import ReferenceRenderer  # noqa: E402
 
 
 def test_renderer_shuts_down_once_and_leaves_nothing_behind() -> None:

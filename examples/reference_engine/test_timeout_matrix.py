@@ -9,11 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_shutdown import assert_timeout_decoupling, timeout_matrix
-from pytest_shutdown.checks.timeouts import TimeoutCell
-from pytest_shutdown.engine.config import EngineConfig
-from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
-from pytest_shutdown.matrix import ShutdownTimeouts
+from pytest_shutdown import ShutdownTimeouts, TimeoutCell, assert_timeout_decoupling, timeout_matrix
+from pytest_shutdown.engine import EngineConfig, get_engine_process_shutdown_timeout
 
 
 def test_the_engine_policy_over_the_whole_matrix() -> None:

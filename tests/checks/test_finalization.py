@@ -8,7 +8,12 @@ import weakref
 import pytest
 import shutdown_subjects as s
 
-from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc, check_finalizers
+from pytest_shutdown import (
+    ShutdownContractError,
+    assert_finalizers_ok,
+    assert_finalizes_on_gc,
+    check_finalizers,
+)
 
 _KEPT: list[object] = []
 
@@ -34,6 +39,29 @@ def test_finalizer_bound_method_static_check() -> None:
         renderer.shutdown()
     assert finding.code == "finalizer-bound-method"
     assert finding.details["func"].endswith("shutdown")
+
+
+def test_assert_finalizers_ok_passes_on_correct_finalizers_and_counts_them() -> None:
+    renderer = s.GoodRenderer()
+    try:
+        report = assert_finalizers_ok(renderer)
+    finally:
+        renderer.shutdown()
+    assert report.check == "finalizers-ok"
+    assert report.details["finalizers"] == 1
+
+
+def test_assert_finalizers_ok_raises_the_findings_of_check_finalizers() -> None:
+    renderer = s.BoundMethodFinalizer()
+    try:
+        expected = check_finalizers(renderer)
+        with pytest.raises(ShutdownContractError) as exc:
+            assert_finalizers_ok(renderer)
+    finally:
+        renderer._finalizer.detach()
+        renderer.shutdown()
+    assert exc.value.findings == expected and exc.value.codes == ["finalizer-bound-method"]
+    assert "keeps the object alive so the finalizer never runs" in str(exc.value)
 
 
 def test_finalizer_bound_method_is_diagnosed_when_not_collected() -> None:

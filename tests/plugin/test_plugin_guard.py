@@ -122,7 +122,7 @@ def test_clean_suite_passes_under_the_guard(pytester: pytest.Pytester) -> None:
     result.stdout.fnmatch_lines(
         [
             "*= shutdown =*",
-            "guard fail, grace 0.3 s: no findings in 4 tests",
+            "no findings in 4 tests (guard in fail mode, grace 0.3 s)",
             "shutdown durations: median * s, max * s over 4 tests",
         ]
     )

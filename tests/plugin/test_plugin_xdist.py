@@ -42,7 +42,7 @@ def test_leaks_in_both_workers_reach_the_controller(pytester: pytest.Pytester) -
     result.stdout.fnmatch_lines_random(
         [
             "*= shutdown =*",
-            "guard fail, grace 0.3 s: 2 of 4 tests with findings (thread-leak: 2)",
+            "2 of 4 tests with findings (thread-leak: 2) (guard in fail mode, grace 0.3 s)",
             "test_workers.py::test_leaks_a_thread_named_after_its_worker [[]gw0]: "
             "[[]thread-leak]*'leak-gw0'*",
             "test_workers.py::test_leaks_a_thread_named_after_its_worker [[]gw1]: "

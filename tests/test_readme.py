@@ -1,18 +1,21 @@
-"""The README's samples and tables stay true.
+"""The samples, tables and links of README.md and docs/*.md stay true.
 
 * Every ``python`` sample is quoted from a file under ``examples/`` (which ``make demo`` runs): the
   ``<!-- quote: PATH::NAME[,NAME...] -->`` line above it names the top-level definitions it
   shows, and the sample must equal their source exactly (decorators included, one blank line
-  between them).
-* The ini sample configures the guard as the README says.
+  between them). ``scripts/sync-doc-quotes`` rewrites them after an example changes.
+* The ini sample configures the guard as the docs say.
 * The tables list every option, ini key, marker and fixture the plugin registers, and nothing
   else; every ``--shutdown-*`` option mentioned exists; every finding code is in both tables.
+* The README stays short and its links reach existing files; the docs site builds in strict mode.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +25,8 @@ from pytest_shutdown import FINDING_CODES
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
 QUOTE = re.compile(r"<!-- quote: (\S+?)::(\S+) -->\n\Z")
@@ -32,22 +37,26 @@ CHECK = re.compile(r"<!-- check: (\w+) -->\n\Z")
 class Block:
     lang: str
     code: str
+    page: str
     line: int
     before: str  # the text between the previous block and this one
 
     @property
     def where(self) -> str:
-        return f"README.md:{self.line}"
+        return f"{self.page}:{self.line}"
 
 
 def blocks() -> list[Block]:
-    text = README.read_text(encoding="utf-8")
     found: list[Block] = []
-    last = 0
-    for match in FENCE.finditer(text):
-        line = text.count("\n", 0, match.start()) + 1
-        found.append(Block(match.group(1), match.group(2), line, text[last : match.start()]))
-        last = match.end()
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        name = str(page.relative_to(ROOT))
+        last = 0
+        for match in FENCE.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            before = text[last : match.start()]
+            found.append(Block(match.group(1), match.group(2), name, line, before))
+            last = match.end()
     return found
 
 
@@ -75,8 +84,10 @@ def definition_source(path: Path, name: str) -> str:
 PYTHON_BLOCKS = [b for b in blocks() if b.lang == "python"]
 
 
-def test_the_readme_has_python_samples() -> None:
+def test_the_readme_and_docs_have_python_samples() -> None:
     assert len(PYTHON_BLOCKS) >= 10  # one per helper at least; guards the parsing below
+    assert any(b.page == "README.md" for b in PYTHON_BLOCKS)
+    assert any(b.page == "docs/helpers.md" for b in PYTHON_BLOCKS)
 
 
 @pytest.mark.parametrize("block", PYTHON_BLOCKS, ids=[b.where for b in PYTHON_BLOCKS])
@@ -87,7 +98,9 @@ def test_each_python_sample_is_quoted_exactly_from_an_example(block: Block) -> N
     assert path.is_file(), f"{block.where}: {quote.group(1)} does not exist"
     assert path.relative_to(ROOT).parts[0] == "examples", f"{block.where}: quote from examples/"
     expected = "\n\n".join(definition_source(path, n) for n in quote.group(2).split(","))
-    assert block.code.rstrip("\n") == expected, f"{block.where} differs from {quote.group(1)}"
+    assert block.code.rstrip("\n") == expected, (
+        f"{block.where} differs from {quote.group(1)}: run scripts/sync-doc-quotes"
+    )
 
 
 def test_the_ini_sample_configures_the_guard(pytester: pytest.Pytester) -> None:
@@ -106,8 +119,8 @@ def test_the_ini_sample_configures_the_guard(pytester: pytest.Pytester) -> None:
 # -- tables ---------------------------------------------------------------------------------------
 
 
-def section(title: str) -> str:
-    text = README.read_text(encoding="utf-8")
+def section(title: str, page: Path = README) -> str:
+    text = page.read_text(encoding="utf-8")
     start = text.index(title)
     end = text.find("\n#", start + len(title))
     return text[start : end if end != -1 else len(text)]
@@ -146,32 +159,73 @@ def registered(pytestconfig: pytest.Config) -> dict[str, set[str]]:
 
 
 def test_every_option_and_ini_key_is_in_the_table(registered: dict[str, set[str]]) -> None:
-    table = first_cells(section("### Options and ini keys"), cells=2)
+    table = first_cells(section("## Options and ini keys", DOCS / "plugin.md"), cells=2)
     assert registered["options"] and registered["ini"]
     assert {n for n in table if n.startswith("--")} == registered["options"]
     assert {n for n in table if not n.startswith("--")} == registered["ini"]
 
 
 def test_every_marker_is_in_the_table(registered: dict[str, set[str]]) -> None:
-    assert first_cells(section("### Markers")) == registered["markers"]
+    assert first_cells(section("## Markers", DOCS / "fixtures.md")) == registered["markers"]
 
 
 def test_every_fixture_is_in_the_table(registered: dict[str, set[str]]) -> None:
     assert len(registered["fixtures"]) >= 6
-    assert first_cells(section("### Fixtures")) == registered["fixtures"]
+    assert first_cells(section("## Fixtures", DOCS / "fixtures.md")) == registered["fixtures"]
 
 
-def test_every_option_the_readme_mentions_exists(registered: dict[str, set[str]]) -> None:
-    mentioned = set(re.findall(r"--shutdown-[a-z-]+[a-z]", README.read_text(encoding="utf-8")))
-    assert mentioned and mentioned <= registered["options"]
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_option_a_page_mentions_exists(registered: dict[str, set[str]], page: Path) -> None:
+    mentioned = set(re.findall(r"--shutdown-[a-z-]+[a-z]", page.read_text(encoding="utf-8")))
+    assert mentioned <= registered["options"], mentioned - registered["options"]
 
 
 def test_every_finding_code_is_explained() -> None:
     bugs = first_cells(section("## The bugs it catches"))
-    codes = re.findall(r"^\| `([a-z-]+)` \|", README.read_text(encoding="utf-8"), re.M)
+    helpers = (DOCS / "helpers.md").read_text(encoding="utf-8")
+    codes = re.findall(r"^\| `([a-z-]+)` \|", helpers, re.M)
     for code in FINDING_CODES:
         assert code in bugs or f"`{code}`" in section("## The bugs it catches"), code
-        assert code in codes, f"{code} is missing from the helpers' code table"
+        assert code in codes, f"{code} is missing from the code table of docs/helpers.md"
+
+
+# -- the README is the short path in; the docs are a site --------------------------------------
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_the_readme_stays_short() -> None:
+    assert README.stat().st_size < 12 * 1024, "move reference material into docs/"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_relative_link_reaches_a_file(page: Path) -> None:
+    for target in LINK.findall(page.read_text(encoding="utf-8")):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+            continue
+        path = (page.parent / target.split("#")[0]).resolve()
+        assert path.exists(), f"{page.relative_to(ROOT)} links to missing {target}"
+
+
+def test_every_docs_page_is_in_the_site_nav() -> None:
+    nav = re.findall(r"^  - [^:]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    assert sorted(nav) == sorted(p.name for p in DOCS.glob("*.md"))
+
+
+def test_the_docs_site_builds_in_strict_mode(tmp_path: Path) -> None:
+    """``make docs`` without make: broken links or pages missing from the nav fail it."""
+    pytest.importorskip("mkdocs", reason="mkdocs comes with the 'docs' extra (make test has it)")
+    site = tmp_path / "site"
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "WARNING" not in result.stderr, result.stderr[-3000:]
+    assert (site / "api" / "index.html").is_file()
 
 
 # -- the status-line hooks of examples/conftest.py, which the tour shows --------------------------

@@ -1,4 +1,5 @@
-"""What the installed distribution promises: entry point, typed marker, no torch on import."""
+"""What the installed distribution promises: entry point, typed marker, no torch on import, and
+a wheel that builds offline and loads as the plugin."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import importlib.metadata
 import pathlib
 import subprocess
 import sys
+import zipfile
+
+import pytest
 
 import pytest_shutdown
 
@@ -38,3 +42,54 @@ def test_unknown_public_names_raise_attribute_error() -> None:
         assert "no_such_helper" in str(exc)
     else:
         raise AssertionError("expected AttributeError")
+
+
+LOAD_FROM_TARGET = """
+import importlib.metadata, pathlib, sys
+target = pathlib.Path(sys.argv[1])
+sys.path.insert(0, str(target))
+(dist,) = importlib.metadata.distributions(path=[str(target)])
+(ep,) = [ep for ep in dist.entry_points if ep.group == "pytest11"]
+plugin = ep.load()
+print(dist.version, ep.name, ep.value, pathlib.Path(plugin.__file__).is_relative_to(target))
+"""
+
+
+def test_the_wheel_builds_and_its_pytest_entry_point_loads(tmp_path: pathlib.Path) -> None:
+    """What a user gets from ``pip install ./pytest-shutdown`` or a git URL: the built wheel."""
+    pytest.importorskip("hatchling", reason="the offline wheel build needs hatchling (extra 'dev')")
+    root = pathlib.Path(__file__).resolve().parent.parent
+    wheels, target = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--no-input"]
+
+    subprocess.run(
+        [*pip, "wheel", str(root), "--no-deps", "--no-build-isolation", "-q", "-w", str(wheels)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = wheels.glob("pytest_shutdown-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+    assert "pytest_shutdown/py.typed" in names
+    assert not [n for n in names if n.startswith(("tests/", "examples/"))]
+    subprocess.run(
+        [*pip, "install", "--no-deps", "--no-index", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", LOAD_FROM_TARGET, str(target)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+
+    assert out.stdout.split() == [
+        pytest_shutdown.__version__,
+        "shutdown",
+        "pytest_shutdown.plugin",
+        "True",
+    ]

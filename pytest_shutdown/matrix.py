@@ -30,8 +30,9 @@ class ShutdownTimeouts:
 
     ``request_timeout`` is the request-drain budget (EngineConfig.shutdown_timeout),
     ``process_timeout`` what the test passes to ``shutdown(timeout=...)``, and
-    ``expected_process_timeout`` what the engine must then use (DESIGN R6); ``grace`` is the ROCm
-    cleanup grace of the matrix.
+    ``expected_process_timeout`` what the engine must then use (the ROCm grace when both
+    timeouts are 0 on ROCm, else ``process_timeout``); ``grace`` is the ROCm cleanup grace of
+    the matrix.
     """
 
     platform: str

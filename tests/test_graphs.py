@@ -29,7 +29,7 @@ KEEP: list[object] = []
 
 
 class BoundFinalizer:
-    """Seed bug 1: the finalizer is a bound method of its own object."""
+    """Review bug 1: the finalizer is a bound method of its own object."""
 
     def __init__(self) -> None:
         self._finalizer: weakref.finalize[Any, Any] = weakref.finalize(self, self.shutdown)

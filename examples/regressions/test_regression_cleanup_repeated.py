@@ -1,4 +1,4 @@
-"""Seed bug 4: ``shutdown()`` called twice (AsyncLLM and the launcher both call it) closes the
+"""Review bug 4: ``shutdown()`` called twice (AsyncLLM and the launcher both call it) closes the
 MM processor cache twice. Fixed: one ExitStack, whose ``close()`` runs each callback once.
 """
 

@@ -1,4 +1,4 @@
-"""Seed bug 3: ``self._resources.enter_context(executor)``.
+"""Review bug 3: ``self._resources.enter_context(executor)``.
 
 ``Executor.__exit__`` is ``shutdown(wait=True)``: closing the stack now waits for every running
 task, which breaks the fast abort path (``shutdown_timeout=0``). Fixed:

@@ -1,4 +1,4 @@
-"""Seed bug 1: ``weakref.finalize(self, self.shutdown)``.
+"""Review bug 1: ``weakref.finalize(self, self.shutdown)``.
 
 The finalizer registry holds its func strongly; a bound method of ``self`` holds ``self``; so the
 renderer is never collected and its pools and cache are never released. Fixed: the finalizer's

@@ -1,4 +1,4 @@
-"""Seed bug 2: ``weakref.finalize(self, _shutdown_renderer, self)``.
+"""Review bug 2: ``weakref.finalize(self, _shutdown_renderer, self)``.
 
 The same leak in another shape: the registry holds the finalizer's arguments strongly, and the
 first argument is ``self``. Fixed: no argument reaches ``self``.

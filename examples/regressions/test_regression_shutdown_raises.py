@@ -1,4 +1,4 @@
-"""Seed bug 5: a shutdown that raises the second time.
+"""Review bug 5: a shutdown that raises the second time.
 
 The old renderer dropped its cache attribute on shutdown; the second call (the duplicated
 ``engine_client.shutdown``) then failed with ``AttributeError`` and skipped the engine-core

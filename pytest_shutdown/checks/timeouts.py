@@ -1,4 +1,4 @@
-"""The request-drain timeout x process-cleanup timeout x platform matrix (DESIGN R6).
+"""The request-drain timeout x process-cleanup timeout x platform matrix.
 
 ``timeout_matrix()`` returns :class:`TimeoutCell` values (plain frozen dataclasses, no pytest
 needed) in a :class:`TimeoutMatrix`, whose :meth:`~TimeoutMatrix.as_params` turns them into
@@ -68,7 +68,8 @@ class TimeoutMatrix(tuple[TimeoutCell, ...]):
 def expected_process_timeout(
     request_timeout: float | None, process_timeout: float | None, platform: str, grace: float
 ) -> float | None:
-    """What DESIGN R6 says the process-cleanup timeout must be for these inputs."""
+    """The process-cleanup timeout the rule of this module asks for: ``grace`` on ROCm when both
+    timeouts are exactly 0, else ``process_timeout`` unchanged (``None`` included)."""
     if platform == "rocm" and request_timeout == 0 and process_timeout == 0:
         return grace
     return process_timeout

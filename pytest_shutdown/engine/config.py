@@ -43,11 +43,13 @@ class EngineConfig:
     #: The request-drain budget given to EngineCore on shutdown; 0 aborts requests at once;
     #: None lets the parent's process timeout decide.
     shutdown_timeout: float | None = 0.0
-    #: Cleanup grace given to a ROCm EngineCore process after an immediate abort (R6).
+    #: Cleanup grace given to a ROCm EngineCore process after an immediate abort (request and
+    #: process timeouts both 0): a SIGKILLed ROCm process can keep its VRAM held for long.
     rocm_process_grace_s: float = 15.0
-    #: Extra time the DP supervisor gives its children on top of the process timeout (R7).
+    #: Extra time the DP supervisor gives its children, on top of their engines' process timeout,
+    #: before it kills their trees.
     child_exit_grace_s: float = 5.0
-    #: Process timeout used by shutdown_processes when the caller passes None (R4).
+    #: Process timeout used by shutdown_processes when the caller passes None.
     default_process_timeout_s: float = 5.0
     renderer_num_workers: int = 2
     mm_cache_size: int = 32

@@ -1,4 +1,4 @@
-"""EngineCore: a tiny torch model, a KV cache and a scheduler, with a correct shutdown (R2).
+"""EngineCore: a tiny torch model, a KV cache and a scheduler, with a correct shutdown.
 
 On start the engine freezes its startup heap as vLLM does (``gc.collect()`` then ``gc.freeze()``)
 so later collections skip it; ``shutdown()`` unfreezes, so ``gc.get_freeze_count()`` is back
@@ -239,7 +239,7 @@ def _release(engine_ref: weakref.ReferenceType[EngineCore], device_type: str) ->
 
 
 def __getattr__(name: str) -> Any:
-    # run_engine_core (the child-process entry, R3) lives in core_proc, which imports this
+    # run_engine_core (the child-process entry) lives in core_proc, which imports this
     # module; resolving it lazily here keeps `from pytest_shutdown.engine.core import
     # run_engine_core` working without an import cycle.
     if name in ("run_engine_core", "ChildFaults", "is_clean_shutdown"):

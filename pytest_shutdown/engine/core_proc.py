@@ -1,4 +1,4 @@
-"""run_engine_core: the EngineCore child-process entry (DESIGN R3), modelled on vLLM V1.
+"""run_engine_core: the EngineCore child-process entry, modelled on vLLM V1.
 
 The child talks to its parent over one duplex ``multiprocessing`` connection: an input thread
 turns what arrives into items of ``input_queue``; an output thread sends what the busy loop puts
@@ -92,8 +92,8 @@ PARENT_GONE_EXIT_S = 1.0
 class ChildFaults:
     """Fault injection for tests of the child's shutdown path; the defaults inject nothing.
 
-    Each field reproduces a state the seed's ``clean_shutdown`` check must handle, or a startup
-    failure the manager must survive, in a real child process.
+    Each field reproduces a state the clean-shutdown check (``is_clean_shutdown``) must handle,
+    or a startup failure the manager must survive, in a real child process.
     """
 
     #: The child sends itself SIGTERM after installing its handlers, before the engine exists.
@@ -393,7 +393,7 @@ class EngineCoreProc:
 
 
 def is_clean_shutdown(code: object, engine_core: EngineCore | None, config: EngineConfig) -> bool:
-    """The seed's ``clean_shutdown``; never raises (an error makes the shutdown unclean)."""
+    """vLLM's ``clean_shutdown`` test; never raises (an error makes the shutdown unclean)."""
     try:
         return (
             code in (None, 0)

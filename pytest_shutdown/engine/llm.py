@@ -1,4 +1,4 @@
-"""ReferenceLLM: the user-facing facade of the reference engine (DESIGN R8).
+"""ReferenceLLM: the user-facing facade of the reference engine.
 
 A renderer (tokenization on a thread pool) plus either an ``EngineProcManager`` with its
 EngineCore processes (``multiprocess=True``) or an in-process ``EngineCore``. Resources follow

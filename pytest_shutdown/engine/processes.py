@@ -1,4 +1,4 @@
-"""Stopping engine processes (DESIGN R4) and the EngineCore process manager (R5).
+"""Stopping engine processes, and the EngineCore process manager.
 
 ``shutdown_processes`` sends SIGTERM to every process first, then waits for all of them against
 one shared deadline (never a timeout per process), then kills the survivors' whole process
@@ -6,9 +6,9 @@ trees with one warning. It returns a ``ShutdownOutcome`` that tests (and
 ``assert_not_force_killed``) read.
 
 ``EngineProcManager`` starts ``data_parallel_size`` EngineCore processes, talks to them, watches
-them, and stops them with the process timeout of R6: the request-drain budget and the process
-cleanup budget are separate, and a ROCm engine told to abort at once (0/0) still gets its
-cleanup grace.
+them, and stops them with ``get_engine_process_shutdown_timeout``: the request-drain budget
+and the process cleanup budget are separate, and a ROCm engine told to abort at once (0/0)
+still gets its cleanup grace.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ReferenceRenderer: tokenization and multimodal preprocessing with a correct shutdown (R1).
+"""ReferenceRenderer: tokenization and multimodal preprocessing with a correct shutdown.
 
 Every resource is registered on one ExitStack the moment it exists, so ``shutdown()`` and the GC
 fallback run the very same cleanups exactly once:

@@ -1,4 +1,4 @@
-"""DPSupervisor: a data-parallel supervisor over engine-owning children (DESIGN R7).
+"""DPSupervisor: a data-parallel supervisor over engine-owning children.
 
 A three-level tree, like vLLM's DP supervisor: this process -> ``num_children`` supervised
 children, each in its own process group and each running an ``EngineProcManager`` with its

@@ -1,4 +1,4 @@
-"""How long the parent waits for EngineCore processes to exit (DESIGN R6).
+"""How long the parent waits for EngineCore processes to exit.
 
 ``request_timeout`` is the request-drain budget (EngineConfig.shutdown_timeout): 0 means abort
 in-flight requests at once. That says nothing about how long the *process* needs to release its

@@ -1,4 +1,5 @@
-"""Small renderer-like classes for the helper tests: the R1 pattern, and each seed bug.
+"""Small renderer-like classes for the helper tests: the correct renderer pattern, and
+each bug of examples/regressions/.
 
 Each class owns real resources (thread pools, a cache with ``close()``) and a real shutdown path.
 """
@@ -31,7 +32,8 @@ class Cache:
 
 
 class GoodRenderer:
-    """DESIGN R1: one ExitStack, ``finalize(self, self._resources.close)``, wait=False pools."""
+    """The correct pattern: one ExitStack, ``finalize(self, self._resources.close)``,
+    ``wait=False`` pools."""
 
     def __init__(self) -> None:
         self._resources = ExitStack()
@@ -50,7 +52,7 @@ class GoodRenderer:
 
 
 class BoundMethodFinalizer(GoodRenderer):
-    """Seed bug 1: ``weakref.finalize(self, self.shutdown)`` keeps the renderer alive."""
+    """Review bug 1: ``weakref.finalize(self, self.shutdown)`` keeps the renderer alive."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -63,7 +65,7 @@ def _shutdown_renderer(renderer: GoodRenderer) -> None:
 
 
 class SelfInArgsFinalizer(GoodRenderer):
-    """Seed bug 2: ``weakref.finalize(self, _shutdown_renderer, self)``: self in the args."""
+    """Review bug 2: ``weakref.finalize(self, _shutdown_renderer, self)``: self in the args."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -91,7 +93,7 @@ def _call(func: object) -> None:
 
 
 class EnterContextExecutor:
-    """Seed bug 3: ``enter_context(executor)`` closes with ``shutdown(wait=True)``: blocks."""
+    """Review bug 3: ``enter_context(executor)`` closes with ``shutdown(wait=True)``: blocks."""
 
     def __init__(self) -> None:
         self._resources = ExitStack()
@@ -104,7 +106,7 @@ class EnterContextExecutor:
 
 
 class RepeatsCleanup:
-    """Seed bug 4: the pre-ExitStack shutdown closes the cache again on every call."""
+    """Review bug 4: the pre-ExitStack shutdown closes the cache again on every call."""
 
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="repeats")
@@ -116,7 +118,7 @@ class RepeatsCleanup:
 
 
 class RaisesSecondTime:
-    """Seed bug 5: the second shutdown closes a strict cache twice and raises."""
+    """Review bug 5: the second shutdown closes a strict cache twice and raises."""
 
     def __init__(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raises")
@@ -179,7 +181,7 @@ class ForgetsExecutor:
 
 
 class LockedShutdown(GoodRenderer):
-    """R1 with racing callers serialised, as the bundled renderer does."""
+    """The correct pattern with racing callers serialised, as the bundled renderer does."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -1,4 +1,4 @@
-"""timeout_matrix and assert_timeout_decoupling (DESIGN R6)."""
+"""timeout_matrix and assert_timeout_decoupling: the ROCm grace only for 0/0 on ROCm."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""R2: EngineCore runs requests on a real torch model; shutdown is idempotent, restores the heap."""
+"""EngineCore runs requests on a real torch model; shutdown is idempotent, restores the heap."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""R5 and R8: EngineProcManager and ReferenceLLM with real engine processes."""
+"""EngineProcManager and ReferenceLLM with real engine processes."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""R4/R5/R6 end to end: shutdown_processes on real processes, and the timeout matrix.
+"""End to end: shutdown_processes on real processes, and the timeout matrix.
 
 Graces are scaled down (15 s -> GRACE_S); ``teardown_delay_s`` makes an engine's cleanup slower
 than a budget. The ROCm decisions are taken on the CPU by forcing ``platform="rocm"``.
@@ -125,7 +125,8 @@ def test_a_bad_timeout_is_rejected_naming_the_option(bad: object) -> None:
 # -- the timeout matrix, end to end ----------------------------------------------------------------
 # (platform, request timeout, process timeout offered, teardown, timeout expected, force-killed)
 MATRIX = {
-    # The seed's bug: 0/0 on ROCm means "abort requests at once", not "kill the process at once".
+    # The bug this guards against: 0/0 on ROCm means "abort requests at once", not "kill the
+    # process at once".
     "rocm-0/0-gets-the-cleanup-grace": ("rocm", 0.0, 0.0, 0.3, GRACE_S, False),
     "cuda-0/0-gets-no-grace": ("cuda", 0.0, 0.0, 0.3, 0.0, True),
     "cpu-0/0-gets-no-grace": ("cpu", 0.0, 0.0, 0.3, 0.0, True),

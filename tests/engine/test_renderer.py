@@ -1,4 +1,4 @@
-"""R1: ReferenceRenderer shutdown is idempotent, non-blocking; the GC path runs it once."""
+"""ReferenceRenderer shutdown is idempotent, non-blocking; the GC path runs it once."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_shutdown_while_tasks_run_returns_at_once() -> None:
 
 def test_cache_is_not_looked_up_on_self_at_registration() -> None:
     # The callback must close the cache that existed at registration, even if the attribute
-    # is later replaced (the seed's AttributeError bug looked the attribute up too early).
+    # is later replaced (a reviewed version's AttributeError bug looked the attribute up too early).
     renderer = ReferenceRenderer()
     original = renderer.mm_cache
     renderer.mm_cache = MMProcessorCache(4)

@@ -1,4 +1,4 @@
-"""R3: run_engine_core in a real child process, observed through real signals and its lifecycle log.
+"""run_engine_core in a real child process, observed through real signals and its lifecycle log.
 
 The child appends one JSON line per lifecycle event; its ``final`` event is written after
 run_engine_core's ``finally`` (after any ``gc.freeze()``): the state its interpreter exits with.

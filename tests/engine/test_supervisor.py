@@ -1,4 +1,4 @@
-"""R7: DPSupervisor over a real three-level tree (supervisor -> children -> engine processes)."""
+"""DPSupervisor over a real three-level tree (supervisor -> children -> engine processes)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""R6: the ROCm cleanup grace only for an immediate abort on ROCm, never for a spent budget."""
+"""get_engine_process_shutdown_timeout: the ROCm cleanup grace only for an immediate abort on
+ROCm, never for a spent budget."""
 
 from __future__ import annotations
 

@@ -1,0 +1,57 @@
+"""``make demo`` inside ``make test``: the example suites pass under the guard, and every test that
+README.md or docs/*.md quotes really ran (a quoted sample that stopped running would otherwise
+only be noticed by someone running the demo)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+QUOTE = re.compile(r"<!-- quote: (\S+?)::(\S+) -->")
+
+
+def quoted_tests() -> set[str]:
+    """``examples/PATH.py::test_name`` for every quoted definition that is a test."""
+    found: set[str] = set()
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for path, names in QUOTE.findall(page.read_text(encoding="utf-8")):
+            found |= {f"{path}::{name}" for name in names.split(",") if name.startswith("test_")}
+    return found
+
+
+def test_the_examples_pass_under_the_guard_and_run_every_quoted_test() -> None:
+    quoted = quoted_tests()
+    assert len(quoted) >= 10
+
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "shutdown",
+            "-p",
+            "no:randomly",
+            "-p",
+            "no:cacheprovider",
+            "-v",
+            "examples/",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+    out = result.stdout
+    assert result.returncode == 0, out[-5000:] + result.stderr[-2000:]
+    assert re.search(r"no findings in \d+ tests \(guard in fail mode", out), out[-3000:]
+    ran = {
+        line.split(" ")[0].split("[")[0]
+        for line in out.splitlines()
+        if re.search(r" (PASSED|XFAIL)\b", line)
+    }
+    assert quoted <= ran, f"quoted but not run: {sorted(quoted - ran)}"

@@ -388,12 +388,14 @@ class ShutdownCheck:
         return bound
 
     def _bound_context(self, helper: Callable[..., Any]) -> Callable[..., Any]:
-        import contextlib
         import functools
 
+        from pytest_shutdown.checks.hidden import contextmanager
+
         @functools.wraps(helper)
-        @contextlib.contextmanager
+        @contextmanager
         def bound(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            __tracebackhide__ = True
             try:
                 with helper(*args, **kwargs) as value:
                     yield value

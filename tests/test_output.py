@@ -8,6 +8,7 @@ import textwrap
 import pytest
 
 FAILING_HELPERS = """
+import threading
 import weakref
 
 from pytest_shutdown import (
@@ -15,6 +16,7 @@ from pytest_shutdown import (
     assert_finalizers_ok,
     assert_idempotent_shutdown,
     assert_not_force_killed,
+    no_leaks,
 )
 from pytest_shutdown.findings import raise_if_any
 
@@ -62,6 +64,15 @@ def test_idempotent():
 
 def test_raise_if_any():
     raise_if_any([Finding("force-killed", "made up")])  # USER LINE raise
+
+
+def test_no_leaks():
+    stop = threading.Event()
+    try:
+        with no_leaks(grace=0.1):  # USER LINE no_leaks
+            threading.Thread(target=stop.wait, args=(10,), daemon=True).start()
+    finally:
+        stop.set()
 """
 
 
@@ -72,13 +83,14 @@ def test_a_helper_failure_shows_the_callers_line_not_the_helpers(
 
     result = pytester.runpytest("-p", "no:randomly", "--tb=long")
 
-    result.assert_outcomes(failed=4)
+    result.assert_outcomes(failed=5)
     out = result.stdout.str()
-    for tag in ("force", "finalizers", "idempotent", "raise"):
+    for tag in ("force", "finalizers", "idempotent", "raise", "no_leaks"):
         assert f"# USER LINE {tag}" in out, tag
     # no frame of the helpers themselves is shown
     assert "pytest_shutdown/checks/" not in out
     assert "pytest_shutdown/findings.py" not in out
+    assert "contextlib.py" not in out
     # the assert-style helper shows the finding's whole message, untruncated
     result.stdout.fnmatch_lines(
         ["*[[]finalizer-bound-method[]]*keeps the object alive so the finalizer never runs."]

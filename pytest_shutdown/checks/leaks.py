@@ -31,10 +31,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_shutdown.checks.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown.findings import Finding, ShutdownContractError
 
 if TYPE_CHECKING:  # pragma: no cover

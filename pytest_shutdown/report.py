@@ -216,11 +216,13 @@ class ShutdownReport:
             head = f"{flagged} of {tests} test{'s' if tests > 1 else ''} with findings ({by_code})"
         elif tests:
             head = f"no findings in {tests} test{'s' if tests > 1 else ''}"
-        elif collection_errors:
-            plural = "s" if collection_errors > 1 else ""
-            head = f"the guard checked nothing: {collection_errors} collection error{plural}"
         else:
-            head = "the guard checked nothing: no test ran"
+            head = "the guard checked nothing"
+        if collection_errors:
+            errors = f"{collection_errors} collection error{'s' if collection_errors > 1 else ''}"
+            head += f"; not checked: {errors}" if tests else f": {errors}"
+        elif not tests:
+            head += ": no test ran"
         lines = [f"{head} ({setting})"]
         for record in records:
             where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")

@@ -151,6 +151,21 @@ def test_after_a_collection_error_the_summary_says_nothing_was_checked(
     assert "no findings" not in result.stdout.str()
 
 
+def test_with_xdist_a_collection_error_is_named_beside_the_tests_that_ran(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_broken="import no_such_module_here\n", test_fine="def test_ok(): pass\n"
+    )
+
+    result = pytester.runpytest_subprocess("-p", "shutdown", "-n", "2", "-p", "no:randomly")
+
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(
+        ["no findings in 1 test; not checked: 1 collection error (guard in fail mode, grace 2 s)"]
+    )
+
+
 def test_help_describes_each_option_in_one_flowing_paragraph(
     pytestconfig: pytest.Config, pytester: pytest.Pytester
 ) -> None:

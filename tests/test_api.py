@@ -130,3 +130,29 @@ def test_examples_import_only_documented_names(path: Path) -> None:
         where = f"{path.relative_to(ROOT)}:{line}"
         assert module in DOCUMENTED, f"{where}: {module} is not a public module (docs/api.md)"
         assert name in DOCUMENTED[module], f"{where}: {module}.{name} is not in docs/api.md"
+
+
+def _resolve(dotted: str) -> object:
+    """Import the longest module prefix of ``dotted``, then look the rest up as attributes."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            value = getattr(value, attr)
+        return value
+    raise ModuleNotFoundError(dotted)
+
+
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+def test_every_dotted_name_a_page_mentions_resolves(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    for dotted in set(re.findall(r"`(pytest_shutdown(?:\.\w+)+)[`(]", text)):
+        if dotted.startswith("pytest_shutdown.engine"):
+            pytest.importorskip("torch", reason="the engine's modules may need torch")
+        assert _resolve(dotted) is not None, f"{page.name}: {dotted}"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc, check_finalizers
+from pytest_shutdown import ShutdownContractError, assert_finalizers_ok, assert_finalizes_on_gc
 
 
 class BuggyRenderer:
@@ -57,6 +57,6 @@ def test_buggy_renderer_is_never_collected() -> None:
 
 def test_fixed_renderer_is_collected_and_its_finalizer_is_clean() -> None:
     renderer = FixedRenderer()
-    assert check_finalizers(renderer) == []
+    assert_finalizers_ok(renderer)
     renderer.shutdown()
     assert_finalizes_on_gc(FixedRenderer)

@@ -14,10 +14,10 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 import pytest
 
 from pytest_shutdown import (
+    assert_finalizers_ok,
     assert_finalizes_on_gc,
     assert_idempotent_shutdown,
     assert_nonblocking_shutdown,
-    check_finalizers,
 )
 
 
@@ -72,7 +72,7 @@ def test_multiprocessing_pool_terminate_is_idempotent_and_its_finalizer_is_clean
     report = assert_idempotent_shutdown(pool, method="terminate")
     assert report.performed("call 1")  # terminate() did clean up, and only the first time
     # its multiprocessing.util.Finalize does not reach the pool itself
-    assert check_finalizers(pool) == []
+    assert_finalizers_ok(pool)
 
 
 # -- torch DataLoader with worker processes -------------------------------------------------------

@@ -151,6 +151,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
         report = ShutdownReport(config, settings)
         config.pluginmanager.register(report, "pytest-shutdown-report")
+        from pytest_shutdown.interrupts import SigtermEndsSessionInOrder
+
+        config.pluginmanager.register(SigtermEndsSessionInOrder(), "pytest-shutdown-sigterm")
         if settings.enabled:
             from pytest_shutdown.guard import ShutdownGuard
 

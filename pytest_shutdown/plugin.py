@@ -21,6 +21,7 @@ from pytest_shutdown.settings import (
     PLATFORM_CHOICES,
     SETTINGS_KEY,
     load_settings,
+    validate_markers,
 )
 
 GUARD_DESC = """
@@ -159,6 +160,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
             guard = ShutdownGuard(config, settings, report)
             config.pluginmanager.register(guard, "pytest-shutdown-guard")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One rule for bad marker arguments: a collection error naming the test and the marker."""
+    try:
+        validate_markers(metafunc.definition)
+    except pytest.UsageError as exc:
+        error = str(exc)
+    else:
+        return
+    pytest.fail(error, pytrace=False)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

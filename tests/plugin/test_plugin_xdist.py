@@ -91,7 +91,7 @@ def test_a_crashed_worker_loses_only_the_test_it_was_running(pytester: pytest.Py
     )
 
 
-def test_bad_marker_under_xdist_errors_the_test_without_crashing_the_worker(
+def test_bad_marker_under_xdist_is_the_same_collection_error(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
@@ -107,6 +107,7 @@ def test_bad_marker_under_xdist_errors_the_test_without_crashing_the_worker(
         """
     )
     result = pytester.runpytest_subprocess("-p", "shutdown", "-n", "2")
-    result.assert_outcomes(passed=1, errors=1)
+    assert result.ret != pytest.ExitCode.OK  # xdist reports collection errors as failures
     result.stdout.fnmatch_lines(["*test_no_reason: @pytest.mark.allow_leaks needs reason=*"])
     assert "INTERNALERROR" not in result.stdout.str()
+    assert "1 passed" not in result.stdout.str()

@@ -196,11 +196,25 @@ def expect_force_kill(request: pytest.FixtureRequest) -> ForceKillExpectation:
 
 
 # -- engine fixtures -------------------------------------------------------------------------
+def _require_torch(fixture: str) -> None:
+    """The reference engine runs on torch: where it is missing, one error naming the extra."""
+    __tracebackhide__ = True
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(
+            f"fixture {fixture!r} runs the reference engine, which needs torch ({exc}); "
+            "install the 'engine' extra: pip install 'pytest-shutdown[engine]'",
+            pytrace=False,
+        )
+
+
 @pytest.fixture
 def reference_renderer(
     request: pytest.FixtureRequest, engine_config: EngineConfig
 ) -> Iterator[ReferenceRenderer]:
     """A ReferenceRenderer; teardown checks that its shutdown is idempotent and its threads end."""
+    _require_torch("reference_renderer")
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.engine.renderer import ReferenceRenderer
 
@@ -217,6 +231,7 @@ def engine_core(
     request: pytest.FixtureRequest, engine_config: EngineConfig
 ) -> Iterator[EngineCore]:
     """An in-process EngineCore; teardown checks idempotent shutdown and the gc freeze count."""
+    _require_torch("engine_core")
     import gc
 
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
@@ -251,6 +266,7 @@ def engine_manager(
     used is the cell's expected one; nothing was force-killed unless the test expects it
     (``expect_force_kill``); no engine process is left.
     """
+    _require_torch("engine_manager")
     from pytest_shutdown.engine.processes import EngineProcManager
 
     manager = EngineProcManager(engine_config)
@@ -270,6 +286,7 @@ def reference_llm(
     expect_force_kill: ForceKillExpectation,
 ) -> Iterator[ReferenceLLM]:
     """A ReferenceLLM (renderer + engine processes); teardown checks as ``engine_manager``."""
+    _require_torch("reference_llm")
     from pytest_shutdown.engine.llm import ReferenceLLM
 
     llm = ReferenceLLM(engine_config)
@@ -307,6 +324,7 @@ def dp_supervisor(
     (``get_engine_process_shutdown_timeout(t, t) + child_exit_grace_s``, ``t`` the cell's
     request timeout or the config's); checks as ``engine_manager``, over the whole tree.
     """
+    _require_torch("dp_supervisor")
     from pytest_shutdown.engine.supervisor import DPSupervisor
 
     supervisor = DPSupervisor(engine_config, num_children=SUPERVISOR_CHILDREN)

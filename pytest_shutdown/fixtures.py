@@ -334,7 +334,7 @@ def dp_supervisor(
     yield supervisor
     cell = current_cell(request)
     timeout = cell.request_timeout if cell is not None else None
-    findings = _check_idempotent(supervisor, lambda: supervisor.shutdown(timeout))
+    findings = _check_idempotent(request, supervisor, lambda: supervisor.shutdown(timeout))
     outcome = supervisor.last_outcome
     if outcome is not None:
         findings += _collect(lambda: _assert_force_kill(outcome, expect_force_kill))
@@ -456,7 +456,7 @@ def _check_process_shutdown(
     cell = current_cell(request)
     timeout = cell.process_timeout if cell is not None else None
     outcomes: list[ShutdownOutcome | None] = []
-    findings = _check_idempotent(engine, lambda: outcomes.append(shutdown(timeout)))
+    findings = _check_idempotent(request, engine, lambda: outcomes.append(shutdown(timeout)))
     if not outcomes or outcomes[0] is None:
         return findings
     outcome = outcomes[0]
@@ -485,14 +485,36 @@ def _check_process_shutdown(
     return findings
 
 
-def _check_idempotent(engine: object, shutdown: Callable[[], object]) -> list[Finding]:
-    """Call ``shutdown`` twice; each call must return without raising."""
+def _check_idempotent(
+    request: pytest.FixtureRequest, engine: object, shutdown: Callable[[], object]
+) -> list[Finding]:
+    """Call ``shutdown`` twice; each call must return without raising.
+
+    A call interrupted by the teardown budget is no raise: it is recorded as ``shutdown-budget``
+    and the interruption goes on (the rest of the teardown is what the budget cuts short).
+    """
     import traceback
 
-    findings = []
+    from pytest_shutdown.budget import ShutdownBudgetExceeded
+
+    findings: list[Finding] = []
     for number in (1, 2):
         try:
             shutdown()
+        except ShutdownBudgetExceeded as exc:
+            _record(
+                request,
+                [
+                    *findings,
+                    Finding(
+                        "shutdown-budget",
+                        f"{type(engine).__name__}.shutdown() call {number} was interrupted by "
+                        f"the teardown's shutdown budget: {exc}",
+                        {"call": number, "traceback": traceback.format_exc()},
+                    ),
+                ],
+            )
+            raise
         except Exception as exc:  # noqa: BLE001 - a raising shutdown is the finding
             findings.append(
                 Finding(

@@ -8,7 +8,9 @@ appended and flushed as it happens:
 * ``{"type": "record", "record": {...}, "timed": bool}``: one test's record, written when the
   test ends (``timed``: the record carries the test's teardown duration);
 * ``{"type": "worker", "worker": "gw0", "lost": bool, "error": "..."}``: an xdist worker ended;
-* ``{"type": "end", "exitstatus": int}``: the session ended in order (last line).
+* ``{"type": "end", "exitstatus": int, "aborted": bool}``: the last line; ``aborted`` when the
+  process ended at once (a teardown hung past its second budget), else the session ended in
+  order.
 
 So a run killed by SIGKILL, ``os._exit`` (pytest-timeout's ``thread`` method) or a double
 Ctrl-C keeps every finished test's findings. At session end the JSON report is assembled from
@@ -16,7 +18,8 @@ the log; after a killed run the same assembly is one command::
 
     python -m pytest_shutdown.records report.records.jsonl -o report.json
 
-The assembled document says ``"complete": false`` when the log has no ``end`` line.
+The assembled document says ``"complete": false`` when the log has no ``end`` line or an
+aborted one.
 """
 
 from __future__ import annotations
@@ -125,7 +128,7 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "durations": durations,
         "workers": sorted(workers),
         "lost_workers": lost,
-        "complete": end is not None,
+        "complete": end is not None and not end.get("aborted"),
         "exitstatus": end.get("exitstatus") if end is not None else None,
     }
 

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 
 import pytest_shutdown
+from pytest_shutdown.budget import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE, BudgetOutcome
+from pytest_shutdown.findings import Finding
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
     RecordLog,
@@ -112,6 +114,16 @@ def render_budget(budget: Mapping[str, Any]) -> str:
         lines.append(f"  stack of thread {thread.get('name')!r} (ident {thread.get('ident')}):")
         lines.extend("    " + line for line in str(thread["stack"]).rstrip("\n").splitlines())
     return "\n".join(lines)
+
+
+def budget_finding(name: str, budget: Mapping[str, Any]) -> Finding:
+    """The ``shutdown-budget`` finding of a fired budget (``budget``: its plain outcome)."""
+    return Finding(
+        "shutdown-budget",
+        f"the teardown of {name} ran past its {budget['budget_s']:g} s shutdown budget and was "
+        f"interrupted after {budget['elapsed_s']:.2f} s ({budget['method']} method).",
+        {k: budget[k] for k in ("budget_s", "elapsed_s", "method") if k in budget},
+    )
 
 
 class ShutdownReport:
@@ -210,8 +222,6 @@ class ShutdownReport:
         lines = [head]
         for record in records:
             where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
-            if record.budget:
-                lines.append(f"{where}: [budget] teardown exceeded {record.budget['budget_s']:g} s")
             for finding in record.findings:
                 lines.append(f"{where}: [{finding['code']}] {finding['message']}")
         for lost in self.lost_workers:
@@ -234,6 +244,32 @@ class ShutdownReport:
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if self.log is not None:
             self.log.open(self._head())
+        HANG_HANDLERS.append(self._on_hung_teardown)
+
+    @pytest.hookimpl
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._on_hung_teardown in HANG_HANDLERS:
+            HANG_HANDLERS.remove(self._on_hung_teardown)
+
+    def _on_hung_teardown(self, label: str, outcome: BudgetOutcome) -> None:
+        """A teardown hung past its second budget and the process is about to end: let the
+        stack dump reach the terminal, and write the report with the hung test's record."""
+        capture = self.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            try:
+                capture.suspend_global_capture(in_=False)
+            except Exception:  # noqa: BLE001, S110 - the process ends anyway
+                pass
+        budget = outcome.to_dict()
+        record = TestRecord(
+            nodeid=label,
+            worker=self.worker,
+            teardown_s=outcome.elapsed_s,
+            findings=[budget_finding(label.rpartition("::")[2], budget).to_dict()],
+            budget=budget,
+        )
+        entry = {"type": "record", "record": record.to_plain(), "timed": True}
+        self.write_before_exit([entry], HUNG_TEARDOWN_EXIT_CODE)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(
@@ -278,11 +314,14 @@ class ShutdownReport:
             self._accept(entry)
         self.finish(int(exitstatus))
 
-    def finish(self, exitstatus: int) -> None:
-        """End the record log and assemble the JSON report from it (no-op without a report)."""
+    def finish(self, exitstatus: int, *, aborted: bool = False) -> None:
+        """End the record log and assemble the JSON report from it (no-op without a report).
+
+        ``aborted``: the process ends now, not in order (the report says ``complete: false``).
+        """
         if self.log is None or self.settings.report_path is None:
             return
-        self._accept({"type": "end", "exitstatus": exitstatus})
+        self._accept({"type": "end", "exitstatus": exitstatus, "aborted": aborted})
         self.log.close()
         write_report(assemble(read_entries(self.log.path)), self.settings.report_path)
 
@@ -293,7 +332,7 @@ class ShutdownReport:
         pending, self._pending = self._pending, []
         for entry in [*pending, *entries]:
             self._accept(entry)
-        self.finish(exitstatus)
+        self.finish(exitstatus, aborted=True)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if hasattr(self.config, "workerinput"):

@@ -139,6 +139,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "pytest-shutdown-fixtures")
+    # Every ShutdownContractError of a test: codes on the status line, findings in the reports.
+    from pytest_shutdown.contract_errors import ContractErrorsReported
+
+    config.pluginmanager.register(ContractErrorsReported(), "pytest-shutdown-contract-errors")
 
     if settings.graphs_dir is not None:
         from pytest_shutdown.report import GraphsRecorder

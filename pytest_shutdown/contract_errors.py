@@ -8,7 +8,8 @@ error into data:
 * its findings become the test's JUnit ``user_properties`` (``shutdown:<code>``) and, when a
   shutdown report runs, findings of the test in the terminal summary and the JSON report;
 * its codes go on the report (``report.shutdown_codes``, plain data that travels under xdist)
-  and on the verbose status line: ``FAILED [thread-leak]``, ``XFAIL [finalizer-bound-method]``.
+  and, for a failed or xfailed test body, on the verbose status line: ``FAILED [thread-leak]``,
+  ``XFAIL [finalizer-bound-method]``.
 
 Findings already recorded (by ``shutdown_check``, the engine fixtures or the guard, which
 record and then raise) are not recorded twice.
@@ -56,15 +57,14 @@ class ContractErrorsReported:
     def pytest_report_teststatus(
         self, report: pytest.TestReport, config: pytest.Config
     ) -> tuple[str, str, Any] | None:
-        """``FAILED [code]`` / ``XFAIL [code]`` / ``ERROR [code]`` on the verbose status line."""
+        """``FAILED [code]`` / ``XFAIL [code]`` on the verbose status line of a test whose body
+        raised (setup and teardown errors keep pytest's ``ERROR``; their codes are in the
+        error's text and in the reports)."""
         codes = getattr(report, CODES_ATTR, None)
-        if not codes:
+        if not codes or report.when != "call":
             return None
-        if report.when == "call":
-            if hasattr(report, "wasxfail"):
-                return "xfailed", "x", (f"XFAIL [{codes}]", {"yellow": True})
-            if report.failed:
-                return "failed", "F", (f"FAILED [{codes}]", {"red": True})
-        elif report.failed:  # setup or teardown
-            return "error", "E", (f"ERROR [{codes}]", {"red": True})
+        if hasattr(report, "wasxfail"):
+            return "xfailed", "x", (f"XFAIL [{codes}]", {"yellow": True})
+        if report.failed:
+            return "failed", "F", (f"FAILED [{codes}]", {"red": True})
         return None

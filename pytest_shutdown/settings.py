@@ -120,19 +120,19 @@ def load_settings(config: pytest.Config) -> GuardSettings:
     )
     report_path = _path_option(config, "shutdown_report", "--shutdown-report", "a file path")
     if report_path is not None:
+        given = str(config.getoption("shutdown_report"))
         if report_path.is_dir():
             raise pytest.UsageError(
-                f"--shutdown-report: {str(report_path)!r} is a folder; expected a file path"
+                f"--shutdown-report: {given!r} is a folder; expected a file path"
             )
         _writable_folder(report_path.parent, "--shutdown-report")
         if report_path.exists() and not os.access(report_path, os.W_OK):
-            raise pytest.UsageError(f"--shutdown-report: {str(report_path)!r} is read-only")
+            raise pytest.UsageError(f"--shutdown-report: {given!r} is read-only")
     graphs_dir = _path_option(config, "shutdown_graphs", "--shutdown-graphs", "a folder path")
     if graphs_dir is not None:
+        given = str(config.getoption("shutdown_graphs"))
         if graphs_dir.exists() and not graphs_dir.is_dir():
-            raise pytest.UsageError(
-                f"--shutdown-graphs: {str(graphs_dir)!r} exists and is not a folder"
-            )
+            raise pytest.UsageError(f"--shutdown-graphs: {given!r} exists and is not a folder")
         _writable_folder(graphs_dir, "--shutdown-graphs")
     return GuardSettings(mode, grace, budget, report_path, platform, graphs_dir)
 

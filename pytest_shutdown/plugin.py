@@ -35,14 +35,16 @@ Seconds a thread or child process started by a test may keep running after the t
 before it is reported as a leak (polled, so clean tests do not wait). Default {DEFAULT_GRACE_S:g}.
 """.strip()
 BUDGET_DESC = """
-Teardown budget in seconds: a test's teardown (fixture finalizers included) that takes longer is
-interrupted, every thread's stack goes into the report, the test's child processes are killed
-and the test errors; the session goes on. 0 (the default) means no budget. A per-test value is
-set with @pytest.mark.shutdown_budget(seconds).
+Teardown budget in seconds (0 to 86400): a test's teardown (fixture finalizers included) that
+takes longer is interrupted, every thread's stack goes into the report, the test's child
+processes are killed and the test errors; the session goes on. A teardown still not done one
+more budget later ends the process with exit code 70 (stacks dumped, report written). 0 (the
+default) means no budget. A per-test value is set with @pytest.mark.shutdown_budget(seconds).
 """.strip()
 REPORT_DESC = """
 Write the guard's findings and shutdown durations as JSON to this path (merged over xdist
-workers).
+workers). Each test's record is appended to PATH's record log (<stem>.records.jsonl) as the
+test ends; after a killed run, 'python -m pytest_shutdown.records LOG -o PATH' assembles it.
 """.strip()
 GRAPHS_DESC = """
 Draw a backref picture (objgraph.show_backrefs) into this folder for every not-collected and

@@ -39,13 +39,7 @@ from pytest_shutdown.checks.leaks import (
     thread_filter,
 )
 from pytest_shutdown.findings import Finding, ShutdownContractError
-from pytest_shutdown.report import (
-    ShutdownReport,
-    TestRecord,
-    budget_finding,
-    render_budget,
-    render_findings,
-)
+from pytest_shutdown.report import ShutdownReport, TestRecord, render_budget, render_findings
 from pytest_shutdown.settings import AllowLeaks, GuardSettings, allow_leaks_of, budget_of
 
 __all__ = ["ShutdownGuard", "ShutdownLeakWarning"]
@@ -203,6 +197,8 @@ class ShutdownGuard:
         fired = budget.outcome if budget is not None and budget.outcome.fired else None
         findings = self._check(watch)
         if fired is not None:
+            from pytest_shutdown.report import budget_finding  # noqa: PLC0415
+
             findings.insert(0, budget_finding(item.name, fired.to_dict()))
         if fired is not None and fired.killed:
             count = len(fired.killed)

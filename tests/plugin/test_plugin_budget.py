@@ -450,3 +450,27 @@ def test_a_leak_after_a_pytest_timeout_is_not_said_to_have_had_a_grace(
     assert finding["code"] == "process-leak"
     assert "(no grace was given)" in finding["message"]
     assert "grace:" not in finding["message"] and finding["details"]["grace_s"] == 0.0
+
+
+def test_an_in_process_engine_cut_short_by_the_budget_is_not_said_to_have_raised(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("torch")
+    pytester.makepyfile(
+        """
+        import time
+
+        def test_shutdown_hangs(engine_core):
+            real = engine_core.shutdown
+            engine_core.shutdown = lambda: (real(), time.sleep(60))  # released, then hangs
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-platform=cpu", "--shutdown-budget=2",
+        "--shutdown-report=r.json",
+        timeout=120,
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*ShutdownBudgetExceeded: shutdown budget of 2 s exceeded*"])
+    (record,) = json.loads((pytester.path / "r.json").read_text())["tests"]
+    assert [f["code"] for f in record["findings"]] == ["shutdown-budget"]

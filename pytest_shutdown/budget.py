@@ -1,24 +1,32 @@
 """The teardown budget: interrupt a teardown that hangs instead of hanging the session.
 
-Like pytest-timeout's ``signal`` method, the budget arms ``ITIMER_REAL`` and raises
-:class:`ShutdownBudgetExceeded` from a ``SIGALRM`` handler in the main thread; a blocked system
-call (``join``, ``waitpid``, ``sleep``) is interrupted there, and pytest goes on with the other
-finalizers and the next test. Where signals are unavailable (not the main thread, no SIGALRM) a
-watchdog thread injects the exception asynchronously instead; that reaches Python code but not a
-thread blocked inside one C call, so it is a best effort.
+A watchdog thread keeps the time. When the budget runs out it captures the stack of every
+thread and interrupts the teardown: like pytest-timeout's ``signal`` method, with ``SIGALRM``
+sent to the main thread, whose handler calls ``on_expire`` (the guard kills the test's child
+processes there) and raises :class:`ShutdownBudgetExceeded` (a blocked system call such as
+``join``, ``waitpid`` or ``sleep`` is interrupted there); pytest goes on with the other
+finalizers and the next test. A main thread stuck inside one C call never runs that handler:
+then the watchdog calls ``on_expire`` itself after :data:`HANDOFF_S`, which often unblocks the
+call (it was waiting for those children). Where signals are unavailable (not the main thread,
+no SIGALRM) the watchdog calls ``on_expire`` and injects the exception asynchronously; that
+reaches Python code only.
 
-On expiry, before raising, the budget captures the stack of every thread and calls ``on_expire``
-(the guard kills the test's child processes there, which often unblocks the teardown too). If the
-teardown is still not done one budget later, the exception is raised again (at most
-:data:`MAX_FIRES` times).
+A teardown still running half a budget later is interrupted once more. A teardown that has not
+returned one whole budget after the first interrupt (it swallows every interrupt, or sits in C
+for good) would hang the session: the watchdog then calls the :data:`HANG_HANDLERS` (the report
+is written there), dumps every thread's stack to stderr and ends the process with exit code
+:data:`HUNG_TEARDOWN_EXIT_CODE`, as pytest-timeout's ``thread`` method does.
 
 Coexistence with pytest-timeout: if its signal timer is already armed and due before the budget,
 pytest-timeout governs and the budget does not arm (one hang is never reported twice); otherwise
-its handler and its remaining time are restored when the budget is disarmed.
+its timer is paused while the budget is armed, and its handler and its remaining time are
+restored when the budget is disarmed.
 """
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import signal
 import sys
 import threading
@@ -29,8 +37,17 @@ from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any
 
-#: How often a teardown that keeps hanging is interrupted again.
-MAX_FIRES = 3
+#: How often a teardown that keeps hanging is interrupted (at 1 and 1.5 budgets).
+MAX_FIRES = 2
+#: How long the watchdog lets the main thread take the budget's signal (and kill the test's
+#: children in its handler) before it kills them itself: the main thread is stuck in C.
+HANDOFF_S = 1.0
+#: The exit code of a process ended because a teardown did not return within a second budget
+#: after its shutdown budget fired (pytest's own codes are 0 to 5).
+HUNG_TEARDOWN_EXIT_CODE = 70
+#: Called by the watchdog, in order, just before it ends a process whose teardown hung:
+#: ``handler(label, outcome)``. The report registers one that writes the JSON report.
+HANG_HANDLERS: list[Callable[[str, BudgetOutcome], None]] = []
 
 HAVE_SIGALRM = hasattr(signal, "SIGALRM") and hasattr(signal, "setitimer")
 
@@ -130,6 +147,7 @@ class BudgetOutcome:
     elapsed_s: float = 0.0
     threads: list[dict[str, Any]] = field(default_factory=list)
     killed: list[dict[str, Any]] = field(default_factory=list)
+    hung: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -139,6 +157,7 @@ class BudgetOutcome:
             "elapsed_s": round(self.elapsed_s, 4),
             "threads": self.threads,
             "killed": self.killed,
+            "hung": self.hung,
         }
 
 
@@ -146,8 +165,9 @@ class TeardownBudget:
     """Context manager: interrupt the block when it runs longer than ``seconds``.
 
     ``label`` names what is guarded in the exception message; ``on_expire`` runs once, at the
-    first expiry, and returns records of what it killed. ``method`` is ``"auto"`` (signal in the
-    main thread where available, else thread), ``"signal"`` or ``"thread"``.
+    first expiry, in the watchdog thread, and returns records of what it killed. ``method`` is
+    ``"auto"`` (signal in the main thread where available, else thread), ``"signal"`` or
+    ``"thread"``: how the block is interrupted.
     """
 
     def __init__(
@@ -173,6 +193,9 @@ class TeardownBudget:
         self._old_timer: tuple[float, float] = (0.0, 0.0)
         self._armed = False
         self._lock = threading.Lock()
+        self._kill_lock = threading.RLock()
+        self._kill_started = False
+        self._killed = threading.Event()
         self._done = threading.Event()
         self._target = threading.get_ident()
         self._watchdog: threading.Thread | None = None
@@ -186,17 +209,25 @@ class TeardownBudget:
         )
 
     def _expire(self) -> None:
-        self._fires += 1
-        if self.outcome.fired:
-            return
+        """In the watchdog, at the first expiry: record the time and every thread's stack."""
         self.outcome.fired = True
         self.outcome.elapsed_s = time.monotonic() - self._start
         self.outcome.threads = all_stacks()
-        if self.on_expire is not None:
-            try:
+
+    def _kill_once(self) -> None:
+        """Run ``on_expire`` once: in the signal handler when the main thread takes the signal
+        in time, else in the watchdog (the main thread is stuck in C)."""
+        with self._kill_lock:
+            if self._kill_started:
+                return
+            self._kill_started = True
+        try:
+            if self.on_expire is not None:
                 self.outcome.killed = self.on_expire()
-            except Exception as exc:  # never let the watchdog itself break the teardown
-                self.outcome.killed = [{"error": repr(exc)}]
+        except Exception as exc:  # never let the watchdog itself break the teardown
+            self.outcome.killed = [{"error": repr(exc)}]
+        finally:
+            self._killed.set()
 
     def __enter__(self) -> TeardownBudget:
         self._start = time.monotonic()
@@ -205,8 +236,13 @@ class TeardownBudget:
             return self
         if self.outcome.method == "signal":
             self._arm_signal()
-        else:
-            self._arm_thread()
+            if not self._armed:
+                return self  # pytest-timeout governs
+        self._armed = True
+        self._watchdog = threading.Thread(
+            target=self._watch, name=f"pytest-shutdown budget {self.label}", daemon=True
+        )
+        self._watchdog.start()
         return self
 
     def __exit__(
@@ -222,6 +258,66 @@ class TeardownBudget:
         if not self.outcome.fired:
             self.outcome.elapsed_s = time.monotonic() - self._start
 
+    # --- the watchdog ---
+
+    def _watch(self) -> None:
+        waits = [self.seconds] + [self.seconds / 2] * (MAX_FIRES - 1)
+        for wait in waits:
+            if self._done.wait(wait):
+                return
+            with self._lock:
+                if not self._armed:
+                    return
+                self._fires += 1
+                first = self._fires == 1
+                if first:
+                    self._expire()
+                    if self.outcome.method == "thread":
+                        self._kill_once()  # no handler of ours runs in the teardown's thread
+                self._interrupt()
+            if first and not self._killed.wait(HANDOFF_S):
+                self._kill_once()  # the main thread did not take the signal: stuck in C
+        if self._done.wait(self.seconds - sum(waits[1:])):
+            return
+        with self._lock:
+            if not self._armed:
+                return
+        self._end_hung_process()
+
+    def _interrupt(self) -> None:
+        if self.outcome.method == "signal":
+            signal.pthread_kill(self._target, signal.SIGALRM)
+            return
+        import ctypes  # noqa: PLC0415 - only the thread method needs it
+
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(self._target), ctypes.py_object(ShutdownBudgetExceeded)
+        )
+
+    def _end_hung_process(self) -> None:
+        """The teardown ignored the budget for a second budget: report, dump stacks, exit."""
+        self.outcome.hung = True
+        self.outcome.elapsed_s = time.monotonic() - self._start
+        self.outcome.threads = all_stacks()
+        for handler in list(HANG_HANDLERS):
+            try:
+                handler(self.label, self.outcome)
+            except Exception as exc:  # noqa: BLE001 - the process ends whatever happens
+                sys.stderr.write(f"pytest-shutdown: a hang handler failed: {exc!r}\n")
+        stream = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
+        try:
+            stream.write(
+                f"\n+++ pytest-shutdown: the teardown of {self.label} did not return within "
+                f"{self.seconds:g} s after its {self.seconds:g} s shutdown budget ran out; the "
+                f"stacks of all threads follow; exit code {HUNG_TEARDOWN_EXIT_CODE} +++\n"
+            )
+            stream.flush()
+            faulthandler.dump_traceback(file=stream, all_threads=True)
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+        os._exit(HUNG_TEARDOWN_EXIT_CODE)
+
     # --- signal method ---
 
     def _arm_signal(self) -> None:
@@ -232,24 +328,28 @@ class TeardownBudget:
             self.outcome.deferred_to_timeout = True
             return
         self._old_timer = (delay, interval)
+        if delay:
+            signal.setitimer(signal.ITIMER_REAL, 0)  # paused: its handler is not installed now
         self._old_handler = signal.signal(signal.SIGALRM, self._on_signal)
-        signal.setitimer(signal.ITIMER_REAL, self.seconds)
         self._armed = True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         __tracebackhide__ = True
         if not self._armed:
             return
-        self._expire()
-        if self._fires < MAX_FIRES:
-            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        self._kill_once()  # here, so that the teardown sees its children gone when it resumes
         raise ShutdownBudgetExceeded(self._message())
 
     def _disarm_signal(self) -> None:
         if not self._armed:
             return
+        # First, without the lock: a SIGALRM the watchdog sends from now on is let go by the
+        # handler. Then, with it: the watchdog is not between its check and its signal.
         self._armed = False
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        with self._lock:
+            self._done.set()
+        if self._watchdog is not None:
+            self._watchdog.join(5.0)
         handler = self._old_handler if self._old_handler is not None else signal.SIG_DFL
         signal.signal(signal.SIGALRM, handler)
         delay, interval = self._old_timer
@@ -258,28 +358,6 @@ class TeardownBudget:
             signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), interval)
 
     # --- thread method ---
-
-    def _arm_thread(self) -> None:
-        self._armed = True
-        self._watchdog = threading.Thread(
-            target=self._watch, name=f"pytest-shutdown budget {self.label}", daemon=True
-        )
-        self._watchdog.start()
-
-    def _watch(self) -> None:
-        import ctypes  # noqa: PLC0415 - only the thread method needs it
-
-        wait = self.seconds
-        while not self._done.wait(wait):
-            with self._lock:
-                if not self._armed:
-                    return
-                self._expire()
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(self._target), ctypes.py_object(ShutdownBudgetExceeded)
-                )
-                if self._fires >= MAX_FIRES:
-                    return
 
     def _disarm_thread(self) -> None:
         # An injected exception not yet delivered is dropped: the teardown is over. Not by

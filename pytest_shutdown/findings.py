@@ -21,6 +21,7 @@ FINDING_CODES: Mapping[str, str] = {
     "force-killed": "a process had to be force-killed at the end of its shutdown budget",
     "timeout-policy": "a process shutdown timeout policy returned the wrong budget",
     "device-memory-held": "device memory did not return to its baseline after shutdown",
+    "shutdown-budget": "a teardown ran past its shutdown budget and was interrupted",
 }
 
 

@@ -196,11 +196,25 @@ def expect_force_kill(request: pytest.FixtureRequest) -> ForceKillExpectation:
 
 
 # -- engine fixtures -------------------------------------------------------------------------
+def _require_torch(fixture: str) -> None:
+    """The reference engine runs on torch: where it is missing, one error naming the extra."""
+    __tracebackhide__ = True
+    try:
+        import torch  # noqa: F401
+    except ImportError as exc:
+        pytest.fail(
+            f"fixture {fixture!r} runs the reference engine, which needs torch ({exc}); "
+            "install the 'engine' extra: pip install 'pytest-shutdown[engine]'",
+            pytrace=False,
+        )
+
+
 @pytest.fixture
 def reference_renderer(
     request: pytest.FixtureRequest, engine_config: EngineConfig
 ) -> Iterator[ReferenceRenderer]:
     """A ReferenceRenderer; teardown checks that its shutdown is idempotent and its threads end."""
+    _require_torch("reference_renderer")
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.engine.renderer import ReferenceRenderer
 
@@ -217,6 +231,7 @@ def engine_core(
     request: pytest.FixtureRequest, engine_config: EngineConfig
 ) -> Iterator[EngineCore]:
     """An in-process EngineCore; teardown checks idempotent shutdown and the gc freeze count."""
+    _require_torch("engine_core")
     import gc
 
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
@@ -251,6 +266,7 @@ def engine_manager(
     used is the cell's expected one; nothing was force-killed unless the test expects it
     (``expect_force_kill``); no engine process is left.
     """
+    _require_torch("engine_manager")
     from pytest_shutdown.engine.processes import EngineProcManager
 
     manager = EngineProcManager(engine_config)
@@ -270,6 +286,7 @@ def reference_llm(
     expect_force_kill: ForceKillExpectation,
 ) -> Iterator[ReferenceLLM]:
     """A ReferenceLLM (renderer + engine processes); teardown checks as ``engine_manager``."""
+    _require_torch("reference_llm")
     from pytest_shutdown.engine.llm import ReferenceLLM
 
     llm = ReferenceLLM(engine_config)
@@ -307,6 +324,7 @@ def dp_supervisor(
     (``get_engine_process_shutdown_timeout(t, t) + child_exit_grace_s``, ``t`` the cell's
     request timeout or the config's); checks as ``engine_manager``, over the whole tree.
     """
+    _require_torch("dp_supervisor")
     from pytest_shutdown.engine.supervisor import DPSupervisor
 
     supervisor = DPSupervisor(engine_config, num_children=SUPERVISOR_CHILDREN)
@@ -316,7 +334,7 @@ def dp_supervisor(
     yield supervisor
     cell = current_cell(request)
     timeout = cell.request_timeout if cell is not None else None
-    findings = _check_idempotent(supervisor, lambda: supervisor.shutdown(timeout))
+    findings = _check_idempotent(request, supervisor, lambda: supervisor.shutdown(timeout))
     outcome = supervisor.last_outcome
     if outcome is not None:
         findings += _collect(lambda: _assert_force_kill(outcome, expect_force_kill))
@@ -441,7 +459,7 @@ def _check_process_shutdown(
     cell = current_cell(request)
     timeout = cell.process_timeout if cell is not None else None
     outcomes: list[ShutdownOutcome | None] = []
-    findings = _check_idempotent(engine, lambda: outcomes.append(shutdown(timeout)))
+    findings = _check_idempotent(request, engine, lambda: outcomes.append(shutdown(timeout)))
     if not outcomes or outcomes[0] is None:
         return findings
     outcome = outcomes[0]
@@ -470,14 +488,36 @@ def _check_process_shutdown(
     return findings
 
 
-def _check_idempotent(engine: object, shutdown: Callable[[], object]) -> list[Finding]:
-    """Call ``shutdown`` twice; each call must return without raising."""
+def _check_idempotent(
+    request: pytest.FixtureRequest, engine: object, shutdown: Callable[[], object]
+) -> list[Finding]:
+    """Call ``shutdown`` twice; each call must return without raising.
+
+    A call interrupted by the teardown budget is no raise: it is recorded as ``shutdown-budget``
+    and the interruption goes on (the rest of the teardown is what the budget cuts short).
+    """
     import traceback
 
-    findings = []
+    from pytest_shutdown.budget import ShutdownBudgetExceeded
+
+    findings: list[Finding] = []
     for number in (1, 2):
         try:
             shutdown()
+        except ShutdownBudgetExceeded as exc:
+            _record(
+                request,
+                [
+                    *findings,
+                    Finding(
+                        "shutdown-budget",
+                        f"{type(engine).__name__}.shutdown() call {number} was interrupted by "
+                        f"the teardown's shutdown budget: {exc}",
+                        {"call": number, "traceback": traceback.format_exc()},
+                    ),
+                ],
+            )
+            raise
         except Exception as exc:  # noqa: BLE001 - a raising shutdown is the finding
             findings.append(
                 Finding(

@@ -196,6 +196,10 @@ class ShutdownGuard:
             watch.timed_out = True
         fired = budget.outcome if budget is not None and budget.outcome.fired else None
         findings = self._check(watch)
+        if fired is not None:
+            from pytest_shutdown.report import budget_finding  # noqa: PLC0415
+
+            findings.insert(0, budget_finding(item.name, fired.to_dict()))
         if fired is not None and fired.killed:
             count = len(fired.killed)
             findings.append(
@@ -300,10 +304,12 @@ class ShutdownGuard:
                 )
             )
 
-    def _owned_findings(self, owned: _Owned, left: Started, freeze_now: int) -> list[Finding]:
+    def _owned_findings(
+        self, owned: _Owned, left: Started, freeze_now: int, grace: float | None = None
+    ) -> list[Finding]:
         return leak_findings(
             left,
-            grace=self.settings.grace_s,
+            grace=self.settings.grace_s if grace is None else grace,
             subject=f"fixture {owned.fixture!r} ({owned.scope} scope)",
             freeze_before=owned.freeze_before_setup,
             freeze_after=freeze_now,
@@ -350,7 +356,11 @@ class ShutdownGuard:
                 tuple(t for t in owned.started.threads if t in still_threads),
                 tuple(p for p in owned.started.pids if p in still_pids),
             )
-            findings.extend(self._owned_findings(owned, left, freeze_at_finish))
+            findings.extend(
+                self._owned_findings(
+                    owned, left, freeze_at_finish, 0.0 if watch.timed_out else None
+                )
+            )
             before_restore = gc.get_freeze_count()
             self._restore(left.pids, owned.freeze_before_setup, freeze_at_finish)
             expected += gc.get_freeze_count() - before_restore  # an unfreeze is not the test's
@@ -362,7 +372,7 @@ class ShutdownGuard:
         findings.extend(
             leak_findings(
                 mine,
-                grace=self.settings.grace_s,
+                grace=0.0 if watch.timed_out else self.settings.grace_s,  # no wait was given
                 subject=watch.item.name,
                 freeze_before=expected if gc_freeze else None,
                 freeze_after=freeze_now if gc_freeze else None,

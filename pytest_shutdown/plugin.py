@@ -21,6 +21,7 @@ from pytest_shutdown.settings import (
     PLATFORM_CHOICES,
     SETTINGS_KEY,
     load_settings,
+    validate_markers,
 )
 
 GUARD_DESC = """
@@ -34,14 +35,16 @@ Seconds a thread or child process started by a test may keep running after the t
 before it is reported as a leak (polled, so clean tests do not wait). Default {DEFAULT_GRACE_S:g}.
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 BUDGET_DESC = """
-Teardown budget in seconds: a test's teardown (fixture finalizers included) that takes longer is
-interrupted, every thread's stack goes into the report, the test's child processes are killed
-and the test errors; the session goes on. 0 (the default) means no budget. A per-test value is
-set with @pytest.mark.shutdown_budget(seconds).
+Teardown budget in seconds (0 to 86400): a test's teardown (fixture finalizers included) that
+takes longer is interrupted, every thread's stack is captured in the test's report section, the
+test's child processes are killed and the test errors; the session goes on. A teardown still not
+done one more budget later ends the process with exit code 70 (stacks dumped, report written).
+0 (the default) means no budget. A per-test value is set with @pytest.mark.shutdown_budget(seconds).
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 REPORT_DESC = """
 Write the guard's findings and shutdown durations as JSON to this path (merged over xdist
-workers).
+workers). Each test's record is appended to PATH's record log (<stem>.records.jsonl) as the
+test ends; after a killed run, 'python -m pytest_shutdown.records LOG -o PATH' assembles it.
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 GRAPHS_DESC = """
 Draw a backref picture (objgraph.show_backrefs) into this folder for every not-collected and
@@ -138,6 +141,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "pytest-shutdown-fixtures")
+    # Every ShutdownContractError of a test: codes on the status line, findings in the reports.
+    from pytest_shutdown.contract_errors import ContractErrorsReported
+
+    config.pluginmanager.register(ContractErrorsReported(), "pytest-shutdown-contract-errors")
 
     if settings.graphs_dir is not None:
         from pytest_shutdown.report import GraphsRecorder
@@ -151,11 +158,25 @@ def pytest_configure(config: pytest.Config) -> None:
 
         report = ShutdownReport(config, settings)
         config.pluginmanager.register(report, "pytest-shutdown-report")
+        from pytest_shutdown.interrupts import SigtermEndsSessionInOrder
+
+        config.pluginmanager.register(SigtermEndsSessionInOrder(), "pytest-shutdown-sigterm")
         if settings.enabled:
             from pytest_shutdown.guard import ShutdownGuard
 
             guard = ShutdownGuard(config, settings, report)
             config.pluginmanager.register(guard, "pytest-shutdown-guard")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """One rule for bad marker arguments: a collection error naming the test and the marker."""
+    try:
+        validate_markers(metafunc.definition)
+    except pytest.UsageError as exc:
+        error = str(exc)
+    else:
+        return
+    pytest.fail(error, pytrace=False)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -1,16 +1,17 @@
 """The guard's report: per-test records, the terminal section ``shutdown``, JSON, and xdist glue.
 
-Records are plain data (dicts of str, numbers, lists) from the start, so the same records travel
-through pytest-xdist's ``workeroutput``, are merged on the controller, and are rendered both as
-terminal text and as JSON. A worker that crashes never sends its ``workeroutput``: its records
-are lost and the worker is listed under ``lost_workers``; everything else is kept.
+Records are plain data (dicts of str, numbers, lists) from the start. A test's records travel on
+its teardown report (an attribute pytest-xdist serialises with the report), so the controller
+has them as soon as the test ends; there they are appended to the record log
+(:mod:`pytest_shutdown.records`) and rendered as terminal text and as JSON. A worker that
+crashes loses only the test it was running; it is listed under ``lost_workers``.
 """
 
 from __future__ import annotations
 
-import json
+import os
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,26 @@ from typing import Any
 import pytest
 
 import pytest_shutdown
+from pytest_shutdown.budget import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE, BudgetOutcome
+from pytest_shutdown.findings import Finding
+from pytest_shutdown.records import (
+    SCHEMA_VERSION,
+    RecordLog,
+    assemble,
+    collect,
+    durations_summary,
+    read_entries,
+    record_log_path,
+    write_report,
+)
 from pytest_shutdown.settings import GuardSettings
 
-#: Version of the JSON layout written by ``--shutdown-report``; bumped on incompatible change.
-SCHEMA_VERSION = 1
+__all__ = ["SCHEMA_VERSION", "ShutdownReport", "TestRecord", "durations_summary"]
+
 #: The key under ``config.workeroutput`` that carries a worker's data to the controller.
 WORKEROUTPUT_KEY = "pytest_shutdown"
+#: The attribute of a teardown ``TestReport`` that carries the test's records (plain data).
+REPORT_ATTR = "pytest_shutdown_records"
 
 
 @dataclass
@@ -61,21 +76,6 @@ class TestRecord:
             budget=data.get("budget"),
             reported=bool(data.get("reported", True)),
         )
-
-
-def durations_summary(durations: Iterable[float]) -> dict[str, Any]:
-    """Count, median, max and total of the per-test shutdown (teardown) durations."""
-    import statistics  # noqa: PLC0415 - not paid for at plugin load
-
-    values = list(durations)
-    if not values:
-        return {"count": 0, "median_s": None, "max_s": None, "total_s": 0.0}
-    return {
-        "count": len(values),
-        "median_s": round(statistics.median(values), 6),
-        "max_s": round(max(values), 6),
-        "total_s": round(sum(values), 6),
-    }
 
 
 def _cmdline(parts: Iterable[str] | None) -> str:
@@ -116,6 +116,16 @@ def render_budget(budget: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def budget_finding(name: str, budget: Mapping[str, Any]) -> Finding:
+    """The ``shutdown-budget`` finding of a fired budget (``budget``: its plain outcome)."""
+    return Finding(
+        "shutdown-budget",
+        f"the teardown of {name} ran past its {budget['budget_s']:g} s shutdown budget and was "
+        f"interrupted after {budget['elapsed_s']:.2f} s ({budget['method']} method).",
+        {k: budget[k] for k in ("budget_s", "elapsed_s", "method") if k in budget},
+    )
+
+
 class ShutdownReport:
     """Collects :class:`TestRecord` data and renders it; a pytest plugin object.
 
@@ -128,61 +138,43 @@ class ShutdownReport:
         self.config = config
         self.settings = settings
         self.worker: str | None = getattr(config, "workerinput", {}).get("workerid")
-        self.records: list[TestRecord] = []
-        self.durations: list[float] = []
-        self.workers: set[str] = set()
-        self.lost_workers: list[dict[str, Any]] = []
+        #: Entries accepted here (controller or single process), in record-log order.
+        self.entries: list[dict[str, Any]] = []
+        #: Entries of the running test, sent with its teardown report.
+        self._pending: list[dict[str, Any]] = []
+        self.log: RecordLog | None = None
+        if settings.report_path is not None and self.worker is None:
+            self.log = RecordLog(record_log_path(settings.report_path))
 
     # --- collecting ---
 
     def add(self, record: TestRecord) -> None:
-        """Add one test's outcome; only tests with findings or a budget event are kept whole."""
-        self.durations.append(record.teardown_s)
-        if record.findings or record.budget:
-            self._keep(record)
+        """Add one test's outcome (its teardown duration counts); sent when the test ends."""
+        self._pending.append({"type": "record", "record": record.to_plain(), "timed": True})
 
     def add_findings(self, nodeid: str, findings: list[dict[str, Any]]) -> None:
         """Add findings of a test made outside the guard (engine fixtures, ``shutdown_check``)."""
         if findings:
-            self._keep(
-                TestRecord(
-                    nodeid=nodeid, worker=self.worker, teardown_s=0.0, findings=list(findings)
-                )
+            record = TestRecord(
+                nodeid=nodeid, worker=self.worker, teardown_s=0.0, findings=list(findings)
             )
+            self._pending.append({"type": "record", "record": record.to_plain(), "timed": False})
 
-    def _keep(self, record: TestRecord) -> None:
-        for kept in self.records:
-            if kept.nodeid == record.nodeid and kept.worker == record.worker:
-                kept.findings.extend(record.findings)
-                kept.teardown_s = max(kept.teardown_s, record.teardown_s)
-                kept.budget = kept.budget or record.budget
-                kept.reported = kept.reported and record.reported
-                return
-        self.records.append(record)
+    def pending_findings(self, nodeid: str) -> list[dict[str, Any]]:
+        """The findings recorded for ``nodeid`` in the running test, not yet sent."""
+        return [
+            finding
+            for entry in self._pending
+            if entry["record"]["nodeid"] == nodeid
+            for finding in entry["record"]["findings"]
+        ]
 
-    def to_plain(self) -> dict[str, Any]:
-        """This process's data as plain types (what a worker sends)."""
-        return {
-            "worker": self.worker,
-            "records": [r.to_plain() for r in self.records],
-            "durations": [round(d, 6) for d in self.durations],
-        }
+    def _accept(self, entry: dict[str, Any]) -> None:
+        self.entries.append(entry)
+        if self.log is not None:
+            self.log.write(entry)
 
-    def merge(self, data: Mapping[str, Any]) -> None:
-        """Merge the plain data of one worker."""
-        if data.get("worker"):
-            self.workers.add(str(data["worker"]))
-        self.records.extend(TestRecord.from_plain(r) for r in data.get("records", []))
-        self.durations.extend(float(d) for d in data.get("durations", []))
-
-    # --- rendering ---
-
-    def counts(self) -> dict[str, int]:
-        return dict(Counter(f["code"] for r in self.records for f in r.findings))
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON document of ``--shutdown-report``."""
-        records = sorted(self.records, key=lambda r: r.nodeid)
+    def _head(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
             "pytest_shutdown_version": pytest_shutdown.__version__,
@@ -190,17 +182,29 @@ class ShutdownReport:
             "grace_s": self.settings.grace_s,
             "budget_s": self.settings.budget_s,
             "platform": self.settings.platform,
-            "workers": sorted(self.workers),
-            "lost_workers": self.lost_workers,
-            "summary": {
-                "tests": len(self.durations),
-                "tests_with_findings": sum(1 for r in records if r.findings),
-                "findings": self.counts(),
-                "budgets_exceeded": sum(1 for r in records if r.budget),
-            },
-            "durations": durations_summary(self.durations),
-            "tests": [r.to_plain() for r in records],
+            "pid": os.getpid(),
         }
+
+    @property
+    def records(self) -> list[TestRecord]:
+        return [TestRecord.from_plain(r) for r in collect(self.entries)["records"]]
+
+    @property
+    def durations(self) -> list[float]:
+        return list(collect(self.entries)["durations"])
+
+    @property
+    def lost_workers(self) -> list[dict[str, Any]]:
+        return list(collect(self.entries)["lost_workers"])
+
+    # --- rendering ---
+
+    def counts(self) -> dict[str, int]:
+        return dict(Counter(f["code"] for r in self.records for f in r.findings))
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document of ``--shutdown-report`` for what was accepted so far."""
+        return assemble([{"type": "session", **self._head()}, *self.entries])
 
     def summary_lines(self, verbose: bool, collection_errors: int = 0) -> list[str]:
         """The lines of the terminal section ``shutdown``: the result first, then the settings."""
@@ -226,12 +230,13 @@ class ShutdownReport:
         lines = [f"{head} ({setting})"]
         for record in records:
             where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
-            if record.budget:
-                lines.append(f"{where}: [budget] teardown exceeded {record.budget['budget_s']:g} s")
             for finding in record.findings:
                 lines.append(f"{where}: [{finding['code']}] {finding['message']}")
         for lost in self.lost_workers:
-            lines.append(f"worker {lost['worker']} crashed: its shutdown records are lost")
+            lines.append(
+                f"worker {lost['worker']} crashed: the records of the tests it finished are kept, "
+                "the test it was running is lost"
+            )
         if verbose:
             d = durations_summary(self.durations)
             if d["count"]:
@@ -243,26 +248,99 @@ class ShutdownReport:
 
     # --- hooks ---
 
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        if self.log is not None:
+            self.log.open(self._head())
+        HANG_HANDLERS.append(self._on_hung_teardown)
+
+    @pytest.hookimpl
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        if self._on_hung_teardown in HANG_HANDLERS:
+            HANG_HANDLERS.remove(self._on_hung_teardown)
+
+    def _on_hung_teardown(self, label: str, outcome: BudgetOutcome) -> None:
+        """A teardown hung past its second budget and the process is about to end: let the
+        stack dump reach the terminal, and write the report with the hung test's record."""
+        capture = self.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            try:
+                capture.suspend_global_capture(in_=False)
+            except Exception:  # noqa: BLE001, S110 - the process ends anyway
+                pass
+        budget = outcome.to_dict()
+        record = TestRecord(
+            nodeid=label,
+            worker=self.worker,
+            teardown_s=outcome.elapsed_s,
+            findings=[budget_finding(label.rpartition("::")[2], budget).to_dict()],
+            budget=budget,
+        )
+        entry = {"type": "record", "record": record.to_plain(), "timed": True}
+        self.write_before_exit([entry], HUNG_TEARDOWN_EXIT_CODE)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """The teardown report carries the test's records (to the controller under xdist)."""
+        report = yield
+        if call.when == "teardown" and self._pending:
+            setattr(report, REPORT_ATTR, self._pending)
+            self._pending = []
+        return report
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Controller (or single process): accept a finished test's records, log them now."""
+        if self.worker is not None:
+            return
+        for entry in getattr(report, REPORT_ATTR, None) or []:
+            self._accept(entry)
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: object) -> None:
-        """xdist controller: merge a finished worker's data; note a crashed one."""
+        """xdist controller: accept a finished worker's last records; note a crashed one."""
+        worker = str(getattr(getattr(node, "gateway", None), "id", "?"))
         data = getattr(node, "workeroutput", {}).get(WORKEROUTPUT_KEY)
         if data is not None:
-            self.merge(data)
+            for entry in data.get("entries", []):
+                self._accept(entry)
+            self._accept({"type": "worker", "worker": worker, "lost": False})
         else:
-            worker = getattr(getattr(node, "gateway", None), "id", "?")
-            self.lost_workers.append({"worker": str(worker), "error": str(error or "")[-500:]})
+            error_text = str(error or "")[-500:]
+            self._accept({"type": "worker", "worker": worker, "lost": True, "error": error_text})
 
     @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        pending, self._pending = self._pending, []
         workeroutput = getattr(self.config, "workeroutput", None)
         if workeroutput is not None:
-            workeroutput[WORKEROUTPUT_KEY] = self.to_plain()
+            workeroutput[WORKEROUTPUT_KEY] = {"worker": self.worker, "entries": pending}
             return
-        path = self.settings.report_path
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(self.to_json(), indent=2, default=str) + "\n")
+        for entry in pending:
+            self._accept(entry)
+        self.finish(int(exitstatus))
+
+    def finish(self, exitstatus: int, *, aborted: bool = False) -> None:
+        """End the record log and assemble the JSON report from it (no-op without a report).
+
+        ``aborted``: the process ends now, not in order (the report says ``complete: false``).
+        """
+        if self.log is None or self.settings.report_path is None:
+            return
+        self._accept({"type": "end", "exitstatus": exitstatus, "aborted": aborted})
+        self.log.close()
+        write_report(assemble(read_entries(self.log.path)), self.settings.report_path)
+
+    def write_before_exit(self, entries: list[dict[str, Any]], exitstatus: int) -> None:
+        """The process is about to end abruptly: log what is pending and write the report."""
+        if self.worker is not None:
+            return  # only the controller writes; it lists this worker as lost
+        pending, self._pending = self._pending, []
+        for entry in [*pending, *entries]:
+            self._accept(entry)
+        self.finish(exitstatus, aborted=True)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if hasattr(self.config, "workerinput"):

@@ -1,13 +1,19 @@
 """The guard's settings: options and ini values read, validated and stored on the config.
 
 Every value is validated at configure time; a bad one is a :class:`pytest.UsageError` (exit code
-4) whose message names the option or ini key and the accepted values. Marker arguments are
-validated at collection by :func:`allow_leaks_of` and :func:`budget_of`.
+4) whose message names the option or ini key and the accepted values. The report and graphs
+paths are checked there too (their folders are created; a place that cannot be written is
+refused before any test runs).
+
+Marker arguments follow one rule: a bad one is a *collection error* naming the test, the marker
+and the accepted arguments (:func:`validate_markers`, called from ``pytest_generate_tests``);
+the run stops before any test runs, with or without xdist.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +31,8 @@ PLUGIN_NAMES: frozenset[str] = frozenset({"shutdown", "pytest_shutdown.plugin"})
 
 DEFAULT_GRACE_S = 2.0
 DEFAULT_BUDGET_S = 0.0
+#: The largest budget or grace accepted (one day): well inside every platform's timers.
+MAX_SECONDS = 86400.0
 
 #: The keyword arguments ``allow_leaks`` accepts.
 ALLOW_LEAKS_KINDS: tuple[str, ...] = ("threads", "processes", "gc_freeze")
@@ -55,9 +63,10 @@ def _seconds(value: object, source: str) -> float:
         seconds = float(str(value).strip())
     except ValueError:
         seconds = math.nan
-    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0:
+    if math.isnan(seconds) or math.isinf(seconds) or seconds < 0 or seconds > MAX_SECONDS:
         raise pytest.UsageError(
-            f"{source}: {value!r} is not a duration; accepted: a number of seconds >= 0"
+            f"{source}: {value!r} is not accepted; accepted: a number of seconds >= 0 and "
+            f"<= {MAX_SECONDS:g}"
         )
     return seconds
 
@@ -103,20 +112,28 @@ def load_settings(config: pytest.Config) -> GuardSettings:
     mode = guard_mode(config)
     grace = _option_or_ini(config, "shutdown_grace", DEFAULT_GRACE_S)
     budget = _option_or_ini(config, "shutdown_budget", DEFAULT_BUDGET_S)
+    platform_option = config.getoption("shutdown_platform")
     platform = _choice(
-        str(config.getoption("shutdown_platform") or "auto").strip(),
+        "auto" if platform_option is None else str(platform_option).strip(),
         "--shutdown-platform",
         PLATFORM_CHOICES,
     )
-    report = config.getoption("shutdown_report")
-    report_path = None
-    if report is not None:
-        if not str(report).strip():
-            raise pytest.UsageError("--shutdown-report: expected a file path, got ''")
-        report_path = Path(report).expanduser()
-        if not report_path.is_absolute():
-            report_path = config.invocation_params.dir / report_path
+    report_path = _path_option(config, "shutdown_report", "--shutdown-report", "a file path")
+    if report_path is not None:
+        given = str(config.getoption("shutdown_report"))
+        if report_path.is_dir():
+            raise pytest.UsageError(
+                f"--shutdown-report: {given!r} is a folder; expected a file path"
+            )
+        _writable_folder(report_path.parent, "--shutdown-report")
+        if report_path.exists() and not os.access(report_path, os.W_OK):
+            raise pytest.UsageError(f"--shutdown-report: {given!r} is read-only")
     graphs_dir = _path_option(config, "shutdown_graphs", "--shutdown-graphs", "a folder path")
+    if graphs_dir is not None:
+        given = str(config.getoption("shutdown_graphs"))
+        if graphs_dir.exists() and not graphs_dir.is_dir():
+            raise pytest.UsageError(f"--shutdown-graphs: {given!r} exists and is not a folder")
+        _writable_folder(graphs_dir, "--shutdown-graphs")
     return GuardSettings(mode, grace, budget, report_path, platform, graphs_dir)
 
 
@@ -130,9 +147,31 @@ def _path_option(config: pytest.Config, dest: str, option: str, what: str) -> Pa
     path = Path(str(value)).expanduser()
     if not path.is_absolute():
         path = config.invocation_params.dir / path
-    if path.exists() and not path.is_dir():
-        raise pytest.UsageError(f"{option}: {str(value)!r} exists and is not a folder")
     return path
+
+
+def _writable_folder(folder: Path, option: str) -> None:
+    """Create ``folder`` (and its parents) if missing; a UsageError if that fails or if it is
+    read-only, so that a bad place is refused before the run, not after it."""
+    existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise pytest.UsageError(
+            f"{option}: {str(existing)!r} is a file, not a folder; expected a path in a folder"
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"{option}: cannot create the folder {str(folder)!r} ({exc.strerror or exc}); "
+            "expected a path in a folder you can write to"
+        ) from None
+    if not folder.is_dir():
+        raise pytest.UsageError(f"{option}: {str(folder)!r} is not a folder")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise pytest.UsageError(
+            f"{option}: the folder {str(folder)!r} is read-only; expected a path in a folder "
+            "you can write to"
+        )
 
 
 # --- markers ---------------------------------------------------------------------------------
@@ -191,6 +230,32 @@ def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:
     return AllowLeaks(
         threads, bool(given.get("processes", False)), bool(given.get("gc_freeze", False)), reason
     )
+
+
+def expect_force_kill_of(item: pytest.Item) -> bool:
+    """Whether ``item`` carries ``expect_force_kill(reason=...)``; bad arguments raise a
+    UsageError (reason is optional, a string; nothing else is accepted)."""
+    marker = item.get_closest_marker("expect_force_kill")
+    if marker is None:
+        return False
+    where = f"{item.nodeid}: @pytest.mark.expect_force_kill"
+    if marker.args:
+        raise pytest.UsageError(f"{where} takes keyword arguments only; accepted: reason")
+    unknown = sorted(set(marker.kwargs) - {"reason"})
+    if unknown:
+        raise pytest.UsageError(
+            f"{where}: unknown argument(s) {', '.join(unknown)}; accepted: reason"
+        )
+    if not isinstance(marker.kwargs.get("reason", ""), str):
+        raise pytest.UsageError(f"{where}: reason= takes a string")
+    return True
+
+
+def validate_markers(item: pytest.Item) -> None:
+    """Check the arguments of every marker of this plugin on ``item``; raise UsageError."""
+    allow_leaks_of(item)
+    budget_of(item, DEFAULT_BUDGET_S)
+    expect_force_kill_of(item)
 
 
 def budget_of(item: pytest.Item, default: float) -> float:

@@ -125,7 +125,10 @@ def _one_call(
         try:
             bound()
         except BaseException as exc:  # noqa: BLE001 - reported as data, never swallowed silently
-            if isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            from pytest_shutdown.budget import ShutdownBudgetExceeded  # noqa: PLC0415
+
+            # Interruptions are not the shutdown raising: a teardown budget cuts the check short.
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, ShutdownBudgetExceeded)):
                 raise
             return [_raised(subject, method, number, threading.current_thread().name, exc)]
     return []

@@ -346,6 +346,11 @@ def _process_record(pid: int) -> dict[str, Any]:
     return record
 
 
+def _after(grace: float) -> str:
+    """When something was found still running: after a grace, or at once (none was given)."""
+    return f"after the {grace:g} s grace" if grace > 0 else "(no grace was given)"
+
+
 def leak_findings(
     left: Started,
     *,
@@ -371,7 +376,7 @@ def leak_findings(
             Finding(
                 "thread-leak",
                 f"{count} thread{'s' if count != 1 else ''} started in {subject} still "
-                f"running after the {grace:g} s grace: {names}.",
+                f"running {_after(grace)}: {names}.",
                 {"threads": records, "grace_s": grace, **extra},
             )
         )
@@ -383,7 +388,7 @@ def leak_findings(
             Finding(
                 "process-leak",
                 f"{count} child process{'es' if count != 1 else ''} started in {subject} still "
-                f"running after the {grace:g} s grace: {described}.",
+                f"running {_after(grace)}: {described}.",
                 {"processes": records, "grace_s": grace, **extra},
             )
         )

@@ -416,8 +416,14 @@ def run_engine_core(
     lifecycle_log: str | None = None,
     faults: ChildFaults | None = None,
     pdeathsig: bool = False,
+    exiting: bool = False,
 ) -> None:
     """Run one EngineCore in this (child) process until it is told to stop; ends in SystemExit.
+
+    ``exiting``: the process ends as soon as this returns (the process entry passes True). Then
+    SIGTERM/SIGINT stay ignored after the cleanup instead of getting their default handlers
+    back: a late duplicate SIGTERM (a DP supervisor signals the whole process group, then the
+    child's manager signals each engine) must not turn a clean exit into death by signal.
 
     ``parent_pid`` is the logical parent (the process that owns ``conn``); when it dies this
     process exits by itself within about ``PARENT_GONE_EXIT_S``. ``pdeathsig`` additionally asks
@@ -481,10 +487,11 @@ def run_engine_core(
             # The fork server's freeze, not this process's: released with the engine.
             gc.unfreeze()
         log.event("cleanup_finished")
-        # Only now: the default handlers.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        log.event("handlers_restored")
+        # Only now: the default handlers (still ignored in a process that is about to end).
+        after = signal.SIG_IGN if exiting else signal.SIG_DFL
+        signal.signal(signal.SIGTERM, after)
+        signal.signal(signal.SIGINT, after)
+        log.event("handlers_restored", handlers="ignored" if exiting else "default")
         if parent_watch is not None:
             parent_watch.stop()
         if clean_shutdown and platform == "rocm":
@@ -516,7 +523,7 @@ def engine_process_main(
     try:
         run_engine_core(
             config, conn, dp_rank=dp_rank, parent_pid=parent_pid,
-            lifecycle_log=lifecycle_log, faults=faults, pdeathsig=pdeathsig,
+            lifecycle_log=lifecycle_log, faults=faults, pdeathsig=pdeathsig, exiting=True,
         )
     except SystemExit as exc:
         code = exc.code

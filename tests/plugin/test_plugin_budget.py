@@ -68,7 +68,7 @@ def test_hung_teardown_ends_at_the_budget_and_the_session_goes_on(
     by_id = {t["nodeid"]: t for t in report["tests"]}
     hung = by_id["test_hung.py::test_hung_on_child"]
     assert hung["budget"]["fired"] and hung["budget"]["budget_s"] == 1.0
-    assert [f["code"] for f in hung["findings"]] == ["force-killed"]
+    assert [f["code"] for f in hung["findings"]] == ["shutdown-budget", "force-killed"]
     assert any("proc.wait()" in t["stack"] for t in hung["budget"]["threads"])
     assert by_id["test_hung.py::test_hung_sleeping"]["budget"]["budget_s"] == 0.5
     assert report["summary"]["budgets_exceeded"] == 2
@@ -281,3 +281,196 @@ def test_tool_threads_are_recognised_and_user_threads_are_not() -> None:
     assert is_tool_thread(timer)
     assert not is_tool_thread(user)
     assert not is_tool_thread(threading.Thread(target=print))
+
+
+# --- hangs in C, teardowns that ignore the budget, engines cut short ------------------------
+
+C_WAIT = textwrap.dedent(
+    """
+    import ctypes, signal, subprocess, sys
+    import pytest
+
+    @pytest.fixture
+    def waits_in_c_for_its_child():
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+        yield
+        # One C call that no signal interrupts: the main thread is not back in Python until
+        # the child is gone, so no Python signal handler can run meanwhile.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        try:
+            ctypes.CDLL(None).waitpid(proc.pid, ctypes.byref(ctypes.c_int()), 0)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+
+    def test_hung_in_c(waits_in_c_for_its_child):
+        pass
+
+    def test_next_one_runs():
+        pass
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="libc through ctypes")
+def test_a_teardown_stuck_in_c_is_ended_at_the_budget_with_its_children_killed(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_c=C_WAIT)
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "-p", "no:randomly", "--shutdown-budget=1", "--shutdown-report=r.json",
+        timeout=90,
+    )
+    assert time.monotonic() - start < 60
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*ShutdownBudgetExceeded: shutdown budget of 1 s exceeded*test_c.py::test_hung_in_c*"]
+    )
+    (record,) = json.loads((pytester.path / "r.json").read_text())["tests"]
+    assert [f["code"] for f in record["findings"]] == ["shutdown-budget", "force-killed"]
+    (killed,) = record["budget"]["killed"]
+    assert "time.sleep(120)" in " ".join(killed["cmdline"])
+
+
+HUNG_FOR_GOOD = textwrap.dedent(
+    """
+    import ctypes, signal, threading, time
+    import pytest
+
+    _release = threading.Event()
+
+    def test_a_leaks_a_thread():
+        threading.Thread(target=_release.wait, name="leaky", daemon=True).start()
+
+    @pytest.fixture
+    def in_c():
+        yield
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+        ctypes.CDLL(None).pause()  # no handler ever runs in this thread again: never returns
+
+    @pytest.fixture
+    def in_python():
+        yield
+        while True:  # swallows every interrupt
+            try:
+                time.sleep(100)
+            except BaseException:
+                pass
+
+    def test_b_hangs(FIXTURE):
+        pass
+
+    def test_c_never_runs():
+        pass
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="libc through ctypes")
+@pytest.mark.parametrize("fixture", ["in_c", "in_python"])
+def test_a_teardown_that_never_returns_ends_the_process_after_a_second_budget(
+    pytester: pytest.Pytester, fixture: str
+) -> None:
+    from pytest_shutdown.budget import HUNG_TEARDOWN_EXIT_CODE
+
+    pytester.makepyfile(test_hang=HUNG_FOR_GOOD.replace("FIXTURE", fixture))
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "-p", "no:randomly", "--shutdown-budget=1", "--shutdown-grace=0.2",
+        "--shutdown-report=r.json",
+        timeout=90,
+    )
+    assert time.monotonic() - start < 60
+    assert result.ret == HUNG_TEARDOWN_EXIT_CODE == 70
+    err = result.stderr.str()
+    assert "+++ pytest-shutdown: the teardown of test_hang.py::test_b_hangs did not return" in err
+    assert f"in {fixture}" in err  # faulthandler's dump of the stuck thread
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["complete"] is False and report["exitstatus"] == 70
+    by_id = {t["nodeid"]: t for t in report["tests"]}
+    assert [f["code"] for f in by_id["test_hang.py::test_a_leaks_a_thread"]["findings"]] == [
+        "thread-leak"
+    ]
+    hung = by_id["test_hang.py::test_b_hangs"]
+    assert [f["code"] for f in hung["findings"]] == ["shutdown-budget"]
+    assert hung["budget"]["hung"] is True
+    assert any(f"in {fixture}" in t["stack"] or fixture in t["stack"]
+               for t in hung["budget"]["threads"])
+
+
+def test_an_engine_shutdown_cut_short_by_the_budget_is_shutdown_budget_not_raised(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("torch")
+    pytester.makepyfile(
+        """
+        import time
+
+        def test_shutdown_hangs(engine_manager):
+            engine_manager.shutdown = lambda timeout=None: time.sleep(60)
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-platform=cpu", "--shutdown-budget=2",
+        "--shutdown-report=r.json",
+        timeout=120,
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    (record,) = json.loads((pytester.path / "r.json").read_text())["tests"]
+    codes = [f["code"] for f in record["findings"]]
+    assert "shutdown-raised" not in codes
+    assert codes.count("shutdown-budget") == 2, codes  # the fixture's call and the teardown
+    assert any(
+        "EngineProcManager.shutdown() call 1 was interrupted" in f["message"]
+        for f in record["findings"]
+    )
+    assert "force-killed" in codes  # the engine processes, killed at the budget
+
+
+def test_a_leak_after_a_pytest_timeout_is_not_said_to_have_had_a_grace(
+    pytester: pytest.Pytester, child_script: str
+) -> None:
+    pytester.makepyfile(
+        test_timeout=textwrap.dedent(
+            f"""
+            import subprocess, sys, time
+
+            def test_body_hangs_with_a_child():
+                subprocess.Popen([sys.executable, "-c", "{child_script}"])
+                time.sleep(30)
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--timeout=2", "--shutdown-report=r.json", timeout=90
+    )
+    result.assert_outcomes(failed=1)
+    (record,) = json.loads((pytester.path / "r.json").read_text())["tests"]
+    (finding,) = record["findings"]
+    assert finding["code"] == "process-leak"
+    assert "(no grace was given)" in finding["message"]
+    assert "grace:" not in finding["message"] and finding["details"]["grace_s"] == 0.0
+
+
+def test_an_in_process_engine_cut_short_by_the_budget_is_not_said_to_have_raised(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("torch")
+    pytester.makepyfile(
+        """
+        import time
+
+        def test_shutdown_hangs(engine_core):
+            real = engine_core.shutdown
+            engine_core.shutdown = lambda: (real(), time.sleep(60))  # released, then hangs
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-platform=cpu", "--shutdown-budget=2",
+        "--shutdown-report=r.json",
+        timeout=120,
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*ShutdownBudgetExceeded: shutdown budget of 2 s exceeded*"])
+    (record,) = json.loads((pytester.path / "r.json").read_text())["tests"]
+    assert [f["code"] for f in record["findings"]] == ["shutdown-budget"]

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+#: A folder that exists and that nobody, root included, may write in (Linux procfs).
+READ_ONLY = Path("/proc/sys")
+needs_read_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not READ_ONLY.is_dir(), reason="needs Linux /proc/sys"
+)
 
 
 @pytest.mark.parametrize(
@@ -19,6 +28,12 @@ import pytest
         ([], "shutdown_guard = always", ["shutdown_guard (ini)", "off, warn, fail"]),
         ([], "shutdown_grace = -2", ["shutdown_grace (ini)", "seconds >= 0"]),
         ([], "shutdown_budget = inf", ["shutdown_budget (ini)", "seconds >= 0"]),
+        # Too large for the platform's timers: refused with the accepted range.
+        (["--shutdown-budget=1e10"], "", ["--shutdown-budget", "seconds >= 0 and <= 86400"]),
+        (["--shutdown-grace=1e10"], "", ["--shutdown-grace", "seconds >= 0 and <= 86400"]),
+        ([], "shutdown_budget = 90000", ["shutdown_budget (ini)", "<= 86400"]),
+        (["--shutdown-platform="], "", ["--shutdown-platform", "'' is not accepted", "auto, cuda"]),
+        (["--shutdown-graphs="], "", ["--shutdown-graphs", "folder path"]),
     ],
 )
 def test_bad_option_is_a_usage_error_naming_it(
@@ -32,6 +47,47 @@ def test_bad_option_is_a_usage_error_naming_it(
     err = result.stderr.str()
     for name in names:
         assert name in err, err
+
+
+@pytest.mark.parametrize(
+    ("option", "where", "message"),
+    [
+        ("--shutdown-report", "a-folder", "is a folder; expected a file path"),
+        ("--shutdown-report", "a-file/r.json", "is a file, not a folder"),
+        ("--shutdown-report", "a-file/deeper/r.json", "is a file, not a folder"),
+        ("--shutdown-graphs", "a-file", "exists and is not a folder"),
+        ("--shutdown-graphs", "a-file/graphs", "is a file, not a folder"),
+        pytest.param(
+            "--shutdown-report", f"{READ_ONLY}/r.json", "is read-only", marks=needs_read_only
+        ),
+        pytest.param(
+            "--shutdown-report", f"{READ_ONLY}/missing/r.json", "cannot create the folder",
+            marks=needs_read_only,
+        ),
+        pytest.param(
+            "--shutdown-graphs", f"{READ_ONLY}/graphs", "cannot create the folder",
+            marks=needs_read_only,
+        ),
+    ],
+)
+def test_a_place_that_cannot_be_written_is_refused_at_start_up(
+    pytester: pytest.Pytester, option: str, where: str, message: str
+) -> None:
+    (pytester.path / "a-folder").mkdir()
+    (pytester.path / "a-file").write_text("not a folder")
+    pytester.makepyfile("def test_never_runs(): open('ran', 'w').close()")
+    result = pytester.runpytest_subprocess("-p", "shutdown", f"{option}={where}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    err = result.stderr.str()
+    assert option in err and message in err, err
+    assert not (pytester.path / "ran").exists()
+
+
+def test_missing_folders_of_the_report_are_created(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_fine(): pass")
+    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-report=out/deep/r.json")
+    result.assert_outcomes(passed=1)
+    assert (pytester.path / "out" / "deep" / "r.json").is_file()
 
 
 def test_valid_options_are_stored_on_the_config(pytester: pytest.Pytester) -> None:
@@ -90,10 +146,15 @@ def test_defaults_change_nothing(pytester: pytest.Pytester) -> None:
         ("shutdown_budget('5')", "one number of seconds"),
         ("shutdown_budget()", "one number of seconds"),
         ("shutdown_budget(1, limit=2)", "unknown argument(s) limit"),
+        ("shutdown_budget(1e10)", "<= 86400"),
+        ("expect_force_kill(True)", "keyword arguments only; accepted: reason"),
+        ("expect_force_kill(resaon='typo')", "unknown argument(s) resaon; accepted: reason"),
+        ("expect_force_kill(reason=1)", "reason= takes a string"),
     ],
 )
-def test_bad_marker_is_a_usage_error_at_collection(
-    pytester: pytest.Pytester, marker: str, message: str
+@pytest.mark.parametrize("guard", ["-p shutdown", "--shutdown-guard=off"])
+def test_bad_marker_is_a_collection_error_naming_the_test(
+    pytester: pytest.Pytester, marker: str, message: str, guard: str
 ) -> None:
     pytester.makepyfile(
         f"""
@@ -102,9 +163,14 @@ def test_bad_marker_is_a_usage_error_at_collection(
         @pytest.mark.{marker}
         def test_marked():
             pass
+
+        def test_never_runs():
+            open("ran", "w").close()
         """
     )
-    result = pytester.runpytest("-p", "shutdown")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    err = result.stderr.str()
-    assert "test_marked" in err and message in err, err
+    result = pytester.runpytest(*guard.split())
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.assert_outcomes(errors=1)
+    out = result.stdout.str()
+    assert "ERROR collecting" in out and "test_marked" in out and message in out, out
+    assert not (pytester.path / "ran").exists()

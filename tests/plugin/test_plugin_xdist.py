@@ -59,7 +59,7 @@ def test_leaks_in_both_workers_reach_the_controller(pytester: pytest.Pytester) -
     assert report["durations"]["count"] == 4
 
 
-def test_a_crashed_worker_loses_only_its_own_data(pytester: pytest.Pytester) -> None:
+def test_a_crashed_worker_loses_only_the_test_it_was_running(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_crash=PER_WORKER
         + textwrap.dedent(
@@ -81,13 +81,17 @@ def test_a_crashed_worker_loses_only_its_own_data(pytester: pytest.Pytester) -> 
     )
     assert result.ret != 0
     report = json.loads((pytester.path / "r.json").read_text())
-    # gw0's leak is kept; gw1 died before sending its data and is listed as lost.
-    assert [t["worker"] for t in report["tests"]] == ["gw0"]
+    # Both leaks are kept: gw1's finding reached the controller with the test's teardown report,
+    # before gw1 died in a later test; gw1 is listed as lost.
+    assert sorted(t["worker"] for t in report["tests"]) == ["gw0", "gw1"]
     assert [lost["worker"] for lost in report["lost_workers"]] == ["gw1"]
-    result.stdout.fnmatch_lines(["worker gw1 crashed: its shutdown records are lost"])
+    assert report["complete"] is True
+    result.stdout.fnmatch_lines(
+        ["worker gw1 crashed: the records of the tests it finished are kept, the test it was *"]
+    )
 
 
-def test_bad_marker_under_xdist_errors_the_test_without_crashing_the_worker(
+def test_bad_marker_under_xdist_is_the_same_collection_error(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
@@ -103,6 +107,7 @@ def test_bad_marker_under_xdist_errors_the_test_without_crashing_the_worker(
         """
     )
     result = pytester.runpytest_subprocess("-p", "shutdown", "-n", "2")
-    result.assert_outcomes(passed=1, errors=1)
+    assert result.ret != pytest.ExitCode.OK  # xdist reports collection errors as failures
     result.stdout.fnmatch_lines(["*test_no_reason: @pytest.mark.allow_leaks needs reason=*"])
     assert "INTERNALERROR" not in result.stdout.str()
+    assert "1 passed" not in result.stdout.str()

@@ -1,0 +1,70 @@
+"""Every ShutdownContractError a test raises reaches the reports, and its codes the status line.
+
+A helper imported straight from ``pytest_shutdown`` (not through ``shutdown_check``) raises
+:class:`~pytest_shutdown.findings.ShutdownContractError` in whatever phase it runs: setup, call
+or teardown. This plugin object, registered whenever the plugin is installed, turns such an
+error into data:
+
+* its findings become the test's JUnit ``user_properties`` (``shutdown:<code>``) and, when a
+  shutdown report runs, findings of the test in the terminal summary and the JSON report;
+* its codes go on the report (``report.shutdown_codes``, plain data that travels under xdist)
+  and, for a failed or xfailed test body, on the verbose status line: ``FAILED [thread-leak]``,
+  ``XFAIL [finalizer-bound-method]``.
+
+Findings already recorded (by ``shutdown_check``, the engine fixtures or the guard, which
+record and then raise) are not recorded twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from typing import Any
+
+import pytest
+
+from pytest_shutdown.findings import ShutdownContractError
+
+#: The attribute of a ``TestReport`` that holds the codes of its ShutdownContractError.
+CODES_ATTR = "shutdown_codes"
+
+
+class ContractErrorsReported:
+    """The pytest plugin object (``pytest-shutdown-contract-errors``)."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        error = call.excinfo.value if call.excinfo is not None else None
+        if not isinstance(error, ShutdownContractError):
+            return report
+        setattr(report, CODES_ATTR, ", ".join(dict.fromkeys(error.codes)))
+        recorded = {(name, value) for name, value in item.user_properties}
+        new = [
+            f for f in error.findings if (f"shutdown:{f.code}", f.message) not in recorded
+        ]
+        for finding in new:
+            prop = (f"shutdown:{finding.code}", finding.message)
+            item.user_properties.append(prop)
+            report.user_properties.append(prop)
+        shutdown_report = item.config.pluginmanager.get_plugin("pytest-shutdown-report")
+        if new and shutdown_report is not None:
+            shutdown_report.add_findings(item.nodeid, [f.to_dict() for f in new])
+        return report
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_report_teststatus(
+        self, report: pytest.TestReport, config: pytest.Config
+    ) -> tuple[str, str, Any] | None:
+        """``FAILED [code]`` / ``XFAIL [code]`` on the verbose status line of a test whose body
+        raised (setup and teardown errors keep pytest's ``ERROR``; their codes are in the
+        error's text and in the reports)."""
+        codes = getattr(report, CODES_ATTR, None)
+        if not codes or report.when != "call":
+            return None
+        if hasattr(report, "wasxfail"):
+            return "xfailed", "x", (f"XFAIL [{codes}]", {"yellow": True})
+        if report.failed:
+            return "failed", "F", (f"FAILED [{codes}]", {"red": True})
+        return None

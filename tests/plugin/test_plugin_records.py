@@ -1,0 +1,208 @@
+"""Nothing lost: the record log keeps every finished test's findings however the run ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pytest_shutdown.records import assemble, main, read_entries, record_log_path
+
+#: test_a leaks a thread (a finding); test_b blocks until the outer test ends the run.
+SUITE = textwrap.dedent(
+    """
+    import pathlib, threading, time
+    import pytest
+
+    _release = threading.Event()
+
+    def test_a_leaks_a_thread():
+        threading.Thread(target=_release.wait, name="leaky", daemon=True).start()
+
+    @pytest.fixture
+    def marks_its_teardown():
+        yield
+        pathlib.Path("torn-down").write_text("yes")
+
+    def test_b_blocks(marks_its_teardown):
+        pathlib.Path("b-started").write_text("yes")
+        time.sleep(120)
+    """
+)
+
+ARGS = ("-p", "shutdown", "-p", "no:randomly", "--shutdown-grace=0.2", "--shutdown-report=r.json")
+
+
+def start_run(pytester: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
+    pytester.makepyfile(test_suite=SUITE)
+    proc = pytester.popen(
+        [sys.executable, "-m", "pytest", *ARGS, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    started = pytester.path / "b-started"
+    deadline = time.monotonic() + 60
+    while not started.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            out = proc.communicate(timeout=30)[0].decode(errors="replace")
+            pytest.fail(f"the inner run never reached test_b:\n{out}")
+        time.sleep(0.05)
+    return proc
+
+
+def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
+    try:
+        out = proc.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out = proc.communicate(timeout=30)[0]
+        pytest.fail(f"the inner run did not end:\n{out.decode(errors='replace')}")
+    return proc.returncode, out.decode(errors="replace")
+
+
+def codes_by_test(report: dict) -> dict[str, list[str]]:
+    return {t["nodeid"]: [f["code"] for f in t["findings"]] for t in report["tests"]}
+
+
+def test_sigkill_mid_run_leaves_a_log_that_assembles_into_a_partial_report(
+    pytester: pytest.Pytester, capsys: pytest.CaptureFixture[str]
+) -> None:
+    proc = start_run(pytester)
+    proc.send_signal(signal.SIGKILL)
+    returncode, _ = finish(proc)
+    assert returncode == -signal.SIGKILL
+    assert not (pytester.path / "r.json").exists()
+    log = record_log_path(pytester.path / "r.json")
+    assert log.name == "r.records.jsonl"
+    # The documented command.
+    assert main([str(log), "-o", str(pytester.path / "partial.json")]) == 0
+    assert "partial" in capsys.readouterr().out
+    report = json.loads((pytester.path / "partial.json").read_text())
+    assert report["complete"] is False and report["exitstatus"] is None
+    assert codes_by_test(report) == {"test_suite.py::test_a_leaks_a_thread": ["thread-leak"]}
+    assert report["summary"]["tests"] == 1  # test_b was in flight: the only one lost
+    assert report["guard"] == "fail" and report["grace_s"] == 0.2
+
+
+def test_sigterm_ends_the_session_in_order_and_writes_the_report(
+    pytester: pytest.Pytester,
+) -> None:
+    proc = start_run(pytester)
+    proc.send_signal(signal.SIGTERM)
+    returncode, out = finish(proc)
+    assert returncode == 2, out  # pytest's "interrupted", as after Ctrl-C
+    assert "SIGTERM: the session ends in order" in out
+    assert (pytester.path / "torn-down").exists(), "the fixture's teardown did not run"
+    assert "=== shutdown ===" in out.replace("=" * 10, "===")  # the summary section
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["complete"] is True and report["exitstatus"] == 2
+    assert codes_by_test(report) == {"test_suite.py::test_a_leaks_a_thread": ["thread-leak"]}
+
+
+def test_sigterm_is_left_to_a_handler_the_users_code_installed(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(
+        """
+        import signal
+
+        STOP = []
+
+        def pytest_configure(config):
+            signal.signal(signal.SIGTERM, lambda signum, frame: STOP.append(signum))
+        """
+    )
+    pytester.makepyfile(
+        test_own_handler="""
+        import pathlib, time
+        import conftest
+
+        def test_stops_when_told():
+            pathlib.Path("b-started").write_text("yes")
+            deadline = time.monotonic() + 60
+            while not conftest.STOP and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert conftest.STOP
+        """
+    )
+    proc = pytester.popen(
+        [sys.executable, "-m", "pytest", *ARGS],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 60
+    while not (pytester.path / "b-started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    returncode, out = finish(proc)
+    assert returncode == 0, out
+    assert "1 passed" in out
+
+
+def test_pytest_timeout_thread_method_exit_keeps_the_finished_tests(
+    pytester: pytest.Pytester,
+) -> None:
+    # pytest-timeout's thread method ends the process with os._exit(1): no session end.
+    pytester.makepyfile(test_suite=SUITE)
+    result = pytester.runpytest_subprocess(*ARGS, "--timeout=3", "--timeout-method=thread")
+    assert result.ret == 1
+    assert not (pytester.path / "r.json").exists()
+    entries = list(read_entries(record_log_path(pytester.path / "r.json")))
+    report = assemble(entries)
+    assert report["complete"] is False
+    assert codes_by_test(report) == {"test_suite.py::test_a_leaks_a_thread": ["thread-leak"]}
+
+
+def test_every_test_is_a_line_of_the_log_as_it_ends(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        """
+        def test_one():
+            pass
+
+        def test_two():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(*ARGS)
+    result.assert_outcomes(passed=2)
+    lines = record_log_path(pytester.path / "r.json").read_text().splitlines()
+    kinds = [json.loads(line)["type"] for line in lines]
+    assert kinds == ["session", "record", "record", "end"]
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report == assemble(read_entries(record_log_path(pytester.path / "r.json")))
+    assert report["summary"]["tests"] == 2 and report["complete"] is True
+
+
+def test_a_line_cut_short_by_a_killed_writer_is_skipped(tmp_path: Path) -> None:
+    log = tmp_path / "r.records.jsonl"
+    record = {"nodeid": "t.py::t", "worker": None, "teardown_s": 0.1, "findings": []}
+    log.write_text(
+        json.dumps({"type": "session", "guard": "fail"})
+        + "\n"
+        + json.dumps({"type": "record", "record": record, "timed": True})
+        + '\n{"type": "record", "rec'
+    )
+    report = assemble(read_entries(log))
+    assert report["summary"]["tests"] == 1 and report["complete"] is False
+
+
+def test_the_assembly_command_refuses_a_missing_log(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest_shutdown.records", str(tmp_path / "nope.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert done.returncode == 2
+    assert "is not a file" in done.stderr

@@ -50,7 +50,8 @@ def test_the_examples_pass_under_the_guard_and_run_every_quoted_test() -> None:
     assert result.returncode == 0, out[-5000:] + result.stderr[-2000:]
     # the strict xfails of examples/regressions are the only tests with findings (their codes are
     # recorded like any helper's); every other example passes the guard clean
-    assert re.search(r"\d+ of \d+ tests with findings \(.*\) \(guard in fail mode", out), out[-3000:]
+    summary = r"\d+ of \d+ tests with findings \(.*\) \(guard in fail mode"
+    assert re.search(summary, out), out[-3000:]
     flagged = {line.split("::")[0] for line in out.splitlines() if re.match(r"\S+::\S+: \[", line)}
     assert flagged and all(p.startswith("examples/regressions/") for p in flagged), flagged
     ran = {

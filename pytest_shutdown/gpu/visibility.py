@@ -100,16 +100,29 @@ def _entry_at(entries: list[str], torch_index: int, variable: str, value: str) -
 
 
 # -- CUDA / NVML ------------------------------------------------------------------------------
-def nvml_handle(nvml: Any, torch_index: int, environ: Mapping[str, str]) -> Any:
-    """The NVML handle of torch's ``cuda:<torch_index>`` (a MIG handle for a MIG entry)."""
+def nvml_handle(
+    nvml: Any, torch_index: int, environ: Mapping[str, str], *, warn_order: bool = True
+) -> Any:
+    """The NVML handle of torch's ``cuda:<torch_index>`` (a MIG handle for a MIG entry).
+
+    Reading a physical index warns (:class:`DeviceOrderWarning`, once) unless
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: only then do CUDA and NVML number the GPUs alike.
+    """
     value = environ.get("CUDA_VISIBLE_DEVICES")
     entries = parse_visible(value)
     if entries is None:
-        warn_if_order_differs(nvml, environ)
+        if warn_order:
+            warn_if_order_differs(nvml, environ)
         return nvml.nvmlDeviceGetHandleByIndex(torch_index)
     entry = _entry_at(entries, torch_index, "CUDA_VISIBLE_DEVICES", value or "")
     if entry.isdigit():
-        warn_if_order_differs(nvml, environ)
+        count = int(nvml.nvmlDeviceGetCount())
+        if int(entry) >= count:
+            raise VisibilityError(
+                f"CUDA_VISIBLE_DEVICES names device {entry}, but only {count} are there"
+            )
+        if warn_order:
+            warn_if_order_differs(nvml, environ)
         return nvml.nvmlDeviceGetHandleByIndex(int(entry))
     if entry.upper().startswith("MIG-"):
         return _pick(_mig_handles(nvml), entry, lambda h: _text(nvml.nvmlDeviceGetUUID(h)),
@@ -126,7 +139,7 @@ def nvml_visible_count(nvml: Any, environ: Mapping[str, str]) -> int:
     count = 0
     for index in range(len(entries)):
         try:
-            nvml_handle(nvml, index, environ)
+            nvml_handle(nvml, index, environ, warn_order=False)
         except VisibilityError:
             break  # CUDA, too, stops at the first entry that names no device
         count += 1

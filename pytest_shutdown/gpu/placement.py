@@ -37,3 +37,20 @@ def place_rank(config: EngineConfig, dp_rank: int, torch: Any = None) -> EngineC
     device = device_for_rank(config.device, dp_rank, int(torch.cuda.device_count()))
     torch.cuda.set_device(torch.device(device))
     return config.replace(device=device)
+
+
+def establish_device_context(device: str, torch: Any = None) -> bool:
+    """Create this process's CUDA/HIP context on ``device`` now; True if there was one to make.
+
+    The context itself takes device memory (about 0.5 GiB on Hopper) and lives as long as the
+    process: a baseline read before it exists makes every later reading look like a leak.
+    Initialises CUDA in this process, so call it only where that is intended (after it, ``fork``
+    is refused).
+    """
+    if device.split(":", 1)[0] != "cuda":
+        return False
+    if torch is None:
+        import torch  # noqa: PLC0415
+    torch.zeros(1, device=device)
+    torch.cuda.synchronize(device)
+    return True

@@ -87,14 +87,17 @@ def configured_by_xdist() -> bool:
     """Whether this process is an xdist worker being configured by xdist itself.
 
     ``PYTEST_XDIST_WORKER`` alone is inherited by every subprocess a worker starts (a pytester
-    run, a tool); only the real worker runs xdist's remote module (``__channelexec__``).
+    run, a tool). A real worker runs xdist's remote module (``__channelexec__``), whose
+    module-level ``config`` exists only once xdist's own configuration is done: a pytest run
+    inside a running worker (pytester's inline runs) is not the worker being configured.
     """
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return False
     frame = sys._getframe(1)
     while frame is not None:
-        if frame.f_globals.get("__name__") == "__channelexec__":
-            return True
+        scope = frame.f_globals
+        if scope.get("__name__") == "__channelexec__":
+            return "config" not in scope
         frame = frame.f_back  # type: ignore[assignment]
     return False
 

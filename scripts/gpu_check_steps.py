@@ -98,7 +98,7 @@ def _engine_check(label: str, config, *, multiprocess: bool, shutdown_timeout, p
     on_device = ran_on_device(baseline, loaded)
     back = memory_returned(baseline, used)
     forced = sorted(outcome.force_killed) if outcome is not None else []
-    ok = on_device and back and not forced
+    ok = on_device and back  # 0/0 force-kills at once off ROCm (R6): reported, not a failure
     line = (f"{label:<36} reader={reader.name:<22} baseline={baseline / MiB:9.1f} MiB "
             f"loaded={loaded / MiB:9.1f} MiB after={used / MiB:9.1f} MiB "
             f"shutdown={shutdown_s:5.2f} s on_device={on_device} returned={back} "

@@ -24,6 +24,8 @@ from pytest_shutdown.devices import (  # noqa: E402
 )
 from pytest_shutdown.gpu import detect  # noqa: E402
 
+REAL_PROBE = detect.probe_device_count
+
 
 def fake_torch(*, build: str | None = "cuda", initialized: bool = False, count: int = 1):
     """A torch whose CUDA runtime must never be asked: detection goes through NVML / amdsmi."""
@@ -206,3 +208,12 @@ def test_real_cuda_reader() -> None:  # pragma: no cover - runs on GPU machines 
 @pytest.mark.skipif(devices.detect_platform() != "rocm", reason="needs an AMD GPU (ROCm)")
 def test_real_rocm_reader() -> None:  # pragma: no cover - runs on GPU machines only
     assert memory_reader("rocm").used_bytes() > 0
+
+
+def test_without_a_gpu_driver_node_no_child_interpreter_is_started(monkeypatch) -> None:
+    monkeypatch.setattr(detect, "probe_device_count", REAL_PROBE)
+    monkeypatch.setattr(detect, "DEVICE_NODES", ("/nonexistent/nvidiactl",))
+    monkeypatch.setattr(detect.subprocess, "run", lambda *a, **k: pytest.fail("child started"))
+    if sys.platform.startswith("linux"):
+        assert detect.probe_device_count() == 0
+    assert detect.device_nodes_present(("/",)) is True

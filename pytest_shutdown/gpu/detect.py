@@ -159,8 +159,25 @@ def _torch_library_count(cuda: Any, build: Platform) -> int | None:
 PROBE_CODE = "import torch\nprint(torch.cuda.device_count())"
 
 
+#: Device nodes a Linux GPU driver creates (NVIDIA, AMD KFD, WSL's GPU paravirtualisation).
+DEVICE_NODES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def device_nodes_present(nodes: tuple[str, ...] | None = None) -> bool:
+    """Whether any GPU driver node exists (always True off Linux, where this cannot tell)."""
+    if not sys.platform.startswith("linux"):
+        return True
+    return any(os.path.exists(node) for node in (DEVICE_NODES if nodes is None else nodes))
+
+
 def probe_device_count() -> int:
-    """``torch.cuda.device_count()`` asked in a child interpreter (this one stays untouched)."""
+    """``torch.cuda.device_count()`` asked in a child interpreter (this one stays untouched).
+
+    Without any GPU driver node (a CUDA build of torch on a CPU-only Linux machine) the answer is
+    0 without starting the child.
+    """
+    if not device_nodes_present():
+        return 0
     try:
         out = subprocess.run(
             [sys.executable, "-c", PROBE_CODE],

@@ -66,6 +66,10 @@ def test_without_nvml_the_count_comes_from_another_interpreter(tmp_path) -> None
     # No pynvml and no libnvidia-ml here: torch's NVML count fails, and the device count is
     # asked in a grandchild (a CPU build: 0). The child itself never asks its CUDA runtime.
     (tmp_path / "pynvml.py").write_text("raise ImportError('no NVML here')\n")
+    (tmp_path / "sitecustomize.py").write_text(
+        "from pytest_shutdown.gpu import detect\n"
+        "detect.DEVICE_NODES = ('/',)  # as if a driver node existed: the grandchild is asked\n"
+    )
     result = detect_in_child(tmp_path, None, {})
     assert result == {"platform": "cpu", "calls": [], "initialized": False}
 

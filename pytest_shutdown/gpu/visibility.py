@@ -72,9 +72,18 @@ def _normal_uuid(value: str) -> str:
 
 
 def _pick(
-    devices: Sequence[Any], entry: str, uuid_of: Callable[[Any], str], variable: str
+    devices: Sequence[Any],
+    entry: str,
+    uuid_of: Callable[[Any], str],
+    variable: str,
+    *,
+    anywhere: bool = False,
 ) -> Any:
-    """The device ``entry`` names among ``devices``: an index, or a (prefix of a) UUID."""
+    """The device ``entry`` names among ``devices``: an index, or a (prefix of a) UUID.
+
+    ``anywhere``: the entry may match inside the UUID (ROCr's ``GPU-<unique id>`` is the tail
+    of amdsmi's UUID); a match must still be unique.
+    """
     if entry.isdigit():
         index = int(entry)
         if index >= len(devices):
@@ -83,7 +92,11 @@ def _pick(
             )
         return devices[index]
     wanted = _normal_uuid(entry)
-    matches = [d for d in devices if _normal_uuid(uuid_of(d)).startswith(wanted)]
+    matches = [
+        d for d in devices
+        if (wanted in _normal_uuid(uuid_of(d)) if anywhere
+            else _normal_uuid(uuid_of(d)).startswith(wanted))
+    ]
     if len(matches) != 1:
         found = "no device" if not matches else f"{len(matches)} devices"
         raise VisibilityError(f"{variable} entry {entry!r} matches {found} by UUID")
@@ -211,7 +224,8 @@ def amdsmi_visible_handles(amdsmi: Any, environ: Mapping[str, str]) -> list[Any]
     rocr = parse_visible(environ.get("ROCR_VISIBLE_DEVICES"))
     if rocr is not None:
         devices = [
-            _pick(devices, e, lambda h: _amd_uuid(amdsmi, h), "ROCR_VISIBLE_DEVICES")
+            _pick(devices, e, lambda h: _amd_uuid(amdsmi, h), "ROCR_VISIBLE_DEVICES",
+                  anywhere=True)
             for e in rocr
         ]
     hip = hip_visible(environ)
@@ -220,7 +234,9 @@ def amdsmi_visible_handles(amdsmi: Any, environ: Mapping[str, str]) -> list[Any]
         visible = []
         for entry in entries:
             try:
-                visible.append(_pick(devices, entry, lambda h: _amd_uuid(amdsmi, h), variable))
+                visible.append(
+                    _pick(devices, entry, lambda h: _amd_uuid(amdsmi, h), variable, anywhere=True)
+                )
             except VisibilityError:
                 break
         devices = visible

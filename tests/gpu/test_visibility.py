@@ -108,8 +108,10 @@ def amd_gpus(kfd_info: bool = True) -> FakeAmdSmi:
      ({"ROCR_VISIBLE_DEVICES": "2,3"}, 1, "c-uuid-0003"),
      ({"ROCR_VISIBLE_DEVICES": "0,2,3", "HIP_VISIBLE_DEVICES": "2"}, 0, "c-uuid-0003"),
      ({"ROCR_VISIBLE_DEVICES": "GPU-a-uuid-0001"}, 0, "a-uuid-0001"),
+     ({"ROCR_VISIBLE_DEVICES": "GPU-0003"}, 0, "c-uuid-0003"),  # ROCr's id: the UUID's tail
      ({"HIP_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "1"}, 0, "d-uuid-0004")],
-    ids=["unset-0", "unset-2", "hip", "cuda-var", "rocr", "rocr-then-hip", "rocr-uuid", "agree"],
+    ids=["unset-0", "unset-2", "hip", "cuda-var", "rocr", "rocr-then-hip", "rocr-uuid",
+         "rocr-id-tail", "agree"],
 )
 def test_amdsmi_handle_follows_hip_order_and_the_visibility_chain(env, torch_index, uuid) -> None:
     assert amdsmi_handle(amd_gpus(), torch_index, env).uuid == uuid

@@ -49,24 +49,15 @@ MARKERS = (
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
-    if config.getoption("shutdown_gpu_per_worker", default=False):
-        _assign_worker_gpu(config)
 
 
-def _assign_worker_gpu(config: pytest.Config) -> None:
-    """``--shutdown-gpu-per-worker``: this xdist worker sees one GPU, chosen by its index."""
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """With ``--shutdown-gpu-per-worker``: how the xdist workers spread over the GPUs."""
+    if hasattr(config, "workerinput"):
+        return None
     from pytest_shutdown import workers
 
-    # Only a real worker (workerinput): PYTEST_XDIST_WORKER is inherited by any subprocess.
-    worker = getattr(config, "workerinput", {}).get("workerid")
-    if workers.worker_index(worker) is None:
-        return
-    forced = config.getoption("shutdown_platform", default=None) or "auto"
-    if forced == "auto":
-        platform, count = workers.probe_devices()
-        workers.assign_gpu(platform, worker, count=lambda: count)
-    else:  # the device count is probed only if the visible devices are not given
-        workers.assign_gpu(forced, worker, count=lambda: workers.probe_devices()[1])
+    return workers.sharing_header(config.option, config.getoption("numprocesses", default=None))
 
 
 # -- collection: markers become parametrizations, bad arguments collection errors ----------

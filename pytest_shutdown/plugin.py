@@ -53,8 +53,9 @@ finalizer-* finding of assert_finalizes_on_gc: a PNG when graphviz's 'dot' is on
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 GPU_PER_WORKER_DESC = """
 Under pytest-xdist, give each worker one GPU: worker gwN sees the (N mod count)-th visible device
-through CUDA_VISIBLE_DEVICES (CUDA) or HIP_VISIBLE_DEVICES (ROCm), so engine fixtures fan out over
-a multi-GPU machine. Does nothing without xdist or on the CPU.
+through CUDA_VISIBLE_DEVICES (CUDA) or HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES (ROCm), set
+before the conftests are imported, so engine fixtures fan out over a multi-GPU machine. The
+header says when workers share GPUs. Does nothing without xdist or on the CPU.
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 PLATFORM_DESC = """
 Device platform for the pytest-shutdown fixtures: 'auto' (default) detects it; 'cuda', 'rocm'
@@ -126,6 +127,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("shutdown_guard", GUARD_DESC, default="")
     parser.addini("shutdown_grace", GRACE_DESC, default="")
     parser.addini("shutdown_budget", BUDGET_DESC, default="")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """``--shutdown-gpu-per-worker``: an xdist worker's GPU is set before any conftest runs."""
+    if getattr(early_config.known_args_namespace, "shutdown_gpu_per_worker", False):
+        from pytest_shutdown.workers import assign_worker_gpu_early
+
+        assign_worker_gpu_early(early_config.known_args_namespace)
 
 
 @pytest.hookimpl

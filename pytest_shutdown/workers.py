@@ -1,7 +1,18 @@
 """One GPU per pytest-xdist worker (``--shutdown-gpu-per-worker``).
 
-Worker ``gwN`` gets the ``N % count``-th visible device through ``CUDA_VISIBLE_DEVICES`` (CUDA)
-or ``HIP_VISIBLE_DEVICES`` (ROCm), set before anything in the worker initialises the device.
+Worker ``gwN`` gets the ``N % count``-th device visible to the run. The assignment happens in
+``pytest_load_initial_conftests``, keyed on ``PYTEST_XDIST_WORKER``: xdist imports the
+conftests (which may import torch and touch the GPU) before ``pytest_configure``, and CUDA reads
+its visibility variables once, when it initialises.
+
+* CUDA: ``CUDA_VISIBLE_DEVICES`` (indices, UUIDs or MIG instances, kept as given).
+* ROCm: within the job's allocation (``ROCR_VISIBLE_DEVICES``, left untouched, as a scheduler
+  set it), the worker's device is written to both ``HIP_VISIBLE_DEVICES`` and
+  ``CUDA_VISIBLE_DEVICES``, which HIP both honours; if the two disagree on entry, that is an
+  error naming both.
+
+The devices are counted through NVML / amdsmi (no torch in the worker); only where neither
+library works, torch counts them in a child interpreter.
 """
 
 from __future__ import annotations
@@ -10,9 +21,19 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Callable, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from typing import Any
 
-VISIBLE_DEVICES_VARIABLE = {"cuda": "CUDA_VISIBLE_DEVICES", "rocm": "HIP_VISIBLE_DEVICES"}
+from pytest_shutdown.gpu import visibility
+from pytest_shutdown.gpu.detect import hardware_platform
+
+#: The variables a worker's device is written to.
+ASSIGNED_VARIABLES = {
+    "cuda": ("CUDA_VISIBLE_DEVICES",),
+    "rocm": ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
+}
+#: Kept for callers of 0.1.0: the first variable of each platform.
+VISIBLE_DEVICES_VARIABLE = {p: names[0] for p, names in ASSIGNED_VARIABLES.items()}
 
 
 def worker_index(worker_id: str | None) -> int | None:
@@ -32,12 +53,16 @@ def gpu_for_worker(worker_id: str | None, visible: Sequence[str]) -> str | None:
 
 
 def visible_devices(
-    platform: str, environ: MutableMapping[str, str], count: Callable[[], int] | None = None
+    platform: str, environ: Mapping[str, str], count: Callable[[], int] | None = None
 ) -> list[str]:
-    """The devices visible to the run: the variable if set, else ``range(device_count)``."""
-    current = environ.get(VISIBLE_DEVICES_VARIABLE[platform], "").strip()
-    if current:
-        return [d.strip() for d in current.split(",") if d.strip()]
+    """The devices visible to the run: the visibility variable's entries, else ``range(count)``."""
+    if platform == "rocm":
+        given = visibility.hip_visible(environ)
+        entries = given[1] if given is not None else None
+    else:
+        entries = visibility.parse_visible(environ.get("CUDA_VISIBLE_DEVICES"))
+    if entries is not None:
+        return entries
     return [str(i) for i in range((count or device_count)())]
 
 
@@ -48,20 +73,81 @@ def assign_gpu(
     count: Callable[[], int] | None = None,
 ) -> str | None:
     """Restrict this worker to one GPU; returns the device chosen (None: nothing to do)."""
-    if platform not in VISIBLE_DEVICES_VARIABLE or worker_index(worker_id) is None:
+    if platform not in ASSIGNED_VARIABLES or worker_index(worker_id) is None:
         return None
     env = os.environ if environ is None else environ
     device = gpu_for_worker(worker_id, visible_devices(platform, env, count))
     if device is not None:
-        env[VISIBLE_DEVICES_VARIABLE[platform]] = device
+        for name in ASSIGNED_VARIABLES[platform]:
+            env[name] = device
     return device
+
+
+def configured_by_xdist() -> bool:
+    """Whether this process is an xdist worker being configured by xdist itself.
+
+    ``PYTEST_XDIST_WORKER`` alone is inherited by every subprocess a worker starts (a pytester
+    run, a tool). A real worker runs xdist's remote module (``__channelexec__``), whose
+    module-level ``config`` exists only once xdist's own configuration is done: a pytest run
+    inside a running worker (pytester's inline runs) is not the worker being configured.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return False
+    frame = sys._getframe(1)
+    while frame is not None:
+        scope = frame.f_globals
+        if scope.get("__name__") == "__channelexec__":
+            return "config" not in scope
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def run_platform_and_count(forced: str | None) -> tuple[str, Callable[[], int]]:
+    """The run's platform (forced, else from the hardware) and a lazy device count."""
+    if forced in ("cuda", "rocm", "cpu"):
+        return forced, device_count
+    found, count = hardware_platform()
+    platform: str = found
+    if platform == "cpu":
+        platform, count = probe_devices()
+    return platform, lambda: count
+
+
+def assign_worker_gpu_early(options: Any) -> str | None:
+    """``--shutdown-gpu-per-worker`` in ``pytest_load_initial_conftests``; the device chosen."""
+    if not getattr(options, "shutdown_gpu_per_worker", False) or not configured_by_xdist():
+        return None
+    platform, count = run_platform_and_count(getattr(options, "shutdown_platform", None))
+    return assign_gpu(platform, os.environ["PYTEST_XDIST_WORKER"], count=count)
+
+
+def sharing_header(options: Any, workers: object) -> str | None:
+    """The controller's header line: how the workers spread over the GPUs."""
+    if not getattr(options, "shutdown_gpu_per_worker", False):
+        return None
+    if not isinstance(workers, int) or workers < 1:
+        return "shutdown: --shutdown-gpu-per-worker does nothing without xdist workers (-n)"
+    platform, count = run_platform_and_count(getattr(options, "shutdown_platform", None))
+    devices = visible_devices(platform, os.environ, count) if platform != "cpu" else []
+    if not devices:
+        return f"shutdown: --shutdown-gpu-per-worker: no GPU visible ({platform}); nothing assigned"
+    listed = ",".join(devices)
+    if len(devices) < workers:
+        return (
+            f"shutdown: --shutdown-gpu-per-worker: {workers} workers share {len(devices)} "
+            f"{platform} GPU(s) [{listed}]: worker gwN uses device N mod {len(devices)}"
+        )
+    return (
+        f"shutdown: --shutdown-gpu-per-worker: each of {workers} workers has its own {platform} "
+        f"GPU of [{listed}]"
+    )
 
 
 def probe_devices() -> tuple[str, int]:
     """(platform, device count) as torch sees them, asked in a child process.
 
-    The worker itself must not initialise the device before its visible devices are set, and
-    loading the plugin never imports torch.
+    The last resort where neither NVML nor amdsmi works: the worker itself must not initialise
+    the device before its visible devices are set, and loading the plugin never imports torch.
     """
     code = (
         "import torch\n"
@@ -79,4 +165,6 @@ def probe_devices() -> tuple[str, int]:
 
 
 def device_count() -> int:
-    return probe_devices()[1]
+    """Visible devices of the run: NVML / amdsmi, else torch in a child process."""
+    platform, count = hardware_platform()
+    return count if platform != "cpu" else probe_devices()[1]

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from pytest_shutdown import devices
-from pytest_shutdown.devices import (
+sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+from gpu_fakes import AmdGpu, FakeAmdSmi, FakeNvml, Gpu  # noqa: E402
+
+from pytest_shutdown import devices  # noqa: E402
+from pytest_shutdown.devices import (  # noqa: E402
     AmdSmiReader,
     MemoryReader,
     NvmlReader,
@@ -17,102 +22,138 @@ from pytest_shutdown.devices import (
     detect_platform,
     memory_reader,
 )
+from pytest_shutdown.gpu import detect  # noqa: E402
+
+REAL_PROBE = detect.probe_device_count
 
 
-def fake_torch(*, available: bool, count: int = 1, hip: str | None = None, raises: bool = False):
-    def is_available() -> bool:
-        if raises:
-            raise RuntimeError("driver exploded")
-        return available
+def fake_torch(*, build: str | None = "cuda", initialized: bool = False, count: int = 1):
+    """A torch whose CUDA runtime must never be asked: detection goes through NVML / amdsmi."""
+
+    def runtime(*args: object) -> int:
+        raise AssertionError("detection asked the CUDA runtime (this poisons fork)")
 
     cuda = SimpleNamespace(
-        is_available=is_available,
-        device_count=lambda: count,
+        is_available=runtime,
+        device_count=(lambda: count) if initialized else runtime,
+        is_initialized=lambda: initialized,
         mem_get_info=lambda index=0: (3 << 30, 8 << 30),
+        _device_count_nvml=lambda: -1,
+        _device_count_amdsmi=lambda: -1,
     )
-    return SimpleNamespace(cuda=cuda, version=SimpleNamespace(hip=hip, cuda="12.4"))
+    version = SimpleNamespace(
+        hip="6.2.0" if build == "rocm" else None, cuda="12.4" if build == "cuda" else None
+    )
+    return SimpleNamespace(cuda=cuda, version=version)
+
+
+@pytest.fixture(autouse=True)
+def fresh_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    detect.forget_counts()
+    for name in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(detect, "probe_device_count", lambda: pytest.fail("probed"))
+
+
+def with_libraries(monkeypatch, nvml_gpus: int | None, amd_gpus: int | None) -> None:
+    """Fake pynvml / amdsmi with that many GPUs; None: the library is missing."""
+    nvml = None if nvml_gpus is None else FakeNvml([Gpu(f"GPU-{i}") for i in range(nvml_gpus)])
+    amd = None if amd_gpus is None else FakeAmdSmi([AmdGpu(f"u{i}", i) for i in range(amd_gpus)])
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    monkeypatch.setitem(sys.modules, "amdsmi", amd)
 
 
 @pytest.mark.parametrize(
-    ("torch_module", "expected"),
-    [
-        (fake_torch(available=True), "cuda"),
-        (fake_torch(available=True, hip="6.2.0"), "rocm"),
-        (fake_torch(available=False, hip="6.2.0"), "cpu"),
-        (fake_torch(available=False), "cpu"),
-        (fake_torch(available=True, count=0), "cpu"),
-        (fake_torch(available=True, raises=True), "cpu"),
-    ],
-    ids=["cuda", "rocm", "rocm-build-no-device", "cuda-build-no-device", "no-devices", "broken"],
+    ("build", "nvml_gpus", "amd_gpus", "expected"),
+    [("cuda", 2, None, "cuda"), ("rocm", None, 2, "rocm"), ("cuda", 0, None, "cpu"),
+     ("rocm", None, 0, "cpu"), ("cpu", 2, 2, "cpu"), (None, 2, None, "cpu")],
+    ids=["cuda", "rocm", "cuda-build-no-device", "rocm-build-no-device", "cpu-build-on-gpus",
+         "no-build-info"],
 )
-def test_detect_platform(torch_module, expected) -> None:
-    assert detect_platform(torch_module) == expected
+def test_detect_platform_counts_through_nvml_and_amdsmi(
+    monkeypatch, build, nvml_gpus, amd_gpus, expected
+) -> None:
+    with_libraries(monkeypatch, nvml_gpus, amd_gpus)
+    assert detect_platform(fake_torch(build=build)) == expected
 
 
-def test_detect_platform_on_this_machine_agrees_with_torch() -> None:
-    import torch
+def test_detection_respects_the_visible_devices(monkeypatch) -> None:
+    with_libraries(monkeypatch, 2, None)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert detect_platform(fake_torch()) == "cpu"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert detect_platform(fake_torch()) == "cuda"
+    assert detect.visible_device_count(fake_torch()) == 1
 
-    expected = "cpu"
-    if torch.cuda.is_available():
-        expected = "rocm" if torch.version.hip else "cuda"
-    assert detect_platform() == expected
+
+def test_an_initialised_torch_is_asked_directly(monkeypatch) -> None:
+    with_libraries(monkeypatch, None, None)
+    assert detect_platform(fake_torch(initialized=True, count=3)) == "cuda"
 
 
-class FakeNvml:
-    def __init__(self) -> None:
-        self.used = 5 << 30
-        self.inits = 0
+def test_without_nvml_torch_counts_in_a_child_interpreter(monkeypatch) -> None:
+    with_libraries(monkeypatch, None, None)
+    probes: list[int] = []
+    monkeypatch.setattr(detect, "probe_device_count", lambda: probes.append(1) or 2)
+    assert detect_platform(fake_torch()) == "cuda"
+    assert detect_platform(fake_torch()) == "cuda"
+    assert probes == [1], "the child's answer is cached while the visibility is unchanged"
+    torch = fake_torch()
+    torch.cuda._device_count_nvml = lambda: 4  # torch's own NVML-based count comes first
+    detect.forget_counts()
+    assert detect.visible_device_count(torch) == 4 and probes == [1]
 
-    def nvmlInit(self) -> None:  # noqa: N802 - NVML's own names
-        self.inits += 1
 
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> str:  # noqa: N802
-        return f"gpu{index}"
+def test_a_broken_driver_is_a_machine_without_a_usable_gpu(monkeypatch) -> None:
+    class BrokenNvml(FakeNvml):
+        def nvmlDeviceGetCount(self) -> int:  # noqa: N802
+            raise RuntimeError("driver exploded")
 
-    def nvmlDeviceGetMemoryInfo(self, handle: str):  # noqa: N802
-        assert handle == "gpu1"
-        return SimpleNamespace(used=self.used, total=80 << 30, free=(80 << 30) - self.used)
+    monkeypatch.setitem(sys.modules, "pynvml", BrokenNvml([]))
+    monkeypatch.setattr(detect, "probe_device_count", lambda: 0)
+    assert detect_platform(fake_torch()) == "cpu"
+
+
+def test_hardware_platform_needs_no_torch(monkeypatch) -> None:
+    with_libraries(monkeypatch, None, 3)
+    assert detect.hardware_platform() == ("rocm", 3)
+    with_libraries(monkeypatch, 2, None)
+    assert detect.hardware_platform() == ("cuda", 2)
+    with_libraries(monkeypatch, None, None)
+    assert detect.hardware_platform() == ("cpu", 0)
+
+
+def test_detect_platform_on_this_machine_agrees_with_torch_in_a_child() -> None:
+    import subprocess
+
+    code = "import torch; print('rocm' if torch.version.hip else 'cuda' "
+    code += "if torch.cuda.is_available() else 'cpu')"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert detect_platform() == out.stdout.split()[-1]
 
 
 def test_nvml_reader_reads_the_selected_device() -> None:
-    nvml = FakeNvml()
-    reader = NvmlReader(1, nvml=nvml)
+    nvml = FakeNvml([Gpu("GPU-0", used=1 << 30), Gpu("GPU-1", used=5 << 30)])
+    reader = NvmlReader(1, nvml=nvml, environ={"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     assert nvml.inits == 1
     assert reader.used_bytes() == 5 << 30
-    nvml.used = 1 << 30
+    nvml.gpus[1].used = 1 << 30
     assert reader.used_bytes() == 1 << 30
     assert isinstance(reader, MemoryReader)
 
 
-class FakeAmdSmi:
-    class AmdSmiMemoryType:
-        VRAM = "vram"
-
-    def __init__(self, handles: int = 2) -> None:
-        self.handles = [f"h{i}" for i in range(handles)]
-
-    def amdsmi_init(self) -> None:
-        pass
-
-    def amdsmi_get_processor_handles(self) -> list[str]:
-        return self.handles
-
-    def amdsmi_get_gpu_memory_usage(self, handle: str, kind: str) -> int:
-        assert kind == "vram"
-        return {"h0": 100, "h1": 11_720_000_000}[handle]
-
-
 def test_amdsmi_reader_reads_vram_of_the_selected_device() -> None:
-    assert AmdSmiReader(1, amdsmi=FakeAmdSmi()).used_bytes() == 11_720_000_000
+    amd = FakeAmdSmi([AmdGpu("u0", 0, vram=100), AmdGpu("u1", 1, vram=11_720_000_000)])
+    assert AmdSmiReader(1, amdsmi=amd, environ={}).used_bytes() == 11_720_000_000
 
 
 def test_amdsmi_reader_rejects_a_missing_device() -> None:
-    with pytest.raises(RuntimeError, match="sees 1 GPU"):
-        AmdSmiReader(3, amdsmi=FakeAmdSmi(handles=1))
+    with pytest.raises(RuntimeError, match="device 3 is not visible: 1 AMD GPU"):
+        AmdSmiReader(3, amdsmi=FakeAmdSmi([AmdGpu("u0", 0)]), environ={})
 
 
 def test_torch_mem_get_info_reader_is_total_minus_free() -> None:
-    reader = TorchMemGetInfoReader(0, torch_module=fake_torch(available=True))
+    reader = TorchMemGetInfoReader(0, torch_module=fake_torch())
     assert reader.used_bytes() == 5 << 30
 
 
@@ -136,7 +177,7 @@ def test_memory_reader_falls_back_along_the_chain() -> None:
 
     def fallback(index: int) -> MemoryReader:
         calls.append("torch")
-        return TorchMemGetInfoReader(index, torch_module=fake_torch(available=True))
+        return TorchMemGetInfoReader(index, torch_module=fake_torch())
 
     reader = memory_reader("cuda", factories={"cuda": [broken, fallback]})
     assert calls == ["nvml", "torch"] and reader.name == "torch.cuda.mem_get_info"
@@ -167,3 +208,12 @@ def test_real_cuda_reader() -> None:  # pragma: no cover - runs on GPU machines 
 @pytest.mark.skipif(devices.detect_platform() != "rocm", reason="needs an AMD GPU (ROCm)")
 def test_real_rocm_reader() -> None:  # pragma: no cover - runs on GPU machines only
     assert memory_reader("rocm").used_bytes() > 0
+
+
+def test_without_a_gpu_driver_node_no_child_interpreter_is_started(monkeypatch) -> None:
+    monkeypatch.setattr(detect, "probe_device_count", REAL_PROBE)
+    monkeypatch.setattr(detect, "DEVICE_NODES", ("/nonexistent/nvidiactl",))
+    monkeypatch.setattr(detect.subprocess, "run", lambda *a, **k: pytest.fail("child started"))
+    if sys.platform.startswith("linux"):
+        assert detect.probe_device_count() == 0
+    assert detect.device_nodes_present(("/",)) is True

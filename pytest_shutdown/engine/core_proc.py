@@ -62,6 +62,8 @@ from pytest_shutdown.engine.core import (
 )
 from pytest_shutdown.engine.lifeline import EXIT_PARENT_GONE, ParentWatch, set_parent_death_signal
 from pytest_shutdown.engine.start import heap_frozen_by_fork_server
+from pytest_shutdown.gpu.forking import reset_after_fork
+from pytest_shutdown.gpu.placement import place_rank
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
@@ -458,7 +460,7 @@ def run_engine_core(
         if dp_rank in faults.fail_startup_ranks:
             raise RuntimeError(f"injected startup failure in EngineCore_DP{dp_rank}")
 
-        engine_core = EngineCore(config)
+        engine_core = EngineCore(place_rank(config, dp_rank))
         proc.engine_core = engine_core
         log.event("engine_built", signals=list(proc.signals_received))
         proc.send((MSG_READY, os.getpid()))
@@ -516,6 +518,7 @@ def engine_process_main(
     The ``final`` event is written after ``run_engine_core`` has returned or raised, i.e. after
     its ``finally`` (and any ``gc.freeze()``): the state the interpreter exits with.
     """
+    reset_after_fork(config.start_method)
     log = LifecycleLog(lifecycle_log)
     if log.enabled:  # get_freeze_count() walks the whole frozen heap (~20 ms under torch)
         log.event("started", dp_rank=dp_rank, freeze_count=gc.get_freeze_count())

@@ -45,7 +45,7 @@ from pytest_shutdown.engine.core_proc import (
     ChildFaults,
     engine_process_main,
 )
-from pytest_shutdown.engine.start import mp_context, pdeathsig_safe, serialize_exit_polling
+from pytest_shutdown.engine.start import engine_context, pdeathsig_safe, serialize_exit_polling
 from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
 
 logger = logging.getLogger("pytest_shutdown.engine")
@@ -284,7 +284,7 @@ class EngineProcManager:
 
     # -- startup ---------------------------------------------------------------------------
     def _start_processes(self, lifecycle_log: str | None, faults: ChildFaults | None) -> None:
-        ctx = mp_context(self.config.start_method)
+        ctx = engine_context(self.config)
         pdeathsig = pdeathsig_safe(self.config.start_method)
         deadline = time.monotonic() + self.config.startup_timeout_s
         for rank in range(self.config.data_parallel_size):

@@ -9,9 +9,15 @@
   the preloaded modules touches a device at import, so every child can still initialise its
   own CUDA/HIP context. The server is single-threaded, so forking it is safe.
 * ``"spawn"``: a fresh interpreter per process; slowest, but needs nothing from the parent.
-* ``"fork"``: a fork of the calling process. Fast, but only safe when the parent has never
-  initialised CUDA/HIP (a forked child cannot use a context its parent created) and holds no
-  lock another thread might own at the fork.
+* ``"fork"``: a fork of the calling process. Fast, but refused (:func:`engine_context`, with the
+  reason) when CUDA is initialised or fork-poisoned in the parent, or the engine runs on a ROCm
+  GPU; a forked engine process runs torch with one intra-op thread, since the OpenMP pool of a
+  parent that did CPU torch work does not survive the fork (see :mod:`pytest_shutdown.gpu.forking`).
+
+The fork server preloads the parent's main script only when it is pytest's own entry point:
+any other script could touch the GPU at module level (``torch.cuda.is_available()``) and leave
+every engine process of the server unable to use it. Another main script is imported again in
+each engine process (as ``__mp_main__``, as with ``spawn``), where touching the GPU is harmless.
 
 Once its modules are imported, the fork server collects and freezes its heap (``gc.freeze()``,
 the CPython recommendation before forking): a forked engine then never traverses the ~170,000
@@ -34,9 +40,13 @@ import sys
 import threading
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from pytest_shutdown.engine.config import START_METHODS
+from pytest_shutdown.gpu.forking import check_fork_allowed
+
+if TYPE_CHECKING:
+    from pytest_shutdown.engine.config import EngineConfig
 
 #: Modules the fork server imports once, so that forked engine processes start warm. First the
 #: parent's main script, as multiprocessing's own default does: otherwise every engine process
@@ -49,6 +59,8 @@ FORKSERVER_PRELOAD = (
     "pytest_shutdown.engine.processes",
     __name__,
 )
+#: Main scripts known to do nothing at import but define their entry point: pytest's own.
+SAFE_MAIN_SCRIPTS = frozenset({"pytest", "py.test", "pytest.exe", "py.test.exe"})
 
 _preload_lock = threading.Lock()
 _preload_set = False
@@ -68,9 +80,24 @@ def mp_context(start_method: str) -> BaseContext:
         with _preload_lock:
             if not _preload_set:
                 # Only takes effect if this process's fork server is not running yet.
-                ctx.set_forkserver_preload(list(FORKSERVER_PRELOAD))  # type: ignore[attr-defined]
+                ctx.set_forkserver_preload(forkserver_preload())  # type: ignore[attr-defined]
                 _preload_set = True
     return ctx
+
+
+def forkserver_preload(main: object = None) -> list[str]:
+    """:data:`FORKSERVER_PRELOAD`, without ``__main__`` unless the main script is pytest's own."""
+    if main is None:
+        main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    keep_main = path is None or os.path.basename(str(path)) in SAFE_MAIN_SCRIPTS
+    return [m for m in FORKSERVER_PRELOAD if keep_main or m != "__main__"]
+
+
+def engine_context(config: EngineConfig) -> BaseContext:
+    """The context engine processes of ``config`` start with; ``fork`` refused where it breaks."""
+    check_fork_allowed(config.start_method, config.resolved_platform, config.device)
+    return mp_context(config.start_method)
 
 
 def pdeathsig_safe(start_method: str) -> bool:

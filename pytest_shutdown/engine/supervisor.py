@@ -31,7 +31,7 @@ from pytest_shutdown.engine.processes import (
     shutdown_processes,
     validate_timeout,
 )
-from pytest_shutdown.engine.start import mp_context, pdeathsig_safe, serialize_exit_polling
+from pytest_shutdown.engine.start import engine_context, pdeathsig_safe, serialize_exit_polling
 from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
 
 logger = logging.getLogger("pytest_shutdown.engine")
@@ -78,7 +78,7 @@ class DPSupervisor:
             self, _shutdown_children, self.children, self._pgids, self.shutdown_budget(),
             signal.SIGTERM,
         )
-        ctx = mp_context(self.config.start_method)
+        ctx = engine_context(self.config)
         pdeathsig = pdeathsig_safe(self.config.start_method)
         try:
             for index in range(num_children):

@@ -15,12 +15,14 @@ import pytest
 pytest.importorskip("torch", reason="the reference engine needs torch (extra 'engine')")
 
 from pytest_shutdown import assert_device_memory_released  # noqa: E402
-from pytest_shutdown.devices import memory_reader  # noqa: E402
+from pytest_shutdown.devices import (
+    establish_device_context,  # noqa: E402
+    memory_reader,  # noqa: E402
+)
 from pytest_shutdown.engine import (  # noqa: E402
     EngineConfig,
     EngineCore,
 )
-from pytest_shutdown.devices import establish_device_context  # noqa: E402
 
 MiB = 2**20
 

@@ -13,6 +13,8 @@ from pytest_shutdown.checks.cleanups import (
     CleanupSpec,
     Watch,
     discover_cleanups,
+    idempotent_by_contract,
+    method_spec,
     pending_finalizers,
 )
 from pytest_shutdown.checks.report import CheckReport, describe
@@ -30,6 +32,7 @@ def assert_idempotent_shutdown(
     calls: int = 3,
     threads: int = 0,
     watch: Iterable[Watch] = (),
+    allow_repeat: Iterable[Watch] = (),
 ) -> CheckReport:
     """Call ``obj.<method>()`` ``calls`` times and require every call after the first to be a no-op.
 
@@ -39,10 +42,18 @@ def assert_idempotent_shutdown(
     pending finalizers run afterwards, which is what garbage collection would do
     (``cleanup-repeated``). Raises :class:`~pytest_shutdown.ShutdownContractError`; returns a
     :class:`CheckReport` with the counts per round when the contract holds.
+
+    Cleanups that are idempotent by contract (``Executor.shutdown``, ``Thread.join``,
+    ``Event.set``, a process's ``join``/``close``, file and socket ``close``) may run again;
+    ``allow_repeat`` declares more of them (functions, bound methods, attribute paths, or the
+    labels of discovered cleanups). A check that counted no cleanup at all cannot tell a
+    repeat from a no-op: it fails with :class:`NothingCountedError`, asking for ``watch=``.
     """
     _validate(obj, method, calls, threads)
     started = time.perf_counter()
-    specs = discover_cleanups(obj, watch)
+    specs = discover_cleanups(obj, watch, allow_repeat)
+    if idempotent_by_contract(obj, method):  # a pool checked itself: its own call is counted
+        specs.append(method_spec(obj, method, f"{type(obj).__qualname__}.{method}", "self"))
     counter = CleanupCounter(specs)
     bound = getattr(obj, method)
     findings: list[Finding] = []
@@ -71,6 +82,7 @@ def assert_idempotent_shutdown(
 
     findings += repeated_findings(subject, counter, first)
     raise_if_any(findings)
+    _require_counted(subject, method, counter)
     return CheckReport(
         check="idempotent-shutdown",
         subject=subject,
@@ -86,6 +98,8 @@ def repeated_findings(subject: str, counter: CleanupCounter, first: str) -> list
     findings = []
     later = [name for name in counter.rounds if name != first]
     for index, spec in enumerate(counter.specs):
+        if spec.idempotent:
+            continue
         initial = counter.count(index, first)
         again = {name: counter.count(index, name) for name in later if counter.count(index, name)}
         if initial == 0 or (initial == 1 and not again):
@@ -109,6 +123,21 @@ def _repeated(
             "method": spec.method,
             "counts": counts,
         },
+    )
+
+
+class NothingCountedError(AssertionError):
+    """The check saw no cleanup run, so it cannot tell a harmless repeat from a no-op."""
+
+
+def _require_counted(subject: str, method: str, counter: CleanupCounter) -> None:
+    if any(sum(counts.values()) for counts in counter.table().values()):
+        return
+    known = ", ".join(spec.label for spec in counter.specs) or "none found"
+    raise NothingCountedError(
+        f"{subject}: {method}() ran no cleanup the check can count (cleanups discovered: "
+        f"{known}), so a repeated cleanup would go unseen. Pass watch=[...] with what "
+        "shutdown calls: a function, a bound method, or an attribute path such as 'cache.close'."
     )
 
 

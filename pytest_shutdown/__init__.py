@@ -24,6 +24,12 @@ _LAZY: dict[str, str] = {
     "probe_exit": "pytest_shutdown.checks.exits",
     "ExitRecord": "pytest_shutdown.checks.exits",
     "assert_not_force_killed": "pytest_shutdown.checks.exits",
+    "outcome_from_processes": "pytest_shutdown.checks.exits",
+    "assert_freeze_policy": "pytest_shutdown.checks.freeze",
+    "freeze_scenarios": "pytest_shutdown.checks.freeze",
+    "FreezeScenario": "pytest_shutdown.checks.freeze",
+    "timeout_passed_to": "pytest_shutdown.checks.spies",
+    "zero_window_override": "pytest_shutdown.checks.timeouts",
     "CheckReport": "pytest_shutdown.checks.report",
     "detect_platform": "pytest_shutdown.devices",
     "ShutdownLeakWarning": "pytest_shutdown.guard",
@@ -47,11 +53,26 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.checks.executors import assert_nonblocking_shutdown
-    from pytest_shutdown.checks.exits import ExitRecord, assert_not_force_killed, probe_exit
+    from pytest_shutdown.checks.exits import (
+        ExitRecord,
+        assert_not_force_killed,
+        outcome_from_processes,
+        probe_exit,
+    )
     from pytest_shutdown.checks.finalization import assert_finalizes_on_gc, check_finalizers
+    from pytest_shutdown.checks.freeze import (
+        FreezeScenario,
+        assert_freeze_policy,
+        freeze_scenarios,
+    )
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.checks.leaks import no_leaks
     from pytest_shutdown.checks.report import CheckReport
-    from pytest_shutdown.checks.timeouts import assert_timeout_decoupling, timeout_matrix
+    from pytest_shutdown.checks.spies import timeout_passed_to
+    from pytest_shutdown.checks.timeouts import (
+        assert_timeout_decoupling,
+        timeout_matrix,
+        zero_window_override,
+    )
     from pytest_shutdown.devices import detect_platform
     from pytest_shutdown.guard import ShutdownLeakWarning

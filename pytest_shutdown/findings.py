@@ -21,6 +21,8 @@ FINDING_CODES: Mapping[str, str] = {
     "force-killed": "a process had to be force-killed at the end of its shutdown budget",
     "timeout-policy": "a process shutdown timeout policy returned the wrong budget",
     "device-memory-held": "device memory did not return to its baseline after shutdown",
+    "gc-freeze-policy": "a process froze its heap at exit where the policy forbids it, or did not "
+    "where it requires it",
 }
 
 

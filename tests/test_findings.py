@@ -8,7 +8,7 @@ from pytest_shutdown import FINDING_CODES, Finding, ShutdownContractError
 from pytest_shutdown.findings import raise_if_any
 
 
-def test_the_thirteen_codes_of_the_design() -> None:
+def test_the_codes_of_the_design() -> None:
     assert sorted(FINDING_CODES) == sorted(
         [
             "shutdown-raised",
@@ -24,6 +24,7 @@ def test_the_thirteen_codes_of_the_design() -> None:
             "force-killed",
             "timeout-policy",
             "device-memory-held",
+            "gc-freeze-policy",
         ]
     )
 

@@ -133,7 +133,8 @@ def _check_grace(grace: float) -> float:
 
 
 def _check_offset(offset: float) -> float:
-    if isinstance(offset, bool) or not isinstance(offset, (int, float)) or not math.isfinite(offset):
+    number = isinstance(offset, (int, float)) and not isinstance(offset, bool)
+    if not number or not math.isfinite(offset):
         raise ValueError(f"offset: {offset!r} is not a finite number of seconds")
     return float(offset)
 

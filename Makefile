@@ -5,6 +5,8 @@
 #   make test USE_SYSTEM_TORCH=1  reuse the torch of the Python that builds the venv
 #                                 (the venv is created with --system-site-packages)
 #   make test PYTEST_ARGS="-k renderer -x"
+#   make vllm-check               the helpers on vLLM's own classes (examples/vllm) in a side
+#                                 venv, .venv-vllm, with the vllm 0.33.0 wheel; not part of test
 PYTHON ?= python3
 VENV ?= .venv
 USE_SYSTEM_TORCH ?= 0
@@ -14,7 +16,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo lint clean
+.PHONY: venv test demo lint clean vllm-check
 
 venv: $(STAMP)
 
@@ -29,9 +31,12 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m pytest -p shutdown examples/ -v $(PYTEST_ARGS)
 
+vllm-check:
+	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/vllm-check
+
 lint: $(STAMP)
 	$(BIN)/ruff check pytest_shutdown tests examples
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .pytest_cache .mypy_cache .ruff_cache

@@ -33,6 +33,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _OUTCOMES:
         return
     terminalreporter.section("the vLLM code each check exercised")
-    for nodeid, (outcome, target) in _OUTCOMES.items():
-        name = nodeid.rsplit("::", 1)[-1]
-        terminalreporter.write_line(f"{outcome:<7} {name:<55} {target}")
+    rows = [(o, nodeid.rsplit("::", 1)[-1], t) for nodeid, (o, t) in _OUTCOMES.items()]
+    width = max(len(name) for _o, name, _t in rows)
+    for outcome, name, target in rows:
+        terminalreporter.write_line(f"{outcome:<7} {name:<{width}}  {target}")

@@ -70,12 +70,13 @@ class TextRenderer(BaseRenderer[Any]):
         raise NotImplementedError("no chat template without a model")
 
 
-def make_renderer(workers: int = 2) -> TextRenderer:
+def make_renderer(workers: int = 2, kind: type[TextRenderer] = TextRenderer) -> TextRenderer:
+    """A renderer of a text-only model without a tokenizer (the model config is a stand-in)."""
     model_config = types.SimpleNamespace(
         renderer_num_workers=workers, supports_multimodal_inputs=False, multimodal_config=None
     )
     config = types.SimpleNamespace(model_config=model_config, parallel_config=ParallelConfig())
-    return TextRenderer(config, None)  # type: ignore[arg-type]
+    return kind(config, None)  # type: ignore[arg-type]
 
 
 # -- the engine core ------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-if importlib.util.find_spec("vllm") is None:
+_VLLM = importlib.util.find_spec("vllm")
+if _VLLM is None or _VLLM.origin in (None, "namespace"):  # this folder is not vLLM
     pytest.skip(
         "vllm is not installed here: `make vllm-check` runs these tests in a side venv",
         allow_module_level=True,

@@ -13,7 +13,10 @@ from pytest_shutdown.checks.cleanups import (
     CleanupSpec,
     Watch,
     discover_cleanups,
+    finalizer_registrations,
     idempotent_by_contract,
+    instance_attributes,
+    is_exit_stack,
     method_spec,
     pending_finalizers,
 )
@@ -46,12 +49,13 @@ def assert_idempotent_shutdown(
     Cleanups that are idempotent by contract (``Executor.shutdown``, ``Thread.join``,
     ``Event.set``, a process's ``join``/``close``, file and socket ``close``) may run again;
     ``allow_repeat`` declares more of them (functions, bound methods, attribute paths, or the
-    labels of discovered cleanups). A check that counted no cleanup at all cannot tell a
+    labels of discovered cleanups). A check that found no cleanup at all to count cannot tell a
     repeat from a no-op: it fails with :class:`NothingCountedError`, asking for ``watch=``.
     """
     _validate(obj, method, calls, threads)
     started = time.perf_counter()
     specs = discover_cleanups(obj, watch, allow_repeat)
+    routes = _has_cleanup_routes(obj)
     if idempotent_by_contract(obj, method):  # a pool checked itself: its own call is counted
         specs.append(method_spec(obj, method, f"{type(obj).__qualname__}.{method}", "self"))
     counter = CleanupCounter(specs)
@@ -82,7 +86,7 @@ def assert_idempotent_shutdown(
 
     findings += repeated_findings(subject, counter, first)
     raise_if_any(findings)
-    _require_counted(subject, method, counter)
+    _require_counted(subject, method, counter, routes)
     return CheckReport(
         check="idempotent-shutdown",
         subject=subject,
@@ -130,14 +134,26 @@ class NothingCountedError(AssertionError):
     """The check saw no cleanup run, so it cannot tell a harmless repeat from a no-op."""
 
 
-def _require_counted(subject: str, method: str, counter: CleanupCounter) -> None:
-    if any(sum(counts.values()) for counts in counter.table().values()):
+def _has_cleanup_routes(obj: object) -> bool:
+    """An ExitStack or a finalizer: cleanups exist, even when a shutdown already consumed them."""
+    if finalizer_registrations(obj):
+        return True
+    return any(is_exit_stack(value) for _name, value in instance_attributes(obj))
+
+
+def _require_counted(subject: str, method: str, counter: CleanupCounter, routes: bool) -> None:
+    """Fail when the check had no cleanup to count at all: it could never see a repeat.
+
+    Cleanups that exist but did not run (an object shut down before the check: its ExitStack
+    already closed) are not this case: a repeat of them would have been counted.
+    """
+    if counter.specs or routes:
         return
-    known = ", ".join(spec.label for spec in counter.specs) or "none found"
     raise NothingCountedError(
-        f"{subject}: {method}() ran no cleanup the check can count (cleanups discovered: "
-        f"{known}), so a repeated cleanup would go unseen. Pass watch=[...] with what "
-        "shutdown calls: a function, a bound method, or an attribute path such as 'cache.close'."
+        f"{subject}: the check found no cleanup of {method}() to count (no executor, ExitStack "
+        "callback, finalizer or object with close/shutdown/terminate/release/stop), so a "
+        "repeated cleanup would go unseen. Pass watch=[...] with what shutdown calls: a "
+        "function, a bound method, or an attribute path such as 'cache.close'."
     )
 
 

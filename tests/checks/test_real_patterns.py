@@ -302,6 +302,13 @@ class ReleasesSilently:
         release()
 
 
+def test_an_object_already_shut_down_is_not_accused() -> None:
+    renderer = v.Renderer(workers=1)
+    renderer.shutdown()  # its ExitStack is spent: nothing left to run, nothing to count
+    report = assert_idempotent_shutdown(renderer)
+    assert all(sum(counts.values()) == 0 for counts in report.cleanups.values())
+
+
 def test_counting_nothing_fails_and_names_watch() -> None:
     with pytest.raises(NothingCountedError, match="watch="):
         assert_idempotent_shutdown(ReleasesSilently())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib.util
 import os
 import threading
 import time
@@ -13,6 +14,7 @@ import weakref
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,6 +190,15 @@ def test_a_call_that_never_reaches_the_spied_function_is_a_wrong_cell() -> None:
     assert all("never reached" in f.details["error"] for f in exc.value.findings)
 
 
+def test_the_spy_reads_a_positional_timeout_too() -> None:
+    def positional(request: float | None, process: float | None) -> None:
+        v.shutdown([], process)
+
+    policy = timeout_passed_to("vllm_patterns:shutdown", positional)
+    assert policy(0, 3.5) == 3.5
+    assert policy(0, None) is None
+
+
 @pytest.mark.parametrize(
     ("target", "kwargs", "names"),
     [
@@ -245,6 +256,15 @@ class Tokenizer:
 def test_the_readme_tokenizer_is_idempotent() -> None:
     report = assert_idempotent_shutdown(Tokenizer())
     assert report.cleanups["pool.shutdown"] == {"call 1": 1, "call 2": 1, "call 3": 1, "gc": 0}
+
+
+def test_the_readme_sample_itself_is_idempotent() -> None:
+    path = Path(__file__).resolve().parents[2] / "examples/third_party/test_pools_and_loaders.py"
+    spec = importlib.util.spec_from_file_location("readme_pools_sample", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert_idempotent_shutdown(module.Tokenizer())
 
 
 class Worker:

@@ -6,6 +6,8 @@
 #   make test USE_SYSTEM_TORCH=1  reuse the torch of the Python that builds the venv
 #                                 (the venv is created with --system-site-packages)
 #   make test PYTEST_ARGS="-k renderer -x"
+#   make vllm-check               the helpers on vLLM's own classes (examples/vllm) in a side
+#                                 venv, .venv-vllm, with the vllm 0.33.0 wheel; not part of test
 PYTHON ?= python3
 VENV ?= .venv
 USE_SYSTEM_TORCH ?= 0
@@ -15,7 +17,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo docs lint clean
+.PHONY: venv test demo docs lint clean vllm-check
 
 venv: $(STAMP)
 
@@ -33,9 +35,12 @@ demo: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m mkdocs build --strict --site-dir site
 
+vllm-check:
+	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/vllm-check
+
 lint: $(STAMP)
 	$(BIN)/ruff check pytest_shutdown tests examples
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm site .pytest_cache .mypy_cache .ruff_cache

@@ -31,6 +31,12 @@ _LAZY: dict[str, str] = {
     "probe_exit": "pytest_shutdown.checks.exits",
     "ExitRecord": "pytest_shutdown.checks.exits",
     "assert_not_force_killed": "pytest_shutdown.checks.exits",
+    "outcome_from_processes": "pytest_shutdown.checks.exits",
+    "assert_freeze_policy": "pytest_shutdown.checks.freeze",
+    "freeze_scenarios": "pytest_shutdown.checks.freeze",
+    "FreezeScenario": "pytest_shutdown.checks.freeze",
+    "timeout_passed_to": "pytest_shutdown.checks.spies",
+    "zero_window_override": "pytest_shutdown.checks.timeouts",
     "CheckReport": "pytest_shutdown.checks.report",
     "configure_graphs": "pytest_shutdown.checks.backrefs",
     "detect_platform": "pytest_shutdown.devices",
@@ -63,11 +69,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.budget import ShutdownBudgetExceeded
     from pytest_shutdown.checks.backrefs import configure_graphs
     from pytest_shutdown.checks.executors import assert_nonblocking_shutdown
-    from pytest_shutdown.checks.exits import ExitRecord, assert_not_force_killed, probe_exit
+    from pytest_shutdown.checks.exits import (
+        ExitRecord,
+        assert_not_force_killed,
+        outcome_from_processes,
+        probe_exit,
+    )
     from pytest_shutdown.checks.finalization import (
         assert_finalizers_ok,
         assert_finalizes_on_gc,
         check_finalizers,
+    )
+    from pytest_shutdown.checks.freeze import (
+        FreezeScenario,
+        assert_freeze_policy,
+        freeze_scenarios,
     )
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.checks.leaks import (
@@ -76,11 +92,13 @@ if TYPE_CHECKING:  # pragma: no cover
         no_leaks,
     )
     from pytest_shutdown.checks.report import CheckReport
+    from pytest_shutdown.checks.spies import timeout_passed_to
     from pytest_shutdown.checks.timeouts import (
         TimeoutCell,
         TimeoutMatrix,
         assert_timeout_decoupling,
         timeout_matrix,
+        zero_window_override,
     )
     from pytest_shutdown.devices import detect_platform, memory_reader
     from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck

@@ -22,6 +22,8 @@ FINDING_CODES: Mapping[str, str] = {
     "timeout-policy": "a process shutdown timeout policy returned the wrong budget",
     "device-memory-held": "device memory did not return to its baseline after shutdown",
     "shutdown-budget": "a teardown ran past its shutdown budget and was interrupted",
+    "gc-freeze-policy": "a process froze its heap at exit where the policy forbids it, or did not "
+    "where it requires it",
 }
 
 

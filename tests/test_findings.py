@@ -25,6 +25,7 @@ def test_the_codes_of_the_design() -> None:
             "timeout-policy",
             "device-memory-held",
             "shutdown-budget",
+            "gc-freeze-policy",
         ]
     )
 

@@ -24,13 +24,17 @@ installed here keeps the object under test alive.
 from __future__ import annotations
 
 import contextlib
+import io
+import multiprocessing.connection
+import multiprocessing.process
+import socket
 import sys
 import threading
 import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pytest_shutdown.budget import reset_async_exc_flag
@@ -55,6 +59,20 @@ _NOT_RESOURCES = (
     weakref.finalize,
 )
 _MAX_CONTAINER_ITEMS = 256
+_SCALARS = (type(None), bool, int, float, complex, str, bytes)
+
+#: Method name -> the types whose method of that name is idempotent by contract.
+IDEMPOTENT_BY_CONTRACT: Mapping[str, tuple[type, ...]] = {
+    "shutdown": (Executor,),
+    "join": (threading.Thread, multiprocessing.process.BaseProcess),
+    "set": (threading.Event,),
+    "close": (
+        multiprocessing.process.BaseProcess,
+        io.IOBase,
+        socket.socket,
+        multiprocessing.connection.Connection,
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,27 @@ class CleanupSpec:
     self_id: int | None = None
     closure_var: str | None = None
     closure_id: int | None = None
+    arg_ids: tuple[tuple[str, int], ...] = ()
+    idempotent: bool = False
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """What makes two specs the same cleanup (the label is only its name)."""
+        if self.arg_ids:
+            return ("function", tuple(sorted(map(id, self.codes))), self.arg_ids)
+        if self.closure_id is not None:
+            return (self.self_id or 0, self.label)
+        return (self.self_id or 0, self.method)
+
+
+def idempotent_by_contract(target: object, name: str) -> bool:
+    """True for a cleanup whose repetition is harmless by its library's contract.
+
+    ``Executor.shutdown``, ``Thread.join``, ``Event.set``, a process's ``join``/``close``, the
+    ``close`` of files, sockets and multiprocessing connections: calling them again is a no-op.
+    """
+    kinds = IDEMPOTENT_BY_CONTRACT.get(name, ())
+    return any(isinstance(target, kind) for kind in kinds)
 
 
 def is_exit_stack(value: object) -> bool:
@@ -165,6 +204,44 @@ def method_spec(target: object, name: str, label: str, attribute: str) -> Cleanu
         codes=frozenset(codes),
         c_name=c_name,
         self_id=id(target),
+        idempotent=idempotent_by_contract(target, name),
+    )
+
+
+def function_label(func: types.FunctionType) -> str:
+    """``package.module.function``: how a module-level cleanup function is named in reports."""
+    module = getattr(func, "__module__", None)
+    return f"{module}.{func.__qualname__}" if module else func.__qualname__
+
+
+def function_spec(
+    func: types.FunctionType,
+    args: tuple[Any, ...],
+    kwargs: Mapping[str, Any],
+    attribute: str,
+) -> CleanupSpec:
+    """A spec counting calls of ``func`` with the same (non-scalar) arguments as registered.
+
+    Arguments are matched by identity, parameter by parameter, so ``_stop(ev, t)`` registered on
+    an ExitStack and ``weakref.finalize(self, _stop, ev, t)`` are one cleanup, while
+    ``_stop(other_ev, other_t)`` is another. Scalars are not compared (equal, not identical).
+    """
+    code = func.__code__
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    pairs: list[tuple[str, int]] = []
+    for position, value in enumerate(args[: code.co_argcount]):
+        if not isinstance(value, _SCALARS):
+            pairs.append((names[position], id(value)))
+    for key, value in kwargs.items():
+        if key in names and not isinstance(value, _SCALARS):
+            pairs.append((key, id(value)))
+    label = function_label(func)
+    return CleanupSpec(
+        label=label,
+        attribute=attribute,
+        method=label,
+        codes=frozenset({code}),
+        arg_ids=tuple(sorted(pairs)),
     )
 
 
@@ -172,17 +249,23 @@ def method_spec(target: object, name: str, label: str, attribute: str) -> Cleanu
 class _Discovery:
     obj: object
     specs: list[CleanupSpec] = field(default_factory=list)
-    seen_methods: set[tuple[int, str]] = field(default_factory=set)
+    seen_keys: set[tuple[object, ...]] = field(default_factory=set)
     stacks: list[tuple[str, object]] = field(default_factory=list)
     seen_stacks: set[int] = field(default_factory=set)
     resource_ids: set[int] = field(default_factory=set)
     names: dict[int, str] = field(default_factory=dict)
 
     def add(self, spec: CleanupSpec) -> None:
-        key = (spec.self_id or 0, spec.method if spec.closure_id is None else spec.label)
-        if key in self.seen_methods:
+        key = spec.key
+        if key in self.seen_keys:
             return
-        self.seen_methods.add(key)
+        self.seen_keys.add(key)
+        taken = {existing.label for existing in self.specs}
+        if spec.label in taken:  # the same function with other arguments: number it
+            number = 2
+            while f"{spec.label} #{number}" in taken:
+                number += 1
+            spec = replace(spec, label=f"{spec.label} #{number}")
         self.specs.append(spec)
 
     def consider(self, label: str, value: object, *, nested: bool = True) -> None:
@@ -231,6 +314,10 @@ class _Discovery:
                 self.add(method_spec(owner, name, f"{attribute}.{name}", attribute))
                 return
         qualname = getattr(inner, "__qualname__", type(inner).__qualname__)
+        if wrapped is not None and isinstance(inner, types.FunctionType):
+            args, kwargs = _wrapper_arguments(callback)
+            self.add(function_spec(inner, args, kwargs, label))
+            return
         if wrapped is not None:
             spec = _closure_spec(label, qualname, callback, wrapped)
             if spec is not None:
@@ -256,6 +343,9 @@ class _Discovery:
             label = f"{self.names.get(id(owner), type(owner).__qualname__)}.{item.__name__}"
             self.add(method_spec(owner, item.__name__, label, label.rsplit(".", 1)[0]))
         elif isinstance(item, types.FunctionType):
+            existing = [spec for spec in self.specs if item.__code__ in spec.codes]
+            if existing:
+                return  # already counted (as a finalizer's or an ExitStack's function)
             self.add(
                 CleanupSpec(
                     label=item.__qualname__,
@@ -297,6 +387,25 @@ class _Discovery:
         self.consider(path, current)
 
 
+def _wrapper_arguments(wrapper: Callable[..., Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The ``args`` and ``kwds`` an ExitStack ``callback()`` wrapper will call its function with."""
+    code = getattr(wrapper, "__code__", None)
+    cells = getattr(wrapper, "__closure__", None) or ()
+    found: dict[str, Any] = {}
+    if isinstance(code, types.CodeType):
+        for var, cell in zip(code.co_freevars, cells, strict=False):
+            try:
+                found[var] = cell.cell_contents
+            except ValueError:  # empty cell
+                continue
+    args = found.get("args")
+    kwargs = found.get("kwds")
+    return (
+        tuple(args) if isinstance(args, tuple) else (),
+        dict(kwargs) if isinstance(kwargs, dict) else {},
+    )
+
+
 def _closure_spec(
     label: str, qualname: str, wrapper: Callable[..., Any], wrapped: object
 ) -> CleanupSpec | None:
@@ -335,8 +444,16 @@ def instance_attributes(obj: object) -> Iterator[tuple[str, object]]:
                 continue
 
 
-def discover_cleanups(obj: object, watch: Iterable[Watch] = ()) -> list[CleanupSpec]:
+def discover_cleanups(
+    obj: object, watch: Iterable[Watch] = (), allow_repeat: Iterable[Watch] = ()
+) -> list[CleanupSpec]:
     """Every cleanup of ``obj`` that the helpers count, in a stable order.
+
+    A finalizer's module-level function (``weakref.finalize(self, shutdown, self.processes)``)
+    is a cleanup of its own, labelled with its module path (``vllm.v1.utils.shutdown``) and
+    matched on the arguments it was registered with. ``allow_repeat`` items (the same kinds as
+    ``watch``, or the label of a discovered cleanup) are cleanups declared idempotent by
+    contract: counted, never reported as repeated; see also :data:`IDEMPOTENT_BY_CONTRACT`.
 
     Call it before the first shutdown: ExitStack callbacks are consumed when the stack closes.
     """
@@ -355,18 +472,61 @@ def discover_cleanups(obj: object, watch: Iterable[Watch] = ()) -> list[CleanupS
             found.consider(found.names.get(id(owner), f"{label} stack"), owner)
         elif owner is not None and owner is not obj:
             found.add_callback(label, func)
+        elif isinstance(func, types.FunctionType):
+            found.add(function_spec(func, args, kwargs, label))
         for position, arg in enumerate(args):
             found.consider(f"{label} args[{position}]", arg)
         for key, arg in kwargs.items():
             found.consider(f"{label} kwargs[{key!r}]", arg)
+    expanded = _expand_stacks(found, 0)
     for item in watch:
         found.add_watch(item)
-    index = 0
-    while index < len(found.stacks):  # stacks found while expanding are expanded too
+    _expand_stacks(found, expanded)
+    return _allow_repeats(found, tuple(allow_repeat))
+
+
+def _expand_stacks(found: _Discovery, start: int) -> int:
+    """Expand the ExitStacks found from ``start`` on (and those found while expanding)."""
+    index = start
+    while index < len(found.stacks):
         label, stack = found.stacks[index]
         found.expand_stack(label, stack)
         index += 1
-    return found.specs
+    return index
+
+
+def _allow_repeats(found: _Discovery, allow_repeat: tuple[Watch, ...]) -> list[CleanupSpec]:
+    """Mark the ``allow_repeat`` cleanups idempotent (adding those not discovered)."""
+    if not allow_repeat:
+        return found.specs
+    labels = {spec.label for spec in found.specs}
+    by_label: set[str] = set()
+    declared = _Discovery(found.obj, names=dict(found.names))
+    for item in allow_repeat:
+        if isinstance(item, str) and item in labels:
+            by_label.add(item)
+        else:
+            declared.add_watch(item)
+    _expand_stacks(declared, 0)
+    specs = []
+    claimed: set[int] = set()
+    for spec in found.specs:
+        hits = [i for i, other in enumerate(declared.specs) if _same_cleanup(spec, other)]
+        claimed.update(hits)
+        specs.append(replace(spec, idempotent=True) if hits or spec.label in by_label else spec)
+    for index, other in enumerate(declared.specs):
+        if index not in claimed:
+            specs.append(replace(other, idempotent=True))
+    return specs
+
+
+def _same_cleanup(spec: CleanupSpec, declared: CleanupSpec) -> bool:
+    same_code = bool(spec.codes & declared.codes) or (
+        spec.c_name is not None and spec.c_name == declared.c_name
+    )
+    if not same_code:
+        return False
+    return declared.self_id is None or declared.self_id == spec.self_id
 
 
 class _ThreadState:
@@ -439,10 +599,13 @@ class CleanupCounter:
 
     def _matches(self, index: int, frame: types.FrameType) -> bool:
         spec = self.specs[index]
-        if spec.self_id is None and spec.closure_var is None:
+        if spec.self_id is None and spec.closure_var is None and not spec.arg_ids:
             return True
         code = frame.f_code
         values = frame.f_locals
+        for name, value_id in spec.arg_ids:
+            if id(values.get(name)) != value_id:
+                return False
         if spec.self_id is not None:
             if code.co_argcount < 1 or id(values.get(code.co_varnames[0])) != spec.self_id:
                 return False

@@ -11,8 +11,9 @@ import threading
 import time
 import traceback
 import types
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ STARTUP_DEADLINE_S = 30.0
 #: Polls start at _FIRST_POLL_S and back off to _POLL_S: a clean check stays in milliseconds.
 _FIRST_POLL_S = 0.0005
 _POLL_S = 0.01
+#: How deep the helper looks into executors that wrap executors.
+_MAX_WRAPPER_DEPTH = 4
 
 
 def block_until_released(marker_dir: str, number: int, deadline_s: float) -> None:
@@ -44,9 +47,68 @@ def block_until_released(marker_dir: str, number: int, deadline_s: float) -> Non
     release = os.path.join(marker_dir, "release")
     deadline = time.monotonic() + deadline_s
     delay = _FIRST_POLL_S
-    while not os.path.exists(release) and time.monotonic() < deadline:
+    # A vanished marker folder releases too: the helper is gone, nothing may wait for it.
+    while (
+        not os.path.exists(release)
+        and os.path.isdir(marker_dir)
+        and time.monotonic() < deadline
+    ):
         time.sleep(delay)
         delay = min(delay * 2, _POLL_S)
+
+
+def inner_pools(executor: Executor) -> list[tuple[str, Executor]]:
+    """The executors a wrapper executor holds (``_SwappableExecutor._inner``), depth first.
+
+    A pool that owns its workers (``_threads`` or ``_processes``) is its own pool; a wrapper is
+    an Executor whose instance attributes hold other executors, which it forwards to.
+    """
+    found: list[tuple[str, Executor]] = []
+    seen: set[int] = {id(executor)}
+
+    def walk(prefix: str, current: Executor, depth: int) -> None:
+        if depth > _MAX_WRAPPER_DEPTH or _owns_workers(current):
+            return
+        for name, value in instance_attributes(current):
+            if isinstance(value, Executor) and id(value) not in seen:
+                seen.add(id(value))
+                label = f"{prefix}.{name}"
+                found.append((label, value))
+                walk(label, value, depth + 1)
+
+    walk("", executor, 0)
+    return found
+
+
+def _owns_workers(executor: Executor) -> bool:
+    return hasattr(executor, "_threads") or hasattr(executor, "_processes")
+
+
+def _worker_count(executor: Executor) -> int:
+    """How many tasks keep every worker busy: the pool's own, else the first wrapped pool's."""
+    for candidate in [executor, *(pool for _label, pool in inner_pools(executor))]:
+        workers = getattr(candidate, "_max_workers", None)
+        if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0:
+            return workers
+    return 1
+
+
+def _pool_threads(executor: Executor) -> list[threading.Thread]:
+    """The worker threads of a pool (and of the pools it wraps), plus a manager thread."""
+    threads: list[threading.Thread] = []
+    for candidate in [executor, *(pool for _label, pool in inner_pools(executor))]:
+        threads += [t for t in (getattr(candidate, "_threads", ()) or ()) if t not in threads]
+        manager = getattr(candidate, "_executor_manager_thread", None)
+        if isinstance(manager, threading.Thread) and manager not in threads:
+            threads.append(manager)
+    return threads
+
+
+def _pool_processes(executor: Executor) -> list[Any]:
+    processes: list[Any] = []
+    for candidate in [executor, *(pool for _label, pool in inner_pools(executor))]:
+        processes += list((getattr(candidate, "_processes", None) or {}).values())
+    return processes
 
 
 @dataclass
@@ -90,7 +152,8 @@ def discover_executors(obj: object) -> list[tuple[str, Executor]]:
         for index, callback in enumerate(exit_stack_callbacks(stack)):
             inner = getattr(callback, "__wrapped__", callback)
             add(f"{label} callback {index}", getattr(inner, "__self__", None))
-    return found
+    wrapped = {id(pool) for _label, ex in found for _name, pool in inner_pools(ex)}
+    return [(label, ex) for label, ex in found if id(ex) not in wrapped]
 
 
 def assert_nonblocking_shutdown(
@@ -98,25 +161,24 @@ def assert_nonblocking_shutdown(
     method: str = "shutdown",
     *,
     budget: float = 0.25,
-    executors: Sequence[Executor] | None = None,
+    executors: Sequence[Executor] | Mapping[str, Executor] | None = None,
     grace: float = 5.0,
 ) -> CheckReport:
     """Occupy every executor with blocking tasks, then require ``obj.<method>()`` to return fast.
 
-    The executors are those given, or those discovered on ``obj``. The method runs on a watchdog
-    thread; if it has not returned after ``budget`` seconds while the tasks still block, that is
-    ``blocking-close`` (with the time and the executor it waits on). The tasks are then always
-    released, and every executor thread must end within ``grace`` seconds (``thread-leak``;
-    ``process-leak`` for process pool workers). The helper itself never hangs.
+    The executors are those given (a sequence, or ``{label: executor}``), or those discovered on
+    ``obj``. An executor that wraps another (vLLM's ``_SwappableExecutor`` keeps its pool in
+    ``_inner``) is occupied through the wrapper, and the wrapped pool's threads are the ones
+    waited for. The method runs on a watchdog thread; if it has not returned after ``budget``
+    seconds while the tasks still block, that is ``blocking-close`` (with the time and the
+    executor it waits on). The tasks are then always released, and every executor thread must end
+    within ``grace`` seconds (``thread-leak``; ``process-leak`` for process pool workers). The
+    helper itself never hangs, and it joins every pool thread it blocked before it returns.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
     _validate(obj, method, budget, grace)
     subject = describe(obj)
-    found = (
-        [(f"executors[{i}]", ex) for i, ex in enumerate(executors)]
-        if executors is not None
-        else discover_executors(obj)
-    )
+    found = _given_executors(executors) if executors is not None else discover_executors(obj)
     for label, ex in found:
         if not isinstance(ex, Executor):
             raise ValueError(
@@ -133,7 +195,7 @@ def assert_nonblocking_shutdown(
     timings: dict[str, float] = {}
     runner: _Runner | None = None
     try:
-        occupied = _occupy(found, marker_dir)
+        _occupy(found, marker_dir, occupied)
         runner = _Runner(getattr(obj, method))
         runner.start()
         returned = runner.done.wait(budget)
@@ -148,7 +210,8 @@ def assert_nonblocking_shutdown(
         t0 = time.perf_counter()
         findings += _leaks(subject, occupied, grace)
         timings["workers_ended"] = time.perf_counter() - t0
-        shutil.rmtree(marker_dir, ignore_errors=True)
+        shutil.rmtree(marker_dir, ignore_errors=True)  # releases any task that starts later
+        _wait_tasks_returned(occupied, grace)
     if runner is not None and runner.error is not None:
         exc = runner.error
         findings.append(
@@ -213,18 +276,35 @@ class _Runner:
         return "".join(traceback.format_stack(frame)), frames
 
 
-def _occupy(found: list[tuple[str, Executor]], marker_dir: str) -> list[_Occupied]:
-    occupied: list[_Occupied] = []
+def _given_executors(
+    executors: Sequence[Executor] | Mapping[str, Executor],
+) -> list[tuple[str, Executor]]:
+    if isinstance(executors, Mapping):
+        return [(str(label), ex) for label, ex in executors.items()]
+    if isinstance(executors, (str, bytes)) or not isinstance(executors, Sequence):
+        raise ValueError(
+            f"executors: {executors!r}; accepted: a sequence of executors or {{label: executor}}"
+        )
+    return [(f"executors[{i}]", ex) for i, ex in enumerate(executors)]
+
+
+def _occupy(
+    found: list[tuple[str, Executor]], marker_dir: str, occupied: list[_Occupied]
+) -> None:
+    """Fill every worker of every executor with a blocking task (appending to ``occupied``
+    as it goes, so that what was occupied is released and joined even if a submit fails)."""
     number = 0
     expected = 0
     for label, ex in found:
-        workers = int(getattr(ex, "_max_workers", 1) or 1)
+        workers = _worker_count(ex)
         entry = _Occupied(label, ex, workers)
         occupied.append(entry)
         for _ in range(workers + 1):  # every worker busy, one more queued
             task = ex.submit(block_until_released, marker_dir, number, TASK_DEADLINE_S)
             entry.futures.append(task)
             number += 1
+            entry.threads = _pool_threads(ex)
+            entry.processes = _pool_processes(ex)
         expected += workers
     deadline = time.monotonic() + STARTUP_DEADLINE_S
     delay = _FIRST_POLL_S
@@ -234,12 +314,15 @@ def _occupy(found: list[tuple[str, Executor]], marker_dir: str) -> list[_Occupie
         time.sleep(delay)
         delay = min(delay * 2, _POLL_S)
     for entry in occupied:  # what must end once released, captured before shutdown forgets it
-        entry.threads = list(getattr(entry.executor, "_threads", ()) or ())
-        manager = getattr(entry.executor, "_executor_manager_thread", None)
-        if isinstance(manager, threading.Thread):
-            entry.threads.append(manager)
-        entry.processes = list((getattr(entry.executor, "_processes", None) or {}).values())
-    return occupied
+        entry.threads = _pool_threads(entry.executor)
+        entry.processes = _pool_processes(entry.executor)
+
+
+def _wait_tasks_returned(occupied: Iterable[_Occupied], grace: float) -> None:
+    """Wait (bounded) until no blocking task runs any more: no pool thread stays blocked."""
+    running = [task for entry in occupied for task in entry.futures if task.running()]
+    if running:
+        futures_wait(running, timeout=grace)
 
 
 def _blocking(

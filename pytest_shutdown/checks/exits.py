@@ -44,6 +44,15 @@ class ExitRecord:
     timed_out: bool
     pid: int | None
     start_method: str
+    gc_freeze_count_at_start: int | None = None
+
+    @property
+    def froze(self) -> bool | None:
+        """True when the child ended with more of its heap frozen than it started with
+        (a ``gc.freeze()`` on its way out); ``None`` when either count is unknown."""
+        if self.gc_freeze_count is None or self.gc_freeze_count_at_start is None:
+            return None
+        return self.gc_freeze_count > self.gc_freeze_count_at_start
 
     @property
     def signal_name(self) -> str | None:
@@ -72,6 +81,7 @@ def _probe_main(
     os.close(err)
     # The parent's sys.stderr may not write to fd 2 (pytest's capture replaces it): rebind it.
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+    _write_atomically(os.path.join(workdir, "freeze-start"), str(gc.get_freeze_count()))
     try:
         target(*args, **kwargs)
     finally:
@@ -149,6 +159,7 @@ def probe_exit(
             timed_out=timed_out,
             pid=proc.pid,
             start_method=context.get_start_method(),
+            gc_freeze_count_at_start=_read_int(os.path.join(workdir, "freeze-start")),
         )
     finally:
         if proc.is_alive():  # interrupted (KeyboardInterrupt, an error above): still reap it
@@ -221,6 +232,16 @@ def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = Fa
         "duration_s": outcome.duration_s,
     }
     findings: list[Finding] = []
+    alive = list(getattr(outcome, "alive", ()) or ())
+    if alive:
+        findings.append(
+            Finding(
+                "process-leak",
+                f"{', '.join(alive)} still running after the {outcome.timeout!r}s shutdown "
+                "budget: neither exited nor killed.",
+                {**facts, "alive": alive},
+            )
+        )
     if killed and not expected:
         findings.append(
             Finding(
@@ -245,4 +266,86 @@ def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = Fa
         subject=type(outcome).__qualname__,
         duration_s=time.perf_counter() - started,
         details=facts,
+    )
+
+
+@dataclass(frozen=True)
+class ProcessesOutcome:
+    """What a shutdown that returns nothing did to its processes, read from the processes.
+
+    The same fields as the reference engine's ``ShutdownOutcome``, so that
+    :func:`assert_not_force_killed` reads either: ``force_killed`` names the processes that
+    ended by ``SIGKILL``; ``exitcodes`` maps each name to its exit code (``None``: still alive
+    when read, also listed in ``alive``); ``timeout`` is the budget the test gave;
+    ``duration_s`` the time since ``started``.
+    """
+
+    timeout: float | None
+    exitcodes: Mapping[str, int | None]
+    force_killed: Sequence[str]
+    alive: Sequence[str]
+    duration_s: float
+
+
+def outcome_from_processes(
+    procs: Sequence[Any],
+    *,
+    timeout: float | None,
+    started: float,
+    reap_s: float = KILL_DEADLINE_S,
+) -> ProcessesOutcome:
+    """Build the outcome of ``shutdown(procs, timeout)`` from the processes themselves.
+
+    For real managers whose shutdown returns ``None`` (vLLM's ``shutdown(procs, timeout)``)::
+
+        started = time.monotonic()
+        manager.shutdown(timeout=2.0)
+        assert_not_force_killed(outcome_from_processes(manager.processes, timeout=2.0,
+                                                       started=started))
+
+    ``procs`` are ``multiprocessing`` processes (or anything with ``name``, ``exitcode`` and
+    ``join``); a process that already ended but is not reaped yet is joined for up to
+    ``reap_s`` seconds in total, so its exit code is read and not taken for "alive".
+    ``started`` is a ``time.monotonic()`` reading taken before the shutdown. Wrong argument
+    types raise ``ValueError`` naming the argument.
+    """
+    if isinstance(procs, (str, bytes)) or not isinstance(procs, Sequence):
+        raise ValueError(
+            f"procs: {procs!r} is not a sequence of processes; accepted: a list of "
+            "multiprocessing processes (objects with name, exitcode and join)"
+        )
+    for index, proc in enumerate(procs):
+        missing = [name for name in ("name", "exitcode", "join") if not hasattr(proc, name)]
+        if missing:
+            raise ValueError(
+                f"procs[{index}]: {proc!r} lacks {', '.join(missing)}; accepted: "
+                "multiprocessing processes (objects with name, exitcode and join)"
+            )
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not (math.isfinite(timeout) and timeout >= 0)
+    ):
+        raise ValueError(f"timeout: {timeout!r}; accepted: None or a number of seconds >= 0")
+    if isinstance(started, bool) or not isinstance(started, (int, float)) or not (
+        math.isfinite(started) and started <= time.monotonic()
+    ):
+        raise ValueError(
+            f"started: {started!r}; accepted: a time.monotonic() reading taken before the "
+            "shutdown"
+        )
+    duration = time.monotonic() - started
+    deadline = time.monotonic() + reap_s
+    exitcodes: dict[str, int | None] = {}
+    for index, proc in enumerate(procs):
+        if proc.exitcode is None:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        name = str(proc.name)
+        exitcodes[name if name not in exitcodes else f"{name}[{index}]"] = proc.exitcode
+    return ProcessesOutcome(
+        timeout=timeout,
+        exitcodes=exitcodes,
+        force_killed=[name for name, code in exitcodes.items() if code == -signal.SIGKILL],
+        alive=[name for name, code in exitcodes.items() if code is None],
+        duration_s=duration,
     )

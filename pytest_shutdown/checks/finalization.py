@@ -229,8 +229,16 @@ def _diagnose(
     chain, text = backref_chain(target)
     through_registry = runs_through_finalizer_registry(chain)
     del chain
-    if through_registry and static:
-        findings = [replace(f, details={**f.details, "backref_chain": text}) for f in static]
+    if static:
+        # A finalizer that reaches the object keeps it alive from the registry whatever the
+        # shortest chain found (a large object's chain may be too deep to search).
+        findings = [
+            replace(
+                f,
+                details={**f.details, "backref_chain": text, "finalizer_registry": True},
+            )
+            for f in static
+        ]
     else:
         findings = [
             Finding(

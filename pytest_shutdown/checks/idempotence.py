@@ -13,6 +13,11 @@ from pytest_shutdown.checks.cleanups import (
     CleanupSpec,
     Watch,
     discover_cleanups,
+    finalizer_registrations,
+    idempotent_by_contract,
+    instance_attributes,
+    is_exit_stack,
+    method_spec,
     pending_finalizers,
 )
 from pytest_shutdown.checks.report import CheckReport, describe
@@ -30,6 +35,7 @@ def assert_idempotent_shutdown(
     calls: int = 3,
     threads: int = 0,
     watch: Iterable[Watch] = (),
+    allow_repeat: Iterable[Watch] = (),
 ) -> CheckReport:
     """Call ``obj.<method>()`` ``calls`` times and require every call after the first to be a no-op.
 
@@ -39,11 +45,20 @@ def assert_idempotent_shutdown(
     pending finalizers run afterwards, which is what garbage collection would do
     (``cleanup-repeated``). Raises :class:`~pytest_shutdown.ShutdownContractError`; returns a
     :class:`CheckReport` with the counts per round when the contract holds.
+
+    Cleanups that are idempotent by contract (``Executor.shutdown``, ``Thread.join``,
+    ``Event.set``, a process's ``join``/``close``, file and socket ``close``) may run again;
+    ``allow_repeat`` declares more of them (functions, bound methods, attribute paths, or the
+    labels of discovered cleanups). A check that found no cleanup at all to count cannot tell a
+    repeat from a no-op: it fails with :class:`NothingCountedError`, asking for ``watch=``.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
     _validate(obj, method, calls, threads)
     started = time.perf_counter()
-    specs = discover_cleanups(obj, watch)
+    specs = discover_cleanups(obj, watch, allow_repeat)
+    routes = _has_cleanup_routes(obj)
+    if idempotent_by_contract(obj, method):  # a pool checked itself: its own call is counted
+        specs.append(method_spec(obj, method, f"{type(obj).__qualname__}.{method}", "self"))
     counter = CleanupCounter(specs)
     bound = getattr(obj, method)
     findings: list[Finding] = []
@@ -72,6 +87,7 @@ def assert_idempotent_shutdown(
 
     findings += repeated_findings(subject, counter, first)
     raise_if_any(findings)
+    _require_counted(subject, method, counter, routes)
     return CheckReport(
         check="idempotent-shutdown",
         subject=subject,
@@ -87,6 +103,8 @@ def repeated_findings(subject: str, counter: CleanupCounter, first: str) -> list
     findings = []
     later = [name for name in counter.rounds if name != first]
     for index, spec in enumerate(counter.specs):
+        if spec.idempotent:
+            continue
         initial = counter.count(index, first)
         again = {name: counter.count(index, name) for name in later if counter.count(index, name)}
         if initial == 0 or (initial == 1 and not again):
@@ -110,6 +128,33 @@ def _repeated(
             "method": spec.method,
             "counts": counts,
         },
+    )
+
+
+class NothingCountedError(AssertionError):
+    """The check saw no cleanup run, so it cannot tell a harmless repeat from a no-op."""
+
+
+def _has_cleanup_routes(obj: object) -> bool:
+    """An ExitStack or a finalizer: cleanups exist, even when a shutdown already consumed them."""
+    if finalizer_registrations(obj):
+        return True
+    return any(is_exit_stack(value) for _name, value in instance_attributes(obj))
+
+
+def _require_counted(subject: str, method: str, counter: CleanupCounter, routes: bool) -> None:
+    """Fail when the check had no cleanup to count at all: it could never see a repeat.
+
+    Cleanups that exist but did not run (an object shut down before the check: its ExitStack
+    already closed) are not this case: a repeat of them would have been counted.
+    """
+    if counter.specs or routes:
+        return
+    raise NothingCountedError(
+        f"{subject}: the check found no cleanup of {method}() to count (no executor, ExitStack "
+        "callback, finalizer or object with close/shutdown/terminate/release/stop), so a "
+        "repeated cleanup would go unseen. Pass watch=[...] with what shutdown calls: a "
+        "function, a bound method, or an attribute path such as 'cache.close'."
     )
 
 

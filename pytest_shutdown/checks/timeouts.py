@@ -15,6 +15,8 @@ The rule: the process-cleanup timeout becomes the ROCm ``grace`` only when the p
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -27,7 +29,15 @@ from pytest_shutdown.findings import Finding, raise_if_any
 #: The platforms a cell may name.
 PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")
 
+#: The shapes a matrix may take: every request x process pair, or request == process only.
+SHAPES: tuple[str, ...] = ("product", "diagonal")
+
+#: ``policy(request_timeout, process_timeout, platform)``.
 Policy = Callable[[float | None, float | None, str], Any]
+#: ``policy(request_timeout, process_timeout)``, its platform read from global state.
+Policy2 = Callable[[float | None, float | None], Any]
+#: ``platform=``: platform name -> a context manager that makes it the current platform.
+PlatformHook = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 
 def _fmt(value: float | None) -> str:
@@ -63,6 +73,10 @@ class TimeoutMatrix(tuple[TimeoutCell, ...]):
     @property
     def ids(self) -> list[str]:
         return [cell.id for cell in self]
+
+
+#: ``expected=``: given a cell (carrying the rule's value), the value this code must return.
+Expected = Callable[[TimeoutCell], float | None]
 
 
 def expected_process_timeout(
@@ -119,32 +133,102 @@ def _check_grace(grace: float) -> float:
     return float(grace)
 
 
+def _check_offset(offset: float) -> float:
+    number = isinstance(offset, (int, float)) and not isinstance(offset, bool)
+    if not number or not math.isfinite(offset):
+        raise ValueError(f"offset: {offset!r} is not a finite number of seconds")
+    return float(offset)
+
+
+def _check_shape(shape: str) -> str:
+    if shape not in SHAPES:
+        raise ValueError(f"shape: unknown matrix shape {shape!r}; accepted: {', '.join(SHAPES)}")
+    return shape
+
+
 def timeout_matrix(
     request: Iterable[float | None] = (None, 0, 7.0),
     process: Iterable[float | None] = (None, 0, 7.0),
     platforms: Iterable[str] = ("cuda", "rocm"),
     grace: float = 15.0,
+    *,
+    shape: str = "product",
+    include_none: bool = True,
+    expected: Expected | None = None,
+    offset: float = 0.0,
 ) -> TimeoutMatrix:
-    """Every (platform, request timeout, process timeout) cell with its expected process timeout.
+    """The (platform, request timeout, process timeout) cells with their expected process timeout.
+
+    ``shape="product"`` crosses every request timeout with every process timeout;
+    ``shape="diagonal"`` keeps the cells where both are the same value (what a DP supervisor
+    passes: ``policy(t, t)``), taken from ``request``. ``include_none=False`` drops ``None``.
+
+    The expected value of a cell is the rule of DESIGN R6; ``expected=`` replaces it: a callable
+    given the cell (with the rule's value in ``cell.expected``) that returns what this code must
+    return instead, e.g. :func:`zero_window_override` for a documented environment override.
+    ``offset`` is then added to every expected value that is not ``None`` (a supervisor that waits
+    ``policy(t, t) + CHILD_EXIT_GRACE_S``).
 
     Raises ``ValueError`` naming the argument for a negative or NaN timeout, an unknown
-    platform, or a grace that is not a positive number.
+    platform or shape, a grace that is not a positive number, or a non-callable ``expected``.
     """
     requests = _check_timeouts("request", request)
     processes = _check_timeouts("process", process)
+    if not include_none:
+        requests = _without_none("request", requests)
+        processes = _without_none("process", processes)
     names = _check_platforms(platforms)
     budget = _check_grace(grace)
-    return TimeoutMatrix(
-        TimeoutCell(
-            platform,
-            req,
-            proc,
-            expected_process_timeout(req, proc, platform, budget),
+    form = _check_shape(shape)
+    shift = _check_offset(offset)
+    if expected is not None and not callable(expected):
+        raise ValueError(
+            f"expected: {expected!r} is not callable; accepted: a function cell -> seconds "
+            "(or None), e.g. zero_window_override(3.0)"
         )
-        for platform in names
-        for req in requests
-        for proc in processes
+    pairs = (
+        [(req, req) for req in requests]
+        if form == "diagonal"
+        else [(req, proc) for req in requests for proc in processes]
     )
+    cells = []
+    for platform in names:
+        for req, proc in pairs:
+            cell = TimeoutCell(
+                platform, req, proc, expected_process_timeout(req, proc, platform, budget)
+            )
+            if expected is not None:
+                value = expected(cell)
+                _check_timeouts("expected", (value,))
+                cell = TimeoutCell(platform, req, proc, value)
+            if shift and cell.expected is not None:
+                cell = TimeoutCell(platform, req, proc, cell.expected + shift)
+            cells.append(cell)
+    return TimeoutMatrix(cells)
+
+
+def _without_none(name: str, values: tuple[float | None, ...]) -> tuple[float | None, ...]:
+    kept = tuple(value for value in values if value is not None)
+    if not kept:
+        raise ValueError(f"{name}: include_none=False leaves no timeout; give at least one number")
+    return kept
+
+
+def zero_window_override(seconds: float) -> Expected:
+    """``expected=`` for an override of the 0/0 window on every platform.
+
+    vLLM 0.33.0: with ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS`` set, that value is the process
+    timeout when both timeouts are 0, on CUDA as on ROCm; every other cell keeps the rule.
+    """
+    window = _check_grace(seconds)
+
+    def override(cell: TimeoutCell) -> float | None:
+        if cell.request_timeout == 0 and cell.process_timeout == 0:
+            return window
+        return cell.expected
+
+    override.__qualname__ = f"zero_window_override({window:g})"
+    return override
 
 
 def _same(got: Any, expected: float | None) -> bool:
@@ -155,26 +239,101 @@ def _same(got: Any, expected: float | None) -> bool:
     return math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)
 
 
+def _positional_arity(policy: Callable[..., Any]) -> int | None:
+    """How many positional arguments ``policy`` takes (``None`` when it cannot be told)."""
+    try:
+        signature = inspect.signature(policy)
+    except (TypeError, ValueError):
+        return None
+    count = 0
+    for parameter in signature.parameters.values():
+        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
+            return None
+        if parameter.kind in (
+            inspect.Parameter.POSITIONAL_ONLY,
+            inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        ):
+            count += 1
+    return count
+
+
+def _caller(
+    policy: Callable[..., Any], platform: PlatformHook | None
+) -> Callable[[TimeoutCell], Any]:
+    """How to ask ``policy`` for one cell: with the platform as an argument, or inside the hook."""
+    if not callable(policy):
+        raise ValueError(
+            f"policy must be callable(request, process, platform) or callable(request, process) "
+            f"with platform=, got {policy!r}"
+        )
+    if platform is not None:
+        if not callable(platform):
+            raise ValueError(
+                f"platform: {platform!r} is not callable; accepted: a function platform-name -> "
+                "context manager that makes that platform current"
+            )
+
+        def in_platform(cell: TimeoutCell) -> Any:
+            with platform(cell.platform):
+                return policy(cell.request_timeout, cell.process_timeout)
+
+        return in_platform
+    if _positional_arity(policy) == 2:
+        raise ValueError(
+            f"policy {getattr(policy, '__qualname__', policy)!r} takes (request, process) and "
+            "reads its platform from global state: pass platform=, a function platform-name -> "
+            "context manager that makes that platform current (e.g. patches current_platform)"
+        )
+
+    def with_argument(cell: TimeoutCell) -> Any:
+        return policy(cell.request_timeout, cell.process_timeout, cell.platform)
+
+    return with_argument
+
+
 def assert_timeout_decoupling(
-    policy: Policy,
+    policy: Policy | Policy2,
     *,
     grace: float,
     platforms: Iterable[str] = ("cuda", "rocm"),
+    platform: PlatformHook | None = None,
+    expected: Expected | None = None,
+    request: Iterable[float | None] = (None, 0, 7.0),
+    process: Iterable[float | None] = (None, 0, 7.0),
+    shape: str = "product",
+    include_none: bool = True,
+    offset: float = 0.0,
 ) -> CheckReport:
-    """Call ``policy(request_timeout, process_timeout, platform)`` on every matrix cell.
+    """Ask ``policy`` for the process timeout of every matrix cell; require the expected one.
 
-    Every cell whose result differs from the rule (or that raises) is a ``timeout-policy``
-    finding naming the cell, what came back and what was expected; all of them are reported.
+    ``policy`` is ``policy(request_timeout, process_timeout, platform)``, or, as real code has
+    it, ``policy(request_timeout, process_timeout)`` reading its platform from global state: then
+    ``platform=`` is a function ``name -> context manager`` entered around each cell's call
+    (one that patches ``current_platform``, say). :func:`timeout_passed_to` turns "the timeout a
+    shutdown method passes on" into such a policy. The cells and their expected values are those
+    of :func:`timeout_matrix` with the same ``request``, ``process``, ``shape``,
+    ``include_none``, ``expected`` and ``offset``.
+
+    Every cell whose result differs (or that raises) is a ``timeout-policy`` finding naming the
+    cell, what came back and what was expected; all of them are reported.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    if not callable(policy):
-        raise ValueError(f"policy must be callable(request, process, platform), got {policy!r}")
+    ask = _caller(policy, platform)
     started = time.perf_counter()
-    cells = timeout_matrix(platforms=platforms, grace=grace)
+    cells = timeout_matrix(
+        request,
+        process,
+        platforms=platforms,
+        grace=grace,
+        shape=shape,
+        include_none=include_none,
+        expected=expected,
+        offset=offset,
+    )
     findings: list[Finding] = []
     for cell in cells:
         try:
-            got = policy(cell.request_timeout, cell.process_timeout, cell.platform)
+            got = ask(cell)
         except Exception as exc:  # noqa: BLE001 - a raising policy is a wrong cell
             findings.append(_wrong(cell, None, f"raised {type(exc).__name__}: {exc}"))
             continue
@@ -185,7 +344,13 @@ def assert_timeout_decoupling(
         check="timeout-decoupling",
         subject=getattr(policy, "__qualname__", repr(policy)),
         duration_s=time.perf_counter() - started,
-        details={"cells": cells.ids, "grace": grace},
+        details={
+            "cells": cells.ids,
+            "grace": grace,
+            "shape": shape,
+            "offset": offset,
+            "expected": getattr(expected, "__qualname__", None) if expected else None,
+        },
     )
 
 

@@ -6,6 +6,7 @@ import pytest
 import shutdown_subjects as s
 
 from pytest_shutdown import ShutdownContractError, assert_idempotent_shutdown
+from pytest_shutdown.checks.idempotence import NothingCountedError
 
 
 def _codes(exc: pytest.ExceptionInfo[ShutdownContractError]) -> list[str]:
@@ -74,7 +75,8 @@ class ReleasesEveryTime:
 
 
 def test_watch_counts_a_cleanup_discovery_cannot_see() -> None:
-    assert_idempotent_shutdown(ReleasesEveryTime())  # unwatched: nothing to count
+    with pytest.raises(NothingCountedError, match="watch="):  # unwatched: never a silent pass
+        assert_idempotent_shutdown(ReleasesEveryTime())
     with pytest.raises(ShutdownContractError) as exc:
         assert_idempotent_shutdown(ReleasesEveryTime(), watch=[release_device_memory], calls=2)
     (finding,) = exc.value.findings

@@ -1,0 +1,39 @@
+"""Lists each check of ``examples/vllm`` against the vLLM code it exercised (``make vllm-check``).
+
+``@pytest.mark.exercises("vllm.module.Class.method")`` names that code; the terminal summary
+prints one line per check: its outcome, its name and the vLLM code it ran on.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+MARKER = "exercises"
+_OUTCOMES: dict[str, tuple[str, str]] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{MARKER}(target): the vLLM code a check runs on")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = item.get_closest_marker(MARKER)
+        if marker is not None and marker.args:
+            item.user_properties.append((MARKER, str(marker.args[0])))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    target = dict(report.user_properties).get(MARKER)
+    if target is not None and (report.when == "call" or not report.passed):
+        _OUTCOMES[report.nodeid] = (report.outcome.upper(), str(target))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _OUTCOMES:
+        return
+    terminalreporter.section("the vLLM code each check exercised")
+    rows = [(o, nodeid.rsplit("::", 1)[-1], t) for nodeid, (o, t) in _OUTCOMES.items()]
+    width = max(len(name) for _o, name, _t in rows)
+    for outcome, name, target in rows:
+        terminalreporter.write_line(f"{outcome:<7} {name:<{width}}  {target}")

@@ -1,0 +1,227 @@
+"""What vLLM needs a model for, replaced; everything about shutdown stays vLLM's own.
+
+* :class:`TextRenderer`: vLLM's ``BaseRenderer`` with its one abstract method filled in, built
+  from a text-only model config (no tokenizer, no multimodal processor): the ExitStack, the
+  finalizer, the ``_SwappableExecutor`` and the multimodal pool are vLLM's.
+* :class:`ModelFreeEngineCore`: vLLM's ``EngineCoreProc`` with its constructor replaced (no
+  model, no executor, no ZMQ sockets) and an empty scheduler. Its busy loop, shutdown-state
+  handling, client-request dispatch, and above all ``EngineCoreProc.run_engine_core`` (signal
+  handlers, the wakeup callback, the clean-exit decision and the ROCm ``gc.freeze()``) are
+  vLLM's. :func:`model_free_engines` makes vLLM's ``CoreEngineProcManager`` start it.
+* :func:`on_platform`: makes vLLM's ``current_platform`` report CUDA or ROCm (its own
+  ``is_rocm()`` / ``is_cuda()`` read the patched platform enum).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import multiprocessing
+import queue
+import time
+import types
+from collections.abc import Iterator
+from typing import Any
+from unittest import mock
+
+import vllm.v1.engine.core as engine_core_module
+from vllm.config import DeviceConfig, ParallelConfig, VllmConfig
+from vllm.platforms import current_platform
+from vllm.platforms.interface import PlatformEnum
+from vllm.renderers.base import BaseRenderer
+from vllm.v1.engine.core import EngineCoreProc, EngineShutdownState
+from vllm.v1.engine.utils import CoreEngineProcManager
+from vllm.v1.executor import UniProcExecutor
+
+#: How long a model-free engine may take to reach its busy loop.
+START_DEADLINE_S = 60.0
+#: Released by each forked engine once vLLM's signal handlers are installed.
+_started = multiprocessing.get_context("fork").Semaphore(0)
+
+_PLATFORMS = {"cuda": PlatformEnum.CUDA, "rocm": PlatformEnum.ROCM, "cpu": PlatformEnum.CPU}
+
+
+@contextlib.contextmanager
+def on_platform(name: str) -> Iterator[None]:
+    """The ``platform=`` hook: vLLM's ``current_platform`` believes it is ``name``."""
+    with mock.patch.object(current_platform, "_enum", _PLATFORMS[name]):
+        yield
+
+
+def vllm_config(shutdown_timeout: float = 0) -> VllmConfig:
+    """A real ``VllmConfig`` for the CPU, with the request-drain budget under test.
+
+    Its model config is a stand-in saying "not a mixture of experts" (what a DP rank asks).
+    """
+    device = DeviceConfig(device="cpu")
+    config = VllmConfig(device_config=device, shutdown_timeout=shutdown_timeout)
+    config.model_config = types.SimpleNamespace(is_moe=False)  # type: ignore[assignment]
+    return config
+
+
+# -- the renderer ---------------------------------------------------------------------------------
+
+
+class TextRenderer(BaseRenderer[Any]):
+    """``BaseRenderer`` for a text-only model without a tokenizer."""
+
+    def render_messages(self, messages: Any, params: Any) -> Any:
+        raise NotImplementedError("no chat template without a model")
+
+
+def make_renderer(workers: int = 2, kind: type[TextRenderer] = TextRenderer) -> TextRenderer:
+    """A renderer of a text-only model without a tokenizer (the model config is a stand-in)."""
+    model_config = types.SimpleNamespace(
+        renderer_num_workers=workers, supports_multimodal_inputs=False, multimodal_config=None
+    )
+    config = types.SimpleNamespace(model_config=model_config, parallel_config=ParallelConfig())
+    return kind(config, None)  # type: ignore[arg-type]
+
+
+# -- the engine core ------------------------------------------------------------------------------
+
+
+class EmptyScheduler:
+    """A scheduler with no requests (requests need a model)."""
+
+    def has_requests(self) -> bool:
+        return False
+
+    def get_num_unfinished_requests(self) -> int:
+        return 0
+
+    def finish_requests(self, request_ids: Any, status: Any) -> list[Any]:
+        return []
+
+    def get_request_counts(self) -> tuple[int, int]:
+        return (0, 0)
+
+    def shutdown(self) -> None:
+        pass
+
+
+class ModelFreeEngineCore(EngineCoreProc):
+    """``EngineCoreProc`` without a model: vLLM's busy loop and shutdown handling on no work.
+
+    ``scenario_exit="error"`` makes the first engine step raise (an engine crash);
+    ``request_shutdown=True`` sends the process its own SIGTERM once the loop runs, the way
+    ``CoreEngineProcManager.shutdown`` would.
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        vllm_config: VllmConfig,
+        engine_index: int = 0,
+        scenario_exit: str = "clean",
+        request_shutdown: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        self.vllm_config = vllm_config
+        self.engine_index = engine_index
+        self.shutdown_state = EngineShutdownState.RUNNING
+        self.scheduler = EmptyScheduler()
+        self.model_executor = None
+        self.structured_output_manager = types.SimpleNamespace(clear_backend=lambda: None)
+        self.engines_running = False
+        self.batch_queue = None
+        self.input_queue: queue.Queue[Any] = queue.Queue()
+        self.aborts_queue: queue.Queue[Any] = queue.Queue()
+        self.output_queue: queue.Queue[Any] = queue.Queue()
+        self.process_input_queue_block = True
+        self._idle_state_callbacks: list[Any] = []
+        self.publish_dp_lb_stats = False
+        self._scenario_exit = scenario_exit
+        self._request_shutdown = request_shutdown
+        _started.release()  # run_engine_core installed its signal handlers before building us
+
+    def run_busy_loop(self) -> None:
+        if self._scenario_exit == "error":
+            raise RuntimeError("model-free engine: simulated engine failure")
+        if self._request_shutdown:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
+        super().run_busy_loop()
+
+    def step_fn(self) -> tuple[dict[int, Any], bool]:  # type: ignore[override]
+        return {}, False
+
+    def post_step(self, model_executed: bool) -> None:
+        pass
+
+    def _send_engine_dead(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        # EngineCore.shutdown tears down the model executor, the scheduler and torch.distributed;
+        # none exist here. Its unfreeze of the startup heap is kept.
+        self.scheduler.shutdown()
+        gc.unfreeze()
+
+
+@contextlib.contextmanager
+def model_free_engines() -> Iterator[None]:
+    """``run_engine_core`` (also in managers started inside) builds :class:`ModelFreeEngineCore`."""
+    with mock.patch.object(engine_core_module, "EngineCoreProc", ModelFreeEngineCore):
+        yield
+
+
+def run_engine_core(**kwargs: Any) -> None:
+    """vLLM's ``EngineCoreProc.run_engine_core`` on a model-free engine."""
+    with model_free_engines():
+        ModelFreeEngineCore.run_engine_core(**kwargs)
+
+
+def make_manager(engines: int = 1, shutdown_timeout: float = 0) -> CoreEngineProcManager:
+    """vLLM's ``CoreEngineProcManager`` running ``engines`` real model-free EngineCore processes
+    (forked), each in vLLM's ``run_engine_core``; waits until each has entered its busy loop.
+
+    The manager is built on the CPU platform (this machine's), whatever platform a test makes
+    current around it: starting processes on a ROCm platform would ask torch for HIP devices.
+    """
+    with model_free_engines(), on_platform("cpu"):
+        manager = CoreEngineProcManager(
+            local_engine_count=engines,
+            start_index=0,
+            local_start_index=0,
+            vllm_config=vllm_config(shutdown_timeout),
+            local_client=True,
+            handshake_address="ipc:///nonexistent/model-free",
+            executor_class=UniProcExecutor,
+            log_stats=False,
+        )
+    deadline = time.monotonic() + START_DEADLINE_S
+    waiting = engines
+    while waiting:
+        if _started.acquire(timeout=0.05):
+            waiting -= 1
+        elif manager.finished_procs() or time.monotonic() > deadline:
+            manager.shutdown(timeout=5.0)
+            raise RuntimeError(f"model-free EngineCores did not start: {manager.finished_procs()}")
+    return manager
+
+
+# -- the DP supervisor ----------------------------------------------------------------------------
+
+
+def supervisor_args(shutdown_timeout: float) -> argparse.Namespace:
+    """Command-line arguments a DP supervisor accepts: 2 local ranks, ports 8000-8001."""
+    return argparse.Namespace(
+        grpc=False,
+        uds=None,
+        ssl_keyfile=None,
+        ssl_certfile=None,
+        api_server_count=1,
+        data_parallel_rank=None,
+        data_parallel_external_lb=False,
+        data_parallel_hybrid_lb=False,
+        data_parallel_size=2,
+        data_parallel_size_local=2,
+        data_parallel_start_rank=0,
+        data_parallel_supervisor_port=8100,
+        port=8000,
+        shutdown_timeout=shutdown_timeout,
+    )

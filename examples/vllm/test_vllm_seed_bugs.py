@@ -1,0 +1,127 @@
+"""The seed bugs of the two vLLM reviews, put back into vLLM's own classes: each is caught.
+
+Each subclass undoes one fix the reviews asked for; everything else is vLLM 0.33.0's code. The
+checks are the one-liners of ``test_vllm_shutdown.py``, unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import weakref
+from contextlib import ExitStack
+
+import pytest
+
+_VLLM = importlib.util.find_spec("vllm")
+if _VLLM is None or _VLLM.origin in (None, "namespace"):  # this folder is not vLLM
+    pytest.skip(
+        "vllm is not installed here: `make vllm-check` runs these tests in a side venv",
+        allow_module_level=True,
+    )
+
+from model_free import (  # noqa: E402 - after the skip: model_free imports vllm
+    TextRenderer,
+    make_renderer,
+    model_free_engines,
+    on_platform,
+    vllm_config,
+)
+from vllm.v1.engine import utils as engine_utils  # noqa: E402
+from vllm.v1.engine.utils import CoreEngineProcManager  # noqa: E402
+from vllm.v1.executor import UniProcExecutor  # noqa: E402
+
+from pytest_shutdown import (  # noqa: E402
+    ShutdownContractError,
+    assert_finalizes_on_gc,
+    assert_idempotent_shutdown,
+    assert_nonblocking_shutdown,
+    assert_timeout_decoupling,
+    timeout_passed_to,
+)
+
+
+class ManagerWithoutDetachGuard(CoreEngineProcManager):
+    """The reaper runs on every shutdown(), also after the finalizer already ran."""
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.manager_stopped.set()
+        self._finalizer.detach()
+        engine_utils.shutdown(self.processes, timeout=timeout)
+
+
+class ManagerIgnoringThePolicy(CoreEngineProcManager):
+    """The caller's timeout reaches the reaper unchanged: ROCm loses its cleanup window."""
+
+    def shutdown(self, timeout: float | None = None) -> None:
+        self.manager_stopped.set()
+        if self._finalizer.detach() is not None:
+            engine_utils.shutdown(self.processes, timeout=timeout)
+
+
+def manager(kind: type[CoreEngineProcManager], engines: int, request: int = 0) -> object:
+    with model_free_engines(), on_platform("cpu"):
+        return kind(
+            local_engine_count=engines,
+            start_index=0,
+            local_start_index=0,
+            vllm_config=vllm_config(request),
+            local_client=True,
+            handshake_address="ipc:///nonexistent/model-free",
+            executor_class=UniProcExecutor,
+            log_stats=False,
+        )
+
+
+@pytest.mark.exercises("vllm.v1.engine.utils.CoreEngineProcManager (no detach guard)")
+def test_a_manager_without_the_detach_guard_is_cleanup_repeated() -> None:
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_idempotent_shutdown(manager(ManagerWithoutDetachGuard, engines=0))
+    assert exc.value.codes == ["cleanup-repeated"]
+    assert exc.value.findings[0].details["cleanup"] == "vllm.v1.utils.shutdown"
+
+
+@pytest.mark.exercises("vllm.v1.engine.utils.CoreEngineProcManager (policy ignored)")
+def test_a_manager_ignoring_the_policy_is_timeout_policy() -> None:
+    def budget(request: float | None, process: float | None) -> None:
+        manager(ManagerIgnoringThePolicy, 0, request).shutdown(process)  # type: ignore[arg-type,attr-defined]
+
+    spy = timeout_passed_to("vllm.v1.engine.utils:shutdown", budget)
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_timeout_decoupling(spy, grace=15.0, platform=on_platform, request=(0, 7))
+    assert {f.details["cell"] for f in exc.value.findings} == {"rocm-req0-proc0"}
+
+
+class RendererEnteringItsExecutor(TextRenderer):
+    """``enter_context(executor)``: the ExitStack closes the pool with shutdown(wait=True)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._finalizer.detach()
+        self._resources = ExitStack()
+        self._finalizer = weakref.finalize(self, self._resources.close)
+        self._resources.enter_context(self._executor)
+        self._resources.callback(self._mm_executor.shutdown, wait=False)
+
+
+class RendererFinalizingWithItsOwnMethod(TextRenderer):
+    """``weakref.finalize(self, self.shutdown)``: the finalizer keeps the renderer alive."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, self.shutdown)
+
+
+@pytest.mark.exercises("vllm.renderers.base.BaseRenderer (enter_context(executor))")
+def test_a_renderer_closing_its_pool_with_wait_is_blocking_close() -> None:
+    renderer = make_renderer(kind=RendererEnteringItsExecutor)
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_nonblocking_shutdown(renderer, budget=0.3)
+    assert exc.value.codes == ["blocking-close"]
+
+
+@pytest.mark.exercises("vllm.renderers.base.BaseRenderer (finalize(self, self.shutdown))")
+def test_a_renderer_finalizing_with_its_own_method_is_never_collected() -> None:
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_finalizes_on_gc(lambda: make_renderer(kind=RendererFinalizingWithItsOwnMethod))
+    assert exc.value.codes == ["finalizer-bound-method"]

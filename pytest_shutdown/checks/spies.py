@@ -1,0 +1,118 @@
+"""Call spies: "the timeout that ``X.shutdown(p)`` really passes on" as a timeout policy.
+
+Real process managers do not expose their timeout policy as a function of its own; they compute
+a budget inside ``shutdown()`` and hand it to a module-level reaper::
+
+    def shutdown(self, timeout=None):
+        if self._finalizer.detach() is not None:
+            shutdown(self.processes, timeout=get_engine_process_shutdown_timeout(...))
+
+:func:`timeout_passed_to` replaces the reaper for the length of one call with a recorder that
+does nothing else, runs the caller's code and returns the value of the spied argument. Checking
+that value (with :func:`~pytest_shutdown.assert_timeout_decoupling`) catches a manager that
+ignores its policy, which checking the policy function alone never would.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+from collections.abc import Callable
+from typing import Any
+
+#: Where the spy goes: ``"package.module:function"`` or ``(namespace, "function")``.
+SpyTarget = str | tuple[object, str]
+
+_PATCH_LOCK = threading.Lock()
+
+
+class NotCalledError(AssertionError):
+    """The code under test never called the spied function (so its timeout cannot be read)."""
+
+
+def _resolve(target: SpyTarget) -> tuple[object, str]:
+    if isinstance(target, str):
+        module_name, sep, attribute = target.partition(":")
+        if not sep or not module_name or not attribute:
+            raise ValueError(
+                f"target: {target!r} is not 'package.module:function'; accepted: that string or "
+                "a (namespace, 'function') pair"
+            )
+        return importlib.import_module(module_name), attribute
+    if (
+        isinstance(target, tuple)
+        and len(target) == 2
+        and isinstance(target[1], str)
+        and target[1]
+    ):
+        return target[0], target[1]
+    raise ValueError(
+        f"target: {target!r} is not 'package.module:function' or a (namespace, 'function') pair"
+    )
+
+
+def _describe(namespace: object, attribute: str) -> str:
+    name = getattr(namespace, "__name__", None) or type(namespace).__qualname__
+    return f"{name}.{attribute}"
+
+
+def timeout_passed_to(
+    target: SpyTarget,
+    call: Callable[[float | None, float | None], object],
+    *,
+    argument: str = "timeout",
+) -> Callable[[float | None, float | None], Any]:
+    """A two-argument policy: the ``argument`` that ``call(request, process)`` passes to ``target``.
+
+    ``target`` is the function the code under test looks up at call time, named where it is
+    looked up (``"vllm.v1.engine.utils:shutdown"``, not where it is defined). During each
+    ``call`` it is replaced by a recorder that binds its arguments against the real function's
+    signature (so positional and keyword calls read the same) and returns ``None`` without doing
+    anything; it is restored afterwards, also when ``call`` raises. When ``target`` was not called
+    at all, the policy raises :class:`NotCalledError` (a wrong cell for
+    ``assert_timeout_decoupling``); when it was called more than once, the first value counts.
+
+    ``call`` builds what it needs per cell, e.g. ``lambda request, process:
+    make_manager(request).shutdown(process)``.
+    """
+    namespace, attribute = _resolve(target)
+    original = getattr(namespace, attribute, None)
+    if not callable(original):
+        raise ValueError(f"target: {_describe(namespace, attribute)} is not a function")
+    if not callable(call):
+        raise ValueError(f"call must be callable(request, process), got {call!r}")
+    try:
+        signature: inspect.Signature | None = inspect.signature(original)
+    except (TypeError, ValueError):
+        signature = None
+    if signature is not None and argument not in signature.parameters:
+        raise ValueError(
+            f"argument: {_describe(namespace, attribute)} has no parameter {argument!r}; "
+            f"accepted: {', '.join(signature.parameters)}"
+        )
+    where = _describe(namespace, attribute)
+
+    def policy(request: float | None, process: float | None) -> Any:
+        seen: list[Any] = []
+
+        def recorder(*args: Any, **kwargs: Any) -> None:
+            if signature is None:
+                seen.append(kwargs.get(argument))
+                return
+            bound = signature.bind_partial(*args, **kwargs)
+            bound.apply_defaults()
+            seen.append(bound.arguments.get(argument))
+
+        with _PATCH_LOCK:
+            setattr(namespace, attribute, recorder)
+            try:
+                call(request, process)
+            finally:
+                setattr(namespace, attribute, original)
+        if not seen:
+            raise NotCalledError(f"the call never reached {where}")
+        return seen[0]
+
+    policy.__qualname__ = f"timeout passed to {where}"
+    return policy

@@ -21,6 +21,8 @@ FINDING_CODES: Mapping[str, str] = {
     "force-killed": "a process had to be force-killed at the end of its shutdown budget",
     "timeout-policy": "a process shutdown timeout policy returned the wrong budget",
     "device-memory-held": "device memory did not return to its baseline after shutdown",
+    "orphan-process": "a process of a tree outlived the death of part of the tree (an orphan)",
+    "exit-hang": "a process did not exit: its exit blocked (a non-daemon thread, an untimed join)",
 }
 
 

@@ -54,6 +54,8 @@ logger = logging.getLogger("pytest_shutdown.engine")
 KILL_WAIT_S = 5.0
 #: How often the monitor thread wakes without any event.
 MONITOR_POLL_S = 1.0
+#: How often a start-up with an ``interrupt`` event looks at it.
+STARTUP_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -173,6 +175,10 @@ class EngineStartupError(RuntimeError):
     """An engine process failed while starting; the message carries the child's traceback."""
 
 
+class StartupInterrupted(EngineStartupError):
+    """The caller's ``interrupt`` event was set while the engine processes were starting."""
+
+
 @dataclass(frozen=True)
 class ProcessFailure:
     """An engine process that died (or reported its engine dead) while the manager was running."""
@@ -239,6 +245,7 @@ class EngineProcManager:
         *,
         lifecycle_log: str | None = None,
         faults: ChildFaults | None = None,
+        interrupt: threading.Event | None = None,
     ) -> None:
         self.config = config if config is not None else EngineConfig()
         self._shared = _Shared(self.config)
@@ -263,7 +270,7 @@ class EngineProcManager:
         )
         self._monitor: threading.Thread | None = None
         try:
-            self._start_processes(lifecycle_log, faults)
+            self._start_processes(lifecycle_log, faults, interrupt)
         except BaseException:
             self._finalizer.detach()
             self.manager_stopped.set()
@@ -283,7 +290,12 @@ class EngineProcManager:
         self._monitor.start()
 
     # -- startup ---------------------------------------------------------------------------
-    def _start_processes(self, lifecycle_log: str | None, faults: ChildFaults | None) -> None:
+    def _start_processes(
+        self,
+        lifecycle_log: str | None,
+        faults: ChildFaults | None,
+        interrupt: threading.Event | None,
+    ) -> None:
         ctx = mp_context(self.config.start_method)
         pdeathsig = pdeathsig_safe(self.config.start_method)
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -306,17 +318,34 @@ class EngineProcManager:
             finally:
                 child_conn.close()
         for proc, conn in zip(self.processes, self._shared.connections, strict=True):
-            self._wait_ready(proc, conn, deadline)
+            self._wait_ready(proc, conn, deadline, interrupt)
 
-    def _wait_ready(self, proc: BaseProcess, conn: Connection, deadline: float) -> None:
+    def _wait_ready(
+        self,
+        proc: BaseProcess,
+        conn: Connection,
+        deadline: float,
+        interrupt: threading.Event | None,
+    ) -> None:
+        """Wait for ``proc``'s ready; any engine process that dies meanwhile fails the start."""
+        others = {p.sentinel: p for p in self.processes if p is not proc}
         while True:
+            if interrupt is not None and interrupt.is_set():
+                raise StartupInterrupted(f"start-up interrupted while waiting for {proc.name}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(
                     f"{proc.name} was not ready within EngineConfig.startup_timeout_s="
                     f"{self.config.startup_timeout_s} s; raise startup_timeout_s on a slow machine"
                 )
-            ready = mp_connection.wait([conn, proc.sentinel], timeout=remaining)
+            poll = remaining if interrupt is None else min(remaining, STARTUP_POLL_S)
+            ready = mp_connection.wait([conn, proc.sentinel, *others], timeout=poll)
+            dead = [others[s] for s in ready if s in others]
+            if dead:
+                dead[0].join(1.0)
+                raise EngineStartupError(
+                    f"{dead[0].name} exited during startup (exit code {dead[0].exitcode})"
+                )
             if conn in ready:
                 try:
                     msg = conn.recv()

@@ -262,9 +262,10 @@ class _Run:
     def _wait_for_phase(self, timeout: float) -> tuple[TreeProcess, dict[int, TreeProcess]]:
         deadline = time.monotonic() + timeout
         while True:
+            output = self.output()  # first: what announced the phase existed before the scan
             members = self.scan()
             alive = [p for p in members.values() if p.alive]
-            if self.marker(self.output(), alive):
+            if self.marker(output, alive):
                 victim = self._choose(alive)
                 if victim is not None:
                     return victim, members

@@ -142,14 +142,25 @@ def scan_tree(
     return members
 
 
+def _load_libc() -> ctypes.CDLL | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()  # at import: never a dlopen in a fork
+
+
 def prctl(option: int, arg: int) -> bool:
     """``prctl(option, arg)`` on Linux; False elsewhere or on failure."""
-    if not sys.platform.startswith("linux"):
+    if _LIBC is None:
         return False
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(option, arg, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
+        return bool(_LIBC.prctl(option, arg, 0, 0, 0) == 0)
+    except AttributeError:
         return False
 
 

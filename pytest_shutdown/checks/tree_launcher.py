@@ -100,9 +100,13 @@ class TreeLauncher:
             self.close()
             raise RuntimeError(f"tree launcher failed to start: {msg[1:]}")
 
-    def run(self, request: RunRequest, timeout: float = 30.0) -> int:
-        """Start one root; its pid. The caller must hold ``lock`` while the tree lives."""
-        self._conn.send(("run", pickle.dumps(request)))
+    def run(self, request: RunRequest, timeout: float = LAUNCHER_START_TIMEOUT_S) -> int:
+        """Start one root; its pid. The caller must hold ``lock`` while the tree lives.
+
+        ``timeout`` covers the launcher importing the target's module (torch, the first time).
+        """
+        # Like multiprocessing's spawn: the target's module must be importable by the launcher.
+        self._conn.send(("run", list(sys.path), pickle.dumps(request)))
         deadline = time.monotonic() + timeout
         while True:
             msg = self._recv(max(0.0, deadline - time.monotonic()))
@@ -196,7 +200,8 @@ def _main(argv: Sequence[str]) -> None:
             break
         if msg[0] == "run":
             try:
-                request = pickle.loads(msg[1])
+                sys.path.extend(p for p in msg[1] if p not in sys.path)
+                request = pickle.loads(msg[2])
             except BaseException:  # noqa: BLE001
                 conn.send(("error", traceback.format_exc()))
                 continue

@@ -32,18 +32,26 @@ PR_SET_NAME = 15
 EXIT_PARENT_GONE = 3
 
 
+def _load_libc() -> ctypes.CDLL | None:
+    # At import, in the parent: a dlopen in a child forked from a multi-threaded parent can
+    # deadlock on a loader lock another thread held at the fork.
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+_LIBC = _load_libc()
+
+
 def set_parent_death_signal(signum: int) -> bool:
     """Ask the kernel to send ``signum`` to this process when its forking thread exits.
 
     Linux only; returns False (and does nothing) elsewhere or when ``prctl`` is unavailable.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0)
-    except (OSError, AttributeError):
-        return False
+    return _prctl(PR_SET_PDEATHSIG, int(signum))
 
 
 def set_process_name(name: str) -> bool:
@@ -56,12 +64,11 @@ def set_process_name(name: str) -> bool:
 
 
 def _prctl(option: int, arg: object) -> bool:
-    if not sys.platform.startswith("linux"):
+    if _LIBC is None:
         return False
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return bool(libc.prctl(option, arg, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
+        return bool(_LIBC.prctl(option, arg, 0, 0, 0) == 0)
+    except AttributeError:
         return False
 
 

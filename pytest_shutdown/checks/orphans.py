@@ -379,7 +379,7 @@ def blocked_in(stacks: str) -> str:
     if re.search(r"multiprocessing/util\.py\", line \d+ in _exit_function", stacks):
         reasons.append("multiprocessing's exit joining a child process")
     if re.search(r" in join\b", stacks) and not reasons:
-        reasons.append("an untimed join()")
+        reasons.append("a join() of a thread or process")
     tops = [m.group(1) for m in re.finditer(r"most recent call first\):\n\s+File (.+)", stacks)]
     if tops:
         reasons.append("top frames: " + " | ".join(t.strip() for t in tops[:4]))

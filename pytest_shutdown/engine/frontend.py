@@ -20,15 +20,38 @@ from __future__ import annotations
 import queue
 import signal
 import threading
+from collections.abc import Sequence
 from typing import Any
 
-from pytest_shutdown.checks.phases import report_phase, wanted_phase
+from pytest_shutdown.checks.phases import phase_pattern, report_phase, wanted_phase
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.core_proc import ChildFaults
 from pytest_shutdown.engine.lifeline import set_process_name
 
 #: The levels of the reference tree, for the tree-death helper: the root, and name patterns.
 REFERENCE_LEVELS = {"frontend": "root", "engine_core": "EngineCore_DP*", "worker": "Worker_TP*"}
+
+
+class WholeTreeLoading:
+    """Phase marker ``starting`` of the reference tree: every worker exists and is loading.
+
+    ``report_phase("starting")`` comes before the EngineCores are started; a signal sent then
+    would hit a tree of one process. This marker waits until all ``workers`` are there.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def __call__(self, output: str, processes: Sequence[Any]) -> bool:
+        loading = phase_pattern("starting").search(output) and not phase_pattern(
+            "ready"
+        ).search(output)
+        found = sum(1 for p in processes if p.name.startswith("Worker_TP"))
+        return bool(loading) and found >= self.workers
+
+
+#: The phases of the reference tree as ``matrix_config()`` builds it (tp=2, dp=2: 4 workers).
+REFERENCE_PHASES = {"starting": WholeTreeLoading(4)}
 #: How often the serving loop looks at its engines.
 SERVE_POLL_S = 0.02
 #: Requests kept in flight per EngineCore in the ``busy`` phase, and their length.

@@ -54,6 +54,8 @@ logger = logging.getLogger("pytest_shutdown.engine")
 KILL_WAIT_S = 5.0
 #: How often the monitor thread wakes without any event.
 MONITOR_POLL_S = 1.0
+#: How often a join also polls the exit status.
+JOIN_POLL_S = 0.1
 #: How often a start-up with an ``interrupt`` event looks at it.
 STARTUP_POLL_S = 0.05
 
@@ -142,7 +144,7 @@ def shutdown_processes(
             except (ProcessLookupError, OSError):
                 pass
     for proc in live:
-        proc.join(max(0.0, deadline - time.monotonic()))
+        _join_polling(proc, deadline)
     survivors = [p for p in live if p.is_alive()]
     if survivors:
         logger.warning("force killing remaining processes count=%d", len(survivors))
@@ -158,6 +160,19 @@ def shutdown_processes(
         force_killed=[names[i] for i, p in enumerate(procs) if p in survivors],
         duration_s=time.monotonic() - started,
     )
+
+
+def _join_polling(proc: BaseProcess, deadline: float) -> None:
+    """Join ``proc`` by ``deadline``, polling its exit status too.
+
+    A process's sentinel stays unreadable while a fork of it (an orphaned child) still holds
+    the write end, so a join on the sentinel alone would wait out the whole deadline.
+    """
+    while proc.exitcode is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        proc.join(min(remaining, JOIN_POLL_S))
 
 
 def _terminate(proc: BaseProcess) -> None:
@@ -471,7 +486,12 @@ def _monitor(
         for obj in ready:
             if isinstance(obj, Connection) and not _drain(shared, obj):
                 conns.remove(obj)
-        dead = [sentinels.pop(s) for s in list(sentinels) if s in ready]
+        # A sentinel stays unreadable while a fork of the dead process (an orphaned worker)
+        # still holds its write end: the exit status is polled as well.
+        dead = [
+            sentinels.pop(s) for s in list(sentinels)
+            if s in ready or (not ready and sentinels[s].exitcode is not None)
+        ]
         if dead and not shared.manager_stopped.is_set():
             for proc in dead:
                 conn = shared.connections[shared.processes.index(proc)]

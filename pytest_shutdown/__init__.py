@@ -24,6 +24,12 @@ _LAZY: dict[str, str] = {
     "probe_exit": "pytest_shutdown.checks.exits",
     "ExitRecord": "pytest_shutdown.checks.exits",
     "assert_not_force_killed": "pytest_shutdown.checks.exits",
+    "kill_tree_at": "pytest_shutdown.checks.orphans",
+    "assert_tree_dies": "pytest_shutdown.checks.orphans",
+    "TreeDeath": "pytest_shutdown.checks.orphans",
+    "TreeLauncher": "pytest_shutdown.checks.tree_launcher",
+    "report_phase": "pytest_shutdown.checks.phases",
+    "wanted_phase": "pytest_shutdown.checks.phases",
     "CheckReport": "pytest_shutdown.checks.report",
     "detect_platform": "pytest_shutdown.devices",
     "ShutdownLeakWarning": "pytest_shutdown.guard",
@@ -51,7 +57,10 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.checks.finalization import assert_finalizes_on_gc, check_finalizers
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.checks.leaks import no_leaks
+    from pytest_shutdown.checks.orphans import TreeDeath, assert_tree_dies, kill_tree_at
+    from pytest_shutdown.checks.phases import report_phase, wanted_phase
     from pytest_shutdown.checks.report import CheckReport
     from pytest_shutdown.checks.timeouts import assert_timeout_decoupling, timeout_matrix
+    from pytest_shutdown.checks.tree_launcher import TreeLauncher
     from pytest_shutdown.devices import detect_platform
     from pytest_shutdown.guard import ShutdownLeakWarning

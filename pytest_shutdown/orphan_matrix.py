@@ -1,4 +1,4 @@
-"""``@pytest.mark.orphan_matrix``: kill every level of a process tree with every signal in every phase.
+"""``@pytest.mark.orphan_matrix``: every level of a process tree, every signal, every phase.
 
 ``orphan_matrix(level=[...], signal=[...], phase=[...])`` parametrizes the ``orphan_cell``
 fixture with one ``OrphanCell`` per combination, ids like ``worker-SIGKILL-busy``. The
@@ -70,7 +70,7 @@ def cells_from_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[
     ]
 
 
-def _names(key: str, value: Any) -> list[str]:
+def _names(key: str, value: Any) -> list[Any]:
     values = [value] if isinstance(value, (str, int)) else list(value)
     if not values:
         raise ValueError(f"{MARKER}: {key}= is empty; give at least one value")

@@ -50,8 +50,10 @@ POLL_S = 0.02
 #: How many characters of the tree's output a record keeps.
 LOG_TAIL_CHARS = 6000
 
-LevelSelector = Union[str, Callable[[TreeProcess, int], bool]]
-PhaseSpec = Union[str, "re.Pattern[str]", Callable[[str, Sequence[TreeProcess]], bool]]
+LevelSelector = Union[str, Callable[[TreeProcess, int], bool]]  # noqa: UP007 - a runtime alias
+PhaseSpec = Union[  # noqa: UP007
+    str, "re.Pattern[str]", Callable[[str, Sequence[TreeProcess]], bool]
+]
 
 
 @dataclass(frozen=True)
@@ -310,7 +312,8 @@ class _Run:
     ) -> list[Finding]:
         what = f"{signal_name(self.signum)} to {self.level} ({victim.name}, pid {victim.pid})"
         cell = {"level": self.level, "signal": signal_name(self.signum), "phase": self.phase,
-                "victim_pid": victim.pid, "victim_name": victim.name, "waited_s": round(duration, 3)}
+                "victim_pid": victim.pid, "victim_name": victim.name,
+                "waited_s": round(duration, 3)}
         findings = []
         for proc in sorted(left, key=lambda p: (p.pid != self.root, p.pid)):
             first = self.seen.get(proc.key, proc)

@@ -313,7 +313,7 @@ class EngineCoreProc:
         return self.shutdown_requested or self.parent_gone_seen.is_set()
 
     def load_model(self, delay_s: float) -> None:
-        """The EngineCore's own loading (tp=1): ``delay_s``, cut short by ``startup_interrupted``."""
+        """The EngineCore's own loading (tp=1): ``delay_s``, cut short by a stop or parent death."""
         until = time.monotonic() + delay_s
         while not self.startup_interrupted():
             remaining = until - time.monotonic()

@@ -11,8 +11,9 @@ the reference engine (``REFERENCE_LEVELS`` names its levels).
 
 SIGTERM or SIGINT during start-up abort the start (the manager reaps what it started); later
 they ask for a graceful stop. The handlers only set an event: an exception raised from a handler
-can land in a fork hook or a ``finally`` and be swallowed (the matrix found exactly that). ``exit_hang_bug`` puts back vLLM PR #38779 / vllm-rbln PR #639: a
-non-daemon output thread nobody stops, which the interpreter's exit waits for forever.
+can land in a fork hook or a ``finally`` and be swallowed (the matrix found exactly that).
+``exit_hang_bug`` puts back vLLM PR #38779 / vllm-rbln PR #639: a non-daemon output thread
+nobody stops, which the interpreter's exit waits for forever.
 """
 
 from __future__ import annotations

@@ -52,7 +52,7 @@ def test_the_marker_parametrizes_orphan_cell_with_readable_ids(pytester: pytest.
     ("arguments", "message"),
     [
         ('signal=["SIGFOO"]', "orphan_matrix: signal: unknown signal 'SIGFOO'; accepted: SIGKILL"),
-        ('levels=["x"]', "orphan_matrix: unknown argument(s) levels; accepted: level, signal, phase"),
+        ('levels=["x"]', "orphan_matrix: unknown argument(s) levels; accepted: level, signal"),
         ("phase=[]", "orphan_matrix: phase= is empty"),
         ('"root"', "orphan_matrix: takes keyword arguments only"),
     ],

@@ -24,6 +24,8 @@ def test_the_thirteen_codes_of_the_design() -> None:
             "force-killed",
             "timeout-policy",
             "device-memory-held",
+            "orphan-process",
+            "exit-hang",
         ]
     )
 

@@ -52,6 +52,8 @@ MSG_WORKER_READY = "worker_ready"  # (MSG_WORKER_READY, pid)
 MSG_WORKER_STOP = "worker_stop"  # (MSG_WORKER_STOP,)
 #: A worker checks its parent at least this often (its pipe wakes it at once anyway).
 WORKER_POLL_S = 0.1
+#: How often the EngineCore's worker monitor polls exit statuses (sentinels wake it at once).
+WATCH_POLL_S = 1.0
 #: How long an EngineCore gives its workers to stop before they are killed.
 WORKER_STOP_TIMEOUT_S = 2.0
 
@@ -279,12 +281,15 @@ class WorkerGroup:
 
     def _watch(self, on_death: Callable[[str, int | None, int | None], None]) -> None:
         sentinels = {p.sentinel: p for p in self.processes}
-        ready = mp_connection.wait([self._stop_r, *sentinels])
-        if self._stop_r in ready:
-            return
-        proc = next(sentinels[s] for s in ready if s in sentinels)
-        proc.join(1.0)
-        on_death(proc.name, proc.pid, proc.exitcode)
+        while True:
+            ready = mp_connection.wait([self._stop_r, *sentinels], timeout=WATCH_POLL_S)
+            if self._stop_r in ready:
+                return
+            dead = [p for s, p in sentinels.items() if s in ready or p.exitcode is not None]
+            if dead:
+                dead[0].join(1.0)
+                on_death(dead[0].name, dead[0].pid, dead[0].exitcode)
+                return
 
     def shutdown(self, timeout: float = WORKER_STOP_TIMEOUT_S) -> ShutdownOutcome:
         """Stop watching, ask every worker to stop, kill what is left at the shared deadline."""

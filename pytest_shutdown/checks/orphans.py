@@ -8,8 +8,9 @@ including ones re-parented away from it, until all are gone or ``deadline_s`` pa
 
 What is left at the deadline becomes findings:
 
-* ``exit-hang``: the root did not exit; its stacks (all threads, from faulthandler) say what it
-  waits for: a non-daemon thread, an untimed ``join()``;
+* ``exit-hang``: the root did not exit, or another process is stuck in the interpreter's exit;
+  its stacks (all threads, from faulthandler) say what it waits for: a non-daemon thread, a
+  child joined by multiprocessing's exit, a ``join()``;
 * ``orphan-process``: any other process of the tree still running: pid, name, its parent at the
   end and at the signal, age, command line, stacks where it is a Python process, and the device
   memory it holds where a per-process reader exists.
@@ -330,13 +331,20 @@ class _Run:
             }
             stacks = self._stacks(proc)
             facts["stacks"] = stacks
+            blocked = blocked_in(stacks)
             if proc.pid == self.root:
-                blocked = blocked_in(stacks)
                 findings.append(Finding(
                     "exit-hang",
                     f"the root {proc.name} (pid {proc.pid}) did not exit within "
                     f"{duration:.1f} s after {what} in phase {self.phase}"
                     + (f"; blocked in {blocked}" if blocked else ""),
+                    {**facts, "blocked_in": blocked},
+                ))
+            elif in_interpreter_exit(stacks):
+                findings.append(Finding(
+                    "exit-hang",
+                    f"{proc.name} (pid {proc.pid}, parent now {proc.ppid}) is stuck exiting "
+                    f"{duration:.1f} s after {what} in phase {self.phase}; blocked in {blocked}",
                     {**facts, "blocked_in": blocked},
                 ))
             else:
@@ -370,6 +378,17 @@ class _Run:
                 except OSError:
                     pass
             wait_gone([p.pid for p in members], 5.0)
+
+
+_EXIT_FRAMES = (
+    re.compile(r"threading\.py\", line \d+ in _shutdown"),
+    re.compile(r"multiprocessing/util\.py\", line \d+ in _exit_function"),
+)
+
+
+def in_interpreter_exit(stacks: str) -> bool:
+    """Whether a faulthandler dump shows the process in the interpreter's exit sequence."""
+    return any(p.search(stacks) for p in _EXIT_FRAMES)
 
 
 def blocked_in(stacks: str) -> str:

@@ -102,6 +102,18 @@ def test_an_untimed_join_of_a_child_at_exit_is_an_exit_hang(launcher: TreeLaunch
     assert nothing_left(launcher)
 
 
+def test_a_descendant_stuck_in_its_exit_is_an_exit_hang_too(launcher: TreeLauncher) -> None:
+    record = kill_tree_at(
+        subjects.child_stuck_at_exit, signal="SIGKILL", deadline_s=SHORT_DEADLINE_S,
+        launcher=launcher,
+    )
+    assert [f.code for f in record.findings] == ["exit-hang"]
+    details = record.findings[0].details
+    assert details["name"] == "stuck_child" and details["pid"] != record.root_pid
+    assert "non-daemon thread" in details["blocked_in"]
+    assert nothing_left(launcher)
+
+
 def test_a_command_line_target_that_dies_whole_passes(launcher: TreeLauncher) -> None:
     script = "import sys, time; sys.stderr.write('serving\\n'); sys.stderr.flush(); time.sleep(60)"
     record = assert_tree_dies(

@@ -120,3 +120,17 @@ def phases_in_order() -> int:
     report_phase("ready")
     stop.wait(SUBJECT_LIFETIME_S)
     return 0
+
+
+def _return_leaving_a_thread() -> None:
+    set_process_name("stuck_child")
+    threading.Thread(target=_block_forever, args=(threading.Event(),), name="stuck").start()
+
+
+def child_stuck_at_exit() -> int:
+    """A child whose target returned but whose exit waits for a non-daemon thread, forever."""
+    stop = _stop_on_sigterm()
+    multiprocessing.get_context("fork").Process(target=_return_leaving_a_thread).start()
+    report_phase("ready")
+    stop.wait(SUBJECT_LIFETIME_S)
+    return 0

@@ -16,7 +16,7 @@ from pytest_shutdown import ShutdownContractError
 from pytest_shutdown.engine.core_proc import ChildFaults
 from pytest_shutdown.engine.frontend import REFERENCE_LEVELS, serve_frontend
 
-DEADLINE_S = 3.0
+DEADLINE_S = 5.0
 CELL = {"level": "engine_core", "signal": "SIGTERM", "phase": "ready"}
 BUG = ChildFaults(sigterm_raises_system_exit=True, worker_lifeline=False)
 

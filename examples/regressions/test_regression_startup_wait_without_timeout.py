@@ -17,7 +17,7 @@ from pytest_shutdown import ShutdownContractError
 from pytest_shutdown.engine.core_proc import ChildFaults
 from pytest_shutdown.engine.frontend import REFERENCE_LEVELS, REFERENCE_PHASES, serve_frontend
 
-DEADLINE_S = 3.0
+DEADLINE_S = 5.0
 CELL = {"level": "frontend", "signal": "SIGKILL", "phase": "starting"}
 
 

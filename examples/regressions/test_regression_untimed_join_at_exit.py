@@ -15,7 +15,7 @@ import pytest
 from pytest_shutdown import ShutdownContractError
 from pytest_shutdown.engine.frontend import REFERENCE_LEVELS, serve_frontend
 
-DEADLINE_S = 3.0
+DEADLINE_S = 5.0
 CELL = {"level": "frontend", "signal": "SIGTERM", "phase": "ready"}
 
 

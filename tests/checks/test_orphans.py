@@ -21,7 +21,7 @@ from pytest_shutdown.checks.tree_launcher import TreeLauncher
 #: Generous: a correct tree dies in well under a second, but the machine is shared.
 DEADLINE_S = 10.0
 #: For trees that are expected to leave something behind (the check waits all of it).
-SHORT_DEADLINE_S = 1.5
+SHORT_DEADLINE_S = 3.0
 
 
 @pytest.fixture(scope="module")

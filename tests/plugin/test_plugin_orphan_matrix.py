@@ -107,3 +107,29 @@ def test_kill_tree_passes_a_correct_tree_and_fails_an_orphan_with_its_code(
         "*[[]orphan-process[]] python (pid *) outlived SIGKILL to root*",
     ])
     result.assert_outcomes(passed=2, failed=1)
+
+
+def test_the_matrix_runs_under_xdist_with_a_launcher_per_worker(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(subject_tree=TREE_MODULE)
+    pytester.makepyfile(
+        """
+        import os
+        import pytest
+        from subject_tree import tree
+
+        @pytest.mark.orphan_matrix(level=["root"], signal=["SIGKILL", "SIGTERM", "SIGINT"],
+                                   phase=["ready"])
+        def test_cell(kill_tree, tree_launcher, orphan_cell):
+            assert kill_tree(tree).died
+            with open(f"launcher-{os.environ['PYTEST_XDIST_WORKER']}", "a") as f:
+                f.write(f"{tree_launcher.pid}\\n")
+        """
+    )
+    result = pytester.runpytest_subprocess("-n", "2", "-p", "shutdown", "-p", "no:randomly")
+    result.assert_outcomes(passed=3)
+    launchers = {
+        path.name: set(path.read_text().split()) for path in pytester.path.glob("launcher-gw*")
+    }
+    assert all(len(pids) == 1 for pids in launchers.values()), launchers
+    if len(launchers) == 2:  # both workers ran a cell: each had a launcher of its own
+        assert launchers["launcher-gw0"] != launchers["launcher-gw1"]

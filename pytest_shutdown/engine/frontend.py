@@ -60,6 +60,8 @@ BUSY_REQUESTS_PER_ENGINE = 2
 BUSY_MAX_TOKENS = 1_000_000
 #: Model loading in the ``starting`` phase: longer than any test waits.
 STARTING_LOAD_S = 30.0
+#: EngineCore teardown in the ``shutting_down`` phase: the window a signal must land in.
+SHUTTING_DOWN_TEARDOWN_S = 1.0
 #: How long the frontend waits for the first output of a busy engine.
 FIRST_OUTPUT_TIMEOUT_S = 30.0
 
@@ -82,7 +84,6 @@ def matrix_config(**changes: Any) -> EngineConfig:
         startup_delay_s=0.0,
         startup_timeout_s=60.0,
         step_delay_s=0.01,
-        teardown_delay_s=0.5,
     )
     base.update(changes)
     return EngineConfig(**base)
@@ -94,12 +95,15 @@ def serve_frontend(
     faults: ChildFaults | None = None,
     exit_hang_bug: bool = False,
     starting_load_s: float = STARTING_LOAD_S,
+    shutting_down_teardown_s: float = SHUTTING_DOWN_TEARDOWN_S,
 ) -> int:
     """Run the reference tree until told to stop; returns the exit code (1: an engine died).
 
-    When the wanted phase is ``starting``, model loading takes ``starting_load_s`` (a long load
-    that every level must be able to abandon at once). Must run in the main thread of its
-    process (it installs SIGTERM/SIGINT handlers).
+    The wanted phase stretches what it needs: for ``starting`` model loading takes
+    ``starting_load_s`` (a long load that every level must be able to abandon at once); for
+    ``shutting_down`` each EngineCore's teardown takes ``shutting_down_teardown_s`` (a slow
+    device teardown, so that a signal lands while every level is still there). Must run in the
+    main thread of its process (it installs SIGTERM/SIGINT handlers).
     """
     from pytest_shutdown.engine.processes import (  # noqa: PLC0415
         EngineProcManager,
@@ -110,6 +114,10 @@ def serve_frontend(
     wanted = wanted_phase()
     if wanted == "starting":
         config = config.replace(startup_delay_s=max(config.startup_delay_s, starting_load_s))
+    if wanted == "shutting_down":
+        config = config.replace(
+            teardown_delay_s=max(config.teardown_delay_s, shutting_down_teardown_s)
+        )
     set_process_name("Frontend")
     stop = threading.Event()
 

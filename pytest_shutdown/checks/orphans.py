@@ -117,12 +117,17 @@ def kill_tree_at(
     marker = _resolve_phase(phase, phases)
     _check_seconds("deadline_s", deadline_s)
     _check_seconds("phase_timeout_s", phase_timeout_s)
+    request = _request(target, args, kwargs, env, phase)
     own = launcher is None
-    active = launcher if launcher is not None else TreeLauncher()
+    try:
+        active = launcher if launcher is not None else TreeLauncher()
+    except BaseException:
+        _unlink(request.log_path)
+        raise
     try:
         with active.lock:
             return _Run(active, selector, marker, level, signum, phase).run(
-                _request(target, args, kwargs, env, phase), deadline_s, phase_timeout_s
+                request, deadline_s, phase_timeout_s
             )
     finally:
         if own:
@@ -183,15 +188,16 @@ def _request(
     env: Mapping[str, str] | None,
     phase: str,
 ) -> RunRequest:
+    command = None if callable(target) else list(target)
+    if command is not None and (not command or not all(isinstance(a, str) for a in command)):
+        raise ValueError(f"target: expected a callable or a non-empty command line, got {target!r}")
     fd, log_path = tempfile.mkstemp(prefix="pytest-shutdown-tree-", suffix=".log")
     os.close(fd)
     full_env = {"PYTHONFAULTHANDLER": "1", **(env or {}), WANTED_PHASE_ENV: phase}
-    if callable(target):
-        return RunRequest(log_path, full_env, target, tuple(args), dict(kwargs or {}))
-    command = list(target)
-    if not command or not all(isinstance(a, str) for a in command):
-        raise ValueError(f"target: expected a callable or a non-empty command line, got {target!r}")
-    return RunRequest(log_path, full_env, command=command)
+    if command is not None:
+        return RunRequest(log_path, full_env, command=command)
+    assert callable(target)
+    return RunRequest(log_path, full_env, target, tuple(args), dict(kwargs or {}))
 
 
 class _Run:
@@ -249,10 +255,7 @@ class _Run:
             )
         finally:
             self._kill_all()
-            try:
-                os.unlink(self.log_path)
-            except OSError:
-                pass
+            _unlink(self.log_path)
 
     def _root_exitcode(self) -> int | None:
         deadline = time.monotonic() + 1.0
@@ -406,6 +409,13 @@ def blocked_in(stacks: str) -> str:
     if tops:
         reasons.append("top frames: " + " | ".join(t.strip() for t in tops[:4]))
     return "; ".join(reasons)
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _rounded(value: float | None) -> float | None:

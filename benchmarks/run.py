@@ -33,6 +33,7 @@ from figures import Figure, markdown_table, read_json, table  # noqa: E402
 #: name -> (script, what it measures); in the order they run.
 BENCHMARKS = {
     "engine": ("engine_lifecycle.py", "engine start-to-ready and graceful stop, vs spawn"),
+    "orphans": ("orphan_matrix.py", "tp=2 start/stop; the orphan matrix per cell and in total"),
     "guard": ("guard_overhead.py", "guard overhead on 400 trivial tests, on vs -p no:shutdown"),
     "helpers": ("helpers.py", "assertion helpers on a clean renderer; leak diagnosis at 165k"),
     "suite": ("suite.py", "the whole suite under make test"),

@@ -37,6 +37,13 @@ _LAZY: dict[str, str] = {
     "FreezeScenario": "pytest_shutdown.checks.freeze",
     "timeout_passed_to": "pytest_shutdown.checks.spies",
     "zero_window_override": "pytest_shutdown.checks.timeouts",
+    "kill_tree_at": "pytest_shutdown.checks.orphans",
+    "assert_tree_dies": "pytest_shutdown.checks.orphans",
+    "TreeDeath": "pytest_shutdown.checks.orphans",
+    "TreeLauncher": "pytest_shutdown.checks.tree_launcher",
+    "TreeProcess": "pytest_shutdown.checks.tree",
+    "report_phase": "pytest_shutdown.checks.phases",
+    "wanted_phase": "pytest_shutdown.checks.phases",
     "CheckReport": "pytest_shutdown.checks.report",
     "configure_graphs": "pytest_shutdown.checks.backrefs",
     "detect_platform": "pytest_shutdown.devices",
@@ -91,6 +98,8 @@ if TYPE_CHECKING:  # pragma: no cover
         kill_process_trees,
         no_leaks,
     )
+    from pytest_shutdown.checks.orphans import TreeDeath, assert_tree_dies, kill_tree_at
+    from pytest_shutdown.checks.phases import report_phase, wanted_phase
     from pytest_shutdown.checks.report import CheckReport
     from pytest_shutdown.checks.spies import timeout_passed_to
     from pytest_shutdown.checks.timeouts import (
@@ -100,6 +109,8 @@ if TYPE_CHECKING:  # pragma: no cover
         timeout_matrix,
         zero_window_override,
     )
+    from pytest_shutdown.checks.tree import TreeProcess
+    from pytest_shutdown.checks.tree_launcher import TreeLauncher
     from pytest_shutdown.devices import detect_platform, memory_reader
     from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
     from pytest_shutdown.guard import ShutdownLeakWarning

@@ -24,6 +24,8 @@ FINDING_CODES: Mapping[str, str] = {
     "shutdown-budget": "a teardown ran past its shutdown budget and was interrupted",
     "gc-freeze-policy": "a process froze its heap at exit where the policy forbids it, or did not "
     "where it requires it",
+    "orphan-process": "a process of a tree outlived the death of part of the tree (an orphan)",
+    "exit-hang": "a process did not exit: its exit blocked (a non-daemon thread, an untimed join)",
 }
 
 

@@ -19,6 +19,9 @@ import pytest
 from pytest_shutdown.findings import Finding, ShutdownContractError, raise_if_any
 from pytest_shutdown.matrix import MARKER as MATRIX_MARKER
 from pytest_shutdown.matrix import ShutdownTimeouts, cells_from_marker
+from pytest_shutdown.orphan_matrix import MARKER_HELP as ORPHAN_MATRIX_HELP
+from pytest_shutdown.orphan_matrix import kill_tree, orphan_cell, tree_launcher  # noqa: F401
+from pytest_shutdown.orphan_matrix import parametrize as parametrize_orphan_matrix
 
 if TYPE_CHECKING:
     from pytest_shutdown.engine.config import EngineConfig
@@ -43,6 +46,7 @@ MARKERS = (
     "shutdown_timeouts fixture (and engine_config) over a timeout matrix.",
     "expect_force_kill(reason=...): the engine fixtures' teardown expects a force kill "
     "(without it, a force-killed engine process fails the test).",
+    ORPHAN_MATRIX_HELP,
 )
 
 
@@ -64,6 +68,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for mark in metafunc.definition.iter_markers("engine"):
         _validate_engine_fields(mark.args, mark.kwargs)
+    parametrize_orphan_matrix(metafunc)
     marks = list(metafunc.definition.iter_markers(MATRIX_MARKER))
     if not marks:
         return

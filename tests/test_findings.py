@@ -26,6 +26,8 @@ def test_the_codes_of_the_design() -> None:
             "device-memory-held",
             "shutdown-budget",
             "gc-freeze-policy",
+            "orphan-process",
+            "exit-hang",
         ]
     )
 

@@ -33,6 +33,9 @@ _LAZY: dict[str, str] = {
     "ReferenceLLM": "pytest_shutdown.engine.llm",
     "RequestOutput": "pytest_shutdown.engine.llm",
     "DPSupervisor": "pytest_shutdown.engine.supervisor",
+    "serve_frontend": "pytest_shutdown.engine.frontend",
+    "REFERENCE_LEVELS": "pytest_shutdown.engine.frontend",
+    "REFERENCE_PHASES": "pytest_shutdown.engine.frontend",
 }
 
 __all__ = list(_LAZY)
@@ -55,6 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.engine.config import EngineConfig
     from pytest_shutdown.engine.core import EngineCore, EngineShutdownState, FinishReason
     from pytest_shutdown.engine.core_proc import ChildFaults, run_engine_core
+    from pytest_shutdown.engine.frontend import REFERENCE_LEVELS, REFERENCE_PHASES, serve_frontend
     from pytest_shutdown.engine.llm import ReferenceLLM, RequestOutput
     from pytest_shutdown.engine.processes import (
         EngineProcManager,

@@ -18,6 +18,7 @@ _NON_NEGATIVE = (
     "startup_timeout_s",
     "teardown_delay_s",
     "step_delay_s",
+    "startup_delay_s",
 )
 _POSITIVE_INTS = (
     "renderer_num_workers",
@@ -26,6 +27,7 @@ _POSITIVE_INTS = (
     "hidden_size",
     "kv_cache_bytes",
     "data_parallel_size",
+    "tensor_parallel_size",
 )
 
 
@@ -57,8 +59,14 @@ class EngineConfig:
     hidden_size: int = 32
     kv_cache_bytes: int = 1 << 20
     data_parallel_size: int = 1
+    #: Worker processes ``Worker_TP{i}`` per EngineCore holding the device state; 1 keeps the
+    #: device state in the EngineCore process itself (vLLM's single-process executor).
+    tensor_parallel_size: int = 1
     start_method: str = "forkserver"
     startup_timeout_s: float = 60.0
+    #: Model loading: every worker (the EngineCore itself when tp=1) takes this long to start;
+    #: interruptible by a signal or the death of its parent.
+    startup_delay_s: float = 0.0
     #: Fault injection: sleep inside EngineCore.shutdown, like a slow ROCm teardown.
     teardown_delay_s: float = 0.0
     #: Fault injection: sleep inside every EngineCore.step.

@@ -60,8 +60,14 @@ from pytest_shutdown.engine.core import (
     EngineShutdownState,
     FinishReason,
 )
-from pytest_shutdown.engine.lifeline import EXIT_PARENT_GONE, ParentWatch, set_parent_death_signal
+from pytest_shutdown.engine.lifeline import (
+    EXIT_PARENT_GONE,
+    ParentWatch,
+    set_parent_death_signal,
+    set_process_name,
+)
 from pytest_shutdown.engine.start import heap_frozen_by_fork_server
+from pytest_shutdown.engine.worker import WorkerGroup
 from pytest_shutdown.gpu.forking import reset_after_fork
 from pytest_shutdown.gpu.placement import place_rank
 
@@ -80,6 +86,7 @@ MSG_ENGINE_DEAD = "engine_dead"  # (MSG_ENGINE_DEAD, traceback_text)
 # Internal items of the input queue.
 _WAKE = ("wake",)
 _PARENT_GONE = ("parent_gone",)
+_WORKER_DIED = "worker_died"  # (_WORKER_DIED, name, pid, exitcode)
 
 SHUTTING_DOWN_ERROR = "EngineCore is shutting down"
 #: The idle busy loop wakes at least this often even without input.
@@ -88,6 +95,8 @@ IDLE_WAKE_S = 1.0
 OUTPUT_FLUSH_S = 1.0
 #: After its parent dies, a child that has not exited by itself this long after is ended.
 PARENT_GONE_EXIT_S = 1.0
+#: How often an interrupted start-up is checked for while the model loads.
+STARTUP_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -113,6 +122,18 @@ class ChildFaults:
     leave_work: bool = False
     #: ``has_work()`` raises once the busy loop has ended.
     has_work_raises: bool = False
+    # The production bugs of issue 15, put back for the regressions (each off by default).
+    #: False: no death pipe, no parent watch, no PDEATHSIG: the EngineCore outlives its parent
+    #: (vLLM issue #55510).
+    engine_lifeline: bool = True
+    #: True: the lifelines are armed only once start-up is done and the EngineCore waits for its
+    #: workers without a deadline (vLLM PR #44751): a start-up interrupted mid-load orphans them.
+    lifeline_after_startup: bool = False
+    #: True: SIGTERM raises SystemExit in the EngineCore, bypassing the graceful path that stops
+    #: its workers (vllm-omni PR #3001).
+    sigterm_raises_system_exit: bool = False
+    #: False: the workers have no death pipe (they rely on their EngineCore's graceful path).
+    worker_lifeline: bool = True
 
 
 class LifecycleLog:
@@ -222,6 +243,10 @@ class EngineCoreProc:
         self.exit_code = 0
         self._drain_deadline: float | None = None
         self._output_thread: threading.Thread | None = None
+        #: Set as soon as the parent is known to be gone (death pipe EOF or the parent watch).
+        self.parent_gone_seen = threading.Event()
+        #: False once SIGTERM bypassed the graceful path (fault ``sigterm_raises_system_exit``).
+        self.graceful = True
 
     # -- IO threads ------------------------------------------------------------------------
     def start_io_threads(self) -> None:
@@ -236,7 +261,10 @@ class EngineCoreProc:
             try:
                 msg = self.conn.recv()
             except (EOFError, OSError):
-                self.input_queue.put(_PARENT_GONE)
+                if self.faults.engine_lifeline and not (
+                    self.faults.lifeline_after_startup and self.engine_core is None
+                ):
+                    self.on_parent_gone()  # the pipe to the parent is a death pipe too
                 return
             self.input_queue.put(msg)
 
@@ -262,6 +290,9 @@ class EngineCoreProc:
     def signal_handler(self, signum: int, frame: object) -> None:
         """Only set state and wake the loop (through the helper thread)."""
         self.signals_received.append(signum)
+        if self.faults.sigterm_raises_system_exit and signum == signal.SIGTERM:
+            self.graceful = False
+            raise SystemExit(0)  # the bug: the graceful path (which stops the workers) is skipped
         self.shutdown_requested = True
         core = self.engine_core
         if core is not None and core.shutdown_state == EngineShutdownState.RUNNING:
@@ -273,7 +304,24 @@ class EngineCoreProc:
         self.input_queue.put(_WAKE)
 
     def on_parent_gone(self) -> None:
+        self.parent_gone_seen.set()
         self.input_queue.put(_PARENT_GONE)
+
+    def on_worker_died(self, name: str, pid: int | None, exitcode: int | None) -> None:
+        self.input_queue.put((_WORKER_DIED, name, pid, exitcode))
+
+    def startup_interrupted(self) -> bool:
+        """Whether start-up (model loading) should stop: a signal, or the parent is gone."""
+        return self.shutdown_requested or self.parent_gone_seen.is_set()
+
+    def load_model(self, delay_s: float) -> None:
+        """The EngineCore's own loading (tp=1): ``delay_s``, cut short by a stop or parent death."""
+        until = time.monotonic() + delay_s
+        while not self.startup_interrupted():
+            remaining = until - time.monotonic()
+            if remaining <= 0:
+                return
+            self.parent_gone_seen.wait(min(remaining, STARTUP_POLL_S))
 
     # -- busy loop -------------------------------------------------------------------------
     def run_busy_loop(self) -> None:
@@ -353,6 +401,11 @@ class EngineCoreProc:
         running = core.shutdown_state == EngineShutdownState.RUNNING and not self.shutdown_requested
         if kind == "wake":
             return
+        if kind == _WORKER_DIED:
+            _, name, pid, exitcode = msg
+            if running:
+                raise RuntimeError(f"{name} (pid {pid}) died with exit code {exitcode}")
+            return
         if kind == "parent_gone":
             self.parent_gone = True
             self.shutdown_requested = True
@@ -392,6 +445,17 @@ class EngineCoreProc:
             outputs = core.step()
             if outputs:
                 self.send((MSG_OUTPUTS, outputs))
+
+
+def _arm_lifeline(
+    proc: EngineCoreProc, parent_pid: int | None, pdeathsig: bool
+) -> ParentWatch | None:
+    """Die with the parent: PDEATHSIG when it is safe, and a watch on the parent's pid."""
+    if pdeathsig:
+        set_parent_death_signal(signal.SIGTERM)
+    if parent_pid is None:
+        return None
+    return ParentWatch(parent_pid, proc.on_parent_gone, exit_after_s=PARENT_GONE_EXIT_S).start()
 
 
 def is_clean_shutdown(code: object, engine_core: EngineCore | None, config: EngineConfig) -> bool:
@@ -438,23 +502,37 @@ def run_engine_core(
     platform = config.resolved_platform
     engine_core: EngineCore | None = None
     parent_watch: ParentWatch | None = None
+    workers: WorkerGroup | None = None
     clean_shutdown = False
+    lifeline = faults.engine_lifeline
     try:
+        deadline = time.monotonic() + config.startup_timeout_s
         proc.waker = SignalWaker(proc.wake)
         signal.signal(signal.SIGTERM, proc.signal_handler)
         signal.signal(signal.SIGINT, proc.signal_handler)
         proc.waker.wake_on_signals()
         log.event("handlers_installed", dp_rank=dp_rank)
-        if pdeathsig:
-            set_parent_death_signal(signal.SIGTERM)
-        if parent_pid is not None:
-            parent_watch = ParentWatch(
-                parent_pid, proc.on_parent_gone, exit_after_s=PARENT_GONE_EXIT_S
-            ).start()
+        set_process_name(f"EngineCore_DP{dp_rank}")
+        if config.tensor_parallel_size > 1:
+            # Before any other thread of this process starts: the workers are its forks.
+            workers = WorkerGroup(
+                config, dp_rank, lifecycle_log,
+                lifeline=faults.worker_lifeline,
+                lifeline_while_loading=faults.worker_lifeline and not faults.lifeline_after_startup,
+            )
+        if lifeline and not faults.lifeline_after_startup:
+            parent_watch = _arm_lifeline(proc, parent_pid, pdeathsig)
         proc.start_io_threads()
 
         if faults.signal_before_engine:
             os.kill(os.getpid(), signal.SIGTERM)
+        if workers is not None:
+            if faults.lifeline_after_startup:
+                workers.wait_ready_untimed()
+            else:
+                workers.wait_ready(deadline, proc.startup_interrupted)
+        else:
+            proc.load_model(config.startup_delay_s)
         if faults.startup_delay_s:
             time.sleep(faults.startup_delay_s)
         if dp_rank in faults.fail_startup_ranks:
@@ -462,6 +540,10 @@ def run_engine_core(
 
         engine_core = EngineCore(place_rank(config, dp_rank))
         proc.engine_core = engine_core
+        if workers is not None:
+            workers.watch(proc.on_worker_died)
+        if lifeline and faults.lifeline_after_startup:
+            parent_watch = _arm_lifeline(proc, parent_pid, pdeathsig)
         log.event("engine_built", signals=list(proc.signals_received))
         proc.send((MSG_READY, os.getpid()))
         proc.run_busy_loop()
@@ -485,6 +567,8 @@ def run_engine_core(
         proc.flush_outputs()
         if engine_core is not None:
             engine_core.shutdown()
+        if workers is not None and proc.graceful:
+            workers.shutdown()
         if heap_frozen_by_fork_server():
             # The fork server's freeze, not this process's: released with the engine.
             gc.unfreeze()

@@ -54,6 +54,10 @@ logger = logging.getLogger("pytest_shutdown.engine")
 KILL_WAIT_S = 5.0
 #: How often the monitor thread wakes without any event.
 MONITOR_POLL_S = 1.0
+#: How often a join also polls the exit status.
+JOIN_POLL_S = 0.1
+#: How often a start-up with an ``interrupt`` event looks at it.
+STARTUP_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -140,7 +144,7 @@ def shutdown_processes(
             except (ProcessLookupError, OSError):
                 pass
     for proc in live:
-        proc.join(max(0.0, deadline - time.monotonic()))
+        _join_polling(proc, deadline)
     survivors = [p for p in live if p.is_alive()]
     if survivors:
         logger.warning("force killing remaining processes count=%d", len(survivors))
@@ -158,6 +162,19 @@ def shutdown_processes(
     )
 
 
+def _join_polling(proc: BaseProcess, deadline: float) -> None:
+    """Join ``proc`` by ``deadline``, polling its exit status too.
+
+    A process's sentinel stays unreadable while a fork of it (an orphaned child) still holds
+    the write end, so a join on the sentinel alone would wait out the whole deadline.
+    """
+    while proc.exitcode is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        proc.join(min(remaining, JOIN_POLL_S))
+
+
 def _terminate(proc: BaseProcess) -> None:
     proc.terminate()
 
@@ -171,6 +188,10 @@ def _unique_names(procs: Sequence[BaseProcess]) -> list[str]:
 
 class EngineStartupError(RuntimeError):
     """An engine process failed while starting; the message carries the child's traceback."""
+
+
+class StartupInterrupted(EngineStartupError):
+    """The caller's ``interrupt`` event was set while the engine processes were starting."""
 
 
 @dataclass(frozen=True)
@@ -239,6 +260,7 @@ class EngineProcManager:
         *,
         lifecycle_log: str | None = None,
         faults: ChildFaults | None = None,
+        interrupt: threading.Event | None = None,
     ) -> None:
         self.config = config if config is not None else EngineConfig()
         self._shared = _Shared(self.config)
@@ -263,7 +285,7 @@ class EngineProcManager:
         )
         self._monitor: threading.Thread | None = None
         try:
-            self._start_processes(lifecycle_log, faults)
+            self._start_processes(lifecycle_log, faults, interrupt)
         except BaseException:
             self._finalizer.detach()
             self.manager_stopped.set()
@@ -283,7 +305,12 @@ class EngineProcManager:
         self._monitor.start()
 
     # -- startup ---------------------------------------------------------------------------
-    def _start_processes(self, lifecycle_log: str | None, faults: ChildFaults | None) -> None:
+    def _start_processes(
+        self,
+        lifecycle_log: str | None,
+        faults: ChildFaults | None,
+        interrupt: threading.Event | None,
+    ) -> None:
         ctx = engine_context(self.config)
         pdeathsig = pdeathsig_safe(self.config.start_method)
         deadline = time.monotonic() + self.config.startup_timeout_s
@@ -306,17 +333,34 @@ class EngineProcManager:
             finally:
                 child_conn.close()
         for proc, conn in zip(self.processes, self._shared.connections, strict=True):
-            self._wait_ready(proc, conn, deadline)
+            self._wait_ready(proc, conn, deadline, interrupt)
 
-    def _wait_ready(self, proc: BaseProcess, conn: Connection, deadline: float) -> None:
+    def _wait_ready(
+        self,
+        proc: BaseProcess,
+        conn: Connection,
+        deadline: float,
+        interrupt: threading.Event | None,
+    ) -> None:
+        """Wait for ``proc``'s ready; any engine process that dies meanwhile fails the start."""
+        others = {p.sentinel: p for p in self.processes if p is not proc}
         while True:
+            if interrupt is not None and interrupt.is_set():
+                raise StartupInterrupted(f"start-up interrupted while waiting for {proc.name}")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(
                     f"{proc.name} was not ready within EngineConfig.startup_timeout_s="
                     f"{self.config.startup_timeout_s} s; raise startup_timeout_s on a slow machine"
                 )
-            ready = mp_connection.wait([conn, proc.sentinel], timeout=remaining)
+            poll = remaining if interrupt is None else min(remaining, STARTUP_POLL_S)
+            ready = mp_connection.wait([conn, proc.sentinel, *others], timeout=poll)
+            dead = [others[s] for s in ready if s in others]
+            if dead:
+                dead[0].join(1.0)
+                raise EngineStartupError(
+                    f"{dead[0].name} exited during startup (exit code {dead[0].exitcode})"
+                )
             if conn in ready:
                 try:
                     msg = conn.recv()
@@ -442,7 +486,12 @@ def _monitor(
         for obj in ready:
             if isinstance(obj, Connection) and not _drain(shared, obj):
                 conns.remove(obj)
-        dead = [sentinels.pop(s) for s in list(sentinels) if s in ready]
+        # A sentinel stays unreadable while a fork of the dead process (an orphaned worker)
+        # still holds its write end: the exit status is polled as well.
+        dead = [
+            sentinels.pop(s) for s in list(sentinels)
+            if s in ready or (not ready and sentinels[s].exitcode is not None)
+        ]
         if dead and not shared.manager_stopped.is_set():
             for proc in dead:
                 conn = shared.connections[shared.processes.index(proc)]

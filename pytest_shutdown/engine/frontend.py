@@ -1,0 +1,176 @@
+"""The reference engine's whole process tree: frontend → EngineCore_DP{i} → Worker_TP{j}.
+
+``serve_frontend`` is the root of vLLM's topology as an API server runs it: it starts an
+``EngineProcManager`` (``data_parallel_size`` EngineCores, each with ``tensor_parallel_size``
+workers), serves until SIGTERM/SIGINT or until an engine process dies, then shuts everything
+down with deadlines and returns its exit code. It announces its phases (``starting``,
+``ready``, ``busy``, ``shutting_down``) with ``report_phase``, and reaches the phase the test
+wants (``wanted_phase()``): ``busy`` keeps requests in flight, ``shutting_down`` starts the
+shutdown by itself. It is what the tree-death helper and the ``orphan_matrix`` marker run for
+the reference engine (``REFERENCE_LEVELS`` names its levels).
+
+SIGTERM or SIGINT during start-up abort the start (the manager reaps what it started); later
+they ask for a graceful stop. The handlers only set an event: an exception raised from a handler
+can land in a fork hook or a ``finally`` and be swallowed (the matrix found exactly that).
+``exit_hang_bug`` puts back vLLM PR #38779 / vllm-rbln PR #639: a non-daemon output thread
+nobody stops, which the interpreter's exit waits for forever.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_shutdown.checks.phases import phase_pattern, report_phase, wanted_phase
+from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.core_proc import ChildFaults
+from pytest_shutdown.engine.lifeline import set_process_name
+
+#: The levels of the reference tree, for the tree-death helper: the root, and name patterns.
+REFERENCE_LEVELS = {"frontend": "root", "engine_core": "EngineCore_DP*", "worker": "Worker_TP*"}
+
+
+class WholeTreeLoading:
+    """Phase marker ``starting`` of the reference tree: every worker exists and is loading.
+
+    ``report_phase("starting")`` comes before the EngineCores are started; a signal sent then
+    would hit a tree of one process. This marker waits until all ``workers`` are there.
+    """
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    def __call__(self, output: str, processes: Sequence[Any]) -> bool:
+        loading = phase_pattern("starting").search(output) and not phase_pattern(
+            "ready"
+        ).search(output)
+        found = sum(1 for p in processes if p.name.startswith("Worker_TP"))
+        return bool(loading) and found >= self.workers
+
+
+#: The phases of the reference tree as ``matrix_config()`` builds it (tp=2, dp=2: 4 workers).
+REFERENCE_PHASES = {"starting": WholeTreeLoading(4)}
+#: How often the serving loop looks at its engines.
+SERVE_POLL_S = 0.02
+#: Requests kept in flight per EngineCore in the ``busy`` phase, and their length.
+BUSY_REQUESTS_PER_ENGINE = 2
+BUSY_MAX_TOKENS = 1_000_000
+#: Model loading in the ``starting`` phase: longer than any test waits.
+STARTING_LOAD_S = 30.0
+#: EngineCore teardown in the ``shutting_down`` phase: the window a signal must land in.
+SHUTTING_DOWN_TEARDOWN_S = 1.0
+#: How long the frontend waits for the first output of a busy engine.
+FIRST_OUTPUT_TIMEOUT_S = 30.0
+
+
+def matrix_config(**changes: Any) -> EngineConfig:
+    """The reference tree the orphan matrix runs: tp=2, dp=2 on the CPU, scaled-down graces.
+
+    EngineCores are forks of the frontend (``start_method="fork"``: the frontend never touches
+    a device) so a whole tree starts in tens of milliseconds.
+    """
+    base: dict[str, Any] = dict(
+        platform="cpu",
+        tensor_parallel_size=2,
+        data_parallel_size=2,
+        start_method="fork",
+        kv_cache_bytes=1 << 16,
+        renderer_num_workers=1,
+        default_process_timeout_s=3.0,
+        rocm_process_grace_s=1.5,
+        startup_delay_s=0.0,
+        startup_timeout_s=60.0,
+        step_delay_s=0.01,
+    )
+    base.update(changes)
+    return EngineConfig(**base)
+
+
+def serve_frontend(
+    config: EngineConfig | None = None,
+    *,
+    faults: ChildFaults | None = None,
+    exit_hang_bug: bool = False,
+    starting_load_s: float = STARTING_LOAD_S,
+    shutting_down_teardown_s: float = SHUTTING_DOWN_TEARDOWN_S,
+) -> int:
+    """Run the reference tree until told to stop; returns the exit code (1: an engine died).
+
+    The wanted phase stretches what it needs: for ``starting`` model loading takes
+    ``starting_load_s`` (a long load that every level must be able to abandon at once); for
+    ``shutting_down`` each EngineCore's teardown takes ``shutting_down_teardown_s`` (a slow
+    device teardown, so that a signal lands while every level is still there). Must run in the
+    main thread of its process (it installs SIGTERM/SIGINT handlers).
+    """
+    from pytest_shutdown.engine.processes import (  # noqa: PLC0415
+        EngineProcManager,
+        StartupInterrupted,
+    )
+
+    config = config if config is not None else matrix_config()
+    wanted = wanted_phase()
+    if wanted == "starting":
+        config = config.replace(startup_delay_s=max(config.startup_delay_s, starting_load_s))
+    if wanted == "shutting_down":
+        config = config.replace(
+            teardown_delay_s=max(config.teardown_delay_s, shutting_down_teardown_s)
+        )
+    set_process_name("Frontend")
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()  # never raise from a handler: it may run inside a fork hook or a finally
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    report_phase("starting")
+    try:
+        manager = EngineProcManager(config, faults=faults, interrupt=stop)
+    except StartupInterrupted:
+        return 1
+    code = 0
+    try:
+        report_phase("ready")
+        if exit_hang_bug:
+            threading.Thread(
+                target=_handle_outputs_forever, args=(manager.outputs,), name="output-handler"
+            ).start()
+        if wanted == "busy":
+            _start_load(manager, config)
+            report_phase("busy")
+        if wanted == "shutting_down":
+            stop.set()
+        while not stop.wait(SERVE_POLL_S):
+            if manager.failures or manager.is_shut_down:
+                code = 1
+                break
+            if not exit_hang_bug:
+                _drain(manager.outputs)
+    finally:
+        report_phase("shutting_down")
+        manager.shutdown()
+    return code
+
+
+def _start_load(manager: Any, config: EngineConfig) -> None:
+    """Put long requests in flight on every engine; return once the first output came back."""
+    for i in range(BUSY_REQUESTS_PER_ENGINE * config.data_parallel_size):
+        manager.add_request(f"busy-{i}", [1, 2, 3], BUSY_MAX_TOKENS)
+    manager.outputs.get(timeout=FIRST_OUTPUT_TIMEOUT_S)
+
+
+def _drain(outputs: queue.Queue[Any]) -> None:
+    try:
+        while True:
+            outputs.get_nowait()
+    except queue.Empty:
+        pass
+
+
+def _handle_outputs_forever(outputs: queue.Queue[Any]) -> None:
+    """The bug: a non-daemon thread that blocks on its queue with no timeout and no stop."""
+    while True:
+        outputs.get()

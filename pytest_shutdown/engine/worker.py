@@ -1,0 +1,333 @@
+"""``Worker_TP{i}``: the tensor-parallel worker processes of one EngineCore (vLLM's topology).
+
+With ``tensor_parallel_size`` > 1 an EngineCore starts that many worker processes before it
+starts any thread of its own (``fork``; ``spawn`` on ROCm, which must never fork). Each worker
+"loads the model" (``EngineConfig.startup_delay_s``, interruptible), then holds its shard of the
+KV cache on the device until it is told to stop. With ``tensor_parallel_size == 1`` there is no
+worker process: the EngineCore holds the device state itself (vLLM's single-process executor).
+
+Every level dies when its parent dies, at any phase, loading included. A worker's pipe to its
+EngineCore is its death pipe: the EngineCore holds the only other end (the ends of the workers
+forked before it are closed in each new worker), so the EngineCore's death, however it died, is
+an EOF the worker sees at once; ``getppid()`` changing (reparenting) is the backstop. SIGTERM or
+SIGINT ends a worker cleanly (exit 0), a gone parent with ``EXIT_PARENT_GONE``.
+
+The EngineCore side is ``WorkerGroup``: start, wait for every worker's ready against a deadline
+(and give up early when the EngineCore itself is told to stop), watch them (a worker that dies
+while the engine runs kills the engine: the engine reports itself dead), and stop them with one
+shared deadline (``shutdown_processes``).
+
+Fault switches put back the production bugs of issue 15 for the regressions: ``lifeline=False``
+(no death pipe: a worker outlives its EngineCore), ``lifeline_while_loading=False`` (the death
+pipe is armed only after loading: a worker orphaned mid-load keeps loading).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from multiprocessing import connection as mp_connection
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.lifeline import (
+    EXIT_PARENT_GONE,
+    set_parent_death_signal,
+    set_process_name,
+)
+
+if TYPE_CHECKING:
+    from pytest_shutdown.engine.processes import ShutdownOutcome
+
+logger = logging.getLogger("pytest_shutdown.engine")
+
+MSG_WORKER_READY = "worker_ready"  # (MSG_WORKER_READY, pid)
+MSG_WORKER_STOP = "worker_stop"  # (MSG_WORKER_STOP,)
+#: A worker checks its parent at least this often (its pipe wakes it at once anyway).
+WORKER_POLL_S = 0.1
+#: How often the EngineCore's worker monitor polls exit statuses (sentinels wake it at once).
+WATCH_POLL_S = 1.0
+#: How long an EngineCore gives its workers to stop before they are killed.
+WORKER_STOP_TIMEOUT_S = 2.0
+
+
+def worker_name(tp_rank: int) -> str:
+    return f"Worker_TP{tp_rank}"
+
+
+class WorkerStartupError(RuntimeError):
+    """A worker exited or was not ready in time while its EngineCore was starting."""
+
+
+def worker_process_main(
+    config: EngineConfig,
+    conn: Connection,
+    tp_rank: int,
+    dp_rank: int,
+    parent_pid: int,
+    inherited: list[Connection],
+    lifecycle_log: str | None,
+    lifeline: bool = True,
+    lifeline_while_loading: bool = True,
+) -> None:
+    """Target of every worker process: load, hold the KV-cache shard, stop; ends in SystemExit."""
+    from pytest_shutdown.engine.core_proc import LifecycleLog  # noqa: PLC0415
+
+    for other in inherited:  # the EngineCore's ends of earlier workers' death pipes
+        other.close()
+    set_process_name(worker_name(tp_rank))
+    log = LifecycleLog(lifecycle_log)
+    log.event("worker_started", tp_rank=tp_rank, dp_rank=dp_rank)
+    code = _Worker(config, conn, tp_rank, parent_pid, lifeline, lifeline_while_loading).run()
+    log.event("worker_exited", tp_rank=tp_rank, dp_rank=dp_rank, code=code)
+    raise SystemExit(code)
+
+
+class _Worker:
+    def __init__(
+        self,
+        config: EngineConfig,
+        conn: Connection,
+        tp_rank: int,
+        parent_pid: int,
+        lifeline: bool,
+        lifeline_while_loading: bool,
+    ) -> None:
+        self.config = config
+        self.conn = conn
+        self.tp_rank = tp_rank
+        self.parent_pid = parent_pid
+        self.lifeline = lifeline
+        self.lifeline_while_loading = lifeline_while_loading
+        self.signals: list[int] = []
+        self.shard: Any = None
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signals.append(signum)
+
+    def run(self) -> int:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
+        if self.lifeline and self.lifeline_while_loading:
+            set_parent_death_signal(signal.SIGTERM)
+        loaded_at = time.monotonic() + self.config.startup_delay_s
+        conn_open = True
+        try:
+            while True:
+                loading = self.shard is None
+                watching = self.lifeline and (self.lifeline_while_loading or not loading)
+                if self.signals:
+                    return 0
+                if watching and os.getppid() != self.parent_pid:
+                    return EXIT_PARENT_GONE
+                now = time.monotonic()
+                if loading and now >= loaded_at:
+                    self._load()
+                    try:
+                        self.conn.send((MSG_WORKER_READY, os.getpid()))
+                    except OSError:
+                        conn_open = False
+                    continue
+                timeout = WORKER_POLL_S if not loading else min(WORKER_POLL_S, loaded_at - now)
+                waitables: list[Any] = [wake_r]
+                if conn_open and (watching or not loading):
+                    waitables.append(self.conn)
+                ready = mp_connection.wait(waitables, timeout=max(0.0, timeout))
+                if wake_r in ready:
+                    os.read(wake_r, 64)
+                if self.conn in ready:
+                    try:
+                        msg = self.conn.recv()
+                    except (EOFError, OSError):
+                        if watching:
+                            return EXIT_PARENT_GONE
+                        conn_open = False  # no death pipe: the EOF goes unnoticed
+                        continue
+                    if msg[0] == MSG_WORKER_STOP:
+                        return 0
+        finally:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self._release()
+            signal.set_wakeup_fd(-1)
+            os.close(wake_r)
+            os.close(wake_w)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    def _load(self) -> None:
+        import torch  # noqa: PLC0415
+
+        size = max(1, self.config.kv_cache_bytes // 4 // self.config.tensor_parallel_size)
+        self.shard = torch.zeros(size, dtype=torch.float32, device=self.config.device)
+
+    def _release(self) -> None:
+        if self.shard is None:
+            return
+        device_type = self.shard.device.type
+        self.shard = None
+        if device_type == "cuda":
+            import torch  # noqa: PLC0415
+
+            torch.cuda.empty_cache()
+
+
+class WorkerGroup:
+    """The EngineCore's side of its ``tensor_parallel_size`` workers.
+
+    Construct it in the EngineCore's main thread before any other thread starts (the workers are
+    forks of the EngineCore).
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        dp_rank: int,
+        lifecycle_log: str | None = None,
+        *,
+        lifeline: bool = True,
+        lifeline_while_loading: bool = True,
+    ) -> None:
+        from pytest_shutdown.engine.start import serialize_exit_polling  # noqa: PLC0415
+
+        self.config = config
+        method = "spawn" if config.resolved_platform == "rocm" else "fork"
+        ctx = multiprocessing.get_context(method)
+        self.processes: list[BaseProcess] = []
+        self.connections: list[Connection] = []
+        self._stop_r, self._stop_w = os.pipe()
+        self._monitor: threading.Thread | None = None
+        for tp_rank in range(config.tensor_parallel_size):
+            parent_conn, child_conn = ctx.Pipe(duplex=True)
+            inherited = list(self.connections) if method == "fork" else []
+            proc = ctx.Process(  # type: ignore[attr-defined]
+                target=worker_process_main,
+                name=worker_name(tp_rank),
+                args=(
+                    config, child_conn, tp_rank, dp_rank, os.getpid(), inherited,
+                    lifecycle_log, lifeline, lifeline_while_loading,
+                ),
+                daemon=True,
+            )
+            self.connections.append(parent_conn)
+            self.processes.append(proc)
+            try:
+                _start_from_daemon(proc)
+                serialize_exit_polling(proc)
+            finally:
+                child_conn.close()
+            if not lifeline:
+                # The bug put back: workers whose only owner is the EngineCore's graceful path
+                # (started by an executor of its own), unknown to multiprocessing's exit cleanup.
+                multiprocessing.process._children.discard(proc)  # type: ignore[attr-defined]
+
+    def wait_ready(self, deadline: float, interrupted: Callable[[], bool]) -> bool:
+        """Wait for every worker's ready; False when ``interrupted()`` turned true first.
+
+        Raises ``WorkerStartupError`` when a worker exits or the deadline passes.
+        """
+        pending = dict(zip(self.connections, self.processes, strict=True))
+        while pending:
+            if interrupted():
+                return False
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                names = ", ".join(p.name for p in pending.values())
+                raise WorkerStartupError(
+                    f"{names} not ready within EngineConfig.startup_timeout_s="
+                    f"{self.config.startup_timeout_s} s"
+                )
+            sentinels = {p.sentinel: p for p in pending.values()}
+            ready = mp_connection.wait(
+                [*pending, *sentinels], timeout=min(WORKER_POLL_S, remaining)
+            )
+            for obj in ready:
+                if isinstance(obj, Connection) and obj in pending:
+                    try:
+                        msg = obj.recv()
+                    except (EOFError, OSError):
+                        self._startup_death(pending[obj])
+                    if msg[0] == MSG_WORKER_READY:
+                        del pending[obj]
+                elif obj in sentinels and sentinels[obj] in pending.values():
+                    self._startup_death(sentinels[obj])
+        return True
+
+    def wait_ready_untimed(self) -> None:
+        """The bug of vLLM PR #44751 put back: block on each ready, no deadline, deaf to all."""
+        for conn in self.connections:
+            conn.recv()
+
+    def _startup_death(self, proc: BaseProcess) -> NoReturn:
+        proc.join(1.0)
+        raise WorkerStartupError(f"{proc.name} exited during startup (exit code {proc.exitcode})")
+
+    def watch(self, on_death: Callable[[str, int | None, int | None], None]) -> None:
+        """Call ``on_death(name, pid, exitcode)`` from a daemon thread when a worker dies."""
+        self._monitor = threading.Thread(
+            target=self._watch, args=(on_death,), name="worker-monitor", daemon=True
+        )
+        self._monitor.start()
+
+    def _watch(self, on_death: Callable[[str, int | None, int | None], None]) -> None:
+        sentinels = {p.sentinel: p for p in self.processes}
+        while True:
+            ready = mp_connection.wait([self._stop_r, *sentinels], timeout=WATCH_POLL_S)
+            if self._stop_r in ready:
+                return
+            dead = [p for s, p in sentinels.items() if s in ready or p.exitcode is not None]
+            if dead:
+                dead[0].join(1.0)
+                on_death(dead[0].name, dead[0].pid, dead[0].exitcode)
+                return
+
+    def shutdown(self, timeout: float = WORKER_STOP_TIMEOUT_S) -> ShutdownOutcome:
+        """Stop watching, ask every worker to stop, kill what is left at the shared deadline."""
+        from pytest_shutdown.engine.processes import shutdown_processes  # noqa: PLC0415
+
+        try:
+            os.write(self._stop_w, b"\x00")
+        except OSError:
+            pass
+        if self._monitor is not None and self._monitor is not threading.current_thread():
+            self._monitor.join(1.0)
+        for conn in self.connections:
+            try:
+                conn.send((MSG_WORKER_STOP,))
+            except OSError:
+                pass
+        outcome = shutdown_processes(self.processes, timeout)
+        for conn in self.connections:
+            conn.close()
+        for fd in (self._stop_r, self._stop_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        return outcome
+
+
+def _start_from_daemon(proc: BaseProcess) -> None:
+    """Start ``proc`` even though this process is a daemonic multiprocessing child.
+
+    multiprocessing refuses children of a daemonic process because its exit would orphan them;
+    here every worker has a death pipe and the EngineCore stops them itself, so the flag is
+    lifted for the ``start()`` only.
+    """
+    config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
+    daemon = config.pop("daemon", None)
+    try:
+        proc.start()
+    finally:
+        if daemon is not None:
+            config["daemon"] = daemon

@@ -1,0 +1,140 @@
+"""``@pytest.mark.orphan_matrix``: every level of a process tree, every signal, every phase.
+
+``orphan_matrix(level=[...], signal=[...], phase=[...])`` parametrizes the ``orphan_cell``
+fixture with one ``OrphanCell`` per combination, ids like ``worker-SIGKILL-busy``. The
+``kill_tree`` fixture runs one cell: ``kill_tree(target, levels=...)`` starts the target through
+the session's ``tree_launcher``, delivers the cell's signal to the cell's level in the cell's
+phase, and fails the test with ``orphan-process`` / ``exit-hang`` findings when anything is left
+(see :mod:`pytest_shutdown.checks.orphans`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from pytest_shutdown.checks.orphans import assert_tree_dies, parse_signal, signal_name
+
+if TYPE_CHECKING:
+    from pytest_shutdown.checks.orphans import TreeDeath
+    from pytest_shutdown.checks.tree_launcher import TreeLauncher
+
+MARKER = "orphan_matrix"
+ACCEPTED_KEYS = ("level", "signal", "phase")
+DEFAULTS: Mapping[str, tuple[str, ...]] = {
+    "level": ("root",),
+    "signal": ("SIGKILL",),
+    "phase": ("ready",),
+}
+MARKER_HELP = (
+    f"{MARKER}(level=[...], signal=[...], phase=[...]): parametrize the orphan_cell fixture over "
+    "every level x signal x phase (ids like worker-SIGKILL-busy); kill_tree(target) runs a cell."
+)
+
+
+@dataclass(frozen=True)
+class OrphanCell:
+    """One cell of an orphan matrix: which level gets which signal in which phase."""
+
+    level: str
+    signal: str
+    phase: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.level}-{self.signal}-{self.phase}"
+
+
+def cells_from_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[OrphanCell]:
+    """Validate the marker's arguments and build its cells; ``ValueError`` names what is wrong."""
+    if args:
+        raise ValueError(f"{MARKER}: takes keyword arguments only; accepted: "
+                         f"{', '.join(ACCEPTED_KEYS)}")
+    unknown = sorted(set(kwargs) - set(ACCEPTED_KEYS))
+    if unknown:
+        raise ValueError(f"{MARKER}: unknown argument(s) {', '.join(unknown)}; accepted: "
+                         f"{', '.join(ACCEPTED_KEYS)}")
+    axes = {key: _names(key, kwargs.get(key, DEFAULTS[key])) for key in ACCEPTED_KEYS}
+    try:
+        signals = [signal_name(parse_signal(s)) for s in axes["signal"]]
+    except ValueError as exc:
+        raise ValueError(f"{MARKER}: {exc}") from None
+    return [
+        OrphanCell(level, sig, phase)
+        for level in axes["level"]
+        for sig in signals
+        for phase in axes["phase"]
+    ]
+
+
+def _names(key: str, value: Any) -> list[Any]:
+    values = [value] if isinstance(value, (str, int)) else list(value)
+    if not values:
+        raise ValueError(f"{MARKER}: {key}= is empty; give at least one value")
+    for item in values:
+        ok = isinstance(item, str) and item.strip() or (key == "signal" and isinstance(item, int))
+        if not ok:
+            raise ValueError(f"{MARKER}: {key}= expects names, got {item!r}")
+    return values
+
+
+def parametrize(metafunc: pytest.Metafunc) -> None:
+    """Turn the test's ``orphan_matrix`` marker (if any) into ``orphan_cell`` parameters."""
+    mark = metafunc.definition.get_closest_marker(MARKER)
+    if mark is None:
+        return
+    try:
+        cells = cells_from_marker(mark.args, mark.kwargs)
+    except ValueError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    if "orphan_cell" not in metafunc.fixturenames:
+        metafunc.fixturenames.append("orphan_cell")
+    metafunc.parametrize("orphan_cell", cells, ids=[c.id for c in cells])
+
+
+@pytest.fixture
+def orphan_cell(request: pytest.FixtureRequest) -> OrphanCell:
+    """One cell of ``@pytest.mark.orphan_matrix(...)``; the marker parametrizes this fixture."""
+    pytest.fail(
+        f"the orphan_cell fixture needs @pytest.mark.{MARKER}(level=[...], signal=[...], "
+        "phase=[...]) on the test",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def tree_launcher() -> Iterator[TreeLauncher]:
+    """The warm process that starts the trees under test (one per session and xdist worker)."""
+    from pytest_shutdown.checks.tree_launcher import TreeLauncher  # noqa: PLC0415
+
+    launcher = TreeLauncher()
+    yield launcher
+    launcher.close()
+
+
+KillTree = Callable[..., "TreeDeath"]
+
+
+@pytest.fixture
+def kill_tree(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> KillTree:
+    """``kill_tree(target, levels=..., phases=..., **options)``: run this test's matrix cell.
+
+    Raises ``ShutdownContractError`` (``orphan-process``, ``exit-hang``) when the tree did not
+    die; returns the ``TreeDeath`` record otherwise. ``level``/``signal``/``phase`` default to
+    the test's ``orphan_cell``; pass them to use ``kill_tree`` without the marker.
+    """
+    callspec = getattr(request.node, "callspec", None)
+    cell = callspec.params.get("orphan_cell") if callspec is not None else None
+
+    def kill(target: Callable[..., Any] | Sequence[str], **options: Any) -> TreeDeath:
+        if isinstance(cell, OrphanCell):
+            options.setdefault("level", cell.level)
+            options.setdefault("signal", cell.signal)
+            options.setdefault("phase", cell.phase)
+        options.setdefault("launcher", tree_launcher)
+        return assert_tree_dies(target, **options)
+
+    return kill

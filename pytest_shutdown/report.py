@@ -24,6 +24,8 @@ from pytest_shutdown.settings import GuardSettings
 SCHEMA_VERSION = 1
 #: The key under ``config.workeroutput`` that carries a worker's data to the controller.
 WORKEROUTPUT_KEY = "pytest_shutdown"
+#: A test on which the guard spent this long (grace waited) is kept in the report.
+SLOW_GUARD_S = 0.1
 
 
 @dataclass
@@ -40,12 +42,15 @@ class TestRecord:
     findings: list[dict[str, Any]] = field(default_factory=list)
     budget: dict[str, Any] | None = None
     reported: bool = True
+    #: Seconds of ``teardown_s`` the guard itself spent (ownership search, grace wait).
+    guard_s: float = 0.0
 
     def to_plain(self) -> dict[str, Any]:
         return {
             "nodeid": self.nodeid,
             "worker": self.worker,
             "teardown_s": round(self.teardown_s, 6),
+            "guard_s": round(self.guard_s, 6),
             "findings": self.findings,
             "budget": self.budget,
             "reported": self.reported,
@@ -60,6 +65,7 @@ class TestRecord:
             findings=list(data.get("findings", [])),
             budget=data.get("budget"),
             reported=bool(data.get("reported", True)),
+            guard_s=float(data.get("guard_s", 0.0)),
         )
 
 
@@ -92,11 +98,22 @@ def render_findings(findings: Iterable[Mapping[str, Any]]) -> str:
             lines.append(f"  thread {thread.get('name')!r} (ident {thread.get('ident')}):")
             stack = str(thread.get("stack") or "  <no stack>\n")
             lines.extend("    " + line for line in stack.rstrip("\n").splitlines())
+            lines.extend(_started_at(thread))
         for proc in details.get("processes", []):
-            lines.append(
-                f"  process {proc.get('pid')} ({proc.get('name')}): {_cmdline(proc.get('cmdline'))}"
-            )
+            # A forked child repeats pytest's command line: name what started it instead.
+            what = proc.get("what") or _cmdline(proc.get("cmdline"))
+            lines.append(f"  process {proc.get('pid')} ({proc.get('name')}): {what}")
+            lines.extend(_started_at(proc))
     return "\n".join(lines)
+
+
+def _started_at(record: Mapping[str, Any]) -> list[str]:
+    if not record.get("started_at"):
+        return []
+    head = "    started at (user frames first)"
+    if record.get("started_in"):
+        head += f", during {record['started_in']}"
+    return [head + ":"] + ["      " + line for line in str(record["started_at"]).splitlines()]
 
 
 def render_budget(budget: Mapping[str, Any]) -> str:
@@ -132,14 +149,23 @@ class ShutdownReport:
         self.durations: list[float] = []
         self.workers: set[str] = set()
         self.lost_workers: list[dict[str, Any]] = []
+        self.guard_times: list[float] = []
+        #: Threads and processes owned by module globals / class attributes, alive at the end.
+        self.long_lived: list[dict[str, Any]] = []
 
     # --- collecting ---
 
     def add(self, record: TestRecord) -> None:
         """Add one test's outcome; only tests with findings or a budget event are kept whole."""
         self.durations.append(record.teardown_s)
-        if record.findings or record.budget:
+        self.guard_times.append(record.guard_s)
+        # A slow guard is kept too, so that the report says which tests it cost time.
+        if record.findings or record.budget or record.guard_s >= SLOW_GUARD_S:
             self._keep(record)
+
+    def add_long_lived(self, record: dict[str, Any]) -> None:
+        """A thread or process owned by a module global or class attribute, alive at the end."""
+        self.long_lived.append({"worker": self.worker, **record})
 
     def add_findings(self, nodeid: str, findings: list[dict[str, Any]]) -> None:
         """Add findings of a test made outside the guard (engine fixtures, ``shutdown_check``)."""
@@ -166,6 +192,8 @@ class ShutdownReport:
             "worker": self.worker,
             "records": [r.to_plain() for r in self.records],
             "durations": [round(d, 6) for d in self.durations],
+            "guard_times": [round(d, 6) for d in self.guard_times],
+            "long_lived": self.long_lived,
         }
 
     def merge(self, data: Mapping[str, Any]) -> None:
@@ -174,6 +202,8 @@ class ShutdownReport:
             self.workers.add(str(data["worker"]))
         self.records.extend(TestRecord.from_plain(r) for r in data.get("records", []))
         self.durations.extend(float(d) for d in data.get("durations", []))
+        self.guard_times.extend(float(d) for d in data.get("guard_times", []))
+        self.long_lived.extend(data.get("long_lived", []))
 
     # --- rendering ---
 
@@ -199,6 +229,8 @@ class ShutdownReport:
                 "budgets_exceeded": sum(1 for r in records if r.budget),
             },
             "durations": durations_summary(self.durations),
+            "guard_s": round(sum(self.guard_times), 6),
+            "long_lived": self.long_lived,
             "tests": [r.to_plain() for r in records],
         }
 
@@ -222,6 +254,19 @@ class ShutdownReport:
                 lines.append(f"{where}: [budget] teardown exceeded {record.budget['budget_s']:g} s")
             for finding in record.findings:
                 lines.append(f"{where}: [{finding['code']}] {finding['message']}")
+            if not record.findings and record.guard_s >= SLOW_GUARD_S:
+                lines.append(f"{where}: the guard waited {record.guard_s:.2f} s")
+        if self.long_lived:
+            lines.append(
+                f"long-lived resources ({len(self.long_lived)}, owned by module globals or "
+                f"class attributes; {self.settings.long_lived}ed):"
+            )
+            for item in self.long_lived:
+                label = item.get("name") or item.get("pid")
+                lines.append(
+                    f"  {item['kind']} {label!r} owned by {item['owner']['kind']} "
+                    f"{item['owner']['name']}, first started in {item['first_test']}"
+                )
         for lost in self.lost_workers:
             lines.append(f"worker {lost['worker']} crashed: its shutdown records are lost")
         if verbose:
@@ -230,6 +275,10 @@ class ShutdownReport:
                 lines.append(
                     f"shutdown durations: median {d['median_s']:.4f} s, max {d['max_s']:.4f} s"
                     f" over {d['count']} tests"
+                )
+                lines.append(
+                    f"shutdown guard time: {sum(self.guard_times):.2f} s in total"
+                    " (included in the durations: ownership searches and grace waits)"
                 )
         return lines
 

@@ -18,6 +18,8 @@ from pytest_shutdown.devices import PLATFORMS
 
 #: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
+#: What the guard does with long-lived resources (owned by module globals) at session end.
+LONG_LIVED_CHOICES: tuple[str, ...] = ("list", "fail")
 #: Accepted values of ``--shutdown-platform``.
 PLATFORM_CHOICES: tuple[str, ...] = ("auto", *PLATFORMS)
 #: The plugin names that, given as ``-p NAME``, turn the guard on.
@@ -40,6 +42,7 @@ class GuardSettings:
     report_path: Path | None
     platform: str
     graphs_dir: Path | None = None
+    long_lived: str = "list"
 
     @property
     def enabled(self) -> bool:
@@ -117,7 +120,18 @@ def load_settings(config: pytest.Config) -> GuardSettings:
         if not report_path.is_absolute():
             report_path = config.invocation_params.dir / report_path
     graphs_dir = _path_option(config, "shutdown_graphs", "--shutdown-graphs", "a folder path")
-    return GuardSettings(mode, grace, budget, report_path, platform, graphs_dir)
+    long_lived = _long_lived(config)
+    return GuardSettings(mode, grace, budget, report_path, platform, graphs_dir, long_lived)
+
+
+def _long_lived(config: pytest.Config) -> str:
+    option = config.getoption("shutdown_long_lived", default=None)
+    if option is not None:
+        return _choice(str(option).strip(), "--shutdown-long-lived", LONG_LIVED_CHOICES)
+    ini = str(config.getini("shutdown_long_lived") or "").strip()
+    if ini:
+        return _choice(ini, "shutdown_long_lived (ini)", LONG_LIVED_CHOICES)
+    return "list"
 
 
 def _path_option(config: pytest.Config, dest: str, option: str, what: str) -> Path | None:

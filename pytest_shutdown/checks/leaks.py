@@ -35,6 +35,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_shutdown import origins
 from pytest_shutdown.findings import Finding, ShutdownContractError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,6 +53,7 @@ __all__ = [
     "kill_process_trees",
     "leak_findings",
     "no_leaks",
+    "process_running",
     "started_since",
     "take_snapshot",
     "thread_filter",
@@ -241,6 +243,11 @@ def _process_running(pid: int) -> bool:
         return True
 
 
+def process_running(pid: int) -> bool:
+    """True while the process ``pid`` runs (a zombie has ended)."""
+    return _process_running(pid)
+
+
 def started_since(
     before: LeakSnapshot,
     *,
@@ -323,11 +330,13 @@ def await_exit(started: Started, grace: float, *, collect: bool = True) -> Start
 def _thread_record(thread: threading.Thread, frames: dict[int, Any]) -> dict[str, Any]:
     frame = frames.get(thread.ident) if thread.ident is not None else None
     stack = "".join(traceback.format_stack(frame)[-STACK_LIMIT:]) if frame is not None else ""
+    origin = origins.origin_of_thread(thread)
     return {
         "name": thread.name,
         "ident": thread.ident,
         "daemon": thread.daemon,
         "stack": stack,
+        **(origin.to_dict() if origin is not None else {}),
     }
 
 
@@ -335,6 +344,9 @@ def _process_record(pid: int) -> dict[str, Any]:
     import psutil  # noqa: PLC0415
 
     record: dict[str, Any] = {"pid": pid, "name": None, "cmdline": [], "ppid": None}
+    origin = origins.origin_of_process(pid)
+    if origin is not None:  # what started it: the Process name and target, the creating code
+        record.update(origin.to_dict())
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():

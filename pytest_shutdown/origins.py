@@ -49,7 +49,9 @@ _LIBRARY_DIRS = tuple(
     os.path.normcase(os.path.realpath(p)) + os.sep
     for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
 )
-_TOOL_PACKAGES = ("_pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout")
+_TOOL_PACKAGES = frozenset(
+    {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
+)
 _THIS_FILE = os.path.normcase(os.path.realpath(__file__))
 
 
@@ -75,6 +77,7 @@ _threads: weakref.WeakKeyDictionary[threading.Thread, Origin] = weakref.WeakKeyD
 _processes: OrderedDict[int, tuple[Callable[[], Any], Origin]] = OrderedDict()
 _originals: dict[str, Any] = {}
 _is_library_cache: dict[str, bool] = {}
+_is_tool_cache: dict[str, bool] = {}
 
 
 def set_current_test(nodeid: str | None) -> None:
@@ -84,14 +87,25 @@ def set_current_test(nodeid: str | None) -> None:
 
 
 def _is_library(filename: str) -> bool:
+    """The standard library (and frozen modules such as ``<frozen runpy>``)."""
     cached = _is_library_cache.get(filename)
     if cached is None:
-        path = os.path.normcase(os.path.realpath(filename)) if filename[:1] != "<" else filename
-        parts = path.replace("\\", "/").split("/")
-        cached = (
-            path.startswith(_LIBRARY_DIRS) and "site-packages" not in parts
-        ) or any(p in _TOOL_PACKAGES for p in parts)
+        if filename.startswith("<"):
+            cached = filename.startswith("<frozen")
+        else:
+            path = os.path.normcase(os.path.realpath(filename))
+            cached = path.startswith(_LIBRARY_DIRS) and "site-packages" not in path
         _is_library_cache[filename] = cached
+    return cached
+
+
+def _is_tool(filename: str) -> bool:
+    """pytest, pluggy, xdist and pytest-shutdown themselves."""
+    cached = _is_tool_cache.get(filename)
+    if cached is None:
+        parts = filename.replace("\\", "/").split("/")
+        cached = any(part in _TOOL_PACKAGES for part in parts[:-1])
+        _is_tool_cache[filename] = cached
     return cached
 
 
@@ -105,7 +119,10 @@ def _capture(what: str | None = None) -> Origin:
         name = getattr(code, "co_qualname", code.co_name)
         filename = code.co_filename
         if os.path.normcase(filename) != _THIS_FILE:
-            if _is_library(filename):
+            if _is_tool(filename):
+                if user:
+                    break  # the test tools' frames above the test are no one's creation site
+            elif _is_library(filename):
                 if not user and len(library) < LIBRARY_FRAMES:
                     library.append((filename, frame.f_lineno, name, False))
             else:

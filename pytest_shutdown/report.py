@@ -25,7 +25,7 @@ SCHEMA_VERSION = 1
 #: The key under ``config.workeroutput`` that carries a worker's data to the controller.
 WORKEROUTPUT_KEY = "pytest_shutdown"
 #: A test on which the guard spent this long (grace waited) is kept in the report.
-SLOW_GUARD_S = 0.1
+SLOW_GUARD_S = 0.5
 
 
 @dataclass
@@ -262,9 +262,13 @@ class ShutdownReport:
                 f"class attributes; {self.settings.long_lived}ed):"
             )
             for item in self.long_lived:
-                label = item.get("name") or item.get("pid")
+                label = (
+                    repr(item.get("name"))
+                    if item["kind"] == "thread"
+                    else f"{item.get('pid')} ({item.get('name') or '?'})"
+                )
                 lines.append(
-                    f"  {item['kind']} {label!r} owned by {item['owner']['kind']} "
+                    f"  {item['kind']} {label} owned by {item['owner']['kind']} "
                     f"{item['owner']['name']}, first started in {item['first_test']}"
                 )
         for lost in self.lost_workers:

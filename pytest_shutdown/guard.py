@@ -418,19 +418,19 @@ class ShutdownGuard:
         self._restore(mine.pids, expected if gc_freeze else freeze_now, freeze_now)
         return findings
 
-    def _fixture_roots(self) -> dict[int, tuple[Any, str]]:
+    def _fixture_roots(self) -> dict[int, tuple[Any, str, object]]:
         """``id`` of each live wider-scope fixture's value (and suspended generator) -> owner."""
-        roots: dict[int, tuple[Any, str]] = {}
+        roots: dict[int, tuple[Any, str, object]] = {}
         for fixturedef, owned in self._owned.items():
             name = f"{owned.fixture!r} ({owned.scope} scope)"
             cached = getattr(fixturedef, "cached_result", None)
             if cached is not None and cached[2] is None and gc.is_tracked(cached[0]):
-                roots[id(cached[0])] = (fixturedef, name)
+                roots[id(cached[0])] = (fixturedef, name, cached[0])
             for finalizer in list(getattr(fixturedef, "_finalizers", ())):
                 if isinstance(finalizer, functools.partial):
                     for arg in finalizer.args:
                         if isinstance(arg, types.GeneratorType):
-                            roots[id(arg)] = (fixturedef, name)
+                            roots[id(arg)] = (fixturedef, name, arg)
         return roots
 
     def _without_owned(self, started: Started, nodeid: str) -> Started:

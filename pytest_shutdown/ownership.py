@@ -22,6 +22,7 @@ It is only called when something new is still alive after a test.
 
 from __future__ import annotations
 
+import collections
 import gc
 import sys
 import threading
@@ -46,6 +47,8 @@ MAX_SECONDS = 2.0
 _TOOL_PACKAGES = frozenset(
     {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
 )
+#: ... except the reference engine: its objects own pools like any engine's.
+_CODE_UNDER_TEST = "pytest_shutdown.engine"
 
 #: (module, attribute path) of the standard library's registries: they reference every thread or
 #: process (or cleanup) by design and own nothing.
@@ -121,9 +124,13 @@ def _registry_ids() -> set[int]:
 _NEVER_OWNERS = (types.FrameType, types.TracebackType, types.ModuleType)
 
 
+def _is_tool_module(name: str) -> bool:
+    """The test tools' modules; the bundled reference engine is code under test, not a tool."""
+    return name.partition(".")[0] in _TOOL_PACKAGES and not name.startswith(_CODE_UNDER_TEST)
+
+
 def _is_tool_object(obj: object) -> bool:
-    module = getattr(type(obj), "__module__", None) or ""
-    return module.partition(".")[0] in _TOOL_PACKAGES
+    return _is_tool_module(getattr(type(obj), "__module__", None) or "")
 
 
 def _edge(parent: object, child: object) -> str:
@@ -181,7 +188,7 @@ def _owner(chain: list[object], kind: str, name: str, key: Any) -> Owner:
 
 def find_owners(
     targets: Mapping[Any, object],
-    fixture_roots: Mapping[int, tuple[Any, str]],
+    fixture_roots: Mapping[int, tuple[Any, str, object]],
     *,
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_NODES,
@@ -192,7 +199,11 @@ def find_owners(
 
     ``targets`` maps the caller's key (a thread, a pid) to the object to explain;
     ``fixture_roots`` maps ``id(value)`` of each live wider-scope fixture's value (and of its
-    suspended generator) to ``(key, name)``.
+    suspended generator) to ``(key, name, value)``.
+
+    Objects in gc's permanent generation (after a ``gc.freeze()``, as engines do after start-up)
+    are invisible to ``gc.get_referrers``; while a freeze is in place, what the backward walk
+    left unowned is looked for *forwards* from the fixtures' values and the modules' globals.
     """
     if not targets:
         return {}
@@ -202,7 +213,7 @@ def find_owners(
     for name, module in list(sys.modules.items()):
         namespace = getattr(module, "__dict__", None)
         if isinstance(namespace, dict):
-            if name.partition(".")[0] in _TOOL_PACKAGES:
+            if _is_tool_module(name):
                 skip.add(id(namespace))
             else:
                 modules[id(namespace)] = name
@@ -238,7 +249,7 @@ def find_owners(
 
     for node_id in list(objects):  # a target may itself be a fixture's value
         if node_id in fixture_roots:
-            key, name = fixture_roots[node_id]
+            key, name, _value = fixture_roots[node_id]
             settle(node_id, "fixture", name, key)
     depth = 0
     while frontier and depth < max_depth and len(answers) < len(keys):
@@ -268,7 +279,7 @@ def find_owners(
             objects[ref_id] = ref
             parents.setdefault(ref_id, {}).update(links)
             if ref_id in fixture_roots:
-                key, name = fixture_roots[ref_id]
+                key, name, _value = fixture_roots[ref_id]
                 settle(ref_id, "fixture", name, key)
             elif ref_id in modules:
                 settle(ref_id, "module-global", modules[ref_id], None)
@@ -278,6 +289,60 @@ def find_owners(
                 next_frontier.append(ref)
         del referrers
         frontier = next_frontier
+    if len(answers) < len(keys) and gc.get_freeze_count() > 0:
+        left = {key: targets[key] for key in keys if key not in answers}
+        answers.update(_forward_owners(left, fixture_roots, modules, deadline + max_seconds))
+    return answers
+
+
+def _forward_owners(
+    targets: Mapping[Any, object],
+    fixture_roots: Mapping[int, tuple[Any, str, object]],
+    modules: Mapping[int, str],
+    deadline: float,
+    max_nodes: int = MAX_NODES,
+) -> dict[Any, Owner]:
+    """Search forwards from each owner candidate (fixtures first, then module globals) for the
+    targets, one shared visited set and node budget: what an earlier root reaches is its."""
+    from pytest_shutdown.checks.backrefs import _edges  # noqa: PLC0415 - only when frozen
+
+    wanted: dict[int, list[Any]] = {}
+    for key, target in targets.items():
+        wanted.setdefault(id(target), []).append(key)
+    roots: list[tuple[object, str, str, Any]] = [
+        (value, "fixture", name, key) for key, name, value in fixture_roots.values()
+    ]
+    by_id = {id(m.__dict__): m for m in list(sys.modules.values()) if hasattr(m, "__dict__")}
+    for namespace_id, module_name in modules.items():
+        module = by_id.get(namespace_id)
+        if module is not None:
+            roots.append((module.__dict__, "module-global", module_name, None))
+    answers: dict[Any, Owner] = {}
+    seen: set[int] = _registry_ids()  # the bookkeeping registries own nothing
+    visited = 0
+    for root, kind, name, key in roots:
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        queue: collections.deque[tuple[object, str, str]] = collections.deque([(root, "", "")])
+        while queue and visited < max_nodes and len(answers) < len(targets):
+            if visited % 1000 == 0 and time.monotonic() > deadline:
+                return answers
+            node, path, attribute = queue.popleft()
+            visited += 1
+            for label, child in _edges(node):
+                child_id = id(child)
+                if child_id in seen:
+                    continue
+                seen.add(child_id)
+                # A module global's name: the module, then the key of its namespace dict.
+                first = attribute or (f".{label[2:-2]}" if label.startswith("['") else label)
+                if child_id in wanted:
+                    owner_name = name if kind == "fixture" else name + first
+                    for target_key in wanted[child_id]:
+                        answers.setdefault(target_key, Owner(kind, owner_name, path + label, key))
+                if not isinstance(child, (type, types.ModuleType)) and not _is_tool_object(child):
+                    queue.append((child, path + label, first))
     return answers
 
 

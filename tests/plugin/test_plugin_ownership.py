@@ -416,3 +416,38 @@ def test_findings_say_where_it_was_started(pytester: pytest.Pytester) -> None:
             "*proc.start()",
         ]
     )
+
+
+def test_a_session_reference_llm_starts_its_renderer_pool_in_the_first_test(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("torch")  # the reference engine needs torch; a missing torch only
+    pytester.makepyfile(
+        test_llm=textwrap.dedent(
+            """
+            import pytest
+            from pytest_shutdown.engine.config import EngineConfig
+            from pytest_shutdown.engine.llm import ReferenceLLM
+
+            @pytest.fixture(scope="session")
+            def llm():
+                config = EngineConfig(platform="cpu", kv_cache_bytes=1 << 16, renderer_num_workers=2)
+                with ReferenceLLM(config, multiprocess=False) as llm:
+                    yield llm
+
+            def test_first_generate(llm):
+                (out,) = llm.generate(["hello"])
+                assert out.token_ids
+
+            def test_second_generate(llm):
+                (out,) = llm.generate(["again"])
+                assert out.token_ids
+            """
+        )
+    )
+    for mode in ("fail", "warn"):
+        result = pytester.runpytest_subprocess(
+            f"--shutdown-guard={mode}", LONG_GRACE, "-W", "error::pytest_shutdown.guard.ShutdownLeakWarning"
+        )
+        result.assert_outcomes(passed=2)
+        result.stdout.fnmatch_lines([f"guard {mode}, grace 60 s: no findings in 2 tests"])

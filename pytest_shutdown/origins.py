@@ -204,9 +204,7 @@ def install() -> None:
         if origin is not None:
             _remember_process(getattr(self, "pid", None), self, origin)
 
-    _originals.update(
-        {"thread": (thread_start, start), "process": (process_start, start_process)}
-    )
+    _originals.update({"thread": (thread_start, start), "process": (process_start, start_process)})
     _originals["popen"] = (popen_init, popen)
     threading.Thread.start = start  # type: ignore[method-assign]
     multiprocessing.process.BaseProcess.start = start_process  # type: ignore[method-assign]

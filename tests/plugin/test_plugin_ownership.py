@@ -144,9 +144,14 @@ def test_shared_and_lazy_pools_are_not_the_tests_leak(
 ) -> None:
     pytester.makepyfile(test_owned=OWNED)
     result = pytester.runpytest_subprocess(
-        *mode, "-W", "error::pytest_shutdown.guard.ShutdownLeakWarning", LONG_GRACE,
-        "--shutdown-report=r.json", "-p", "no:randomly",
-    )  # fmt: skip
+        *mode,
+        "-W",
+        "error::pytest_shutdown.guard.ShutdownLeakWarning",
+        LONG_GRACE,
+        "--shutdown-report=r.json",
+        "-p",
+        "no:randomly",
+    )
     # Nothing killed: the second user of each shared pool still works (no BrokenProcessPool).
     result.assert_outcomes(passed=12)
     report = _report(pytester)
@@ -206,7 +211,9 @@ def test_long_lived_resources_can_fail_the_session(pytester: pytest.Pytester) ->
 
     bad = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-long-lived=maybe")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
-    bad.stderr.fnmatch_lines(["*--shutdown-long-lived: 'maybe' is not accepted; accepted: list, fail"])
+    bad.stderr.fnmatch_lines(
+        ["*--shutdown-long-lived: 'maybe' is not accepted; accepted: list, fail"]
+    )
 
 
 MINE = textwrap.dedent(
@@ -399,7 +406,9 @@ def test_findings_say_where_it_was_started(pytester: pytest.Pytester) -> None:
             """
         )
     )
-    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-grace=0.3", "-p", "no:randomly")
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-grace=0.3", "-p", "no:randomly"
+    )
     result.assert_outcomes(passed=3, errors=2)
     result.stdout.fnmatch_lines(
         [
@@ -431,7 +440,9 @@ def test_a_session_reference_llm_starts_its_renderer_pool_in_the_first_test(
 
             @pytest.fixture(scope="session")
             def llm():
-                config = EngineConfig(platform="cpu", kv_cache_bytes=1 << 16, renderer_num_workers=2)
+                config = EngineConfig(
+                    platform="cpu", kv_cache_bytes=1 << 16, renderer_num_workers=2
+                )
                 with ReferenceLLM(config, multiprocess=False) as llm:
                     yield llm
 
@@ -447,7 +458,10 @@ def test_a_session_reference_llm_starts_its_renderer_pool_in_the_first_test(
     )
     for mode in ("fail", "warn"):
         result = pytester.runpytest_subprocess(
-            f"--shutdown-guard={mode}", LONG_GRACE, "-W", "error::pytest_shutdown.guard.ShutdownLeakWarning"
+            f"--shutdown-guard={mode}",
+            LONG_GRACE,
+            "-W",
+            "error::pytest_shutdown.guard.ShutdownLeakWarning",
         )
         result.assert_outcomes(passed=2)
         result.stdout.fnmatch_lines([f"guard {mode}, grace 60 s: no findings in 2 tests"])

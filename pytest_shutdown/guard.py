@@ -491,7 +491,11 @@ class ShutdownGuard:
         """On budget expiry: kill the test's child processes (not those of live fixtures)."""
         started = started_since(watch.before, threads=False)
         owned = {p for o in self._owned.values() for p in o.started.pids}
-        pids = [p for p in started.pids if p not in owned and p not in watch.excluded]
+        owned.update(p for p in self._long_lived if isinstance(p, int))  # a global's pool
+        pids = tuple(p for p in started.pids if p not in owned and p not in watch.excluded)
+        if pids:  # a pool a fixture value or a global reaches is not the test's to kill
+            others = find_owners(objects_of((), pids, _parent_pids(pids)), self._fixture_roots())
+            pids = tuple(p for p in pids if p not in others)
         return kill_process_trees(pids, timeout=2.0) if pids else []
 
 

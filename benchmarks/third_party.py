@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-_OUTCOME = re.compile(r"=+ (.*) in [\d.]+s")
+_OUTCOME = re.compile(r"^=*\s*(\d+ (?:passed|failed|error|skipped).*?) in [\d.]+s")
 
 
 def run(python: str, cwd: str, target: str, guarded: bool, extra: list[str]) -> dict:
@@ -36,6 +36,10 @@ def run(python: str, cwd: str, target: str, guarded: bool, extra: list[str]) -> 
     lines = [line for line in done.stdout.splitlines() if _OUTCOME.search(line)]
     outcome = _OUTCOME.search(lines[-1]).group(1) if lines else f"exit {done.returncode}"
     result = {"wall_s": wall, "outcome": outcome, "findings": {}, "long_lived": 0, "guard_s": 0.0}
+    if done.returncode not in (0, 5):  # keep the output of a failing run to read
+        saved = report.with_name("output.txt")
+        saved.write_text(done.stdout + done.stderr)
+        result["outcome"] += f" (output: {saved})"
     if guarded and report.exists():
         data = json.loads(report.read_text())
         result["findings"] = data["summary"]["findings"]

@@ -279,12 +279,16 @@ def multiprocessing_helper_pids() -> frozenset[int]:
     """Pids of this process's multiprocessing fork server and resource tracker, if running.
 
     Both are started on first use and live as long as this process by design: they are never a
-    test's leak (the processes the fork server starts are, and stay checked).
+    test's leak (the processes the fork server starts are, and stay checked). loky's own
+    resource tracker (also joblib's vendored copy) is the same kind of helper; it is started
+    with a bare fork/exec, so no Process object leads the ownership search to it.
     """
     pids: set[int] = set()
     for module, owner, attr in (
         ("multiprocessing.forkserver", "_forkserver", "_forkserver_pid"),
         ("multiprocessing.resource_tracker", "_resource_tracker", "_pid"),
+        ("loky.backend.resource_tracker", "_resource_tracker", "_pid"),
+        ("joblib.externals.loky.backend.resource_tracker", "_resource_tracker", "_pid"),
     ):
         loaded = sys.modules.get(module)  # not imported here: unused means not running
         pid = getattr(getattr(loaded, owner, None), attr, None)

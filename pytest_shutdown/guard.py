@@ -2,16 +2,22 @@
 
 For every test (setup, call and teardown together) the guard takes a snapshot before setup and
 compares after teardown, using the primitives of :mod:`pytest_shutdown.checks.leaks`. Whose leak
-is it: threads and processes started while a fixture of wider scope (class, module, package,
-session) was being set up belong to that fixture; they are checked, and blamed on it, when that
-fixture is torn down. The tools' own threads (pytest-timeout's timer, execnet/xdist, pytest,
-pytest-shutdown's watchdogs) are never blamed.
+is it (:mod:`pytest_shutdown.ownership`, decided before any grace is waited): threads and
+processes started while a fixture of wider scope was being set up, or that its value reaches,
+belong to that fixture; they are checked, and blamed on it, when that fixture is torn down.
+Those a module global or class attribute reaches are never a test's leak; the ones still alive
+at session end are listed as long-lived resources. The standard library's process-lifetime
+helpers and the tools' own threads (pytest-timeout's timer, execnet/xdist, pytest,
+pytest-shutdown's watchdogs) are never blamed. Creation sites come from
+:mod:`pytest_shutdown.origins`.
 
 Findings become a :class:`~pytest_shutdown.report.TestRecord` and ``user_properties``; in
 ``fail`` mode the test errors in teardown with :class:`ShutdownContractError`, in ``warn`` mode a
-:class:`ShutdownLeakWarning` is emitted. Then the guard restores order for the next test: leaked
-process trees are killed, a gc freeze left behind is undone (when there was none before), and
-leaked threads, now part of the next baseline, are not blamed again.
+:class:`ShutdownLeakWarning` is emitted; a test that already failed gets them as a report section
+of its failure instead, without a grace wait. In ``fail`` mode only, the guard then restores
+order for the next test: the test's own leaked process trees are killed and a gc freeze left
+behind is undone (when there was none before). Warn mode changes nothing in the run. Leaked
+threads, now part of the next baseline, are not blamed again.
 """
 
 from __future__ import annotations

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import gc
+import os
 import sys
 import threading
 import time
@@ -295,6 +296,18 @@ def find_owners(
     return answers
 
 
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+
+
+def _module_rank(namespace: dict[str, Any]) -> int:
+    filename = str(namespace.get("__file__") or "")
+    if "site-packages" in filename or "dist-packages" in filename:
+        return 1
+    if not filename or not filename.startswith(_STDLIB_DIR):
+        return 0
+    return 2
+
+
 def _forward_owners(
     targets: Mapping[Any, object],
     fixture_roots: Mapping[int, tuple[Any, str, object]],
@@ -313,10 +326,15 @@ def _forward_owners(
         (value, "fixture", name, key) for key, name, value in fixture_roots.values()
     ]
     by_id = {id(m.__dict__): m for m in list(sys.modules.values()) if hasattr(m, "__dict__")}
+    module_roots = []
     for namespace_id, module_name in modules.items():
         module = by_id.get(namespace_id)
         if module is not None:
-            roots.append((module.__dict__, "module-global", module_name, None))
+            module_roots.append((module.__dict__, "module-global", module_name, None))
+    # The suite's own modules first (test modules, conftests, modules made at run time), then
+    # installed packages, the standard library last: the budget goes where owners usually are.
+    module_roots.sort(key=lambda root: _module_rank(root[0]))
+    roots.extend(module_roots)
     answers: dict[Any, Owner] = {}
     seen: set[int] = _registry_ids()  # the bookkeeping registries own nothing
     visited = 0

@@ -129,6 +129,10 @@ def _capture(what: str | None = None) -> Origin:
                 user.append((filename, frame.f_lineno, name, True))
         frame = frame.f_back
         walked += 1
+    if what is not None:  # name the pool: the innermost method that started the process
+        starter = next((f[2] for f in library + user if "." in f[2]), None)
+        if starter is not None and not starter.endswith(".start"):
+            what += f", started by {starter}"
     return Origin(tuple(user + library), _current_test, what)
 
 

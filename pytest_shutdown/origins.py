@@ -76,6 +76,7 @@ _current_test: str | None = None
 _threads: weakref.WeakKeyDictionary[threading.Thread, Origin] = weakref.WeakKeyDictionary()
 _processes: OrderedDict[int, tuple[Callable[[], Any], Origin]] = OrderedDict()
 _originals: dict[str, Any] = {}
+_installs = 0
 _is_library_cache: dict[str, bool] = {}
 _is_tool_cache: dict[str, bool] = {}
 
@@ -171,7 +172,10 @@ def _remember_process(pid: int | None, obj: Any, origin: Origin) -> None:
 
 
 def install() -> None:
-    """Start recording creation sites (idempotent)."""
+    """Start recording creation sites. Nested calls (a pytester run inside a guarded run) are
+    counted: the originals come back with the last :func:`uninstall`."""
+    global _installs
+    _installs += 1
     if _originals:
         return
     import multiprocessing.process  # noqa: PLC0415 - stdlib, cheap
@@ -217,6 +221,10 @@ def install() -> None:
 
 def uninstall() -> None:
     """Put the original ``start`` methods back (only where nobody replaced ours since)."""
+    global _installs
+    _installs = max(_installs - 1, 0)
+    if _installs:
+        return
     import multiprocessing.process  # noqa: PLC0415
 
     places: dict[str, tuple[Any, str]] = {

@@ -136,7 +136,13 @@ def test_creation_sites_put_user_frames_first(recording: None) -> None:
         pool.shutdown()
 
 
-def test_uninstall_restores_the_start_methods() -> None:
+@pytest.fixture
+def not_recording() -> None:
+    if origins._installs:  # noqa: SLF001
+        pytest.skip("this session runs under the guard, which records creation sites already")
+
+
+def test_uninstall_restores_the_start_methods(not_recording: None) -> None:
     import multiprocessing.process
     import subprocess
 
@@ -154,3 +160,13 @@ def test_uninstall_restores_the_start_methods() -> None:
         subprocess.Popen.__init__,
     )
     assert after == before
+
+
+def test_nested_installs_keep_recording_until_the_last_uninstall(not_recording: None) -> None:
+    original = threading.Thread.start
+    origins.install()
+    origins.install()  # e.g. an in-process pytester run under a guarded run
+    origins.uninstall()
+    assert threading.Thread.start is not original
+    origins.uninstall()
+    assert threading.Thread.start is original

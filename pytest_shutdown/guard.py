@@ -384,17 +384,22 @@ class ShutdownGuard:
         )
         # Whose is it? Decided before any wait, so that what others own costs no grace.
         started = self._without_owned(started, watch.item.nodeid)
-        # One deadline for the test's own leftovers and those of fixtures torn down here.
-        combined = Started(
-            started.threads + tuple(t for o, _ in watch.finished for t in o.started.threads),
-            started.pids + tuple(p for o, _ in watch.finished for p in o.started.pids),
+        fixtures = Started(
+            tuple(t for o, _ in watch.finished for t in o.started.threads),
+            tuple(p for o, _ in watch.finished for p in o.started.pids),
         )
-        alive = Started()
-        if combined and not (watch.timed_out or watch.failed):
-            alive = await_exit(combined, self.settings.grace_s)
-        elif combined:  # the test already failed (or timed out): no grace, no second report
-            alive = await_exit(combined, 0.0, collect=False)
-        grace = 0.0 if watch.timed_out or watch.failed else self.settings.grace_s
+        if watch.timed_out or watch.failed:
+            # The test already failed (or timed out): no grace for its own leftovers, which go
+            # with its failure; fixtures torn down here still get theirs.
+            grace = 0.0
+            alive = await_exit(started, 0.0, collect=False) if started else Started()
+            if fixtures:
+                left = await_exit(fixtures, self.settings.grace_s)
+                alive = Started(alive.threads + left.threads, alive.pids + left.pids)
+        else:  # one deadline for the test's own leftovers and those of fixtures torn down here
+            grace = self.settings.grace_s
+            combined = Started(started.threads + fixtures.threads, started.pids + fixtures.pids)
+            alive = await_exit(combined, grace) if combined else Started()
         findings: list[Finding] = []
         still_threads = set(alive.threads)
         still_pids = set(alive.pids)
@@ -452,9 +457,7 @@ class ShutdownGuard:
         if not owners:
             return Started(threads, started.pids)
         for fixturedef, owned in self._owned.items():
-            adopted_threads = tuple(
-                t for t in threads if _fixture_of(owners.get(t)) is fixturedef
-            )
+            adopted_threads = tuple(t for t in threads if _fixture_of(owners.get(t)) is fixturedef)
             adopted_pids = tuple(
                 p for p in started.pids if _fixture_of(owners.get(p)) is fixturedef
             )

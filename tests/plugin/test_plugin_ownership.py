@@ -481,3 +481,35 @@ def test_a_session_reference_llm_starts_its_renderer_pool_in_the_first_test(
         )
         result.assert_outcomes(passed=2)
         result.stdout.fnmatch_lines([f"guard {mode}, grace 60 s: no findings in 2 tests"])
+
+
+def test_a_fixture_torn_down_after_a_failed_test_still_gets_its_grace(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_slow_stop=textwrap.dedent(
+            """
+            import threading, time
+            import pytest
+
+            @pytest.fixture(scope="module")
+            def service():
+                stop = threading.Event()
+
+                def run():
+                    stop.wait()
+                    time.sleep(0.3)  # takes a moment to wind down after being told
+
+                thread = threading.Thread(target=run, name="slow-stopper")
+                thread.start()
+                yield thread
+                stop.set()  # not joined: it ends within the grace
+
+            def test_fails_last(service):
+                assert False
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-grace=30", "-rA")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["guard fail, grace 30 s: no findings in 1 tests"])

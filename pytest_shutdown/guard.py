@@ -2,24 +2,32 @@
 
 For every test (setup, call and teardown together) the guard takes a snapshot before setup and
 compares after teardown, using the primitives of :mod:`pytest_shutdown.checks.leaks`. Whose leak
-is it: threads and processes started while a fixture of wider scope (class, module, package,
-session) was being set up belong to that fixture; they are checked, and blamed on it, when that
-fixture is torn down. The tools' own threads (pytest-timeout's timer, execnet/xdist, pytest,
-pytest-shutdown's watchdogs) are never blamed.
+is it (:mod:`pytest_shutdown.ownership`, decided before any grace is waited): threads and
+processes started while a fixture of wider scope was being set up, or that its value reaches,
+belong to that fixture; they are checked, and blamed on it, when that fixture is torn down.
+Those a module global or class attribute reaches are never a test's leak; the ones still alive
+at session end are listed as long-lived resources. The standard library's process-lifetime
+helpers and the tools' own threads (pytest-timeout's timer, execnet/xdist, pytest,
+pytest-shutdown's watchdogs) are never blamed. Creation sites come from
+:mod:`pytest_shutdown.origins`.
 
 Findings become a :class:`~pytest_shutdown.report.TestRecord` and ``user_properties``; in
 ``fail`` mode the test errors in teardown with :class:`ShutdownContractError`, in ``warn`` mode a
-:class:`ShutdownLeakWarning` is emitted. Then the guard restores order for the next test: leaked
-process trees are killed, a gc freeze left behind is undone (when there was none before), and
-leaked threads, now part of the next baseline, are not blamed again.
+:class:`ShutdownLeakWarning` is emitted; a test that already failed gets them as a report section
+of its failure instead, without a grace wait. In ``fail`` mode only, the guard then restores
+order for the next test: the test's own leaked process trees are killed and a gc freeze left
+behind is undone (when there was none before). Warn mode changes nothing in the run. Leaked
+threads, now part of the next baseline, are not blamed again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import threading
 import time
+import types
 import warnings
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -27,6 +35,7 @@ from typing import Any
 
 import pytest
 
+from pytest_shutdown import origins
 from pytest_shutdown.checks.leaks import (
     LeakSnapshot,
     Started,
@@ -34,11 +43,13 @@ from pytest_shutdown.checks.leaks import (
     await_exit,
     kill_process_trees,
     leak_findings,
+    process_running,
     started_since,
     take_snapshot,
     thread_filter,
 )
 from pytest_shutdown.findings import Finding, ShutdownContractError
+from pytest_shutdown.ownership import Owner, find_owners, objects_of, stdlib_helper_threads
 from pytest_shutdown.report import ShutdownReport, TestRecord, render_budget, render_findings
 from pytest_shutdown.settings import AllowLeaks, GuardSettings, allow_leaks_of, budget_of
 
@@ -59,6 +70,8 @@ _MARKER_ERROR_KEY = pytest.StashKey[str]()
 _PYTEST_TIMEOUT_MARK = "from pytest-timeout"
 _GUARD_ATTR = "_pytest_shutdown_findings"
 _GUARD_ERROR_TITLE = "shutdown guard"
+#: The report section that carries the guard's findings of a test that already failed.
+GUARD_SECTION = "Captured shutdown guard teardown"
 
 
 def is_tool_thread(thread: threading.Thread) -> bool:
@@ -91,6 +104,11 @@ class _Owned:
     def owner(self) -> dict[str, str]:
         return {"fixture": self.fixture, "scope": self.scope, "baseid": self.baseid}
 
+    def adopt(self, threads: tuple[threading.Thread, ...], pids: tuple[int, ...]) -> None:
+        """Threads and processes a test started that this fixture's value reaches: checked,
+        and blamed on the fixture, at its teardown."""
+        self.started = Started(self.started.threads + threads, self.started.pids + pids)
+
 
 @dataclass
 class _Watch:
@@ -104,6 +122,7 @@ class _Watch:
     freeze_adjust: int = 0
     finished: list[tuple[_Owned, int]] = field(default_factory=list)
     timed_out: bool = False
+    failed: bool = False
 
 
 class ShutdownGuard:
@@ -118,6 +137,16 @@ class ShutdownGuard:
         self.tools: ThreadFilter = thread_filter([is_tool_thread])
         self._watch: _Watch | None = None
         self._owned: dict[Any, _Owned] = {}
+        #: Threads and pids owned by a module global or class attribute -> what the report says.
+        self._long_lived: dict[Any, dict[str, Any]] = {}
+        #: Failed setup/call reports by node id, to attach the teardown's findings to.
+        self._failed_reports: dict[str, pytest.TestReport] = {}
+        origins.install()
+
+    @pytest.hookimpl
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        origins.uninstall()
+        origins.set_current_test(None)
 
     # --- collection: markers are validated once, here ---
 
@@ -142,6 +171,7 @@ class ShutdownGuard:
         allow = item.stash.get(_ALLOW_KEY, None)
         budget = item.stash.get(_BUDGET_KEY, self.settings.budget_s)
         self._watch = _Watch(item, take_snapshot(), allow, budget)
+        origins.set_current_test(item.nodeid)
         result = yield
         marker_error = item.stash.get(_MARKER_ERROR_KEY, None)
         if marker_error is not None:  # after setup, so that teardown finds a consistent state
@@ -156,6 +186,8 @@ class ShutdownGuard:
         watch = self._watch
         if call.excinfo is None:
             return report
+        if watch is not None and watch.item is item and call.when != "teardown" and report.failed:
+            watch.failed = True
         if watch is not None and _is_pytest_timeout(call.excinfo.value):
             watch.timed_out = True
         plain = getattr(call.excinfo.value, _GUARD_ATTR, None)
@@ -190,12 +222,15 @@ class ShutdownGuard:
             raise
         except BaseException as exc:
             error = exc
-        teardown_s = time.monotonic() - start
         self._watch = None
+        origins.set_current_test(None)
         if _is_pytest_timeout(error):
             watch.timed_out = True
         fired = budget.outcome if budget is not None and budget.outcome.fired else None
+        guard_start = time.monotonic()
         findings = self._check(watch)
+        guard_s = time.monotonic() - guard_start
+        teardown_s = time.monotonic() - start  # the grace waited is part of the teardown
         if fired is not None:
             from pytest_shutdown.report import budget_finding  # noqa: PLC0415
 
@@ -211,7 +246,8 @@ class ShutdownGuard:
                 )
             )
         plain = [f.to_dict() for f in findings]
-        reported = error is None and not watch.timed_out
+        # A test that already failed is one report: the findings go with its failure.
+        reported = error is None and not watch.timed_out and not watch.failed
         self.report.add(
             TestRecord(
                 nodeid=item.nodeid,
@@ -220,10 +256,13 @@ class ShutdownGuard:
                 findings=plain,
                 budget=fired.to_dict() if fired is not None else None,
                 reported=reported,
+                guard_s=guard_s,
             )
         )
         for finding in findings:
             item.user_properties.append((f"shutdown:{finding.code}", finding.message))
+        if findings and not reported:
+            item.add_report_section("teardown", "shutdown guard", render_findings(plain))
         if fired is not None:
             item.add_report_section("teardown", "shutdown budget", render_budget(fired.to_dict()))
         if error is not None:
@@ -231,6 +270,20 @@ class ShutdownGuard:
         if findings and reported:
             self._complain(item, findings, plain)
         return result
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Attach the guard's section of a failed test's teardown to its failure report (also on
+        the xdist controller, where the reports arrive one by one)."""
+        if report.when != "teardown":
+            if report.failed:
+                self._failed_reports[report.nodeid] = report
+            return
+        failed = self._failed_reports.pop(report.nodeid, None)
+        if failed is not None:
+            failed.sections.extend(
+                (name, text) for name, text in report.sections if name == GUARD_SECTION
+            )
 
     def _complain(self, item: pytest.Item, findings: list[Finding], plain: list[Any]) -> None:
         __tracebackhide__ = True
@@ -338,16 +391,24 @@ class ShutdownGuard:
             [p for p in started.pids if p in watch.excluded]
             + [p for s in live_owned for p in s.pids],
         )
-        # One deadline for the test's own leftovers and those of fixtures torn down here.
-        combined = Started(
-            started.threads + tuple(t for o, _ in watch.finished for t in o.started.threads),
-            started.pids + tuple(p for o, _ in watch.finished for p in o.started.pids),
+        # Whose is it? Decided before any wait, so that what others own costs no grace.
+        started = self._without_owned(started, watch.item.nodeid)
+        fixtures = Started(
+            tuple(t for o, _ in watch.finished for t in o.started.threads),
+            tuple(p for o, _ in watch.finished for p in o.started.pids),
         )
-        alive = Started()
-        if combined and not watch.timed_out:
-            alive = await_exit(combined, self.settings.grace_s)
-        elif combined:  # the hang was reported by pytest-timeout: no second wait
-            alive = await_exit(combined, 0.0, collect=False)
+        if watch.timed_out or watch.failed:
+            # The test already failed (or timed out): no grace for its own leftovers, which go
+            # with its failure; fixtures torn down here still get theirs.
+            grace = 0.0
+            alive = await_exit(started, 0.0, collect=False) if started else Started()
+            if fixtures:
+                left = await_exit(fixtures, self.settings.grace_s)
+                alive = Started(alive.threads + left.threads, alive.pids + left.pids)
+        else:  # one deadline for the test's own leftovers and those of fixtures torn down here
+            grace = self.settings.grace_s
+            combined = Started(started.threads + fixtures.threads, started.pids + fixtures.pids)
+            alive = await_exit(combined, grace) if combined else Started()
         findings: list[Finding] = []
         still_threads = set(alive.threads)
         still_pids = set(alive.pids)
@@ -372,7 +433,7 @@ class ShutdownGuard:
         findings.extend(
             leak_findings(
                 mine,
-                grace=0.0 if watch.timed_out else self.settings.grace_s,  # no wait was given
+                grace=grace,
                 subject=watch.item.name,
                 freeze_before=expected if gc_freeze else None,
                 freeze_after=freeze_now if gc_freeze else None,
@@ -381,8 +442,68 @@ class ShutdownGuard:
         self._restore(mine.pids, expected if gc_freeze else freeze_now, freeze_now)
         return findings
 
+    def _fixture_roots(self) -> dict[int, tuple[Any, str, object]]:
+        """``id`` of each live wider-scope fixture's value (and suspended generator) -> owner."""
+        roots: dict[int, tuple[Any, str, object]] = {}
+        for fixturedef, owned in self._owned.items():
+            name = f"{owned.fixture!r} ({owned.scope} scope)"
+            cached = getattr(fixturedef, "cached_result", None)
+            if cached is not None and cached[2] is None and gc.is_tracked(cached[0]):
+                roots[id(cached[0])] = (fixturedef, name, cached[0])
+            for finalizer in list(getattr(fixturedef, "_finalizers", ())):
+                if isinstance(finalizer, functools.partial):
+                    for arg in finalizer.args:
+                        if isinstance(arg, types.GeneratorType):
+                            roots[id(arg)] = (fixturedef, name, arg)
+        return roots
+
+    def _without_owned(self, started: Started, nodeid: str) -> Started:
+        """Drop what outlives the test: a live wider-scope fixture's (checked at its teardown),
+        a module global's or class attribute's (listed at session end), the standard library's
+        process-lifetime helpers. What is left is the test's own."""
+        if not started:
+            return started
+        helpers = stdlib_helper_threads()
+        threads = tuple(t for t in started.threads if t not in helpers)
+        parents = _parent_pids(started.pids)
+        owners = find_owners(objects_of(threads, started.pids, parents), self._fixture_roots())
+        if not owners:
+            return Started(threads, started.pids)
+        for fixturedef, owned in self._owned.items():
+            adopted_threads = tuple(t for t in threads if _fixture_of(owners.get(t)) is fixturedef)
+            adopted_pids = tuple(
+                p for p in started.pids if _fixture_of(owners.get(p)) is fixturedef
+            )
+            if adopted_threads or adopted_pids:
+                owned.adopt(adopted_threads, adopted_pids)
+        for key, owner in owners.items():
+            if owner.kind != "fixture" and key not in self._long_lived:
+                self._long_lived[key] = _long_lived_record(key, owner, nodeid)
+        return Started(
+            tuple(t for t in threads if t not in owners),
+            tuple(p for p in started.pids if p not in owners),
+        )
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        """List the long-lived resources still alive; with ``--shutdown-long-lived=fail`` (on
+        the controller, after the workers' lists are merged) they fail the session."""
+        for key, record in self._long_lived.items():
+            alive = key.is_alive() if isinstance(key, threading.Thread) else process_running(key)
+            if alive:
+                self.report.add_long_lived(record)
+        self._long_lived.clear()
+        if hasattr(self.config, "workerinput"):
+            return
+        if self.settings.long_lived == "fail" and self.report.long_lived:
+            if session.exitstatus == pytest.ExitCode.OK:
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
     def _restore(self, pids: tuple[int, ...], freeze_expected: int, freeze_now: int) -> None:
-        """Kill leaked process trees; undo a leaked gc.freeze() when there was none before."""
+        """Fail mode only: kill leaked process trees; undo a leaked gc.freeze() when there was
+        none before. Warn mode changes nothing in the run."""
+        if self.settings.mode != "fail":
+            return
         if pids:
             kill_process_trees(pids, timeout=5.0)
         if freeze_now > freeze_expected == 0:
@@ -392,5 +513,50 @@ class ShutdownGuard:
         """On budget expiry: kill the test's child processes (not those of live fixtures)."""
         started = started_since(watch.before, threads=False)
         owned = {p for o in self._owned.values() for p in o.started.pids}
-        pids = [p for p in started.pids if p not in owned and p not in watch.excluded]
+        owned.update(p for p in self._long_lived if isinstance(p, int))  # a global's pool
+        pids = tuple(p for p in started.pids if p not in owned and p not in watch.excluded)
+        if pids:  # a pool a fixture value or a global reaches is not the test's to kill
+            others = find_owners(objects_of((), pids, _parent_pids(pids)), self._fixture_roots())
+            pids = tuple(p for p in pids if p not in others)
         return kill_process_trees(pids, timeout=2.0) if pids else []
+
+
+def _fixture_of(owner: Owner | None) -> Any:
+    return owner.key if owner is not None and owner.kind == "fixture" else None
+
+
+def _parent_pids(pids: tuple[int, ...]) -> dict[int, int]:
+    """pid -> parent pid, for the processes and their ancestors (to reach a Process object)."""
+    if not pids:
+        return {}
+    import psutil  # noqa: PLC0415 - only when a child process is alive
+
+    parents: dict[int, int] = {}
+    for pid in pids:
+        current = pid
+        for _ in range(16):
+            try:
+                parent = psutil.Process(current).ppid()
+            except psutil.Error:
+                break
+            parents[current] = parent
+            current = parent
+            if parent in parents or parent <= 1:
+                break
+    return parents
+
+
+def _long_lived_record(key: Any, owner: Owner, nodeid: str) -> dict[str, Any]:
+    """What the summary says about a thread or process owned by a global (at session end)."""
+    if isinstance(key, threading.Thread):
+        origin = origins.origin_of_thread(key)
+        what: dict[str, Any] = {"kind": "thread", "name": key.name, "ident": key.ident}
+    else:
+        origin = origins.origin_of_process(key)
+        what = {"kind": "process", "pid": key, "name": origin.what if origin else None}
+    return {
+        **what,
+        "owner": owner.to_dict(),
+        "first_test": nodeid,
+        "started_at": origins.render_origin(origin) if origin is not None else None,
+    }

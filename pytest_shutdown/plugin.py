@@ -18,6 +18,7 @@ import pytest_shutdown
 from pytest_shutdown.settings import (
     DEFAULT_GRACE_S,
     GUARD_MODES,
+    LONG_LIVED_CHOICES,
     PLATFORM_CHOICES,
     SETTINGS_KEY,
     load_settings,
@@ -56,6 +57,11 @@ Under pytest-xdist, give each worker one GPU: worker gwN sees the (N mod count)-
 through CUDA_VISIBLE_DEVICES (CUDA) or HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES (ROCm), set
 before the conftests are imported, so engine fixtures fan out over a multi-GPU machine. The
 header says when workers share GPUs. Does nothing without xdist or on the CPU.
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+LONG_LIVED_DESC = """
+Threads and child processes owned by a module global or a class attribute (a singleton pool)
+are never a test's leak; the guard lists those still alive at session end under 'long-lived
+resources'. 'list' (default) only lists them; 'fail' also makes the session fail.
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 PLATFORM_DESC = """
 Device platform for the pytest-shutdown fixtures: 'auto' (default) detects it; 'cuda', 'rocm'
@@ -124,7 +130,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=False,
         help=GPU_PER_WORKER_DESC,
     )
+    group.addoption(
+        "--shutdown-long-lived",
+        dest="shutdown_long_lived",
+        metavar="|".join(LONG_LIVED_CHOICES),
+        default=None,
+        help=LONG_LIVED_DESC,
+    )
     parser.addini("shutdown_guard", GUARD_DESC, default="")
+    parser.addini("shutdown_long_lived", LONG_LIVED_DESC, default="")
     parser.addini("shutdown_grace", GRACE_DESC, default="")
     parser.addini("shutdown_budget", BUDGET_DESC, default="")
 

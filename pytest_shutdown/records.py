@@ -7,6 +7,8 @@ appended and flushed as it happens:
 * ``{"type": "session", ...}``: the settings of the run (first line);
 * ``{"type": "record", "record": {...}, "timed": bool}``: one test's record, written when the
   test ends (``timed``: the record carries the test's teardown duration);
+* ``{"type": "long_lived", "item": {...}}``: a thread or process owned by a module global or a
+  class attribute, still alive at session end (who owns it, which test first started it);
 * ``{"type": "worker", "worker": "gw0", "lost": bool, "error": "..."}``: an xdist worker ended;
 * ``{"type": "end", "exitstatus": int, "aborted": bool}``: the last line; ``aborted`` when the
   process ended at once (a teardown hung past its second budget), else the session ended in
@@ -35,6 +37,8 @@ from typing import IO, Any
 
 #: Version of the JSON layout written by ``--shutdown-report``; bumped on incompatible change.
 SCHEMA_VERSION = 1
+#: A test on which the guard spent this long (grace waited) is kept in the report.
+SLOW_GUARD_S = 0.5
 
 
 def record_log_path(report_path: Path) -> Path:
@@ -92,11 +96,13 @@ def _merge(kept: dict[str, Any], record: Mapping[str, Any]) -> None:
 
 def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Fold log entries into: ``head``, ``records`` (one per test and worker, merged, only
-    those with findings or a budget event), ``durations``, ``workers``, ``lost_workers``,
-    ``complete`` and ``exitstatus``."""
+    those with findings, a budget event or a slow guard), ``durations``, ``guard_times``,
+    ``long_lived``, ``workers``, ``lost_workers``, ``complete`` and ``exitstatus``."""
     head: dict[str, Any] = {}
     kept: dict[tuple[str, Any], dict[str, Any]] = {}
     durations: list[float] = []
+    guard_times: list[float] = []
+    long_lived: list[dict[str, Any]] = []
     workers: set[str] = set()
     lost: list[dict[str, Any]] = []
     end: Mapping[str, Any] | None = None
@@ -108,14 +114,18 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             record = entry.get("record") or {}
             if entry.get("timed"):
                 durations.append(float(record.get("teardown_s", 0.0)))
+                guard_times.append(float(record.get("guard_s", 0.0)))
             if record.get("worker"):
                 workers.add(str(record["worker"]))
-            if record.get("findings") or record.get("budget"):
+            slow = float(record.get("guard_s", 0.0)) >= SLOW_GUARD_S
+            if record.get("findings") or record.get("budget") or slow:
                 key = (str(record.get("nodeid")), record.get("worker"))
                 if key in kept:
                     _merge(kept[key], record)
                 else:
                     kept[key] = {**record, "findings": list(record.get("findings") or [])}
+        elif kind == "long_lived":
+            long_lived.append(dict(entry.get("item") or {}))
         elif kind == "worker":
             workers.add(str(entry.get("worker")))
             if entry.get("lost"):
@@ -126,6 +136,8 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "head": head,
         "records": sorted(kept.values(), key=lambda r: str(r.get("nodeid"))),
         "durations": durations,
+        "guard_times": guard_times,
+        "long_lived": long_lived,
         "workers": sorted(workers),
         "lost_workers": lost,
         "complete": end is not None and not end.get("aborted"),
@@ -171,6 +183,8 @@ def assemble(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             "budgets_exceeded": sum(1 for r in records if r.get("budget")),
         },
         "durations": durations_summary(data["durations"]),
+        "guard_s": round(sum(data["guard_times"]), 6),
+        "long_lived": data["long_lived"],
         "tests": records,
     }
 

@@ -23,6 +23,7 @@ from pytest_shutdown.budget import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE, Budge
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
+    SLOW_GUARD_S,
     RecordLog,
     assemble,
     collect,
@@ -55,12 +56,15 @@ class TestRecord:
     findings: list[dict[str, Any]] = field(default_factory=list)
     budget: dict[str, Any] | None = None
     reported: bool = True
+    #: Seconds of ``teardown_s`` the guard itself spent (ownership search, grace wait).
+    guard_s: float = 0.0
 
     def to_plain(self) -> dict[str, Any]:
         return {
             "nodeid": self.nodeid,
             "worker": self.worker,
             "teardown_s": round(self.teardown_s, 6),
+            "guard_s": round(self.guard_s, 6),
             "findings": self.findings,
             "budget": self.budget,
             "reported": self.reported,
@@ -75,6 +79,7 @@ class TestRecord:
             findings=list(data.get("findings", [])),
             budget=data.get("budget"),
             reported=bool(data.get("reported", True)),
+            guard_s=float(data.get("guard_s", 0.0)),
         )
 
 
@@ -92,11 +97,22 @@ def render_findings(findings: Iterable[Mapping[str, Any]]) -> str:
             lines.append(f"  thread {thread.get('name')!r} (ident {thread.get('ident')}):")
             stack = str(thread.get("stack") or "  <no stack>\n")
             lines.extend("    " + line for line in stack.rstrip("\n").splitlines())
+            lines.extend(_started_at(thread))
         for proc in details.get("processes", []):
-            lines.append(
-                f"  process {proc.get('pid')} ({proc.get('name')}): {_cmdline(proc.get('cmdline'))}"
-            )
+            # A forked child repeats pytest's command line: name what started it instead.
+            what = proc.get("what") or _cmdline(proc.get("cmdline"))
+            lines.append(f"  process {proc.get('pid')} ({proc.get('name')}): {what}")
+            lines.extend(_started_at(proc))
     return "\n".join(lines)
+
+
+def _started_at(record: Mapping[str, Any]) -> list[str]:
+    if not record.get("started_at"):
+        return []
+    head = "    started at (user frames first)"
+    if record.get("started_in"):
+        head += f", during {record['started_in']}"
+    return [head + ":"] + ["      " + line for line in str(record["started_at"]).splitlines()]
 
 
 def render_budget(budget: Mapping[str, Any]) -> str:
@@ -152,6 +168,10 @@ class ShutdownReport:
         """Add one test's outcome (its teardown duration counts); sent when the test ends."""
         self._pending.append({"type": "record", "record": record.to_plain(), "timed": True})
 
+    def add_long_lived(self, record: dict[str, Any]) -> None:
+        """A thread or process owned by a module global or class attribute, alive at the end."""
+        self._pending.append({"type": "long_lived", "item": {"worker": self.worker, **record}})
+
     def add_findings(self, nodeid: str, findings: list[dict[str, Any]]) -> None:
         """Add findings of a test made outside the guard (engine fixtures, ``shutdown_check``)."""
         if findings:
@@ -165,7 +185,7 @@ class ShutdownReport:
         return [
             finding
             for entry in self._pending
-            if entry["record"]["nodeid"] == nodeid
+            if entry["type"] == "record" and entry["record"]["nodeid"] == nodeid
             for finding in entry["record"]["findings"]
         ]
 
@@ -196,6 +216,15 @@ class ShutdownReport:
     @property
     def lost_workers(self) -> list[dict[str, Any]]:
         return list(collect(self.entries)["lost_workers"])
+
+    @property
+    def guard_times(self) -> list[float]:
+        return list(collect(self.entries)["guard_times"])
+
+    @property
+    def long_lived(self) -> list[dict[str, Any]]:
+        """Long-lived resources accepted so far and those of this process not yet sent."""
+        return list(collect([*self.entries, *self._pending])["long_lived"])
 
     # --- rendering ---
 
@@ -232,6 +261,23 @@ class ShutdownReport:
             where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
             for finding in record.findings:
                 lines.append(f"{where}: [{finding['code']}] {finding['message']}")
+            if not record.findings and record.guard_s >= SLOW_GUARD_S:
+                lines.append(f"{where}: the guard waited {record.guard_s:.2f} s")
+        if self.long_lived:
+            lines.append(
+                f"long-lived resources ({len(self.long_lived)}, owned by module globals or "
+                f"class attributes; {self.settings.long_lived}ed):"
+            )
+            for item in self.long_lived:
+                label = (
+                    repr(item.get("name"))
+                    if item["kind"] == "thread"
+                    else f"{item.get('pid')} ({item.get('name') or '?'})"
+                )
+                lines.append(
+                    f"  {item['kind']} {label} owned by {item['owner']['kind']} "
+                    f"{item['owner']['name']}, first started in {item['first_test']}"
+                )
         for lost in self.lost_workers:
             lines.append(
                 f"worker {lost['worker']} crashed: the records of the tests it finished are kept, "
@@ -243,6 +289,10 @@ class ShutdownReport:
                 lines.append(
                     f"shutdown durations: median {d['median_s']:.4f} s, max {d['max_s']:.4f} s"
                     f" over {d['count']} tests"
+                )
+                lines.append(
+                    f"shutdown guard time: {sum(self.guard_times):.2f} s in total"
+                    " (included in the durations: ownership searches and grace waits)"
                 )
         return lines
 

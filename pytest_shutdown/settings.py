@@ -24,6 +24,8 @@ from pytest_shutdown.devices import PLATFORMS
 
 #: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
+#: What the guard does with long-lived resources (owned by module globals) at session end.
+LONG_LIVED_CHOICES: tuple[str, ...] = ("list", "fail")
 #: Accepted values of ``--shutdown-platform``.
 PLATFORM_CHOICES: tuple[str, ...] = ("auto", *PLATFORMS)
 #: The plugin names that, given as ``-p NAME``, turn the guard on.
@@ -48,6 +50,7 @@ class GuardSettings:
     report_path: Path | None
     platform: str
     graphs_dir: Path | None = None
+    long_lived: str = "list"
 
     @property
     def enabled(self) -> bool:
@@ -134,7 +137,18 @@ def load_settings(config: pytest.Config) -> GuardSettings:
         if graphs_dir.exists() and not graphs_dir.is_dir():
             raise pytest.UsageError(f"--shutdown-graphs: {given!r} exists and is not a folder")
         _writable_folder(graphs_dir, "--shutdown-graphs")
-    return GuardSettings(mode, grace, budget, report_path, platform, graphs_dir)
+    long_lived = _long_lived(config)
+    return GuardSettings(mode, grace, budget, report_path, platform, graphs_dir, long_lived)
+
+
+def _long_lived(config: pytest.Config) -> str:
+    option = config.getoption("shutdown_long_lived", default=None)
+    if option is not None:
+        return _choice(str(option).strip(), "--shutdown-long-lived", LONG_LIVED_CHOICES)
+    ini = str(config.getini("shutdown_long_lived") or "").strip()
+    if ini:
+        return _choice(ini, "shutdown_long_lived (ini)", LONG_LIVED_CHOICES)
+    return "list"
 
 
 def _path_option(config: pytest.Config, dest: str, option: str, what: str) -> Path | None:

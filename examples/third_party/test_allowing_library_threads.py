@@ -1,11 +1,13 @@
 """Allowing a third-party library's long-lived thread, by name and with a reason.
 
 Some libraries start a daemon thread the first time they are used and keep it for the life of
-the process (a metrics exporter, a telemetry flusher, a file watcher). Under ``pytest -p shutdown``
-the first test that triggers it would be blamed for a ``thread-leak``. Allow exactly that thread,
-by name pattern, on the tests that start it; the guard still reports any other thread. Or start
-it in a fixture of wider scope: what a module or session fixture starts belongs to that fixture,
-and is checked when the fixture is torn down.
+the process (a metrics exporter, a telemetry flusher, a file watcher). When the library keeps it
+where the guard can see it (here a class attribute, or a module global), it is owned: never the
+first test's leak, listed as a long-lived resource at the end (docs/ownership.md). When it keeps
+it only in C or in the thread's own frame, the first test that triggers it would be blamed for a
+``thread-leak``: allow exactly that thread, by name pattern, on the tests that start it; the
+guard still reports any other thread. Or start it in a fixture of wider scope: what a module or
+session fixture starts belongs to that fixture, and is checked when the fixture is torn down.
 """
 
 from __future__ import annotations

@@ -43,6 +43,15 @@ BACKREF_MAX_DEPTH = 16
 BACKREF_BUDGET_S = 3.0
 
 
+def _attribute(node: object, name: str) -> Any:
+    """``getattr(node, name, None)`` that never raises: a ``__getattr__`` may do anything
+    (``ctypes.cdll.func`` tries to load a library called ``func``)."""
+    try:
+        return getattr(node, name, None)
+    except Exception:  # noqa: BLE001 - any error means: no such edge
+        return None
+
+
 def _edges(node: object) -> Iterator[tuple[str, object]]:
     """``(edge label, child)`` for the references the forward search follows."""
     if isinstance(node, types.MethodType):
@@ -83,17 +92,18 @@ def _edges(node: object) -> Iterator[tuple[str, object]]:
         return
     if isinstance(node, weakref.ref):
         return
-    func = getattr(node, "func", None)
-    if func is not None and hasattr(node, "keywords"):  # functools.partial and relatives
+    func = _attribute(node, "func")
+    # functools.partial and relatives
+    if func is not None and _attribute(node, "keywords") is not None:
         yield ".func", func
-        for index, value in enumerate(getattr(node, "args", ())):
+        for index, value in enumerate(_attribute(node, "args") or ()):
             yield f".args[{index}]", value
-        for key, value in (getattr(node, "keywords", None) or {}).items():
+        for key, value in (_attribute(node, "keywords") or {}).items():
             yield f".keywords[{key!r}]", value
-    self_of = getattr(node, "__self__", None)
+    self_of = _attribute(node, "__self__")
     if self_of is not None and not isinstance(self_of, types.ModuleType):
         yield ".__self__", self_of
-    attrs = getattr(node, "__dict__", None)
+    attrs = _attribute(node, "__dict__")
     if isinstance(attrs, dict):
         for key, value in list(attrs.items()):
             yield f".{key}", value
@@ -104,7 +114,7 @@ def _edges(node: object) -> Iterator[tuple[str, object]]:
                 continue
             try:
                 yield f".{name}", getattr(node, name)
-            except AttributeError:
+            except Exception:  # noqa: BLE001 - an unset slot, or a property that raises
                 continue
 
 

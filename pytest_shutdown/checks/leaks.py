@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_shutdown import origins
 from pytest_shutdown.checks.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown.findings import Finding, ShutdownContractError
 
@@ -52,6 +53,7 @@ __all__ = [
     "kill_process_trees",
     "leak_findings",
     "no_leaks",
+    "process_running",
     "started_since",
     "take_snapshot",
     "thread_filter",
@@ -241,6 +243,11 @@ def _process_running(pid: int) -> bool:
         return True
 
 
+def process_running(pid: int) -> bool:
+    """True while the process ``pid`` runs (a zombie has ended)."""
+    return _process_running(pid)
+
+
 def started_since(
     before: LeakSnapshot,
     *,
@@ -272,12 +279,16 @@ def multiprocessing_helper_pids() -> frozenset[int]:
     """Pids of this process's multiprocessing fork server and resource tracker, if running.
 
     Both are started on first use and live as long as this process by design: they are never a
-    test's leak (the processes the fork server starts are, and stay checked).
+    test's leak (the processes the fork server starts are, and stay checked). loky's own
+    resource tracker (also joblib's vendored copy) is the same kind of helper; it is started
+    with a bare fork/exec, so no Process object leads the ownership search to it.
     """
     pids: set[int] = set()
     for module, owner, attr in (
         ("multiprocessing.forkserver", "_forkserver", "_forkserver_pid"),
         ("multiprocessing.resource_tracker", "_resource_tracker", "_pid"),
+        ("loky.backend.resource_tracker", "_resource_tracker", "_pid"),
+        ("joblib.externals.loky.backend.resource_tracker", "_resource_tracker", "_pid"),
     ):
         loaded = sys.modules.get(module)  # not imported here: unused means not running
         pid = getattr(getattr(loaded, owner, None), attr, None)
@@ -323,11 +334,13 @@ def await_exit(started: Started, grace: float, *, collect: bool = True) -> Start
 def _thread_record(thread: threading.Thread, frames: dict[int, Any]) -> dict[str, Any]:
     frame = frames.get(thread.ident) if thread.ident is not None else None
     stack = "".join(traceback.format_stack(frame)[-STACK_LIMIT:]) if frame is not None else ""
+    origin = origins.origin_of_thread(thread)
     return {
         "name": thread.name,
         "ident": thread.ident,
         "daemon": thread.daemon,
         "stack": stack,
+        **(origin.to_dict() if origin is not None else {}),
     }
 
 
@@ -335,6 +348,9 @@ def _process_record(pid: int) -> dict[str, Any]:
     import psutil  # noqa: PLC0415
 
     record: dict[str, Any] = {"pid": pid, "name": None, "cmdline": [], "ppid": None}
+    origin = origins.origin_of_process(pid)
+    if origin is not None:  # what started it: the Process name and target, the creating code
+        record.update(origin.to_dict())
     try:
         proc = psutil.Process(pid)
         with proc.oneshot():

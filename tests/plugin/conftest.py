@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import textwrap
 
 import pytest
+
+# An inline pytester run drops the modules it imported when it ends, and torch's C extension
+# cannot be imported a second time in one process: import it here, before any inline run whose
+# suite starts an engine, so every run finds it already loaded.
+with contextlib.suppress(ImportError):
+    import torch  # noqa: F401
 
 #: A child process that exits by itself once its parent (the pytester run) is gone, so a leak
 #: left on purpose with the guard off never outlives the test that started it. A parent that died

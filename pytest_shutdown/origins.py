@@ -1,0 +1,262 @@
+"""Where a thread or child process was started: creation sites, recorded while the guard is on.
+
+:func:`install` wraps ``threading.Thread.start``, ``multiprocessing.process.BaseProcess.start``
+and ``subprocess.Popen.__init__``; each call records a short stack (frame locations only, no
+source read: the cost is a walk over a few dozen frames) and the test running at the time.
+:func:`uninstall` puts the originals back. Threads are keyed weakly; processes by pid, with a
+weak reference to the ``multiprocessing.Process`` / ``subprocess.Popen`` object, which is what
+:mod:`pytest_shutdown.ownership` follows to find who owns a child process.
+
+Rendering (:func:`render_origin`) puts user frames first: the innermost frames outside the
+standard library and the test tools, then the library frames that called ``start()`` (whose
+qualified names, e.g. ``ThreadPoolExecutor._adjust_thread_count``, name the pool).
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import subprocess
+import sys
+import sysconfig
+import threading
+import types
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Origin",
+    "install",
+    "origin_of_process",
+    "origin_of_thread",
+    "process_object",
+    "set_current_test",
+    "uninstall",
+]
+
+#: Frames walked per creation (outwards from the ``start()`` call).
+WALK_LIMIT = 40
+#: Frames kept: user frames, then library frames.
+USER_FRAMES = 5
+LIBRARY_FRAMES = 3
+#: Process origins kept (oldest dropped first): a long suite starts many short-lived children.
+PROCESS_LIMIT = 4096
+
+_LIBRARY_DIRS = tuple(
+    os.path.normcase(os.path.realpath(p)) + os.sep
+    for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
+)
+_TOOL_PACKAGES = frozenset(
+    {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
+)
+_THIS_FILE = os.path.normcase(os.path.realpath(__file__))
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where and when a thread or process was started.
+
+    ``frames`` holds ``(filename, lineno, qualified function name, is_user)``, innermost first;
+    ``test`` is the node id of the test running then (None outside a test); ``what`` describes a
+    process object (class, name, target).
+    """
+
+    frames: tuple[tuple[str, int, str, bool], ...]
+    test: str | None
+    what: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"started_at": render_origin(self), "started_in": self.test, "what": self.what}
+
+
+_current_test: str | None = None
+_threads: weakref.WeakKeyDictionary[threading.Thread, Origin] = weakref.WeakKeyDictionary()
+_processes: OrderedDict[int, tuple[Callable[[], Any], Origin]] = OrderedDict()
+_originals: dict[str, Any] = {}
+_installs = 0
+_is_library_cache: dict[str, bool] = {}
+_is_tool_cache: dict[str, bool] = {}
+
+
+def set_current_test(nodeid: str | None) -> None:
+    """Tell the recorder which test runs now (the guard calls this around each test)."""
+    global _current_test
+    _current_test = nodeid
+
+
+def _is_library(filename: str) -> bool:
+    """The standard library (and frozen modules such as ``<frozen runpy>``)."""
+    cached = _is_library_cache.get(filename)
+    if cached is None:
+        if filename.startswith("<"):
+            cached = filename.startswith("<frozen")
+        else:
+            path = os.path.normcase(os.path.realpath(filename))
+            cached = path.startswith(_LIBRARY_DIRS) and "site-packages" not in path
+        _is_library_cache[filename] = cached
+    return cached
+
+
+def _is_tool(filename: str) -> bool:
+    """pytest, pluggy, xdist and pytest-shutdown themselves."""
+    cached = _is_tool_cache.get(filename)
+    if cached is None:
+        parts = filename.replace("\\", "/").split("/")
+        cached = any(part in _TOOL_PACKAGES for part in parts[:-1])
+        _is_tool_cache[filename] = cached
+    return cached
+
+
+def _capture(what: str | None = None) -> Origin:
+    frame: types.FrameType | None = sys._getframe(2)  # the caller of the wrapped start()
+    user: list[tuple[str, int, str, bool]] = []
+    library: list[tuple[str, int, str, bool]] = []
+    walked = 0
+    while frame is not None and walked < WALK_LIMIT and len(user) < USER_FRAMES:
+        code = frame.f_code
+        name = getattr(code, "co_qualname", code.co_name)
+        filename = code.co_filename
+        if os.path.normcase(filename) != _THIS_FILE:
+            if _is_tool(filename):
+                if user:
+                    break  # the test tools' frames above the test are no one's creation site
+            elif _is_library(filename):
+                if not user and len(library) < LIBRARY_FRAMES:
+                    library.append((filename, frame.f_lineno, name, False))
+            else:
+                user.append((filename, frame.f_lineno, name, True))
+        frame = frame.f_back
+        walked += 1
+    if what is not None:  # name the pool: the innermost method that started the process
+        starter = next((f[2] for f in library + user if "." in f[2]), None)
+        if starter is not None and not starter.endswith(".start"):
+            what += f", started by {starter}"
+    return Origin(tuple(user + library), _current_test, what)
+
+
+def render_origin(origin: Origin) -> str:
+    """The creation site as text, user frames first (source lines read now, not at start)."""
+    lines = []
+    for filename, lineno, name, is_user in origin.frames:
+        source = linecache.getline(filename, lineno).strip()
+        mark = "" if is_user else " (library)"
+        lines.append(f'File "{filename}", line {lineno}, in {name}{mark}')
+        if source:
+            lines.append(f"  {source}")
+    return "\n".join(lines)
+
+
+def _describe_process(process: Any) -> str:
+    target = getattr(process, "_target", None)
+    target_name = getattr(target, "__qualname__", None) or repr(target)
+    module = getattr(target, "__module__", None)
+    if module and target is not None:
+        target_name = f"{module}.{target_name}"
+    return f"{type(process).__name__} {getattr(process, 'name', '?')!r}, target {target_name}"
+
+
+def _remember_process(pid: int | None, obj: Any, origin: Origin) -> None:
+    if not isinstance(pid, int):
+        return
+    try:
+        ref: Callable[[], Any] = weakref.ref(obj)
+    except TypeError:  # pragma: no cover - not weak-referenceable
+        ref = lambda: None  # noqa: E731
+    _processes[pid] = (ref, origin)
+    _processes.move_to_end(pid)
+    while len(_processes) > PROCESS_LIMIT:
+        _processes.popitem(last=False)
+
+
+def install() -> None:
+    """Start recording creation sites. Nested calls (a pytester run inside a guarded run) are
+    counted: the originals come back with the last :func:`uninstall`."""
+    global _installs
+    _installs += 1
+    if _originals:
+        return
+    import multiprocessing.process  # noqa: PLC0415 - stdlib, cheap
+
+    thread_start = threading.Thread.start
+    process_start = multiprocessing.process.BaseProcess.start
+    popen_init = subprocess.Popen.__init__
+
+    def start(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
+        try:
+            _threads[self] = _capture()
+        except Exception:  # pragma: no cover - recording must never break a start
+            pass
+        return thread_start(self, *args, **kwargs)
+
+    def start_process(self: Any, *args: Any, **kwargs: Any) -> Any:
+        origin = None
+        try:
+            origin = _capture(_describe_process(self))
+        except Exception:  # pragma: no cover
+            pass
+        result = process_start(self, *args, **kwargs)
+        if origin is not None:
+            _remember_process(getattr(getattr(self, "_popen", None), "pid", None), self, origin)
+        return result
+
+    def popen(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+        origin = None
+        try:
+            origin = _capture()
+        except Exception:  # pragma: no cover
+            pass
+        popen_init(self, *args, **kwargs)
+        if origin is not None:
+            _remember_process(getattr(self, "pid", None), self, origin)
+
+    _originals.update({"thread": (thread_start, start), "process": (process_start, start_process)})
+    _originals["popen"] = (popen_init, popen)
+    threading.Thread.start = start  # type: ignore[method-assign]
+    multiprocessing.process.BaseProcess.start = start_process  # type: ignore[method-assign]
+    subprocess.Popen.__init__ = popen  # type: ignore[method-assign]
+
+
+def uninstall() -> None:
+    """Put the original ``start`` methods back (only where nobody replaced ours since)."""
+    global _installs
+    _installs = max(_installs - 1, 0)
+    if _installs:
+        return
+    import multiprocessing.process  # noqa: PLC0415
+
+    places: dict[str, tuple[Any, str]] = {
+        "thread": (threading.Thread, "start"),
+        "process": (multiprocessing.process.BaseProcess, "start"),
+        "popen": (subprocess.Popen, "__init__"),
+    }
+    for key, (original, wrapper) in list(_originals.items()):
+        owner, attr = places[key]
+        if owner.__dict__.get(attr) is wrapper:
+            setattr(owner, attr, original)
+    _originals.clear()
+
+
+def origin_of_thread(thread: threading.Thread) -> Origin | None:
+    return _threads.get(thread)
+
+
+def origin_of_process(pid: int) -> Origin | None:
+    entry = _processes.get(pid)
+    return entry[1] if entry is not None else None
+
+
+def process_object(pid: int) -> Any:
+    """The live ``multiprocessing.Process`` or ``subprocess.Popen`` object of ``pid``, if any."""
+    entry = _processes.get(pid)
+    if entry is not None:
+        obj = entry[0]()
+        if obj is not None:
+            return obj
+    loaded = sys.modules.get("multiprocessing.process")
+    for process in list(getattr(loaded, "_children", ()) or ()):
+        if getattr(getattr(process, "_popen", None), "pid", None) == pid:
+            return process
+    return None

@@ -1,0 +1,383 @@
+"""Whose is it? The owner of a thread or child process that outlives a test.
+
+A thread or process alive after a test is the test's leak only when nothing that outlives the
+test reaches it. Owners, narrowest first:
+
+* a wider-scope fixture's value (or the suspended generator of a yield fixture), directly or
+  through the objects it holds (an executor's worker set, an engine's renderer pool);
+* a module global or a class attribute (a singleton pool, a pool created at import);
+* a process-lifetime helper of the standard library (multiprocessing's fork server and resource
+  tracker, the ``resource_sharer`` listener thread).
+
+:func:`find_owners` answers for a set of suspects at once, walking *backwards* through
+``gc.get_referrers`` one level at a time (one heap scan per level, not per object), from the
+``threading.Thread`` objects and from the ``multiprocessing.Process`` / ``subprocess.Popen``
+objects of the child processes (see :mod:`pytest_shutdown.origins`). The walk never passes
+through frames, tracebacks, the test tools' objects (a test item's ``funcargs`` is the test's,
+not an owner) or the standard library's bookkeeping registries (``threading._active``,
+``multiprocessing.process._children``, cleanup registries such as ``weakref.finalize``'s), and
+it is bounded by depth, node count and time: a walk that gives up leaves the suspect unowned.
+It is only called when something new is still alive after a test.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import os
+import sys
+import threading
+import time
+import types
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_shutdown import origins
+
+__all__ = ["Owner", "find_owners", "stdlib_helper_threads"]
+
+#: Levels walked backwards at most (an engine's pool is about ten references deep).
+MAX_DEPTH = 14
+#: Objects visited at most.
+MAX_NODES = 50_000
+#: Seconds the walk may take.
+MAX_SECONDS = 2.0
+
+#: Objects of these top-level packages are never owners and are not walked through.
+_TOOL_PACKAGES = frozenset(
+    {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
+)
+#: ... except the reference engine: its objects own pools like any engine's.
+_CODE_UNDER_TEST = "pytest_shutdown.engine"
+
+#: (module, attribute path) of the standard library's registries: they reference every thread or
+#: process (or cleanup) by design and own nothing.
+_REGISTRIES = (
+    ("threading", "_active"),
+    ("threading", "_limbo"),
+    ("threading", "_shutdown_locks"),
+    ("multiprocessing.process", "_children"),
+    ("multiprocessing.util", "_finalizer_registry"),
+    ("multiprocessing.util", "_afterfork_registry"),
+    ("subprocess", "_active"),
+    ("weakref", "finalize._registry"),
+    ("concurrent.futures.thread", "_threads_queues"),
+    ("concurrent.futures.process", "_threads_wakeups"),
+)
+
+
+@dataclass(frozen=True)
+class Owner:
+    """What outlives the test and reaches a thread or process.
+
+    ``kind``: ``"fixture"``, ``"module-global"``, ``"class-attribute"`` or ``"stdlib-helper"``;
+    ``name``: the fixture name, ``module.attribute``, ``Class.attribute`` or the helper;
+    ``path``: the reference path from the owner down to the thread or process object.
+    ``key`` is the caller's handle of a fixture owner (not rendered).
+    """
+
+    kind: str
+    name: str
+    path: str = ""
+    key: Any = None
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind, "name": self.name, "path": self.path}
+
+    def describe(self) -> str:
+        label = {
+            "fixture": "fixture",
+            "module-global": "module global",
+            "class-attribute": "class attribute",
+            "stdlib-helper": "standard-library helper",
+        }.get(self.kind, self.kind)
+        return f"{label} {self.name}"
+
+
+def stdlib_helper_threads() -> dict[threading.Thread, Owner]:
+    """Threads of the standard library's process-lifetime helpers (``resource_sharer``)."""
+    found: dict[threading.Thread, Owner] = {}
+    sharer_module = sys.modules.get("multiprocessing.resource_sharer")
+    sharer = getattr(sharer_module, "_resource_sharer", None)
+    thread = getattr(sharer, "_thread", None)
+    if isinstance(thread, threading.Thread):
+        found[thread] = Owner("stdlib-helper", "multiprocessing.resource_sharer")
+    return found
+
+
+def _registry_ids() -> set[int]:
+    ids: set[int] = set()
+    for module_name, path in _REGISTRIES:
+        obj: Any = sys.modules.get(module_name)
+        for attr in path.split("."):
+            obj = getattr(obj, attr, None)
+        if obj is not None:
+            ids.add(id(obj))
+            data = getattr(obj, "data", None)  # WeakKeyDictionary and friends
+            if data is not None:
+                ids.add(id(data))
+    return ids
+
+
+#: Never owners and never walked through: a frame or traceback is a stack, not an owner (a failed
+#: test's traceback holds its locals); a module is reached through its namespace dict.
+_NEVER_OWNERS = (types.FrameType, types.TracebackType, types.ModuleType)
+
+
+def _is_tool_module(name: str) -> bool:
+    """The test tools' modules; the bundled reference engine is code under test, not a tool."""
+    return name.partition(".")[0] in _TOOL_PACKAGES and not name.startswith(_CODE_UNDER_TEST)
+
+
+def _is_tool_object(obj: object) -> bool:
+    return _is_tool_module(getattr(type(obj), "__module__", None) or "")
+
+
+def _edge(parent: object, child: object) -> str:
+    """How ``parent`` refers to ``child``, as a short label."""
+    if isinstance(parent, dict):
+        for key, value in parent.items():
+            if value is child:
+                return f"[{key!r}]" if not isinstance(key, str) else f".{key}"
+        return ".<key>"
+    if isinstance(parent, (list, tuple)):
+        for index, value in enumerate(parent):
+            if value is child:
+                return f"[{index}]"
+    if isinstance(parent, (set, frozenset)):
+        return "{item}"
+    attrs = getattr(parent, "__dict__", None)
+    if isinstance(attrs, dict):
+        for key, value in attrs.items():
+            if value is child:
+                return f".{key}"
+    if isinstance(parent, types.FunctionType):
+        return ".<closure>"
+    for klass in type(parent).__mro__:
+        for slot in klass.__dict__.get("__slots__", ()) or ():
+            try:
+                if getattr(parent, slot) is child:
+                    return f".{slot}"
+            except (AttributeError, TypeError):
+                continue
+    return f".<{type(parent).__name__}>"
+
+
+def _render_path(chain: list[object]) -> str:
+    """``chain`` runs from the owner down to the target; instance dicts fold into their owner."""
+    text = ""
+    for parent, child in zip(chain, chain[1:], strict=False):
+        if isinstance(child, dict) and (
+            getattr(parent, "__dict__", None) is child or isinstance(parent, type)
+        ):
+            continue  # an instance or class dict: the next edge names the attribute
+        text += _edge(parent, child)
+    return text
+
+
+def _owner(chain: list[object], kind: str, name: str, key: Any) -> Owner:
+    """The owner at ``chain[0]``; ``name`` gets the attribute that holds the next object."""
+    if kind != "fixture" and len(chain) > 1:
+        holder: Any = chain[0]
+        below = chain[1]
+        if isinstance(holder, type) and isinstance(below, dict) and len(chain) > 2:
+            holder, below = dict(vars(holder)), chain[2]
+        name += _edge(holder, below)
+    return Owner(kind, name, _render_path(chain), key)
+
+
+def find_owners(
+    targets: Mapping[Any, object],
+    fixture_roots: Mapping[int, tuple[Any, str, object]],
+    *,
+    max_depth: int = MAX_DEPTH,
+    max_nodes: int = MAX_NODES,
+    max_seconds: float = MAX_SECONDS,
+) -> dict[Any, Owner]:
+    """Find the owner of each target object (a thread, a Process/Popen); unowned ones are left
+    out of the answer.
+
+    ``targets`` maps the caller's key (a thread, a pid) to the object to explain;
+    ``fixture_roots`` maps ``id(value)`` of each live wider-scope fixture's value (and of its
+    suspended generator) to ``(key, name, value)``.
+
+    Objects in gc's permanent generation (after a ``gc.freeze()``, as engines do after start-up)
+    are invisible to ``gc.get_referrers``; while a freeze is in place, what the backward walk
+    left unowned is looked for *forwards* from the fixtures' values and the modules' globals.
+    """
+    if not targets:
+        return {}
+    deadline = time.monotonic() + max_seconds
+    modules: dict[int, str] = {}
+    skip: set[int] = _registry_ids()
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            if _is_tool_module(name):
+                skip.add(id(namespace))
+            else:
+                modules[id(namespace)] = name
+    keys = list(targets)
+    answers: dict[Any, Owner] = {}
+    # The walk's own bookkeeping refers to the objects it walks: it must not count as an owner.
+    objects: dict[int, object] = {}
+    parents: dict[int, dict[int, int]] = {}  # node id -> {label: id of the node it refers to}
+    labels_of: dict[int, frozenset[int]] = {}
+    frontier: list[object] = []
+    skip.update({id(targets), id(objects), id(frontier)})
+    for index, key in enumerate(keys):
+        target = targets[key]
+        known = labels_of.get(id(target))
+        labels_of[id(target)] = frozenset({index}) | (known or frozenset())
+        if known is None:
+            objects[id(target)] = target
+            parents[id(target)] = {}
+            frontier.append(target)
+
+    def chain_from(node_id: int, label: int) -> list[object]:
+        chain = []
+        current: int | None = node_id
+        while current is not None:
+            chain.append(objects[current])
+            current = parents[current].get(label)
+        return chain  # owner first: each node's parent is the node it refers to
+
+    def settle(node_id: int, kind: str, owner_name: str, key: Any) -> None:
+        for label in labels_of[node_id]:
+            if keys[label] not in answers:
+                answers[keys[label]] = _owner(chain_from(node_id, label), kind, owner_name, key)
+
+    for node_id in list(objects):  # a target may itself be a fixture's value
+        if node_id in fixture_roots:
+            key, name, _value = fixture_roots[node_id]
+            settle(node_id, "fixture", name, key)
+    depth = 0
+    while frontier and depth < max_depth and len(answers) < len(keys):
+        if time.monotonic() > deadline or len(objects) > max_nodes:
+            break
+        depth += 1
+        frontier_ids = {id(n) for n in frontier}
+        referrers = gc.get_referrers(*frontier)
+        next_frontier: list[object] = []
+        skip.update({id(referrers), id(next_frontier), id(frontier)})
+        for ref in referrers:
+            ref_id = id(ref)
+            if ref_id in skip or isinstance(ref, _NEVER_OWNERS) or _is_tool_object(ref):
+                continue
+            # Which frontier nodes does it hold? It carries their unanswered labels.
+            known = labels_of.get(ref_id, frozenset())
+            links: dict[int, int] = {}
+            for child in gc.get_referents(ref):
+                child_id = id(child)
+                if child_id in frontier_ids:
+                    for label in labels_of[child_id]:
+                        if label not in known and keys[label] not in answers:
+                            links.setdefault(label, child_id)
+            if not links:
+                continue
+            labels_of[ref_id] = known | frozenset(links)
+            objects[ref_id] = ref
+            parents.setdefault(ref_id, {}).update(links)
+            if ref_id in fixture_roots:
+                key, name, _value = fixture_roots[ref_id]
+                settle(ref_id, "fixture", name, key)
+            elif ref_id in modules:
+                settle(ref_id, "module-global", modules[ref_id], None)
+            elif isinstance(ref, type):
+                settle(ref_id, "class-attribute", f"{ref.__module__}.{ref.__qualname__}", None)
+            else:
+                next_frontier.append(ref)
+        del referrers
+        frontier = next_frontier
+    if len(answers) < len(keys) and gc.get_freeze_count() > 0:
+        left = {key: targets[key] for key in keys if key not in answers}
+        answers.update(_forward_owners(left, fixture_roots, modules, deadline + max_seconds))
+    return answers
+
+
+_STDLIB_DIR = os.path.dirname(os.__file__) + os.sep
+
+
+def _module_rank(namespace: dict[str, Any]) -> int:
+    filename = str(namespace.get("__file__") or "")
+    if "site-packages" in filename or "dist-packages" in filename:
+        return 1
+    if not filename or not filename.startswith(_STDLIB_DIR):
+        return 0
+    return 2
+
+
+def _forward_owners(
+    targets: Mapping[Any, object],
+    fixture_roots: Mapping[int, tuple[Any, str, object]],
+    modules: Mapping[int, str],
+    deadline: float,
+    max_nodes: int = MAX_NODES,
+) -> dict[Any, Owner]:
+    """Search forwards from each owner candidate (fixtures first, then module globals) for the
+    targets, one shared visited set and node budget: what an earlier root reaches is its."""
+    from pytest_shutdown.checks.backrefs import _edges  # noqa: PLC0415 - only when frozen
+
+    wanted: dict[int, list[Any]] = {}
+    for key, target in targets.items():
+        wanted.setdefault(id(target), []).append(key)
+    roots: list[tuple[object, str, str, Any]] = [
+        (value, "fixture", name, key) for key, name, value in fixture_roots.values()
+    ]
+    by_id = {id(m.__dict__): m for m in list(sys.modules.values()) if hasattr(m, "__dict__")}
+    module_roots = []
+    for namespace_id, module_name in modules.items():
+        module = by_id.get(namespace_id)
+        if module is not None:
+            module_roots.append((module.__dict__, "module-global", module_name, None))
+    # The suite's own modules first (test modules, conftests, modules made at run time), then
+    # installed packages, the standard library last: the budget goes where owners usually are.
+    module_roots.sort(key=lambda root: _module_rank(root[0]))
+    roots.extend(module_roots)
+    answers: dict[Any, Owner] = {}
+    seen: set[int] = _registry_ids()  # the bookkeeping registries own nothing
+    visited = 0
+    for root, kind, name, key in roots:
+        if id(root) in seen:
+            continue
+        seen.add(id(root))
+        queue: collections.deque[tuple[object, str, str]] = collections.deque([(root, "", "")])
+        while queue and visited < max_nodes and len(answers) < len(targets):
+            if visited % 1000 == 0 and time.monotonic() > deadline:
+                return answers
+            node, path, attribute = queue.popleft()
+            visited += 1
+            for label, child in _edges(node):
+                child_id = id(child)
+                if child_id in seen:
+                    continue
+                seen.add(child_id)
+                # A module global's name: the module, then the key of its namespace dict.
+                first = attribute or (f".{label[2:-2]}" if label.startswith("['") else label)
+                if child_id in wanted:
+                    owner_name = name if kind == "fixture" else name + first
+                    for target_key in wanted[child_id]:
+                        answers.setdefault(target_key, Owner(kind, owner_name, path + label, key))
+                if not isinstance(child, (type, types.ModuleType)) and not _is_tool_object(child):
+                    queue.append((child, path + label, first))
+    return answers
+
+
+def objects_of(
+    threads: Iterable[threading.Thread], pids: Iterable[int], parents: Mapping[int, int]
+) -> dict[Any, object]:
+    """The objects to explain: each thread itself; for a pid, its Process/Popen object, or that
+    of its nearest ancestor among this process's children (``parents`` maps pid to ppid)."""
+    found: dict[Any, object] = {thread: thread for thread in threads}
+    for pid in pids:
+        current: int | None = pid
+        for _ in range(16):
+            if current is None:
+                break
+            obj = origins.process_object(current)
+            if obj is not None:
+                found[pid] = obj
+                break
+            current = parents.get(current)
+    return found

@@ -1,0 +1,172 @@
+"""Ownership and creation sites, as plain functions (the guard's end-to-end tests are in
+tests/plugin/test_plugin_ownership.py)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import types
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from pytest_shutdown import origins
+from pytest_shutdown.ownership import find_owners, stdlib_helper_threads
+
+
+@pytest.fixture
+def module() -> Iterator[types.ModuleType]:
+    """A throw-away module in sys.modules, for module globals."""
+    mod = types.ModuleType("ownership_subject")
+    sys.modules[mod.__name__] = mod
+    yield mod
+    del sys.modules[mod.__name__]
+
+
+@pytest.fixture
+def recording() -> Iterator[None]:
+    origins.install()
+    yield
+    origins.uninstall()
+
+
+def _workers(pool: ThreadPoolExecutor) -> list[threading.Thread]:
+    pool.submit(abs, -1).result()
+    return list(pool._threads)
+
+
+def test_a_module_global_pool_owns_its_workers(module: types.ModuleType) -> None:
+    module.POOL = ThreadPoolExecutor(1)
+    try:
+        (worker,) = _workers(module.POOL)
+        owner = find_owners({worker: worker}, {})[worker]
+        assert (owner.kind, owner.name) == ("module-global", "ownership_subject.POOL")
+        assert owner.path == ".POOL._threads{item}"
+    finally:
+        module.POOL.shutdown()
+
+
+def test_a_class_attribute_owns_its_pool() -> None:
+    class Service:
+        pool = ThreadPoolExecutor(1)
+
+    try:
+        (worker,) = _workers(Service.pool)
+        owner = find_owners({worker: worker}, {})[worker]
+        assert owner.kind == "class-attribute"
+        assert owner.name.endswith("Service.pool")
+    finally:
+        Service.pool.shutdown()
+
+
+def test_a_fixture_value_owns_what_it_holds() -> None:
+    value = {"engine": types.SimpleNamespace(pool=ThreadPoolExecutor(1))}
+    try:
+        (worker,) = _workers(value["engine"].pool)
+        owner = find_owners({worker: worker}, {id(value): ("key", "'engine'", value)})[worker]
+        assert (owner.kind, owner.key) == ("fixture", "key")
+    finally:
+        value["engine"].pool.shutdown()
+
+
+def test_a_thread_in_a_local_and_a_dropped_object_are_unowned() -> None:
+    stop = threading.Event()
+    holder = types.SimpleNamespace()  # only a local holds it: not an owner
+    holder.thread = threading.Thread(target=stop.wait, daemon=True)
+    holder.thread.start()
+    try:
+        # threading._active, the thread's own frames and the walk's bookkeeping own nothing.
+        assert find_owners({holder.thread: holder.thread}, {}) == {}
+    finally:
+        stop.set()
+        holder.thread.join(10)
+
+
+def test_frozen_owners_are_found_forwards(module: types.ModuleType) -> None:
+    if gc.get_freeze_count():
+        pytest.skip("a freeze is already in place")  # never the case under this suite
+    module.POOL = ThreadPoolExecutor(1)
+    worker = _workers(module.POOL)[0]
+    gc.freeze()  # the pool's objects become invisible to gc.get_referrers
+    try:
+        owner = find_owners({worker: worker}, {})[worker]
+        assert (owner.kind, owner.name) == ("module-global", "ownership_subject.POOL")
+    finally:
+        gc.unfreeze()
+        module.POOL.shutdown()
+
+
+def test_a_walk_that_gives_up_leaves_the_target_unowned(module: types.ModuleType) -> None:
+    module.POOL = ThreadPoolExecutor(1)
+    try:
+        (worker,) = _workers(module.POOL)
+        assert find_owners({worker: worker}, {}, max_depth=1) == {}
+    finally:
+        module.POOL.shutdown()
+
+
+def test_the_resource_sharer_listener_is_a_stdlib_helper() -> None:
+    import socket
+    from multiprocessing import resource_sharer
+
+    a, b = socket.socketpair()
+    with a, b:
+        dup = resource_sharer.DupFd(a.fileno())
+        helpers = stdlib_helper_threads()
+        assert [o.name for o in helpers.values()] == ["multiprocessing.resource_sharer"]
+        os.close(dup.detach())
+
+
+def test_creation_sites_put_user_frames_first(recording: None) -> None:
+    pool = ThreadPoolExecutor(1)
+    try:
+        (worker,) = _workers(pool)  # the line that started the worker is inside _workers
+        origin = origins.origin_of_thread(worker)
+        assert origin is not None
+        user = [frame for frame in origin.frames if frame[3]]
+        library = [frame for frame in origin.frames if not frame[3]]
+        assert user[0][2] == "_workers" and user[1][2].startswith("test_creation_sites")
+        assert library[0][2] == "ThreadPoolExecutor._adjust_thread_count"
+        assert origin.frames.index(user[0]) == 0
+        assert "pool.submit(abs, -1).result()" in origins.render_origin(origin)
+    finally:
+        pool.shutdown()
+
+
+@pytest.fixture
+def not_recording() -> None:
+    if origins._installs:  # noqa: SLF001
+        pytest.skip("this session runs under the guard, which records creation sites already")
+
+
+def test_uninstall_restores_the_start_methods(not_recording: None) -> None:
+    import multiprocessing.process
+    import subprocess
+
+    before = (
+        threading.Thread.start,
+        multiprocessing.process.BaseProcess.start,
+        subprocess.Popen.__init__,
+    )
+    origins.install()
+    assert threading.Thread.start is not before[0]
+    origins.uninstall()
+    after = (
+        threading.Thread.start,
+        multiprocessing.process.BaseProcess.start,
+        subprocess.Popen.__init__,
+    )
+    assert after == before
+
+
+def test_nested_installs_keep_recording_until_the_last_uninstall(not_recording: None) -> None:
+    original = threading.Thread.start
+    origins.install()
+    origins.install()  # e.g. an in-process pytester run under a guarded run
+    origins.uninstall()
+    assert threading.Thread.start is not original
+    origins.uninstall()
+    assert threading.Thread.start is original

@@ -37,13 +37,13 @@ from vllm.v1.engine.utils import (  # noqa: E402
 
 from pytest_shutdown import (  # noqa: E402
     FreezeScenario,
+    assert_finalizers_ok,
     assert_finalizes_on_gc,
     assert_freeze_policy,
     assert_idempotent_shutdown,
     assert_nonblocking_shutdown,
     assert_not_force_killed,
     assert_timeout_decoupling,
-    check_finalizers,
     outcome_from_processes,
     timeout_passed_to,
     zero_window_override,
@@ -62,7 +62,7 @@ def test_renderer_shutdown_is_idempotent() -> None:
 
 @pytest.mark.exercises("vllm.renderers.base.BaseRenderer._finalizer")
 def test_renderer_finalizer_does_not_keep_it_alive() -> None:
-    assert check_finalizers(make_renderer()) == []
+    assert_finalizers_ok(make_renderer())
     assert_finalizes_on_gc(make_renderer)
 
 

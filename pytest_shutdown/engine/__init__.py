@@ -18,6 +18,7 @@ _LAZY: dict[str, str] = {
     "ROCM_ENGINE_PROCESS_SHUTDOWN_TIMEOUT_S": "pytest_shutdown.engine.timeouts",
     "ReferenceRenderer": "pytest_shutdown.engine.renderer",
     "helper_process_pids": "pytest_shutdown.engine.start",
+    "ForkRefusedError": "pytest_shutdown.gpu.forking",
     # torch
     "EngineCore": "pytest_shutdown.engine.core",
     "EngineShutdownState": "pytest_shutdown.engine.core",
@@ -75,3 +76,4 @@ if TYPE_CHECKING:  # pragma: no cover
         ROCM_ENGINE_PROCESS_SHUTDOWN_TIMEOUT_S,
         get_engine_process_shutdown_timeout,
     )
+    from pytest_shutdown.gpu.forking import ForkRefusedError

@@ -357,27 +357,33 @@ class EngineProcManager:
             ready = mp_connection.wait([conn, proc.sentinel, *others], timeout=poll)
             dead = [others[s] for s in ready if s in others]
             if dead:
-                dead[0].join(1.0)
-                raise EngineStartupError(
-                    f"{dead[0].name} exited during startup (exit code {dead[0].exitcode})"
-                )
+                raise self._died_during_startup(dead[0])
             if conn in ready:
                 try:
                     msg = conn.recv()
                 except (EOFError, OSError):
-                    proc.join(1.0)
-                    raise EngineStartupError(
-                        f"{proc.name} exited during startup (exit code {proc.exitcode})"
-                    ) from None
+                    raise self._died_during_startup(proc) from None
                 if msg[0] == MSG_READY:
                     return
                 if msg[0] == MSG_STARTUP_FAILED:
                     raise EngineStartupError(f"{proc.name} failed to start:\n{msg[1]}")
             elif proc.sentinel in ready:
-                proc.join(1.0)
-                raise EngineStartupError(
-                    f"{proc.name} exited during startup (exit code {proc.exitcode})"
-                )
+                raise self._died_during_startup(proc)
+
+    def _died_during_startup(self, proc: BaseProcess) -> EngineStartupError:
+        """The error for an engine process that ended while starting: the error it reported
+        before it exited when there is one (the original error), else its exit code."""
+        proc.join(1.0)
+        conns = dict(zip(self.processes, self._shared.connections, strict=True))
+        conn = conns.get(proc)
+        try:
+            while conn is not None and conn.poll():
+                msg = conn.recv()
+                if msg[0] == MSG_STARTUP_FAILED:
+                    return EngineStartupError(f"{proc.name} failed to start:\n{msg[1]}")
+        except (EOFError, OSError):
+            pass
+        return EngineStartupError(f"{proc.name} exited during startup (exit code {proc.exitcode})")
 
     # -- client ----------------------------------------------------------------------------
     def add_request(

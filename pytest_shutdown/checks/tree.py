@@ -13,17 +13,13 @@ for a process not yet known, its ``environ``; results are cached per (pid, start
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 #: Environment variable marking every process a launcher started (its value: the token).
 TREE_MARKER_ENV = "PYTEST_SHUTDOWN_TREE"
-PR_SET_PDEATHSIG = 1
-PR_SET_CHILD_SUBREAPER = 36
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -140,28 +136,6 @@ def scan_tree(
         if proc.session in wanted_sessions or _has_marker(proc, marker, token):
             members[pid] = proc
     return members
-
-
-def _load_libc() -> ctypes.CDLL | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()  # at import: never a dlopen in a fork
-
-
-def prctl(option: int, arg: int) -> bool:
-    """``prctl(option, arg)`` on Linux; False elsewhere or on failure."""
-    if _LIBC is None:
-        return False
-    try:
-        return bool(_LIBC.prctl(option, arg, 0, 0, 0) == 0)
-    except AttributeError:
-        return False
 
 
 def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:

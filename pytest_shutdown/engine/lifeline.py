@@ -18,32 +18,17 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
-import sys
 import threading
 from collections.abc import Callable
 
 import psutil
 
+from pytest_shutdown.prctl import PR_SET_NAME, PR_SET_PDEATHSIG, prctl
+
 logger = logging.getLogger("pytest_shutdown.engine")
 
-PR_SET_PDEATHSIG = 1
-PR_SET_NAME = 15
 #: Exit code of a child that ended because its parent was gone.
 EXIT_PARENT_GONE = 3
-
-
-def _load_libc() -> ctypes.CDLL | None:
-    # At import, in the parent: a dlopen in a child forked from a multi-threaded parent can
-    # deadlock on a loader lock another thread held at the fork.
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-
-
-_LIBC = _load_libc()
 
 
 def set_parent_death_signal(signum: int) -> bool:
@@ -51,7 +36,7 @@ def set_parent_death_signal(signum: int) -> bool:
 
     Linux only; returns False (and does nothing) elsewhere or when ``prctl`` is unavailable.
     """
-    return _prctl(PR_SET_PDEATHSIG, int(signum))
+    return prctl(PR_SET_PDEATHSIG, int(signum))
 
 
 def set_process_name(name: str) -> bool:
@@ -60,16 +45,7 @@ def set_process_name(name: str) -> bool:
     Tools outside Python (and the tree-death helper's level patterns) tell the levels of an
     engine apart by it: ``EngineCore_DP0``, ``Worker_TP1``. Linux only; False elsewhere.
     """
-    return _prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
-
-
-def _prctl(option: int, arg: object) -> bool:
-    if _LIBC is None:
-        return False
-    try:
-        return bool(_LIBC.prctl(option, arg, 0, 0, 0) == 0)
-    except AttributeError:
-        return False
+    return prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
 
 
 def process_is_alive(proc: psutil.Process) -> bool:

@@ -88,6 +88,7 @@ def test_on_this_cpu_build_detection_registers_no_fork_hook(tmp_path) -> None:
                           timeout=180)
     assert done.returncode == 0, done.stderr
     platform, initialized, bad_fork, cuda, hip = json.loads(done.stdout.splitlines()[-1])
-    if cuda or hip:
-        pytest.skip("torch here is a GPU build; the fake-NVML cases above cover it")
-    assert (platform, initialized, bad_fork) == ("cpu", False, False)
+    # Whatever the build and the machine: detection never initialised CUDA nor poisoned fork.
+    assert (initialized, bad_fork) == (False, False)
+    if not (cuda or hip):  # a CPU build is the CPU on any machine
+        assert platform == "cpu"

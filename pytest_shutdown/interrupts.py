@@ -8,7 +8,9 @@ process at once; the record log keeps every finished test).
 
 Nothing is installed when a handler other than the default one is already in place (the user's
 code installed its own), on an xdist worker (the controller ends the workers), or outside the
-main thread. A handler the user's code installs during the run is left alone.
+main thread. A handler the user's code installs during the run is left alone. A forked child
+never keeps the handler (:mod:`pytest_shutdown.forks`): ``Process.terminate()`` and
+``Pool.terminate()`` kill it with SIGTERM as they would without the plugin.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from types import FrameType
 from typing import Any
 
 import pytest
+
+from pytest_shutdown.forks import forget_in_child, undo_in_forked_child
 
 
 class SigtermInterrupted(KeyboardInterrupt):
@@ -45,12 +49,20 @@ class SigtermEndsSessionInOrder:
             return  # someone else's handler: theirs governs
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self._installed = True
+        undo_in_forked_child(
+            "sigterm", self._restore_default_in_child, hold=(signal.SIGTERM,)
+        )
+
+    def _restore_default_in_child(self) -> None:
+        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if not self._installed:
             return
         self._installed = False
+        forget_in_child("sigterm")
         current: Any = signal.getsignal(signal.SIGTERM)
         if current == self._on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_shutdown.forks import forget_in_child, undo_in_forked_child
+
 __all__ = [
     "Origin",
     "install",
@@ -217,6 +219,16 @@ def install() -> None:
     threading.Thread.start = start  # type: ignore[method-assign]
     multiprocessing.process.BaseProcess.start = start_process  # type: ignore[method-assign]
     subprocess.Popen.__init__ = popen  # type: ignore[method-assign]
+    undo_in_forked_child("origins", _uninstall_in_forked_child)
+
+
+def _uninstall_in_forked_child() -> None:
+    """A forked child starts threads and processes through the originals, as without us."""
+    global _installs, _current_test
+    _installs = 1
+    _current_test = None
+    _processes.clear()  # the parent's children are not this child's
+    uninstall()
 
 
 def uninstall() -> None:
@@ -237,6 +249,7 @@ def uninstall() -> None:
         if owner.__dict__.get(attr) is wrapper:
             setattr(owner, attr, original)
     _originals.clear()
+    forget_in_child("origins")
 
 
 def origin_of_thread(thread: threading.Thread) -> Origin | None:

@@ -1,0 +1,131 @@
+"""A forked child inherits nothing of the plugin: SIGTERM kills it as it would without us.
+
+The plugin's SIGTERM handler (the session ends in order) must not survive a fork, or
+``Process.terminate()`` exits 1 with a traceback instead of -15 and ``Pool.terminate()`` hangs.
+Each case runs plain, in warn mode and in fail mode, and must give the same outcome.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+FORKING_TESTS = textwrap.dedent(
+    """
+    import multiprocessing
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    FORK = multiprocessing.get_context("fork")
+
+
+    def _sleep():
+        time.sleep(60)
+
+
+    def test_process_terminate_gives_sigterm():
+        for _ in range(3):
+            proc = FORK.Process(target=_sleep)
+            proc.start()
+            time.sleep(0.05)
+            proc.terminate()
+            proc.join(10)
+            assert proc.exitcode == -signal.SIGTERM
+
+
+    def test_terminate_right_after_start():
+        # SIGTERM may arrive before the child ran a single bytecode: still the default action.
+        for _ in range(50):
+            proc = FORK.Process(target=_sleep)
+            proc.start()
+            proc.terminate()
+            proc.join(10)
+            assert proc.exitcode == -signal.SIGTERM
+
+
+    def test_raw_fork_dies_of_sigterm():
+        pid = os.fork()
+        if pid == 0:
+            # The child reports what it inherited, then waits to be killed.
+            handler = signal.getsignal(signal.SIGTERM)
+            if handler is not signal.SIG_DFL:
+                os._exit(3)
+            if threading.Thread.start.__module__ != "threading":
+                os._exit(4)
+            time.sleep(60)
+            os._exit(0)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.02)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("the forked child ignored SIGTERM")
+        assert os.WIFSIGNALED(status), os.waitstatus_to_exitcode(status)
+        assert os.WTERMSIG(status) == signal.SIGTERM
+
+
+    def test_pool_terminate_loop():
+        for _ in range(5):
+            pool = FORK.Pool(2)
+            assert pool.map(abs, [-1, -2, -3]) == [1, 2, 3]
+            pool.terminate()
+            pool.join()
+
+
+    def test_forkserver_child_terminates():
+        ctx = multiprocessing.get_context("forkserver")
+        proc = ctx.Process(target=_sleep)
+        proc.start()
+        time.sleep(0.1)
+        proc.terminate()
+        proc.join(20)
+        assert proc.exitcode == -signal.SIGTERM
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["plain", "warn", "fail"])
+def test_forked_children_die_of_sigterm_as_without_the_plugin(
+    pytester: pytest.Pytester, mode: str
+) -> None:
+    pytester.makepyfile(test_forking=FORKING_TESTS)
+    args = ["-p", "no:randomly", "--timeout=60"]
+    if mode != "plain":
+        args += ["-p", "shutdown", f"--shutdown-guard={mode}", "--shutdown-grace=0.5"]
+    result = pytester.runpytest_subprocess(*args, timeout=120)
+    result.assert_outcomes(passed=5)
+    out = result.stdout.str()
+    assert "SigtermInterrupted" not in out
+    assert "process-leak" not in out
+
+
+def test_the_parent_keeps_its_handler_after_a_fork(pytester: pytest.Pytester) -> None:
+    """The undo runs in the child only: the session still ends in order on SIGTERM."""
+    pytester.makepyfile(
+        test_parent=textwrap.dedent(
+            """
+            import os, signal
+
+            def test_fork_then_look():
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0 if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else 3)
+                _, status = os.waitpid(pid, 0)
+                assert os.waitstatus_to_exitcode(status) == 0
+                assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly", timeout=60)
+    result.assert_outcomes(passed=1)

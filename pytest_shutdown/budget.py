@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 import traceback
+from _thread import start_new_thread  # the plugin's own threads: never a patched Thread.start
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
@@ -198,7 +199,9 @@ class TeardownBudget:
         self._killed = threading.Event()
         self._done = threading.Event()
         self._target = threading.get_ident()
-        self._watchdog: threading.Thread | None = None
+        #: Set when the watchdog thread has returned (it is not a threading.Thread: a test that
+        #: patches Thread.start must not reach the plugin's own threads).
+        self._watchdog_done: threading.Event | None = None
 
     # --- common ---
 
@@ -239,10 +242,8 @@ class TeardownBudget:
             if not self._armed:
                 return self  # pytest-timeout governs
         self._armed = True
-        self._watchdog = threading.Thread(
-            target=self._watch, name=f"pytest-shutdown budget {self.label}", daemon=True
-        )
-        self._watchdog.start()
+        self._watchdog_done = threading.Event()
+        start_new_thread(self._watch_then_say_done, (self._watchdog_done,))
         return self
 
     def __exit__(
@@ -259,6 +260,16 @@ class TeardownBudget:
             self.outcome.elapsed_s = time.monotonic() - self._start
 
     # --- the watchdog ---
+
+    def _watch_then_say_done(self, done: threading.Event) -> None:
+        try:
+            self._watch()
+        finally:
+            done.set()
+
+    def _join_watchdog(self) -> None:
+        if self._watchdog_done is not None:
+            self._watchdog_done.wait(5.0)
 
     def _watch(self) -> None:
         waits = [self.seconds] + [self.seconds / 2] * (MAX_FIRES - 1)
@@ -348,8 +359,7 @@ class TeardownBudget:
         self._armed = False
         with self._lock:
             self._done.set()
-        if self._watchdog is not None:
-            self._watchdog.join(5.0)
+        self._join_watchdog()
         handler = self._old_handler if self._old_handler is not None else signal.SIG_DFL
         signal.signal(signal.SIGALRM, handler)
         delay, interval = self._old_timer
@@ -375,5 +385,4 @@ class TeardownBudget:
         except ShutdownBudgetExceeded:  # it arrived during the disarm itself
             discard_pending_async_exc(self._target, ShutdownBudgetExceeded)
         self._done.set()
-        if self._watchdog is not None:
-            self._watchdog.join(5.0)
+        self._join_watchdog()

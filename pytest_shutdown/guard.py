@@ -47,10 +47,17 @@ from pytest_shutdown.checks.leaks import (
     started_since,
     take_snapshot,
     thread_filter,
+    thread_name,
 )
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.ownership import Owner, find_owners, objects_of, stdlib_helper_threads
-from pytest_shutdown.report import ShutdownReport, TestRecord, render_budget, render_findings
+from pytest_shutdown.report import (
+    ShutdownReport,
+    TestRecord,
+    describe_guard_error,
+    render_budget,
+    render_findings,
+)
 from pytest_shutdown.settings import AllowLeaks, GuardSettings, allow_leaks_of, budget_of
 
 __all__ = ["ShutdownGuard", "ShutdownLeakWarning"]
@@ -76,7 +83,7 @@ GUARD_SECTION = "Captured shutdown guard teardown"
 
 def is_tool_thread(thread: threading.Thread) -> bool:
     """True for the test tools' own threads (pytest-timeout's timer, execnet I/O threads)."""
-    if thread.name.startswith("pytest_timeout "):
+    if thread_name(thread).startswith("pytest_timeout "):
         return True
     target = getattr(thread, "_target", None)
     module = getattr(target, "__module__", None) or type(thread).__module__ or ""
@@ -228,7 +235,11 @@ class ShutdownGuard:
             watch.timed_out = True
         fired = budget.outcome if budget is not None and budget.outcome.fired else None
         guard_start = time.monotonic()
-        findings = self._check(watch)
+        guard_error = None
+        try:
+            findings = self._check(watch)
+        except Exception as exc:  # noqa: BLE001 - the guard's own failure is not the test's
+            findings, guard_error = [], describe_guard_error(exc)
         guard_s = time.monotonic() - guard_start
         teardown_s = time.monotonic() - start  # the grace waited is part of the teardown
         if fired is not None:
@@ -257,6 +268,7 @@ class ShutdownGuard:
                 budget=fired.to_dict() if fired is not None else None,
                 reported=reported,
                 guard_s=guard_s,
+                guard_error=guard_error,
             )
         )
         for finding in findings:
@@ -291,7 +303,11 @@ class ShutdownGuard:
             # attributed to the test's own line, not to this module
             path, lineno, _ = item.reportinfo()
             warning = ShutdownLeakWarning(render_findings(plain))
-            warnings.warn_explicit(warning, ShutdownLeakWarning, str(path), (lineno or 0) + 1)
+            with warnings.catch_warnings():
+                # Warn mode never fails a test: under -W error / filterwarnings = error the
+                # warning is still recorded (pytest's recorder stays in place), never raised.
+                warnings.simplefilter("always", ShutdownLeakWarning)
+                warnings.warn_explicit(warning, ShutdownLeakWarning, str(path), (lineno or 0) + 1)
             return
         error = ShutdownContractError(findings)
         setattr(error, _GUARD_ATTR, plain)
@@ -550,7 +566,7 @@ def _long_lived_record(key: Any, owner: Owner, nodeid: str) -> dict[str, Any]:
     """What the summary says about a thread or process owned by a global (at session end)."""
     if isinstance(key, threading.Thread):
         origin = origins.origin_of_thread(key)
-        what: dict[str, Any] = {"kind": "thread", "name": key.name, "ident": key.ident}
+        what: dict[str, Any] = {"kind": "thread", "name": thread_name(key), "ident": key.ident}
     else:
         origin = origins.origin_of_process(key)
         what = {"kind": "process", "pid": key, "name": origin.what if origin else None}

@@ -130,6 +130,20 @@ def _is_tool_module(name: str) -> bool:
     return name.partition(".")[0] in _TOOL_PACKAGES and not name.startswith(_CODE_UNDER_TEST)
 
 
+def _is_a(obj: object, kinds: type | tuple[type, ...]) -> bool:
+    """``isinstance`` by the object's real type: never calls a ``__class__`` of the user's."""
+    return issubclass(type(obj), kinds)
+
+
+def _opaque(obj: object) -> bool:
+    """An object whose ``__class__`` raises: never walked through, never an owner."""
+    try:
+        obj.__class__  # noqa: B018 - the lookup is the test
+    except Exception:  # noqa: BLE001 - whatever the user's property raises
+        return True
+    return False
+
+
 def _is_tool_object(obj: object) -> bool:
     return _is_tool_module(getattr(type(obj), "__module__", None) or "")
 
@@ -263,7 +277,7 @@ def find_owners(
         skip.update({id(referrers), id(next_frontier), id(frontier)})
         for ref in referrers:
             ref_id = id(ref)
-            if ref_id in skip or isinstance(ref, _NEVER_OWNERS) or _is_tool_object(ref):
+            if ref_id in skip or _is_a(ref, _NEVER_OWNERS) or _is_tool_object(ref) or _opaque(ref):
                 continue
             # Which frontier nodes does it hold? It carries their unanswered labels.
             known = labels_of.get(ref_id, frozenset())
@@ -284,7 +298,7 @@ def find_owners(
                 settle(ref_id, "fixture", name, key)
             elif ref_id in modules:
                 settle(ref_id, "module-global", modules[ref_id], None)
-            elif isinstance(ref, type):
+            elif _is_a(ref, type):
                 settle(ref_id, "class-attribute", f"{ref.__module__}.{ref.__qualname__}", None)
             else:
                 next_frontier.append(ref)
@@ -359,7 +373,9 @@ def _forward_owners(
                     owner_name = name if kind == "fixture" else name + first
                     for target_key in wanted[child_id]:
                         answers.setdefault(target_key, Owner(kind, owner_name, path + label, key))
-                if not isinstance(child, (type, types.ModuleType)) and not _is_tool_object(child):
+                if _opaque(child) or _is_a(child, (type, types.ModuleType)):
+                    continue
+                if not _is_tool_object(child):
                     queue.append((child, path + label, first))
     return answers
 

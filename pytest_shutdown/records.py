@@ -27,13 +27,17 @@ aborted one.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import os
+import stat
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 #: Version of the JSON layout written by ``--shutdown-report``; bumped on incompatible change.
 SCHEMA_VERSION = 1
@@ -46,29 +50,164 @@ def record_log_path(report_path: Path) -> Path:
     return report_path.with_name(report_path.stem + ".records.jsonl")
 
 
+#: Where no report or record log may go: kernel interfaces, not storage.
+PSEUDO_FILESYSTEMS = ("/proc", "/sys")
+
+
+class TargetRefused(Exception):
+    """A report or record-log path the plugin must not write (the message says why)."""
+
+
+class LogInUse(Exception):
+    """Another live run holds the record log (``pid``: its process, when its head says so)."""
+
+    def __init__(self, path: Path, pid: int | None) -> None:
+        self.path = path
+        self.pid = pid
+        who = f"pid {pid}" if pid is not None else "a process that has not written its pid yet"
+        super().__init__(f"{str(path)!r} is in use by another live run ({who})")
+
+
+def _kind_of(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISDIR, "a folder"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def refusal_of_target(path: Path) -> str | None:
+    """Why ``path`` must not be written (``None``: it may be). An existing target must be a
+    regular file (a FIFO, a device node, a socket or a symbolic link is never replaced or
+    followed); no path under ``/proc`` or ``/sys``."""
+    absolute = Path(os.path.abspath(path))
+    existing = next((p for p in (absolute, *absolute.parents) if os.path.lexists(p)), None)
+    if existing is not None:
+        real = os.path.realpath(existing)
+        for root in PSEUDO_FILESYSTEMS:
+            if real == root or real.startswith(root + os.sep):
+                return f"it is under {root}, a kernel interface, not a place for files"
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # nothing there (a file in the way is the folder check's to name)
+    except OSError as exc:
+        return f"it cannot be inspected ({exc.strerror or exc})"
+    if stat.S_ISREG(mode):
+        return None
+    return f"it exists and is {_kind_of(mode)}; only a regular file is ever replaced"
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``No space left on device (ENOSPC)``: the reason and its errno name."""
+    name = errno.errorcode.get(exc.errno or 0)
+    text = exc.strerror or str(exc)
+    return f"{text} ({name})" if name else text
+
+
 class RecordLog:
-    """An append-only JSON Lines file; every line is flushed as soon as it is written."""
+    """An append-only JSON Lines file; every line is written through at once.
+
+    Only the process that opened it writes (a forked child that runs on writes nothing). A
+    failed write (a full disk, a file-size limit) stops the writing for good and is kept in
+    :attr:`error`; the run goes on. While the log is open, an exclusive ``flock`` on it tells
+    a second run on the same path that this one is alive (:meth:`claim`).
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._file: IO[str] | None = None
+        self._fd: int | None = None
+        self._pid = os.getpid()
+        #: Why writing stopped (``None`` while every line was written).
+        self.error: str | None = None
+        #: Lines written.
+        self.lines = 0
+
+    @property
+    def owned_here(self) -> bool:
+        """This is the process that opened the log (not a forked child)."""
+        return os.getpid() == self._pid
+
+    def claim(self) -> None:
+        """Open the log without truncating it and lock it for this run. Raises
+        :class:`TargetRefused` for a path that must not be written and :class:`LogInUse`
+        when another live run holds it."""
+        refusal = refusal_of_target(self.path)
+        if refusal is not None:
+            raise TargetRefused(f"{str(self.path)!r}: {refusal}")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+        flags |= getattr(os, "O_NONBLOCK", 0)  # a FIFO swapped in since the check never blocks
+        fd = os.open(self.path, flags, 0o644)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise TargetRefused(f"{str(self.path)!r}: it is not a regular file")
+            try:
+                import fcntl  # noqa: PLC0415 - POSIX only
+
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except ImportError:  # pragma: no cover - not POSIX: no lock
+                pass
+            except OSError:
+                raise LogInUse(self.path, _pid_in_head(self.path)) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._pid = os.getpid()
+        self._fd = fd
 
     def open(self, head: Mapping[str, Any]) -> None:
-        """Start a new log (an old one of the same name is replaced) with its session line."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - held for the run
+        """Start the log (what a previous run left there is dropped) with its session line."""
+        if self._fd is None:
+            self.claim()
+        if self._fd is None or not self.owned_here:
+            return
+        try:
+            os.ftruncate(self._fd, 0)
+        except OSError as exc:
+            self.error = describe_os_error(exc)
+            return
         self.write({"type": "session", **head})
 
     def write(self, entry: Mapping[str, Any]) -> None:
-        if self._file is None:
+        """Append one line; dropped in another process, after a failed write, or when closed."""
+        if self._fd is None or self.error is not None or not self.owned_here:
             return
-        self._file.write(json.dumps(entry, default=str) + "\n")
-        self._file.flush()
+        data = (json.dumps(entry, default=str) + "\n").encode("utf-8")
+        try:
+            while data:
+                written = os.write(self._fd, data)
+                data = data[written:]
+        except OSError as exc:
+            self.error = describe_os_error(exc)
+            return
+        self.lines += 1
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            if self.owned_here:
+                try:
+                    os.close(fd)
+                except OSError:  # pragma: no cover
+                    pass
+
+
+def _pid_in_head(path: Path) -> int | None:
+    """The ``pid`` of a record log's session line, if it has one yet."""
+    try:
+        with open(path, encoding="utf-8") as lines:
+            head = json.loads(lines.readline() or "{}")
+        pid = head.get("pid") if isinstance(head, dict) else None
+        return int(pid) if isinstance(pid, int) else None
+    except (OSError, ValueError):
+        return None
 
 
 def read_entries(path: Path) -> Iterator[dict[str, Any]]:
@@ -106,6 +245,7 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     workers: set[str] = set()
     lost: list[dict[str, Any]] = []
     end: Mapping[str, Any] | None = None
+    unchecked = 0
     for entry in entries:
         kind = entry.get("type")
         if kind == "session":
@@ -118,7 +258,9 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             if record.get("worker"):
                 workers.add(str(record["worker"]))
             slow = float(record.get("guard_s", 0.0)) >= SLOW_GUARD_S
-            if record.get("findings") or record.get("budget") or slow:
+            if record.get("guard_error"):
+                unchecked += 1
+            if record.get("findings") or record.get("budget") or slow or record.get("guard_error"):
                 key = (str(record.get("nodeid")), record.get("worker"))
                 if key in kept:
                     _merge(kept[key], record)
@@ -140,9 +282,31 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "long_lived": long_lived,
         "workers": sorted(workers),
         "lost_workers": lost,
-        "complete": end is not None and not end.get("aborted"),
+        "complete": end is not None and _incomplete(end, lost, unchecked) is None,
+        "incomplete": _incomplete(end, lost, unchecked),
+        "interrupted": bool(end is not None and end.get("interrupted")),
         "exitstatus": end.get("exitstatus") if end is not None else None,
     }
+
+
+def _incomplete(
+    end: Mapping[str, Any] | None, lost: Sequence[Mapping[str, Any]], unchecked: int = 0
+) -> str | None:
+    """Why the report is not complete (``None`` when it is)."""
+    if end is None:
+        return "the run did not end in order (the record log has no end line)"
+    if end.get("aborted"):
+        return f"the process ended at once (exit status {end.get('exitstatus')})"
+    if end.get("interrupted"):
+        return f"the session was interrupted (exit status {end.get('exitstatus')})"
+    if end.get("log_error"):
+        return f"the record log could not be written: {end['log_error']}"
+    if lost:
+        workers = ", ".join(str(w.get("worker")) for w in lost)
+        return f"worker {workers} ended before its session did"
+    if unchecked:
+        return f"the guard failed on {unchecked} test{'s' if unchecked > 1 else ''} (not checked)"
+    return None
 
 
 def durations_summary(durations: Iterable[float]) -> dict[str, Any]:
@@ -173,6 +337,8 @@ def assemble(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "budget_s": head.get("budget_s"),
         "platform": head.get("platform"),
         "complete": data["complete"],
+        "incomplete": data["incomplete"],
+        "interrupted": data["interrupted"],
         "exitstatus": data["exitstatus"],
         "workers": data["workers"],
         "lost_workers": data["lost_workers"],
@@ -190,11 +356,26 @@ def assemble(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def write_report(document: Mapping[str, Any], path: Path) -> None:
-    """Write the JSON document to ``path`` through a temporary file (never half a report)."""
+    """Write the JSON document to ``path`` through a temporary file in the same folder (never
+    half a report). A target that must not be written (:func:`refusal_of_target`: a FIFO, a
+    device, a symbolic link, a path under /proc or /sys) raises :class:`TargetRefused`;
+    nothing is replaced then."""
+    refusal = refusal_of_target(path)
+    if refusal is not None:
+        raise TargetRefused(f"{str(path)!r}: {refusal}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".tmp")
-    partial.write_text(json.dumps(document, indent=2, default=str) + "\n", encoding="utf-8")
-    os.replace(partial, path)
+    fd, partial = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(json.dumps(document, indent=2, default=str) + "\n")
+        refusal = refusal_of_target(path)  # swapped for a special file meanwhile?
+        if refusal is not None:
+            raise TargetRefused(f"{str(path)!r}: {refusal}")
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(partial)
+        raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -209,12 +390,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.log.is_file():
         parser.error(f"log: {str(args.log)!r} is not a file")
+    if args.output is not None:
+        refusal = refusal_of_target(args.output)
+        if refusal is not None:
+            parser.error(f"-o: {str(args.output)!r} is refused: {refusal}")
     document = assemble(read_entries(args.log))
     if args.output is None:
         sys.stdout.write(json.dumps(document, indent=2, default=str) + "\n")
     else:
-        write_report(document, args.output)
-        state = "complete" if document["complete"] else "partial (the run did not end in order)"
+        try:
+            write_report(document, args.output)
+        except TargetRefused as exc:
+            parser.error(f"-o: refused: {exc}")
+        except OSError as exc:
+            parser.error(f"-o: {str(args.output)!r} cannot be written: {describe_os_error(exc)}")
+        state = "complete" if document["complete"] else f"partial ({document['incomplete']})"
         print(f"{args.output}: {document['summary']['tests']} tests, {state}")
     return 0
 

@@ -9,7 +9,11 @@ crashes loses only the test it was running; it is listed under ``lost_workers``.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import sys
+import tempfile
 from collections import Counter
 from collections.abc import Generator, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -24,11 +28,13 @@ from pytest_shutdown.findings import Finding
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
     SLOW_GUARD_S,
+    LogInUse,
     RecordLog,
+    TargetRefused,
     assemble,
     collect,
+    describe_os_error,
     durations_summary,
-    read_entries,
     record_log_path,
     write_report,
 )
@@ -40,6 +46,30 @@ __all__ = ["SCHEMA_VERSION", "ShutdownReport", "TestRecord", "durations_summary"
 WORKEROUTPUT_KEY = "pytest_shutdown"
 #: The attribute of a teardown ``TestReport`` that carries the test's records (plain data).
 REPORT_ATTR = "pytest_shutdown_records"
+#: The key under ``workerinput`` naming the folder where a worker that ends at once (a teardown
+#: hung past its second budget) leaves its last records for the controller.
+SPILL_KEY = "pytest_shutdown_spill"
+#: The exit status of a process that a KeyboardInterrupt ends (128 + SIGINT).
+_INTERRUPTED_EXIT = 130
+
+
+def _claim(log: RecordLog) -> None:
+    """Lock the record log for this run: a usage error (exit code 4) when another live run
+    holds it or its path must not be written."""
+    try:
+        log.claim()
+    except LogInUse as exc:
+        raise pytest.UsageError(
+            f"--shutdown-report: the record log {exc}; give this run its own --shutdown-report "
+            "path, or wait for that run to end"
+        ) from None
+    except TargetRefused as exc:
+        raise pytest.UsageError(f"--shutdown-report: the record log {exc}") from None
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--shutdown-report: the record log {str(log.path)!r} cannot be opened: "
+            f"{describe_os_error(exc)}"
+        ) from None
 
 
 @dataclass
@@ -58,9 +88,11 @@ class TestRecord:
     reported: bool = True
     #: Seconds of ``teardown_s`` the guard itself spent (ownership search, grace wait).
     guard_s: float = 0.0
+    #: The guard's own failure while checking this test (the test was not checked).
+    guard_error: str | None = None
 
     def to_plain(self) -> dict[str, Any]:
-        return {
+        plain = {
             "nodeid": self.nodeid,
             "worker": self.worker,
             "teardown_s": round(self.teardown_s, 6),
@@ -69,6 +101,9 @@ class TestRecord:
             "budget": self.budget,
             "reported": self.reported,
         }
+        if self.guard_error is not None:
+            plain["guard_error"] = self.guard_error
+        return plain
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> TestRecord:
@@ -80,7 +115,17 @@ class TestRecord:
             budget=data.get("budget"),
             reported=bool(data.get("reported", True)),
             guard_s=float(data.get("guard_s", 0.0)),
+            guard_error=data.get("guard_error"),
         )
+
+
+def describe_guard_error(exc: BaseException) -> str:
+    """The guard's own error as one line, even when the exception's ``str`` raises too."""
+    try:
+        text = str(exc)
+    except Exception:  # noqa: BLE001 - a hostile exception
+        text = "<message unreadable>"
+    return f"{type(exc).__name__}: {text}"[:500]
 
 
 def _cmdline(parts: Iterable[str] | None) -> str:
@@ -159,8 +204,17 @@ class ShutdownReport:
         #: Entries of the running test, sent with its teardown report.
         self._pending: list[dict[str, Any]] = []
         self.log: RecordLog | None = None
+        #: Why the JSON report could not be written (``None``: written, or not yet tried).
+        self.report_error: str | None = None
+        self._report_written = False
+        self._pid = os.getpid()
+        self._interrupted = False
+        self._finished = False
+        #: Controller: the folder where a worker that ends at once leaves its last records.
+        self._spill_dir: str | None = None
         if settings.report_path is not None and self.worker is None:
             self.log = RecordLog(record_log_path(settings.report_path))
+            _claim(self.log)
 
     # --- collecting ---
 
@@ -190,6 +244,8 @@ class ShutdownReport:
         ]
 
     def _accept(self, entry: dict[str, Any]) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked child that runs on: only the session's own process records
         self.entries.append(entry)
         if self.log is not None:
             self.log.write(entry)
@@ -261,7 +317,9 @@ class ShutdownReport:
             where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
             for finding in record.findings:
                 lines.append(f"{where}: [{finding['code']}] {finding['message']}")
-            if not record.findings and record.guard_s >= SLOW_GUARD_S:
+            if record.guard_error is not None:
+                lines.append(f"{where}: not checked, the guard failed: {record.guard_error}")
+            elif not record.findings and record.guard_s >= SLOW_GUARD_S:
                 lines.append(f"{where}: the guard waited {record.guard_s:.2f} s")
         if self.long_lived:
             lines.append(
@@ -308,16 +366,42 @@ class ShutdownReport:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._on_hung_teardown in HANG_HANDLERS:
             HANG_HANDLERS.remove(self._on_hung_teardown)
+        if self.log is not None:
+            self.log.close()  # a run that never reached its end releases the path too
+        if self._spill_dir is not None and os.getpid() == self._pid:
+            shutil.rmtree(self._spill_dir, ignore_errors=True)
 
-    def _on_hung_teardown(self, label: str, outcome: BudgetOutcome) -> None:
-        """A teardown hung past its second budget and the process is about to end: let the
-        stack dump reach the terminal, and write the report with the hung test's record."""
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
+        """Ctrl-C or SIGTERM: the session is interrupted, its report is never complete."""
+        if isinstance(excinfo.value, KeyboardInterrupt):
+            self._interrupted = True
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """xdist controller: tell each worker where to leave its records if it ends at once."""
+        if self._spill_dir is None:
+            self._spill_dir = tempfile.mkdtemp(prefix="pytest-shutdown-spill-")
+        node.workerinput[SPILL_KEY] = self._spill_dir
+
+    def end_at_once(self, exitstatus: int) -> None:
+        """The process ends now, from a thread of the plugin's own (a signal the main thread
+        cannot take): the stack dump that follows reaches the terminal; the report is written."""
+        self._suspend_capture()
+        self.write_before_exit([], exitstatus)
+
+    def _suspend_capture(self) -> None:
         capture = self.config.pluginmanager.getplugin("capturemanager")
         if capture is not None:
             try:
                 capture.suspend_global_capture(in_=False)
             except Exception:  # noqa: BLE001, S110 - the process ends anyway
                 pass
+
+    def _on_hung_teardown(self, label: str, outcome: BudgetOutcome) -> None:
+        """A teardown hung past its second budget and the process is about to end: let the
+        stack dump reach the terminal, and write the report with the hung test's record."""
+        self._suspend_capture()
         budget = outcome.to_dict()
         record = TestRecord(
             nodeid=label,
@@ -358,11 +442,50 @@ class ShutdownReport:
                 self._accept(entry)
             self._accept({"type": "worker", "worker": worker, "lost": False})
         else:
+            spilled = self._take_spill(worker)
+            for entry in spilled:
+                self._accept(entry)
             error_text = str(error or "")[-500:]
-            self._accept({"type": "worker", "worker": worker, "lost": True, "error": error_text})
+            lost = {"type": "worker", "worker": worker, "lost": True, "error": error_text}
+            if spilled:
+                lost["spilled"] = len(spilled)
+            self._accept(lost)
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+    def _take_spill(self, worker: str) -> list[dict[str, Any]]:
+        """The records a worker that ended at once left in the spill folder (then removed)."""
+        if self._spill_dir is None:
+            return []
+        path = Path(self._spill_dir) / f"{worker}.json"
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            path.unlink()
+        except (OSError, ValueError):
+            return []
+        entries = data.get("entries") if isinstance(data, dict) else None
+        return [e for e in entries or [] if isinstance(e, dict)]
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_sessionfinish(
+        self, session: pytest.Session, exitstatus: int
+    ) -> Generator[None, None, None]:
+        """Around every other plugin's session end: a second Ctrl-C that breaks out of it (or
+        out of pytest's own interrupt handling) still ends the record log, as interrupted."""
+        try:
+            return (yield)
+        except KeyboardInterrupt:
+            self._end_session(_INTERRUPTED_EXIT, interrupted=True)
+            raise
+
+    @pytest.hookimpl(trylast=True, specname="pytest_sessionfinish")
+    def pytest_sessionfinish_in_order(self, session: pytest.Session, exitstatus: int) -> None:
+        # A KeyboardInterrupt on its way out (pytest's finally): the process exits 130.
+        propagating = isinstance(sys.exc_info()[1], KeyboardInterrupt)
+        self._end_session(
+            _INTERRUPTED_EXIT if propagating else int(exitstatus),
+            interrupted=propagating or self._interrupted,
+        )
+
+    def _end_session(self, exitstatus: int, *, interrupted: bool) -> None:
         pending, self._pending = self._pending, []
         workeroutput = getattr(self.config, "workeroutput", None)
         if workeroutput is not None:
@@ -370,27 +493,60 @@ class ShutdownReport:
             return
         for entry in pending:
             self._accept(entry)
-        self.finish(int(exitstatus))
+        self.finish(exitstatus, interrupted=interrupted)
 
-    def finish(self, exitstatus: int, *, aborted: bool = False) -> None:
-        """End the record log and assemble the JSON report from it (no-op without a report).
+    def finish(self, exitstatus: int, *, aborted: bool = False, interrupted: bool = False) -> None:
+        """End the record log and assemble the JSON report (no-op without a report, when done
+        already, or in a forked child).
 
-        ``aborted``: the process ends now, not in order (the report says ``complete: false``).
+        ``aborted``: the process ends now, not in order; ``interrupted``: Ctrl-C or SIGTERM
+        ended the session. Either way the report says ``complete: false``. A record log that
+        could not be written (a full disk) makes the report incomplete too; the report is then
+        assembled from the records kept in memory, and written if it still can be.
         """
         if self.log is None or self.settings.report_path is None:
             return
-        self._accept({"type": "end", "exitstatus": exitstatus, "aborted": aborted})
+        if self._finished or os.getpid() != self._pid:
+            return
+        self._finished = True
+        end: dict[str, Any] = {"type": "end", "exitstatus": exitstatus, "aborted": aborted}
+        if interrupted:
+            end["interrupted"] = True
+        self._accept(end)
+        if self.log.error is not None:
+            end["log_error"] = self.log.error
         self.log.close()
-        write_report(assemble(read_entries(self.log.path)), self.settings.report_path)
+        document = assemble([{"type": "session", **self._head()}, *self.entries])
+        try:
+            write_report(document, self.settings.report_path)
+        except (OSError, TargetRefused) as exc:
+            self.report_error = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+        else:
+            self._report_written = True
 
     def write_before_exit(self, entries: list[dict[str, Any]], exitstatus: int) -> None:
-        """The process is about to end abruptly: log what is pending and write the report."""
-        if self.worker is not None:
-            return  # only the controller writes; it lists this worker as lost
+        """The process is about to end abruptly: log what is pending and write the report. On
+        an xdist worker, leave them where the controller picks them up."""
         pending, self._pending = self._pending, []
+        if self.worker is not None:
+            self._spill([*pending, *entries])
+            return
         for entry in [*pending, *entries]:
             self._accept(entry)
         self.finish(exitstatus, aborted=True)
+
+    def _spill(self, entries: list[dict[str, Any]]) -> None:
+        """xdist worker ending at once: its last records go to the controller's spill folder."""
+        folder = getattr(self.config, "workerinput", {}).get(SPILL_KEY)
+        if not folder or not entries:
+            return
+        path = Path(folder) / f"{self.worker}.json"
+        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            partial.write_text(json.dumps({"entries": entries}, default=str), encoding="utf-8")
+            os.replace(partial, path)
+        except OSError:
+            pass  # the controller lists the worker as lost, as before
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if hasattr(self.config, "workerinput"):
@@ -401,8 +557,24 @@ class ShutdownReport:
         collection_errors = sum(1 for r in errors if isinstance(r, pytest.CollectReport))
         for line in self.summary_lines(verbose, collection_errors):
             terminalreporter.line(line)
-        if self.settings.report_path is not None:
-            terminalreporter.line(f"shutdown report written to {self.settings.report_path}")
+        if self.settings.report_path is None:
+            return
+        problem = self.log.error if self.log is not None else None
+        if problem is not None:
+            where = self.log.path if self.log is not None else "?"
+            terminalreporter.line(
+                f"shutdown report incomplete: writing the record log {where} stopped after "
+                f"{self.log.lines if self.log else 0} lines: {problem}; the tests went on",
+                yellow=True,
+            )
+        if self.report_error is not None:
+            terminalreporter.line(
+                f"shutdown report not written to {self.settings.report_path}: {self.report_error}",
+                red=True,
+            )
+        elif self._report_written:
+            state = " (marked incomplete)" if problem is not None else ""
+            terminalreporter.line(f"shutdown report written to {self.settings.report_path}{state}")
 
 
 #: The key under ``config.workeroutput`` that carries a worker's backref pictures.

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from pytest_shutdown.devices import PLATFORMS
+from pytest_shutdown.records import record_log_path, refusal_of_target
 
 #: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
@@ -124,6 +125,7 @@ def load_settings(config: pytest.Config) -> GuardSettings:
     report_path = _path_option(config, "shutdown_report", "--shutdown-report", "a file path")
     if report_path is not None:
         given = str(config.getoption("shutdown_report"))
+        _refuse_special_targets(report_path, given)
         if report_path.is_dir():
             raise pytest.UsageError(
                 f"--shutdown-report: {given!r} is a folder; expected a file path"
@@ -134,11 +136,33 @@ def load_settings(config: pytest.Config) -> GuardSettings:
     graphs_dir = _path_option(config, "shutdown_graphs", "--shutdown-graphs", "a folder path")
     if graphs_dir is not None:
         given = str(config.getoption("shutdown_graphs"))
+        refusal = refusal_of_target(graphs_dir)
+        if refusal is not None and "kernel interface" in refusal:
+            raise pytest.UsageError(f"--shutdown-graphs: {given!r} is refused: {refusal}")
         if graphs_dir.exists() and not graphs_dir.is_dir():
             raise pytest.UsageError(f"--shutdown-graphs: {given!r} exists and is not a folder")
         _writable_folder(graphs_dir, "--shutdown-graphs")
     long_lived = _long_lived(config)
     return GuardSettings(mode, grace, budget, report_path, platform, graphs_dir, long_lived)
+
+
+def _refuse_special_targets(report_path: Path, given: str) -> None:
+    """The report and its record log are only ever written over regular files: a FIFO, a
+    device node, a socket or a symbolic link there, or a path under /proc or /sys, is refused
+    before the run (the plugin never replaces special files)."""
+    for target, what in (
+        (report_path, "the report"),
+        (record_log_path(report_path), "its record log"),
+    ):
+        if target.is_dir() and not target.is_symlink():
+            continue  # "is a folder" has its own message
+        refusal = refusal_of_target(target)
+        if refusal is not None:
+            shown = given if target == report_path else str(target)
+            raise pytest.UsageError(
+                f"--shutdown-report: {shown!r} ({what}) is refused: {refusal}; expected the "
+                "path of a regular file, or a new one"
+            )
 
 
 def _long_lived(config: pytest.Config) -> str:

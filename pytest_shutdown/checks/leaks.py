@@ -57,6 +57,7 @@ __all__ = [
     "started_since",
     "take_snapshot",
     "thread_filter",
+    "thread_name",
 ]
 
 #: A predicate that returns True for a thread that must not be reported.
@@ -212,7 +213,7 @@ def thread_filter(allow: Iterable[AllowRule] = ()) -> ThreadFilter:
             )
 
     def allowed(thread: threading.Thread) -> bool:
-        name = thread.name
+        name = thread_name(thread)
         if name.startswith(OWN_THREAD_PREFIX):
             return True
         if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
@@ -331,14 +332,33 @@ def await_exit(started: Started, grace: float, *, collect: bool = True) -> Start
 # --- findings --------------------------------------------------------------------------------
 
 
+def thread_name(thread: threading.Thread) -> str:
+    """``thread.name``, or what ``threading`` stored, for a subclass whose ``name`` raises: a
+    hostile object is opaque to the guard, never the guard's error."""
+    try:
+        return str(thread.name)
+    except Exception:  # noqa: BLE001 - any error of the user's property
+        stored = vars(thread).get("_name")
+        if isinstance(stored, str):
+            return stored
+        return f"<{type(thread).__name__}, name unreadable>"
+
+
+def _thread_daemon(thread: threading.Thread) -> bool | None:
+    try:
+        return bool(thread.daemon)
+    except Exception:  # noqa: BLE001 - a subclass's property
+        return None
+
+
 def _thread_record(thread: threading.Thread, frames: dict[int, Any]) -> dict[str, Any]:
     frame = frames.get(thread.ident) if thread.ident is not None else None
     stack = "".join(traceback.format_stack(frame)[-STACK_LIMIT:]) if frame is not None else ""
     origin = origins.origin_of_thread(thread)
     return {
-        "name": thread.name,
+        "name": thread_name(thread),
         "ident": thread.ident,
-        "daemon": thread.daemon,
+        "daemon": _thread_daemon(thread),
         "stack": stack,
         **(origin.to_dict() if origin is not None else {}),
     }

@@ -57,15 +57,24 @@ def test_bad_option_is_a_usage_error_naming_it(
         ("--shutdown-report", "a-file/deeper/r.json", "is a file, not a folder"),
         ("--shutdown-graphs", "a-file", "exists and is not a folder"),
         ("--shutdown-graphs", "a-file/graphs", "is a file, not a folder"),
+        # /proc and /sys are kernel interfaces: refused up front (issue 23 item 8).
         pytest.param(
-            "--shutdown-report", f"{READ_ONLY}/r.json", "is read-only", marks=needs_read_only
+            "--shutdown-report", f"{READ_ONLY}/r.json", "a kernel interface", marks=needs_read_only
         ),
         pytest.param(
-            "--shutdown-report", f"{READ_ONLY}/missing/r.json", "cannot create the folder",
+            "--shutdown-report", f"{READ_ONLY}/missing/r.json", "a kernel interface",
             marks=needs_read_only,
         ),
         pytest.param(
-            "--shutdown-graphs", f"{READ_ONLY}/graphs", "cannot create the folder",
+            "--shutdown-report", "/proc/self/r.json", "under /proc, a kernel interface",
+            marks=needs_read_only,
+        ),
+        pytest.param(
+            "--shutdown-report", "/sys/kernel/r.json", "under /sys, a kernel interface",
+            marks=needs_read_only,
+        ),
+        pytest.param(
+            "--shutdown-graphs", f"{READ_ONLY}/graphs", "a kernel interface",
             marks=needs_read_only,
         ),
     ],

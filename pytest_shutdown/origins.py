@@ -69,6 +69,10 @@ class Origin:
     frames: tuple[tuple[str, int, str, bool], ...]
     test: str | None
     what: str | None = None
+    #: Started by a thread other than the main thread: its name, and when that one was started
+    #: (the test then, ``None`` before any test; ``"unknown"`` when it was not recorded).
+    starter: str | None = None
+    starter_test: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"started_at": render_origin(self), "started_in": self.test, "what": self.what}
@@ -136,7 +140,16 @@ def _capture(what: str | None = None) -> Origin:
         starter = next((f[2] for f in library + user if "." in f[2]), None)
         if starter is not None and not starter.endswith(".start"):
             what += f", started by {starter}"
-    return Origin(tuple(user + library), _current_test, what)
+    starter = starter_test = None
+    current = threading.current_thread()
+    if current is not threading.main_thread():
+        try:
+            starter = str(current.name)
+        except Exception:  # noqa: BLE001 - a subclass's hostile name
+            starter = "?"
+        started = _threads.get(current)
+        starter_test = started.test if started is not None else "unknown"
+    return Origin(tuple(user + library), _current_test, what, starter, starter_test)
 
 
 def render_origin(origin: Origin) -> str:
@@ -148,6 +161,14 @@ def render_origin(origin: Origin) -> str:
         lines.append(f'File "{filename}", line {lineno}, in {name}{mark}')
         if source:
             lines.append(f"  {source}")
+    if origin.starter is not None:
+        if origin.starter_test == origin.test and origin.test is not None:
+            when = "in the same test"
+        elif origin.starter_test in (None, "unknown"):
+            when = "before this test: the test did not start it"
+        else:
+            when = f"in {origin.starter_test}: the test did not start it"
+        lines.append(f"(from thread {origin.starter!r}, itself started {when})")
     return "\n".join(lines)
 
 

@@ -489,3 +489,57 @@ def test_a_forked_child_that_runs_on_writes_nothing(pytester: pytest.Pytester) -
     assert sum(1 for e in entries if e["type"] == "session") == 1
     assert sum(1 for e in entries if e["type"] == "record" and e.get("timed")) == 6
     assert load_report(pytester)["summary"]["tests"] == 6
+
+
+# --- item 0: a thread started by a global pool's manager thread -------------------------------
+
+
+def test_a_thread_started_by_an_older_manager_thread_says_the_test_did_not_start_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """loky's shape: the executor's manager thread (started by an earlier test) starts a feeder
+    thread while a later test shuts the executor down without waiting; the finding names the
+    manager thread and says that the test did not start it."""
+    pytester.makepyfile(
+        test_mgr=textwrap.dedent(
+            """
+            import queue, threading
+
+            class Pool:
+                def __init__(self):
+                    self.requests = queue.Queue()
+                    self.release = threading.Event()
+                    self.manager = threading.Thread(
+                        target=self._manage, name="manager", daemon=True
+                    )
+                    self.manager.start()
+
+                def _manage(self):
+                    while self.requests.get() is not None:
+                        threading.Thread(
+                            target=self.release.wait, name="feeder", daemon=True
+                        ).start()
+
+            POOL = None
+
+            def test_a_starts_the_pool():
+                global POOL
+                POOL = Pool()
+
+            def test_b_shuts_it_down_without_waiting():
+                global POOL
+                pool, POOL = POOL, None
+                pool.requests.put("work")
+                pool.requests.put(None)  # shutdown(wait=False): the feeder runs on
+                pool.manager.join(5)
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(*ARGS)
+    result.stdout.fnmatch_lines(
+        [
+            "*thread 'feeder'*",
+            "*(from thread 'manager', itself started in test_mgr.py::test_a_starts_the_pool:"
+            " the test did not start it)",
+        ]
+    )

@@ -10,9 +10,9 @@ appended and flushed as it happens:
 * ``{"type": "long_lived", "item": {...}}``: a thread or process owned by a module global or a
   class attribute, still alive at session end (who owns it, which test first started it);
 * ``{"type": "worker", "worker": "gw0", "lost": bool, "error": "..."}``: an xdist worker ended;
-* ``{"type": "end", "exitstatus": int, "aborted": bool}``: the last line; ``aborted`` when the
-  process ended at once (a teardown hung past its second budget), else the session ended in
-  order.
+* ``{"type": "end", "exitstatus": int, "aborted": bool, "interrupted": bool}``: the last
+  line; ``aborted`` when the process ended at once (a teardown hung past its second budget, a
+  signal the main thread could not take), ``interrupted`` when Ctrl-C or SIGTERM ended it.
 
 So a run killed by SIGKILL, ``os._exit`` (pytest-timeout's ``thread`` method) or a double
 Ctrl-C keeps every finished test's findings. At session end the JSON report is assembled from
@@ -20,8 +20,9 @@ the log; after a killed run the same assembly is one command::
 
     python -m pytest_shutdown.records report.records.jsonl -o report.json
 
-The assembled document says ``"complete": false`` when the log has no ``end`` line or an
-aborted one.
+The assembled document says ``"complete": false`` (and why, under ``incomplete``) when the
+log has no ``end`` line, an aborted or interrupted one, a lost xdist worker or a test the guard
+failed to check. Only regular files are written (:func:`refusal_of_target`).
 """
 
 from __future__ import annotations

@@ -130,6 +130,8 @@ class _SignalWatch:
         self._pipes: dict[int, tuple[int, IO[bytes]]] = {}  # signal -> (read fd, write file)
         self._registered: list[int] = []
         self._stopped = False
+        #: Python's handler of each signal when the watch started.
+        self._python_handlers = {signum: signal.getsignal(signum) for signum in signals}
         for signum in signals:
             read_fd, write_fd = os.pipe()
             os.set_blocking(write_fd, False)  # a full pipe cuts the dump, never blocks it
@@ -231,7 +233,11 @@ class _SignalWatch:
         """The session is over: the C-level handlers go, the watcher ends."""
         self._stopped = True
         for signum in self._registered:
-            faulthandler.unregister(signum)
+            # Only where Python's handler is still the one of the start: unregistering puts
+            # back the C handler of that time, which must not undo a handler (SIG_DFL, SIG_IGN)
+            # the user's code installed since (it replaced ours at the C level already).
+            if signal.getsignal(signum) == self._python_handlers.get(signum):
+                faulthandler.unregister(signum)
         self._registered = []
         for _, writer in self._pipes.values():
             writer.close()  # the watcher reads the end of its pipe and returns

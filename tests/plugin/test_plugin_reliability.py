@@ -543,3 +543,33 @@ def test_a_thread_started_by_an_older_manager_thread_says_the_test_did_not_start
             " the test did not start it)",
         ]
     )
+
+
+def test_a_global_process_pool_shut_down_without_waiting_is_not_the_tests(
+    pytester: pytest.Pytester,
+) -> None:
+    """The stdlib shape: a ProcessPoolExecutor in a module global, shut down with wait=False by
+    a later test. Its threads and process were started by the first test, owned by the global
+    then, and are never blamed on the test that shuts the pool down."""
+    pytester.makepyfile(
+        test_pool=textwrap.dedent(
+            """
+            import time
+            from concurrent.futures import ProcessPoolExecutor
+
+            POOL = ProcessPoolExecutor(1)
+
+            def test_warm():
+                assert POOL.submit(abs, -1).result() == 1
+
+            def test_shutdown_without_waiting():
+                POOL.submit(time.sleep, 1)
+                POOL.shutdown(wait=False)
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(*ARGS, "--shutdown-report=r.json", timeout=120)
+    result.assert_outcomes(passed=2)
+    report = load_report(pytester)
+    assert report["summary"]["findings"] == {}
+    assert report["complete"] is True

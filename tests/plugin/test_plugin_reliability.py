@@ -120,7 +120,7 @@ STUCK_IN_C = textwrap.dedent(
     ("signum", "count", "status", "within"),
     [
         (signal.SIGTERM, 1, 143, 30.0),
-        (signal.SIGTERM, 2, 143, 4.0),  # the second SIGTERM ends it at once, not after 5 s
+        (signal.SIGTERM, 2, 143, 4.5),  # the second SIGTERM ends it at once, not after 5 s
         (signal.SIGINT, 1, 130, 30.0),
     ],
     ids=["sigterm", "sigterm-twice", "sigint"],

@@ -573,3 +573,36 @@ def test_a_global_process_pool_shut_down_without_waiting_is_not_the_tests(
     report = load_report(pytester)
     assert report["summary"]["findings"] == {}
     assert report["complete"] is True
+
+
+def test_a_guard_failure_is_recorded_never_the_tests_outcome(pytester: pytest.Pytester) -> None:
+    """Should the guard itself fail on a test (here: a Thread subclass whose ``ident`` raises),
+    the test passes as it would without the plugin, the record is kept with the guard's error,
+    and the report is not complete."""
+    pytester.makepyfile(
+        test_ident=textwrap.dedent(
+            """
+            import threading
+            _stop = threading.Event()
+
+            class BadIdent(threading.Thread):
+                @property
+                def ident(self):
+                    raise RuntimeError("no ident for you")
+
+            def test_a_thread_whose_ident_raises():
+                BadIdent(target=_stop.wait, daemon=True).start()
+
+            def test_after():
+                pass
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(*ARGS, "--shutdown-report=r.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        ["*test_a_thread_whose_ident_raises: not checked, the guard failed: RuntimeError: no*"]
+    )
+    report = load_report(pytester)
+    assert report["complete"] is False and "guard failed on 1 test" in report["incomplete"]
+    assert report["tests"][0]["guard_error"] == "RuntimeError: no ident for you"

@@ -36,6 +36,7 @@ __all__ = [
     "origin_of_thread",
     "process_object",
     "set_current_test",
+    "starter_of",
     "uninstall",
 ]
 
@@ -80,6 +81,10 @@ class Origin:
 
 _current_test: str | None = None
 _threads: weakref.WeakKeyDictionary[threading.Thread, Origin] = weakref.WeakKeyDictionary()
+#: A thread started by another (non-main) thread -> that thread (weakly).
+_starters: weakref.WeakKeyDictionary[threading.Thread, weakref.ref[threading.Thread]] = (
+    weakref.WeakKeyDictionary()
+)
 _processes: OrderedDict[int, tuple[Callable[[], Any], Origin]] = OrderedDict()
 _originals: dict[str, Any] = {}
 _installs = 0
@@ -210,6 +215,9 @@ def install() -> None:
     def start(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
         try:
             _threads[self] = _capture()
+            current = threading.current_thread()
+            if current is not threading.main_thread():
+                _starters[self] = weakref.ref(current)
         except Exception:  # pragma: no cover - recording must never break a start
             pass
         return thread_start(self, *args, **kwargs)
@@ -275,6 +283,12 @@ def uninstall() -> None:
 
 def origin_of_thread(thread: threading.Thread) -> Origin | None:
     return _threads.get(thread)
+
+
+def starter_of(thread: threading.Thread) -> threading.Thread | None:
+    """The thread (not the main thread) that started ``thread``, while it is alive."""
+    ref = _starters.get(thread)
+    return ref() if ref is not None else None
 
 
 def origin_of_process(pid: int) -> Origin | None:

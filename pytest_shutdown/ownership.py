@@ -208,9 +208,14 @@ def find_owners(
     max_depth: int = MAX_DEPTH,
     max_nodes: int = MAX_NODES,
     max_seconds: float = MAX_SECONDS,
+    follow_starters: bool = True,
 ) -> dict[Any, Owner]:
     """Find the owner of each target object (a thread, a Process/Popen); unowned ones are left
     out of the answer.
+
+    A thread that nothing reaches, started by another thread that is not among the targets (a
+    pool's manager thread starting a feeder thread), belongs to that thread's owner, if it has
+    one (``follow_starters``).
 
     ``targets`` maps the caller's key (a thread, a pid) to the object to explain;
     ``fixture_roots`` maps ``id(value)`` of each live wider-scope fixture's value (and of its
@@ -307,7 +312,43 @@ def find_owners(
     if len(answers) < len(keys) and gc.get_freeze_count() > 0:
         left = {key: targets[key] for key in keys if key not in answers}
         answers.update(_forward_owners(left, fixture_roots, modules, deadline + max_seconds))
+    if follow_starters and len(answers) < len(keys):
+        answers.update(_owners_through_starters(targets, answers, fixture_roots, max_seconds))
     return answers
+
+
+def _owners_through_starters(
+    targets: Mapping[Any, object],
+    answers: Mapping[Any, Owner],
+    fixture_roots: Mapping[int, tuple[Any, str, object]],
+    max_seconds: float,
+) -> dict[Any, Owner]:
+    """Unowned threads started by a thread that is not a target: their starter's owner."""
+    starters: dict[Any, threading.Thread] = {}
+    for key in targets:
+        if key in answers or not _is_a(key, threading.Thread):
+            continue
+        starter = origins.starter_of(key)
+        if starter is not None and starter not in targets and starter.is_alive():
+            starters[key] = starter
+    if not starters:
+        return {}
+    owners = find_owners(
+        {s: s for s in set(starters.values())},
+        fixture_roots,
+        max_seconds=max_seconds,
+        follow_starters=False,
+    )
+    found: dict[Any, Owner] = {}
+    for key, starter in starters.items():
+        owner = owners.get(starter)
+        if owner is not None:
+            try:
+                via = f" (started by its thread {starter.name!r})"
+            except Exception:  # noqa: BLE001 - a subclass's hostile name
+                via = " (started by one of its threads)"
+            found[key] = Owner(owner.kind, owner.name, owner.path + via, owner.key)
+    return found
 
 
 _STDLIB_DIR = os.path.dirname(os.__file__) + os.sep

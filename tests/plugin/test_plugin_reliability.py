@@ -606,3 +606,52 @@ def test_a_guard_failure_is_recorded_never_the_tests_outcome(pytester: pytest.Py
     report = load_report(pytester)
     assert report["complete"] is False and "guard failed on 1 test" in report["incomplete"]
     assert report["tests"][0]["guard_error"] == "RuntimeError: no ident for you"
+
+
+def test_a_thread_started_by_a_global_pools_manager_thread_is_the_pools(
+    pytester: pytest.Pytester,
+) -> None:
+    """Ownership follows a thread through the thread that started it: a feeder thread that
+    nothing reaches, started by the manager thread of a pool a module global holds, is the
+    pool's (listed as long-lived), not the leak of the test during which it was started."""
+    pytester.makepyfile(
+        test_mgr=textwrap.dedent(
+            """
+            import queue, threading
+
+            class Pool:
+                def __init__(self):
+                    self.requests = queue.Queue()
+                    self.release = threading.Event()
+                    self.manager = threading.Thread(
+                        target=self._manage, name="manager", daemon=True
+                    )
+                    self.manager.start()
+
+                def _manage(self):
+                    while self.requests.get() is not None:
+                        threading.Thread(
+                            target=self.release.wait, name="feeder", daemon=True
+                        ).start()
+
+            POOL = None
+
+            def test_a_starts_the_pool():
+                global POOL
+                POOL = Pool()
+
+            def test_b_asks_for_work():
+                POOL.requests.put("work")
+                deadline = __import__("time").monotonic() + 10
+                while not any(t.name == "feeder" for t in threading.enumerate()):
+                    assert __import__("time").monotonic() < deadline
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(*ARGS, "--shutdown-report=r.json")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*thread 'feeder' owned by module-global test_mgr.POOL*"])
+    report = load_report(pytester)
+    assert report["summary"]["findings"] == {}
+    feeder = [item for item in report["long_lived"] if item.get("name") == "feeder"]
+    assert feeder and "started by its thread 'manager'" in feeder[0]["owner"]["path"]

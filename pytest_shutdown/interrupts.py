@@ -89,10 +89,12 @@ class SigtermEndsSessionInOrder:
         signals: list[int] = [signal.SIGTERM]
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signals.append(signal.SIGINT)
-        try:
-            self._watch = _SignalWatch(signals, self._abort)
-        except (OSError, RuntimeError, ValueError):  # pragma: no cover - no pipe, no watch
-            self._watch = None
+        self._watch = None
+        if hasattr(faulthandler, "register"):  # not on Windows: the handler alone, as before
+            try:
+                self._watch = _SignalWatch(signals, self._abort)
+            except (OSError, RuntimeError, ValueError):  # pragma: no cover - no pipe, no watch
+                self._watch = None
         undo_in_forked_child("sigterm", self._restore_default_in_child, hold=signals)
 
     def _abort(self, exitstatus: int) -> None:

@@ -272,7 +272,10 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         elif kind == "worker":
             workers.add(str(entry.get("worker")))
             if entry.get("lost"):
-                lost.append({"worker": str(entry.get("worker")), "error": entry.get("error", "")})
+                worker = {"worker": str(entry.get("worker")), "error": entry.get("error", "")}
+                if entry.get("spilled"):
+                    worker["spilled"] = int(entry["spilled"])
+                lost.append(worker)
         elif kind == "end":
             end = entry
     return {

@@ -337,6 +337,12 @@ class ShutdownReport:
                     f"{item['owner']['name']}, first started in {item['first_test']}"
                 )
         for lost in self.lost_workers:
+            if lost.get("spilled"):
+                lines.append(
+                    f"worker {lost['worker']} ended at once: the records of the tests it finished "
+                    "are kept, and so is the record it left before exiting (the hung test's)"
+                )
+                continue
             lines.append(
                 f"worker {lost['worker']} crashed: the records of the tests it finished are kept, "
                 "the test it was running is lost"

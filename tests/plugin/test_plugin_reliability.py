@@ -292,6 +292,8 @@ def test_a_worker_hung_in_c_sends_its_record_to_the_controller(
     assert any("pthread_mutex_lock" in th["stack"] or "deadlocks_in_teardown" in th["stack"]
                for th in hung[0]["budget"]["threads"])
     assert [lost["worker"] for lost in report["lost_workers"]] == [hung[0]["worker"]]
+    assert report["lost_workers"][0]["spilled"] >= 1
+    result.stdout.fnmatch_lines(["worker gw* ended at once: *the hung test's)"])
 
 
 # --- item 5: special files are never replaced -------------------------------------------------

@@ -15,10 +15,13 @@ exists. The rules (:func:`judge`, stated in docs/growth.md):
   exiting, a finalizer not yet run); the second reading stands;
 * **every cycle**: with 2 or more measured cycles, a metric that grew by at least its allowance
   in every measured cycle has grown (``growth``);
-* **net**: a metric whose net growth — from the last warm-up reading to the smaller of the last
-  two readings, so that one noisy last sample cannot decide — exceeds its threshold has grown.
-  The threshold is stated (``max_growth``) or derived: the allowance times half the measured
-  cycles, rounded up. A stated threshold replaces both rules for its metric.
+* **net**: the net growth runs from the last warm-up reading to the smaller of the last two
+  readings (one noisy last sample cannot decide it). A metric whose net growth, less its
+  largest single-cycle increase (one jump is a cache filled once, not growth), exceeds the
+  derived threshold — the allowance times a third of the measured cycles, rounded up — has
+  grown;
+* **stated**: a threshold stated in ``max_growth`` replaces both rules for its metric: it has
+  grown when its net growth (nothing discounted) exceeds the stated number.
 
 A grown type is shown by one instance that is new since the previous count, with the backref
 chain that keeps it alive (``objgraph.find_backref_chain``, bounded) and, in the message, the
@@ -152,11 +155,11 @@ def judge(
         if net > stated:
             return Verdict(metric, "net", deltas, net, allowance, stated, True)
         return None
+    threshold = float(allowance * math.ceil(measured / 3))
     if measured >= 2 and all(delta >= allowance for delta in deltas):
-        threshold = float(allowance * math.ceil(measured / 2))
         return Verdict(metric, "every cycle", deltas, net, allowance, threshold, False)
-    threshold = float(allowance * max(1, math.ceil(measured / 2)))
-    if net > threshold:
+    step = max(0, *deltas)  # one jump is a cache filled once, not growth
+    if net - step > threshold:
         return Verdict(metric, "net", deltas, net, allowance, threshold, False)
     return None
 
@@ -463,10 +466,15 @@ def _growth_text(subject: str, verdict: Verdict) -> str:
         shown = _amount(metric, rate) if metric in BYTE_METRICS else _amount(metric, round(rate, 1))
         return f"{subject}: {shown} per cycle ({measured} cycles)"
     limit = _amount(metric, verdict.threshold).lstrip("+")
-    kind = "stated" if verdict.stated else "derived"
+    if verdict.stated:
+        return (
+            f"{subject}: {_amount(metric, verdict.net)} over {measured} cycles, past its stated "
+            f"threshold of {limit}"
+        )
+    step = _amount(metric, max(0, *verdict.deltas))
     return (
-        f"{subject}: {_amount(metric, verdict.net)} over {measured} cycles, past its {kind} "
-        f"threshold of {limit}"
+        f"{subject}: {_amount(metric, verdict.net)} over {measured} cycles ({step} in its largest "
+        f"single cycle), past its derived threshold of {limit} beyond that cycle"
     )
 
 
@@ -664,6 +672,8 @@ def nearest_holder(chain: Sequence[Any]) -> str:
         node = chain[index]
         if isinstance(node, types.ModuleType):
             child = chain[index + 1]
+            if child is vars(node) and index + 2 < len(chain):
+                child = chain[index + 2]  # the module's namespace: name the attribute
             attribute = next(
                 (key for key, value in vars(node).items() if value is child), "__dict__"
             )

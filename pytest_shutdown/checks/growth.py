@@ -602,6 +602,7 @@ def _object_findings(
                 "growth",
                 f"objects of {len(rest)} more type(s) grew with them (per cycle): {listed}{more}.",
                 {
+                    "metric": OBJECTS,
                     "types": {
                         v.metric.split(":", 1)[1]: _verdict_details(v, remeasured) for v in rest
                     },

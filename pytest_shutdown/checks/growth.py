@@ -87,6 +87,9 @@ DEFAULT_DIAGNOSE = 3
 #: Depth and time limits of one backref search (one per diagnosed type).
 CHAIN_MAX_DEPTH = 16
 CHAIN_BUDGET_S = 2.0
+#: Types of pytest-shutdown's own bookkeeping, explained last (the reference engine's first).
+OWN_PREFIX = "pytest_shutdown."
+ENGINE_PREFIX = "pytest_shutdown.engine."
 #: Types named in the message of the finding that lists the other grown types.
 LISTED_TYPES = 6
 
@@ -564,6 +567,8 @@ def _diagnosis_order(verdict: Verdict) -> tuple[int, float]:
     name = verdict.metric.split(":", 1)[1]
     root = name.split(".", 1)[0]
     library = "." not in name or root in getattr(sys, "stdlib_module_names", ())
+    # the plugin's own bookkeeping (thread origins) follows what grew; its engine does not
+    library = library or name.startswith(OWN_PREFIX) and not name.startswith(ENGINE_PREFIX)
     return (1 if library else 0, -verdict.per_cycle)
 
 

@@ -76,6 +76,23 @@ def count_objects(objects: Iterable[object]) -> dict[str, int]:
     return counts
 
 
+def own_records() -> dict[str, int]:
+    """Objects the plugin's guard keeps for every process started while it is on (the bounded
+    creation-site record of :mod:`pytest_shutdown.origins`): the guard's, not the code's under
+    test, so they are not counted. Read through ``sys.modules``: nothing is imported."""
+    origins = sys.modules.get("pytest_shutdown.origins")
+    registry = getattr(origins, "_processes", None)
+    counts: dict[str, int] = {}
+    if not registry:
+        return counts
+    for entry in list(registry.values()):
+        for obj in (entry, *entry):
+            if gc.is_tracked(obj):
+                name = type_name(type(obj))
+                counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
 def fd_numbers() -> list[int]:
     """This process's open file descriptors (without the one used to list them)."""
     try:
@@ -189,10 +206,12 @@ class Census:
         return objects, scalars
 
     def read_objects(self) -> dict[str, int]:
-        """Live (GC-tracked) objects by type name."""
+        """Live (GC-tracked) objects by type name, less pytest-shutdown's own records."""
         objects = gc.get_objects()
         counts = count_objects(objects)
         del objects
+        for name, number in own_records().items():
+            counts[name] = counts.get(name, 0) - number
         return counts
 
     def read_scalars(self) -> dict[str, int]:

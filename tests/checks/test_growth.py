@@ -400,3 +400,25 @@ def test_the_nearest_holder_skips_containers() -> None:
     assert nearest_holder([wrapper, {}, (target,), target]).startswith("lru_cache wrapper ")
     assert nearest_holder([module, module.ENGINES, target]) == "list engines.ENGINES"  # type: ignore[attr-defined]
     assert nearest_holder([target]) == ""
+
+
+def test_the_guards_own_process_records_are_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the guard on, pytest_shutdown.origins keeps a bounded record per started process:
+    the guard's bookkeeping, not the engine's growth."""
+    import collections
+    import weakref
+
+    from pytest_shutdown import origins
+
+    records: collections.OrderedDict[int, object] = collections.OrderedDict()
+    monkeypatch.setattr(origins, "_processes", records)
+
+    def cycle() -> None:
+        engine = Engine()
+        records[len(records) + 1] = (weakref.ref(engine), origins.Origin((), None))
+
+    assert_no_growth(cycle)
+
+    kept: list[object] = []
+    with pytest.raises(ShutdownContractError, match="Origin: \\+1 per cycle"):
+        assert_no_growth(lambda: kept.append(origins.Origin((), None)), settle_s=SETTLE_S)

@@ -23,7 +23,7 @@ class CachedEngine:
     def __init__(self) -> None:
         self.kv_cache = bytearray(1 << 16)
 
-    @functools.lru_cache(maxsize=None)  # noqa: B019 - the bug: self is part of every key
+    @functools.lru_cache  # noqa: B019 - the bug: self is part of every key (and 128 of them stay)
     def tokenizer_for(self, name: str) -> Tokenizer:
         return Tokenizer(name)
 
@@ -31,7 +31,7 @@ class CachedEngine:
         self.kv_cache = bytearray()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache
 def load_tokenizer(name: str) -> Tokenizer:
     """One tokenizer per name for the whole process, whichever engine asks."""
     return Tokenizer(name)

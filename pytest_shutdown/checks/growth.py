@@ -385,6 +385,10 @@ def measure_growth(
         remeasured=tuple(remeasured),
     )
     reader_name = getattr(census.device_reader, "name", None)
+    if isinstance(device_memory, str):  # a reader picked here is closed here (NVML, amdsmi)
+        close = getattr(census.device_reader, "close", None)
+        if callable(close):
+            close()
     series = {m: tuple(r[m] for r in scalars) for m in SCALARS if m in scalars[0]}
     warm = {m: tuple(r[m] for r in warm_scalars) for m in SCALARS if m in scalars[0]}
     return GrowthRecord(

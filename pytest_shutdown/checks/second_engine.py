@@ -115,18 +115,23 @@ def assert_second_engine_clean(
     engine_ref = _weak(engine)
     del engine
 
-    findings = _leftovers(
-        subject,
-        engine_ref,
-        kinds,
-        objects_before,
-        threads_of_a,
-        fds_of_a,
-        reader,
-        memory_before,
-        device_tolerance,
-        time.monotonic() + deadline_s,
-    )
+    try:
+        findings = _leftovers(
+            subject,
+            engine_ref,
+            kinds,
+            objects_before,
+            threads_of_a,
+            fds_of_a,
+            reader,
+            memory_before,
+            device_tolerance,
+            time.monotonic() + deadline_s,
+        )
+    finally:
+        close = getattr(reader, "close", None)
+        if isinstance(device_memory, str) and callable(close):
+            close()  # a reader picked here is closed here (NVML, amdsmi)
     raise_if_any(findings)
     a_done = time.perf_counter() - started
 

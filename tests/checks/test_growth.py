@@ -304,17 +304,22 @@ def test_auto_reads_device_memory_on_a_gpu(monkeypatch: pytest.MonkeyPatch) -> N
     import pytest_shutdown.devices as devices
 
     gpu = Gpu("GPU-aaaa", processes=[(os.getpid(), 300 * MiB)])
+    nvml = FakeNvml([gpu])
     asked: list[str] = []
+
+    def memory_reader(platform: str) -> NvmlProcessReader:
+        asked.append(platform)
+        return NvmlProcessReader(0, nvml=nvml, environ={}, pids=lambda: [os.getpid()])
+
     monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch") or object())
     monkeypatch.setattr(devices, "detect_platform", lambda: "cuda")
-    monkeypatch.setattr(
-        devices, "memory_reader", lambda platform: asked.append(platform) or fake_gpu_reader(gpu)
-    )
+    monkeypatch.setattr(devices, "memory_reader", memory_reader)
 
     record = assert_no_growth(lambda: None, cycles=2, warmup=1)
 
     assert asked == ["cuda"]
     assert record.series["device-memory"] == (300 * MiB,) * 3
+    assert (nvml.inits, nvml.shutdowns) == (1, 1)  # the reader it picked, it closed
 
 
 def test_auto_without_torch_imports_nothing(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,6 +59,7 @@ from pytest_shutdown.checks.census import (
     os_thread_ids,
     pick_device_reader,
     short_name,
+    type_name,
 )
 from pytest_shutdown.findings import Finding, raise_if_any
 
@@ -86,10 +87,12 @@ DEFAULT_SETTLE_S = 0.1
 DEFAULT_DIAGNOSE = 3
 #: Depth and time limits of one backref search (one per diagnosed type).
 CHAIN_MAX_DEPTH = 16
-CHAIN_BUDGET_S = 2.0
+CHAIN_BUDGET_S = 5.0
 #: Types of pytest-shutdown's own bookkeeping, explained last (the reference engine's first).
 OWN_PREFIX = "pytest_shutdown."
 ENGINE_PREFIX = "pytest_shutdown.engine."
+#: The engine's own grown types looked at to explain the outermost first.
+OUTER_CANDIDATES = 20
 #: Types named in the message of the finding that lists the other grown types.
 LISTED_TYPES = 6
 
@@ -565,15 +568,37 @@ def _findings(
     return findings
 
 
-def _diagnosis_order(verdict: Verdict) -> tuple[int, float]:
-    """The engine's own types first (they are the cause; dicts and lists grow with them), then
-    the fastest growing."""
-    name = verdict.metric.split(":", 1)[1]
+def _is_library(name: str) -> bool:
+    """Builtins, the standard library and the plugin's own bookkeeping (thread origins): they
+    grow with what leaked; the engine's types (the reference engine's too) are the cause."""
     root = name.split(".", 1)[0]
     library = "." not in name or root in getattr(sys, "stdlib_module_names", ())
-    # the plugin's own bookkeeping (thread origins) follows what grew; its engine does not
-    library = library or name.startswith(OWN_PREFIX) and not name.startswith(ENGINE_PREFIX)
-    return (1 if library else 0, -verdict.per_cycle)
+    return library or name.startswith(OWN_PREFIX) and not name.startswith(ENGINE_PREFIX)
+
+
+def _diagnosis_order(verdict: Verdict) -> tuple[int, float]:
+    """The engine's own types first, then the fastest growing."""
+    return (1 if _is_library(verdict.metric.split(":", 1)[1]) else 0, -verdict.per_cycle)
+
+
+def _held_by_another(names: list[str], census: Census) -> set[str]:
+    """Of the given types, those whose newest instance is held (directly or through its
+    ``__dict__``) by an instance of another of them: an engine's parts, explained after the
+    engine that holds them. Failure path only (one heap scan per type)."""
+    wanted = set(names)
+    instances = census.one_instance_each(names, set())
+    inner: set[str] = set()
+    for name, instance in instances.items():
+        holders = [r for r in gc.get_referrers(instance) if r is not instances]
+        for holder in list(holders):
+            if isinstance(holder, dict):
+                holders += [r for r in gc.get_referrers(holder) if r is not holders]
+        kinds = {type_name(type(holder)) for holder in holders}
+        if kinds & (wanted - {name}):
+            inner.add(name)
+        del holders, instance
+    instances.clear()
+    return inner
 
 
 def _object_findings(
@@ -586,6 +611,12 @@ def _object_findings(
     if not verdicts:
         return []
     ordered = sorted(verdicts, key=_diagnosis_order)
+    own = [v.metric.split(":", 1)[1] for v in ordered if _diagnosis_order(v)[0] == 0]
+    if len(own) > 1:
+        inner = _held_by_another(own[:OUTER_CANDIDATES], census)
+        ordered.sort(
+            key=lambda v: (_diagnosis_order(v)[0], v.metric.split(":", 1)[1] in inner)
+        )  # stable: within the engine's types, the outermost first
     shown, rest = ordered[:diagnose], ordered[diagnose:]
     if not shown:  # diagnose=0: every grown type is listed, none explained
         shown, rest = [], ordered

@@ -61,6 +61,7 @@ from pytest_shutdown.checks.census import (
     short_name,
     type_name,
 )
+from pytest_shutdown.checks.holders import holder_chain
 from pytest_shutdown.findings import Finding, raise_if_any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -662,8 +663,6 @@ def _chains(
     (when that diagnosis cycle raises, the newest instance is shown instead); each backref
     search is bounded (:data:`CHAIN_MAX_DEPTH` hops, :data:`CHAIN_BUDGET_S` seconds).
     """
-    from pytest_shutdown.checks.backrefs import backref_chain  # noqa: PLC0415 - objgraph
-
     if not names:
         return {}
     old_ids = census.instance_ids(names)
@@ -680,9 +679,7 @@ def _chains(
         if instance is None:
             continue
         try:
-            chain, text = backref_chain(
-                instance, max_depth=CHAIN_MAX_DEPTH, budget_s=CHAIN_BUDGET_S
-            )
+            chain, text = holder_chain(instance, max_depth=CHAIN_MAX_DEPTH, budget_s=CHAIN_BUDGET_S)
             holder = nearest_holder(chain)
         except Exception as exc:  # noqa: BLE001 - a diagnosis that fails must not hide the finding
             chain, text, holder = [], f"no backref chain: {exc}", ""

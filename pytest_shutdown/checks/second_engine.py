@@ -74,12 +74,16 @@ def assert_second_engine_clean(
     device_memory: MemoryReader | str | None = AUTO,
     device_tolerance: int = DEFAULT_DEVICE_TOLERANCE,
     deadline_s: float = DEFAULT_DEADLINE_S,
+    warmup: int = 1,
 ) -> CheckReport:
     """Build, use and shut down engine A, check that nothing of A is left, then build and use
     engine B in the same process.
 
     ``build()`` returns a new engine; ``use(engine)`` exercises it (its return value is
-    dropped); ``shutdown(engine)`` stops it (default ``engine.shutdown()``). After A's shutdown
+    dropped); ``shutdown(engine)`` stops it (default ``engine.shutdown()``). First, ``warmup``
+    engines are built, used and shut down unchecked: what the first engine of a process starts
+    for the process's lifetime (multiprocessing's fork server and its pipes, imports, caches) is
+    not A's. After A's shutdown
     (and ``gc.collect()``), within ``deadline_s`` seconds: A and every object of A's types (A's
     class and the classes of what A holds) that A made are collected (``not-collected``, with
     the backref chain of one survivor), the threads started while A lived have ended
@@ -97,7 +101,16 @@ def assert_second_engine_clean(
         0 <= deadline_s < float("inf")
     ):
         raise ValueError(f"deadline_s: expected a number of seconds >= 0, got {deadline_s!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"warmup: expected an integer >= 0, got {warmup!r}")
     started = time.perf_counter()
+    for _ in range(warmup):
+        engine = build()
+        try:
+            use(engine)
+        finally:
+            shutdown(engine)
+        del engine
     reader, note = pick_device_reader(device_memory)
     gc.collect()
     objects_before = count_objects(gc.get_objects())

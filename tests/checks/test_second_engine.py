@@ -79,7 +79,7 @@ def test_a_clean_engine_passes_and_the_second_one_is_used() -> None:
     report = assert_second_engine_clean(build, use_and_record, device_memory=None)
 
     assert report.check == "second-engine-clean" and report.subject == "Engine"
-    assert len(built) == 2 and used == ["engine-output", "engine-output"]
+    assert len(built) == 3 and used == ["engine-output"] * 3  # warm-up, A, B
     assert report.details["threads_of_first"] == 1 and len(report.details["fds_of_first"]) == 2
 
 
@@ -155,7 +155,7 @@ def test_a_second_engine_that_fails_propagates_its_error() -> None:
     built: list[int] = []
 
     def build() -> Engine:
-        if built:
+        if len(built) == 2:  # the warm-up engine and A were fine
             raise OSError("address already in use")
         built.append(1)
         return Engine()
@@ -171,10 +171,40 @@ def test_a_second_engine_whose_use_fails_is_noted() -> None:
 
     def broken_use(engine: Engine) -> None:
         calls[0] += 1
-        if calls[0] == 2:
+        if calls[0] == 3:  # B, after the warm-up engine and A
             raise RuntimeError("engine core died")
 
     with pytest.raises(RuntimeError, match="engine core died") as info:
         assert_second_engine_clean(Engine, broken_use, device_memory=None)
     if sys.version_info >= (3, 11):
         assert "the second Engine failed" in "".join(getattr(info.value, "__notes__", []))
+
+
+HELPER_FDS: list[int] = []
+
+
+class EngineWithAProcessHelper(Engine):
+    """The first engine of a process starts a helper kept for the process's lifetime (as
+    multiprocessing's fork server is, with its pipes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        if not HELPER_FDS:
+            HELPER_FDS.extend(os.pipe())
+
+
+def test_what_the_first_engine_starts_for_the_process_is_not_a_leak() -> None:
+    try:
+        assert_second_engine_clean(EngineWithAProcessHelper, use, device_memory=None)
+        for fd in HELPER_FDS:
+            os.close(fd)
+        HELPER_FDS.clear()
+        with pytest.raises(ShutdownContractError) as info:  # no warm-up: A started it
+            assert_second_engine_clean(
+                EngineWithAProcessHelper, use, device_memory=None, warmup=0, deadline_s=0.3
+            )
+        assert info.value.codes == ["growth"]
+    finally:
+        for fd in HELPER_FDS:
+            os.close(fd)
+        HELPER_FDS.clear()

@@ -23,9 +23,9 @@ exists. The rules (:func:`judge`, stated in docs/growth.md):
 * **stated**: a threshold stated in ``max_growth`` replaces both rules for its metric: it has
   grown when its net growth (nothing discounted) exceeds the stated number.
 
-A grown type is shown by one instance that is new since the previous count, with the backref
-chain that keeps it alive (``objgraph.find_backref_chain``, bounded) and, in the message, the
-nearest named holder: ``CachedEngine: +1 per cycle (6 cycles); held by lru_cache wrapper
+A grown type is shown by one instance made by one more cycle (failure path only), with the
+backref chain that keeps it alive (:mod:`~pytest_shutdown.checks.holders`, bounded) and, in the
+message, the nearest named holder: ``CachedEngine: +1 per cycle (6 cycles); held by lru_cache wrapper
 CachedEngine.tokenizer_for``.
 """
 

@@ -25,8 +25,8 @@ exists. The rules (:func:`judge`, stated in docs/growth.md):
 
 A grown type is shown by one instance made by one more cycle (failure path only), with the
 backref chain that keeps it alive (:mod:`~pytest_shutdown.checks.holders`, bounded) and, in the
-message, the nearest named holder: ``CachedEngine: +1 per cycle (6 cycles); held by lru_cache wrapper
-CachedEngine.tokenizer_for``.
+message, the nearest named holder: ``CachedEngine: +1 per cycle (6 cycles); held by lru_cache
+wrapper CachedEngine.tokenizer_for``.
 """
 
 from __future__ import annotations

@@ -36,6 +36,7 @@ BENCHMARKS = {
     "orphans": ("orphan_matrix.py", "tp=2 start/stop; the orphan matrix per cell and in total"),
     "guard": ("guard_overhead.py", "guard overhead on 400 trivial tests, on vs -p no:shutdown"),
     "helpers": ("helpers.py", "assertion helpers on a clean renderer; leak diagnosis at 165k"),
+    "growth": ("growth.py", "ReferenceLLM 10-cycle growth check; census at 200k; clean shapes"),
     "suite": ("suite.py", "the whole suite under make test"),
 }
 #: Each benchmark must end within this (every wait has a deadline).

@@ -46,6 +46,10 @@ _LAZY: dict[str, str] = {
     "wanted_phase": "pytest_shutdown.checks.phases",
     "CheckReport": "pytest_shutdown.checks.report",
     "configure_graphs": "pytest_shutdown.checks.backrefs",
+    "assert_no_growth": "pytest_shutdown.checks.growth",
+    "measure_growth": "pytest_shutdown.checks.growth",
+    "GrowthRecord": "pytest_shutdown.checks.growth",
+    "assert_second_engine_clean": "pytest_shutdown.checks.second_engine",
     "detect_platform": "pytest_shutdown.devices",
     "memory_reader": "pytest_shutdown.devices",
     "ShutdownLeakWarning": "pytest_shutdown.guard",
@@ -92,6 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover
         assert_freeze_policy,
         freeze_scenarios,
     )
+    from pytest_shutdown.checks.growth import GrowthRecord, assert_no_growth, measure_growth
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.checks.leaks import (
         assert_device_memory_released,
@@ -101,6 +106,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.checks.orphans import TreeDeath, assert_tree_dies, kill_tree_at
     from pytest_shutdown.checks.phases import report_phase, wanted_phase
     from pytest_shutdown.checks.report import CheckReport
+    from pytest_shutdown.checks.second_engine import assert_second_engine_clean
     from pytest_shutdown.checks.spies import timeout_passed_to
     from pytest_shutdown.checks.timeouts import (
         TimeoutCell,

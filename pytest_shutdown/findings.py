@@ -26,6 +26,7 @@ FINDING_CODES: Mapping[str, str] = {
     "where it requires it",
     "orphan-process": "a process of a tree outlived the death of part of the tree (an orphan)",
     "exit-hang": "a process did not exit: its exit blocked (a non-daemon thread, an untimed join)",
+    "growth": "objects, threads, fds or memory grew over repeated build/use/shutdown cycles",
 }
 
 

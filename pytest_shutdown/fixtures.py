@@ -4,6 +4,11 @@ Every engine fixture shuts its engine down in teardown and checks the engine's c
 (shutdown idempotent, nothing force-killed unless the test said it expects that, nothing left
 running), so a downstream suite that uses them gets those checks without writing them.
 
+Each engine fixture also takes a cycle count by indirect parametrization
+(``@pytest.mark.parametrize("reference_llm", [10], indirect=True)``): it then builds, uses and
+shuts down that many engines under the growth check before the test gets its own
+(:mod:`pytest_shutdown.cycles`).
+
 Nothing here imports torch at import time: the engine is imported when a fixture asks for it.
 """
 
@@ -16,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from pytest_shutdown.cycles import check_engine_cycles
 from pytest_shutdown.findings import Finding, ShutdownContractError, raise_if_any
 from pytest_shutdown.matrix import MARKER as MATRIX_MARKER
 from pytest_shutdown.matrix import ShutdownTimeouts, cells_from_marker
@@ -214,6 +220,12 @@ def reference_renderer(
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.engine.renderer import ReferenceRenderer
 
+    check_engine_cycles(
+        request,
+        "reference_renderer",
+        lambda: ReferenceRenderer(engine_config),
+        lambda renderer: renderer.tokenize("hello world").result(60),
+    )
     renderer = ReferenceRenderer(engine_config)
     yield renderer
     executors = (renderer._executor, renderer._mm_executor)
@@ -233,6 +245,12 @@ def engine_core(
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.engine.core import EngineCore
 
+    check_engine_cycles(
+        request,
+        "engine_core",
+        lambda: EngineCore(engine_config),
+        lambda core: core.generate([1, 2, 3], max_tokens=2),
+    )
     freeze_count = gc.get_freeze_count()
     core = EngineCore(engine_config)
     yield core
@@ -265,6 +283,7 @@ def engine_manager(
     _require_torch("engine_manager")
     from pytest_shutdown.engine.processes import EngineProcManager
 
+    check_engine_cycles(request, "engine_manager", lambda: EngineProcManager(engine_config))
     manager = EngineProcManager(engine_config)
     pids = _tree_pids(p.pid for p in manager.processes)
     yield manager
@@ -285,6 +304,12 @@ def reference_llm(
     _require_torch("reference_llm")
     from pytest_shutdown.engine.llm import ReferenceLLM
 
+    check_engine_cycles(
+        request,
+        "reference_llm",
+        lambda: ReferenceLLM(engine_config),
+        lambda llm: llm.generate("hello world", max_tokens=2),
+    )
     llm = ReferenceLLM(engine_config)
     manager = llm.manager
     assert manager is not None
@@ -323,6 +348,11 @@ def dp_supervisor(
     _require_torch("dp_supervisor")
     from pytest_shutdown.engine.supervisor import DPSupervisor
 
+    check_engine_cycles(
+        request,
+        "dp_supervisor",
+        lambda: DPSupervisor(engine_config, num_children=SUPERVISOR_CHILDREN),
+    )
     supervisor = DPSupervisor(engine_config, num_children=SUPERVISOR_CHILDREN)
     roots = [p.pid for p in supervisor.children]
     roots += [pid for pids in supervisor.engine_pids.values() for pid in pids]

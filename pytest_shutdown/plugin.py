@@ -15,6 +15,7 @@ from __future__ import annotations
 import pytest
 
 import pytest_shutdown
+from pytest_shutdown.cycles import MARKER_HELP as CYCLES_MARKER_HELP
 from pytest_shutdown.settings import (
     DEFAULT_GRACE_S,
     GUARD_MODES,
@@ -74,6 +75,7 @@ MARKERS = (
     "given); threads= also takes thread-name glob patterns; reason is required.",
     "shutdown_budget(seconds): the teardown budget of this test, overriding --shutdown-budget "
     "(0 = none).",
+    CYCLES_MARKER_HELP,
 )
 
 
@@ -165,6 +167,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "pytest-shutdown-fixtures")
+    # @pytest.mark.shutdown_cycles(n): the call phase repeated under the growth check.
+    from pytest_shutdown import cycles
+
+    if not config.pluginmanager.is_registered(cycles):
+        config.pluginmanager.register(cycles, "pytest-shutdown-cycles")
     # Every ShutdownContractError of a test: codes on the status line, findings in the reports.
     from pytest_shutdown.contract_errors import ContractErrorsReported
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_shutdown.cycles import cycles_of
 from pytest_shutdown.devices import PLATFORMS
 from pytest_shutdown.records import record_log_path, refusal_of_target
 
@@ -294,6 +295,7 @@ def validate_markers(item: pytest.Item) -> None:
     allow_leaks_of(item)
     budget_of(item, DEFAULT_BUDGET_S)
     expect_force_kill_of(item)
+    cycles_of(item)
 
 
 def budget_of(item: pytest.Item, default: float) -> float:

@@ -1,0 +1,130 @@
+"""``@pytest.mark.shutdown_cycles(n)`` and the engine fixtures' cycle count.
+
+The marker re-runs a test's call phase in the same process: ``warmup`` times, then ``n`` times,
+under :func:`~pytest_shutdown.checks.growth.measure_growth`; the fixtures are set up once per
+run of the test, as CPython's ``-R`` does. Something that grows from call to call fails the
+test with ``growth``. It works with the guard on or off and under pytest-xdist (each worker
+runs its own tests' calls).
+
+The engine fixtures take a cycle count by indirect parametrization,
+``@pytest.mark.parametrize("reference_llm", [10], indirect=True)``: before the test gets its
+engine, the fixture builds, uses and shuts down an engine that many times under
+:func:`~pytest_shutdown.assert_no_growth` (after its warm-up); growth fails the fixture's setup.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+MARKER = "shutdown_cycles"
+MARKER_HELP = (
+    "shutdown_cycles(n, warmup=2): run this test's call phase warmup + n times in one process "
+    "(fixtures set up once) and fail it with 'growth' when objects, threads, fds or memory grow "
+    "from call to call."
+)
+#: Warm-up calls of the marker when it does not say.
+DEFAULT_WARMUP = 2
+
+
+def _positive(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def cycles_of(item: pytest.Item) -> tuple[int, int] | None:
+    """``(n, warmup)`` of the closest ``shutdown_cycles`` marker of ``item``, or None.
+
+    Bad arguments raise :class:`pytest.UsageError` (a collection error, through
+    ``settings.validate_markers``)."""
+    marker = item.get_closest_marker(MARKER)
+    if marker is None:
+        return None
+    where = f"{item.nodeid}: @pytest.mark.{MARKER}"
+    accepted = "accepted: n (a positive integer, also as cycles=), warmup (an integer >= 0)"
+    unknown = sorted(set(marker.kwargs) - {"cycles", "warmup"})
+    if unknown:
+        raise pytest.UsageError(f"{where}: unknown argument(s) {', '.join(unknown)}; {accepted}")
+    args = list(marker.args)
+    if "cycles" in marker.kwargs:
+        args.append(marker.kwargs["cycles"])
+    if len(args) != 1 or not _positive(args[0], 1):
+        shown = args[0] if len(args) == 1 else tuple(args)
+        raise pytest.UsageError(f"{where} takes one positive integer n, got {shown!r}; {accepted}")
+    warmup = marker.kwargs.get("warmup", DEFAULT_WARMUP)
+    if not _positive(warmup, 0):
+        raise pytest.UsageError(f"{where}: warmup= takes an integer >= 0, got {warmup!r}")
+    return int(args[0]), int(warmup)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    """Under ``shutdown_cycles``: call the test function through the other implementations of
+    this hook (pytest's own, pytest-asyncio's, ...) once per cycle, and check for growth."""
+    cycles = cycles_of(pyfuncitem)
+    if cycles is None:
+        return None
+    __tracebackhide__ = True
+    from pytest_shutdown.checks.growth import assert_no_growth
+
+    n, warmup = cycles
+    others = pyfuncitem.config.pluginmanager.subset_hook_caller(
+        "pytest_pyfunc_call", remove_plugins=[sys.modules[__name__]]
+    )
+
+    def call() -> None:
+        __tracebackhide__ = True
+        others(pyfuncitem=pyfuncitem)
+
+    assert_no_growth(call, cycles=n, warmup=warmup)
+    return True
+
+
+# -- the engine fixtures' cycle count -------------------------------------------------------------
+def fixture_cycles(request: pytest.FixtureRequest, fixture: str) -> int | None:
+    """The cycle count an engine fixture was given (``indirect`` parametrization), or None.
+
+    Anything but a positive integer (or None) fails the fixture's setup, naming the fixture."""
+    value = getattr(request, "param", None)
+    if value is None:
+        return None
+    if not _positive(value, 1):
+        pytest.fail(
+            f"fixture {fixture!r}: its parameter is a cycle count (a positive integer, e.g. "
+            f'@pytest.mark.parametrize("{fixture}", [10], indirect=True)), got {value!r}',
+            pytrace=False,
+        )
+    return int(value)
+
+
+def check_engine_cycles(
+    request: pytest.FixtureRequest,
+    fixture: str,
+    build: Callable[[], Any],
+    use: Callable[[Any], object] | None = None,
+    shutdown: Callable[[Any], object] | None = None,
+) -> None:
+    """When the fixture has a cycle count: build, use and shut down an engine that many times
+    (after the default warm-up) and fail on growth."""
+    __tracebackhide__ = True
+    cycles = fixture_cycles(request, fixture)
+    if cycles is None:
+        return
+    from pytest_shutdown.checks.growth import assert_no_growth
+
+    def cycle() -> None:
+        engine = build()
+        try:
+            if use is not None:
+                use(engine)
+        finally:
+            if shutdown is not None:
+                shutdown(engine)
+            else:
+                engine.shutdown()
+
+    assert_no_growth(cycle, cycles=cycles)

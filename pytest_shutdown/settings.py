@@ -141,6 +141,13 @@ def load_settings(config: pytest.Config) -> GuardSettings:
     return GuardSettings(mode, grace, budget, report_path, platform, graphs_dir, long_lived)
 
 
+def shows_details(config: pytest.Config) -> bool:
+    """``--shutdown-details`` or ``-vv``: render every fact of each finding, not only its line."""
+    return bool(config.getoption("shutdown_details", default=False)) or (
+        config.get_verbosity() >= 2
+    )
+
+
 def _long_lived(config: pytest.Config) -> str:
     option = config.getoption("shutdown_long_lived", default=None)
     if option is not None:

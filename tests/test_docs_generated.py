@@ -71,8 +71,8 @@ def _entries(page: str) -> dict[str, str]:
 
 def _parameters(value: object) -> list[str]:
     """The parameter names of a public callable's signature (a class: its constructor)."""
-    if not callable(value):
-        return []
+    if not (inspect.isroutine(value) or inspect.isclass(value)):
+        return []  # a constant or a type alias (Literal[...]): no signature
     if inspect.isclass(value):
         if issubclass(value, enum.Enum) or getattr(value, "_is_protocol", False):
             return []  # the members / the methods are the interface, not a constructor
@@ -175,3 +175,43 @@ def test_the_readme_starts_with_the_users_path() -> None:
     first_pip = min(i for i, line in enumerate(lines) if "pip install" in line)
     assert first_pip < first_make, "the user's path comes before the contributors' commands"
     assert re.search(r"make test.*about \d+ min", "\n".join(lines), re.S | re.I)
+
+
+# -- the hand-written signatures of helpers.md --------------------------------------------------
+
+SIGNATURE = re.compile(r"\*\*`(\w+)\((.*?)\)`\*\*", re.S)
+
+
+def _split_top_level(arguments: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in arguments:
+        if char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    return [p.strip() for p in [*parts, current] if p.strip()]
+
+
+HELPER_SIGNATURES = SIGNATURE.findall((DOCS / "helpers.md").read_text(encoding="utf-8"))
+
+
+def test_helpers_md_shows_signatures() -> None:
+    assert len(HELPER_SIGNATURES) >= 15
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments"), HELPER_SIGNATURES, ids=[n for n, _ in HELPER_SIGNATURES]
+)
+def test_each_signature_in_helpers_md_is_the_codes(name: str, arguments: str) -> None:
+    shown = [
+        part.split("=")[0].strip().lstrip("*")
+        for part in _split_top_level(arguments)
+        if part.strip() != "*"
+    ]
+    value = getattr(importlib.import_module("pytest_shutdown"), name)
+    assert shown == _parameters(value), f"docs/helpers.md shows {name}({arguments})"

@@ -215,3 +215,9 @@ def test_each_signature_in_helpers_md_is_the_codes(name: str, arguments: str) ->
     ]
     value = getattr(importlib.import_module("pytest_shutdown"), name)
     assert shown == _parameters(value), f"docs/helpers.md shows {name}({arguments})"
+
+
+def test_sphinx_roles_in_docstrings_render_as_code(site: Path) -> None:
+    page = (site / "reference" / "index.html").read_text(encoding="utf-8")
+    assert not re.search(r":(class|func|data|mod|meth):", page)
+    assert "<code>ShutdownContractError</code>" in page

@@ -302,6 +302,7 @@ _OUTCOME_SHAPE: dict[str, tuple[Callable[[object], bool], str]] = {
 def _check_outcome_shape(outcome: object) -> None:
     """A user's outcome of the wrong shape: a ``TypeError`` naming each attribute, the type it
     has and the type it needs (not a confusing error further down)."""
+    __tracebackhide__ = True  # the error points at the caller's line
     wrong = []
     for name, (ok, wanted) in _OUTCOME_SHAPE.items():
         if not hasattr(outcome, name):

@@ -216,6 +216,10 @@ def test_every_docs_page_is_in_the_site_nav() -> None:
 def test_the_docs_site_builds_in_strict_mode(tmp_path: Path) -> None:
     """``make docs`` without make: broken links or pages missing from the nav fail it."""
     pytest.importorskip("mkdocs", reason="mkdocs comes with the 'docs' extra (make test has it)")
+    pytest.importorskip(
+        "mkdocstrings_handlers.python",
+        reason="mkdocstrings-python comes with the 'docs' extra (make test has it)",
+    )
     site = tmp_path / "site"
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],

@@ -23,6 +23,8 @@ from typing import Any
 
 #: Codes whose facts name a process of a tree and the cell that left it.
 TREE_CODES = frozenset({"orphan-process", "exit-hang"})
+#: The module of the warm tree launcher, whose command line every forked tree process keeps.
+LAUNCHER_MODULE = "pytest_shutdown.checks.tree_launcher"
 #: How many characters of a command line a key-fact line keeps.
 CMDLINE_CHARS = 300
 
@@ -78,7 +80,11 @@ def key_fact_lines(code: str, details: Mapping[str, Any], indent: str = "  ") ->
         return []
     lines = []
     if details.get("cmdline"):
-        lines.append(f"{indent}command line: {_cmdline(details['cmdline'])}")
+        line = f"{indent}command line: {_cmdline(details['cmdline'])}"
+        if LAUNCHER_MODULE in _cmdline(details["cmdline"]):
+            # a fork of the warm launcher keeps its command line: say what it became instead
+            line += f" (a fork of the tree launcher, now named {details.get('name') or '?'})"
+        lines.append(line)
     if details.get("level"):
         cell = ", ".join(
             f"{key} {details[key]}" for key in ("signal", "phase") if details.get(key)

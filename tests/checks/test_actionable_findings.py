@@ -86,7 +86,11 @@ def test_an_exit_hang_names_the_user_frame_that_blocks_it(launcher: TreeLauncher
     )
     assert [f.code for f in record.findings] == ["exit-hang"]
     lines = str(ShutdownContractError(record.findings)).splitlines()
-    assert any(line.startswith("  command line: ") and "python" in line for line in lines), lines
+    assert any(
+        line.startswith("  command line: ") and "python" in line
+        and "(a fork of the tree launcher, now named " in line
+        for line in lines
+    ), lines
     assert "  level: root (signal SIGTERM, phase ready)" in lines
     frame = [line for line in lines if line.startswith("  first user frame: ")]
     assert frame and frame[0].endswith("in _block_forever"), lines

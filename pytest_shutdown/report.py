@@ -402,21 +402,21 @@ class ShutdownReport:
             self._accept(entry)
         self.finish(exitstatus, aborted=True)
 
-    def section_markup(self) -> dict[str, bool]:
-        """The colour of the section's title line: red for findings that fail the run, yellow
-        for findings that only warn, green for none (pytest's own colours)."""
+    def section_markup(self, exitstatus: int = 0) -> dict[str, bool]:
+        """The colour of the section's title line, as pytest colours its summary: red when
+        there are findings and the run failed, yellow for findings that did not fail it (warn
+        mode, expected failures), green for none."""
         if not self.counts():
             return {"green": True}
-        if self.settings.mode == "fail":
+        if int(exitstatus) != 0:
             return {"red": True, "bold": True}
         return {"yellow": True, "bold": True}
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        # coloured as pytest colours its own sections (when colour is on): red for findings
-        # that fail, yellow for findings that only warn, green for none
-        terminalreporter.section("shutdown", **self.section_markup())
+        # coloured as pytest colours its own summary line (when colour is on)
+        terminalreporter.section("shutdown", **self.section_markup(exitstatus))
         verbose = self.config.get_verbosity() > 0
         errors = terminalreporter.stats.get("error", [])
         collection_errors = sum(1 for r in errors if isinstance(r, pytest.CollectReport))

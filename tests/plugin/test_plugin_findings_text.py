@@ -56,16 +56,37 @@ def test_without_details_only_the_message_is_shown(pytester: pytest.Pytester) ->
     assert "shutdown finding details" not in out and "owner: engine.pool" not in out
 
 
+LEAKS_A_THREAD = textwrap.dedent(
+    """
+    import threading
+
+    stop = threading.Event()
+
+    def test_leaks():
+        threading.Thread(target=stop.wait, args=(30,), name="leaky", daemon=True).start()
+
+    def test_zz_stop():
+        stop.set()
+    """
+)
+
+
 @pytest.mark.parametrize(
-    ("body", "colour"),
-    [(RAISES_WITH_DETAILS, "\x1b[31m"), ("def test_ok():\n    pass\n", "\x1b[32m")],
-    ids=["findings-red", "none-green"],
+    ("body", "extra", "colour"),
+    [
+        (RAISES_WITH_DETAILS, [], "\x1b[31m"),
+        (LEAKS_A_THREAD, ["--shutdown-guard=warn", "--shutdown-grace=0.2"], "\x1b[33m"),
+        ("def test_ok():\n    pass\n", [], "\x1b[32m"),
+    ],
+    ids=["failed-red", "warned-yellow", "none-green"],
 )
 def test_the_shutdown_section_is_coloured_like_pytests_own(
-    pytester: pytest.Pytester, body: str, colour: str
+    pytester: pytest.Pytester, body: str, extra: list[str], colour: str
 ) -> None:
     pytester.makepyfile(test_colour=body)
-    result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly", "--color=yes")
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "-p", "no:randomly", "--color=yes", *extra
+    )
     (title,) = [line for line in result.stdout.lines if " shutdown " in line and "====" in line]
     assert colour in title, repr(title)
 

@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml scripts/setup-venv
 	touch $(STAMP)
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n 2 -o console_output_style=count $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m pytest -p shutdown examples/ -v $(PYTEST_ARGS)

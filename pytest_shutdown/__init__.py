@@ -17,6 +17,7 @@ __version__ = "0.2.0"
 
 _LAZY: dict[str, str] = {
     "assert_idempotent_shutdown": "pytest_shutdown.checks.idempotence",
+    "NothingCountedError": "pytest_shutdown.checks.idempotence",
     "assert_finalizes_on_gc": "pytest_shutdown.checks.finalization",
     "check_finalizers": "pytest_shutdown.checks.finalization",
     "assert_finalizers_ok": "pytest_shutdown.checks.finalization",
@@ -36,6 +37,7 @@ _LAZY: dict[str, str] = {
     "freeze_scenarios": "pytest_shutdown.checks.freeze",
     "FreezeScenario": "pytest_shutdown.checks.freeze",
     "timeout_passed_to": "pytest_shutdown.checks.spies",
+    "NotCalledError": "pytest_shutdown.checks.spies",
     "zero_window_override": "pytest_shutdown.checks.timeouts",
     "kill_tree_at": "pytest_shutdown.checks.orphans",
     "assert_tree_dies": "pytest_shutdown.checks.orphans",
@@ -97,7 +99,7 @@ if TYPE_CHECKING:  # pragma: no cover
         freeze_scenarios,
     )
     from pytest_shutdown.checks.growth import GrowthRecord, assert_no_growth, measure_growth
-    from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
+    from pytest_shutdown.checks.idempotence import NothingCountedError, assert_idempotent_shutdown
     from pytest_shutdown.checks.leaks import (
         assert_device_memory_released,
         kill_process_trees,
@@ -107,7 +109,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.checks.phases import report_phase, wanted_phase
     from pytest_shutdown.checks.report import CheckReport
     from pytest_shutdown.checks.second_engine import assert_second_engine_clean
-    from pytest_shutdown.checks.spies import timeout_passed_to
+    from pytest_shutdown.checks.spies import NotCalledError, timeout_passed_to
     from pytest_shutdown.checks.timeouts import (
         TimeoutCell,
         TimeoutMatrix,

@@ -22,8 +22,12 @@ from typing import Any
 
 import pytest
 
+from pytest_shutdown.finding_text import finding_lines
 from pytest_shutdown.findings import ShutdownContractError
+from pytest_shutdown.settings import shows_details
 
+#: The report section with every fact of a failure's findings (``-vv``, ``--shutdown-details``).
+DETAILS_SECTION = "shutdown finding details"
 #: The attribute of a ``TestReport`` that holds the codes of its ShutdownContractError.
 CODES_ATTR = "shutdown_codes"
 
@@ -40,6 +44,12 @@ class ContractErrorsReported:
         if not isinstance(error, ShutdownContractError):
             return report
         setattr(report, CODES_ATTR, ", ".join(dict.fromkeys(error.codes)))
+        if shows_details(item.config):
+            # -vv / --shutdown-details: every fact of every finding, as the JSON report has it
+            text = "\n".join(
+                line for f in error.findings for line in finding_lines(f.to_dict(), details=True)
+            )
+            report.sections.append((DETAILS_SECTION, text))
         recorded = {(name, value) for name, value in item.user_properties}
         new = [
             f for f in error.findings if (f"shutdown:{f.code}", f.message) not in recorded

@@ -6,6 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_shutdown.finding_text import key_fact_lines
+
 #: The stable finding codes users can match on, with what each one means.
 FINDING_CODES: Mapping[str, str] = {
     "shutdown-raised": "a shutdown call raised instead of returning",
@@ -65,7 +67,11 @@ class ShutdownContractError(AssertionError):
         super().__init__(str(self))
 
     def __str__(self) -> str:
-        return "\n".join(f"[{f.code}] {f.message}" for f in self.findings)
+        lines: list[str] = []
+        for finding in self.findings:
+            lines.append(f"[{finding.code}] {finding.message}")
+            lines.extend(key_fact_lines(finding.code, finding.details))
+        return "\n".join(lines)
 
     @property
     def codes(self) -> list[str]:

@@ -505,13 +505,23 @@ def _check_process_shutdown(
             findings.append(
                 Finding(
                     "timeout-policy",
-                    f"{type(engine).__name__} used a {outcome.timeout:g} s process timeout in "
-                    f"cell {cell.id}, expected {expected:g} s.",
-                    {"cell": cell.id, "got": outcome.timeout, "expected": expected},
+                    f"timeout matrix cell {cell.id}: the process timeout "
+                    f"{type(engine).__name__}.shutdown() used (its outcome's timeout) was "
+                    f"{_seconds_text(outcome.timeout)}, expected {_seconds_text(expected)}.",
+                    {
+                        "cell": cell.id,
+                        "got": outcome.timeout,
+                        "expected": expected,
+                        "checked": f"the outcome of {type(engine).__name__}.shutdown()",
+                    },
                 )
             )
     findings += _collect(lambda: _assert_force_kill(outcome, expect_force_kill))
     return findings
+
+
+def _seconds_text(value: float | None) -> str:
+    return "None" if value is None else f"{value:g} s"
 
 
 def _check_idempotent(

@@ -58,7 +58,13 @@ from pytest_shutdown.report import (
     render_budget,
     render_findings,
 )
-from pytest_shutdown.settings import AllowLeaks, GuardSettings, allow_leaks_of, budget_of
+from pytest_shutdown.settings import (
+    AllowLeaks,
+    GuardSettings,
+    allow_leaks_of,
+    budget_of,
+    shows_details,
+)
 
 __all__ = ["ShutdownGuard", "ShutdownLeakWarning"]
 
@@ -201,7 +207,7 @@ class ShutdownGuard:
         if call.when == "teardown" and plain is not None:
             # The guard's own error: show the findings, not the guard's source.
             codes = ", ".join(dict.fromkeys(f["code"] for f in plain))
-            report.longrepr = f"{_GUARD_ERROR_TITLE}: {codes}\n{render_findings(plain)}"
+            report.longrepr = f"{_GUARD_ERROR_TITLE}: {codes}\n{self._render(plain)}"
         return report
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -274,7 +280,7 @@ class ShutdownGuard:
         for finding in findings:
             item.user_properties.append((f"shutdown:{finding.code}", finding.message))
         if findings and not reported:
-            item.add_report_section("teardown", "shutdown guard", render_findings(plain))
+            item.add_report_section("teardown", "shutdown guard", self._render(plain))
         if fired is not None:
             item.add_report_section("teardown", "shutdown budget", render_budget(fired.to_dict()))
         if error is not None:
@@ -285,10 +291,12 @@ class ShutdownGuard:
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Attach the guard's section of a failed test's teardown to its failure report (also on
-        the xdist controller, where the reports arrive one by one)."""
+        """Attach the guard's section of a test's teardown to its setup error report (also on
+        the xdist controller, where the reports arrive one by one). A failed call needs none:
+        pytest prints the teardown sections after each failure itself, and the section would
+        then be printed twice."""
         if report.when != "teardown":
-            if report.failed:
+            if report.failed and report.when == "setup":
                 self._failed_reports[report.nodeid] = report
             return
         failed = self._failed_reports.pop(report.nodeid, None)
@@ -297,12 +305,15 @@ class ShutdownGuard:
                 (name, text) for name, text in report.sections if name == GUARD_SECTION
             )
 
+    def _render(self, plain: list[Any]) -> str:
+        return render_findings(plain, details=shows_details(self.config))
+
     def _complain(self, item: pytest.Item, findings: list[Finding], plain: list[Any]) -> None:
         __tracebackhide__ = True
         if self.settings.mode == "warn":
             # attributed to the test's own line, not to this module
             path, lineno, _ = item.reportinfo()
-            warning = ShutdownLeakWarning(render_findings(plain))
+            warning = ShutdownLeakWarning(self._render(plain))
             with warnings.catch_warnings():
                 # Warn mode never fails a test: under -W error / filterwarnings = error the
                 # warning is still recorded (pytest's recorder stays in place), never raised.

@@ -78,6 +78,11 @@ def _names(key: str, value: Any) -> list[Any]:
         ok = isinstance(item, str) and item.strip() or (key == "signal" and isinstance(item, int))
         if not ok:
             raise ValueError(f"{MARKER}: {key}= expects names, got {item!r}")
+        if isinstance(item, str) and (item != item.strip() or "\n" in item):
+            raise ValueError(
+                f"{MARKER}: {key}= {item!r} can never match: a name is one line without "
+                "surrounding spaces"
+            )
     return values
 
 
@@ -130,6 +135,7 @@ def kill_tree(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> Ki
     cell = callspec.params.get("orphan_cell") if callspec is not None else None
 
     def kill(target: Callable[..., Any] | Sequence[str], **options: Any) -> TreeDeath:
+        __tracebackhide__ = True  # a failure points at the test's line
         if isinstance(cell, OrphanCell):
             options.setdefault("level", cell.level)
             options.setdefault("signal", cell.signal)

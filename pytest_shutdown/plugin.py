@@ -69,6 +69,11 @@ Device platform for the pytest-shutdown fixtures: 'auto' (default) detects it; '
 or 'cpu' forces one.
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 
+DETAILS_DESC = """
+Show every fact of each finding (its JSON details: stacks, pids, command lines, the cell) in the
+failure and in the terminal section 'shutdown'; -vv does the same.
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+
 MARKERS = (
     "allow_leaks(threads=False, processes=False, gc_freeze=False, reason=...): "
     "let this test leave the given kinds behind under the shutdown guard (all kinds when none is "
@@ -138,6 +143,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="|".join(LONG_LIVED_CHOICES),
         default=None,
         help=LONG_LIVED_DESC,
+    )
+    group.addoption(
+        "--shutdown-details",
+        dest="shutdown_details",
+        action="store_true",
+        default=False,
+        help=DETAILS_DESC,
     )
     parser.addini("shutdown_guard", GUARD_DESC, default="")
     parser.addini("shutdown_long_lived", LONG_LIVED_DESC, default="")

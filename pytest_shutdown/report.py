@@ -24,6 +24,7 @@ import pytest
 
 import pytest_shutdown
 from pytest_shutdown.budget import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE, BudgetOutcome
+from pytest_shutdown.finding_text import finding_lines
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
@@ -38,7 +39,7 @@ from pytest_shutdown.records import (
     record_log_path,
     write_report,
 )
-from pytest_shutdown.settings import GuardSettings
+from pytest_shutdown.settings import GuardSettings, shows_details
 
 __all__ = ["SCHEMA_VERSION", "ShutdownReport", "TestRecord", "durations_summary"]
 
@@ -132,18 +133,22 @@ def _cmdline(parts: Iterable[str] | None) -> str:
     return " ".join(parts or []).replace("\n", "\\n") or "?"
 
 
-def render_findings(findings: Iterable[Mapping[str, Any]]) -> str:
-    """Render findings as text: the message, then thread stacks and process command lines."""
+def render_findings(findings: Iterable[Mapping[str, Any]], details: bool = False) -> str:
+    """Render findings as text: the message and the facts that locate it (a survivor's command
+    line and level, a hang's first user frame), then thread stacks and process command lines;
+    with ``details`` (``-vv``, ``--shutdown-details``), every fact of the finding instead."""
     lines: list[str] = []
     for finding in findings:
-        lines.append(f"[{finding['code']}] {finding['message']}")
-        details = finding.get("details", {})
-        for thread in details.get("threads", []):
+        lines.extend(finding_lines(finding, details=details))
+        if details:
+            continue  # every fact is listed, stacks and command lines included
+        facts = finding.get("details", {})
+        for thread in facts.get("threads", []):
             lines.append(f"  thread {thread.get('name')!r} (ident {thread.get('ident')}):")
             stack = str(thread.get("stack") or "  <no stack>\n")
             lines.extend("    " + line for line in stack.rstrip("\n").splitlines())
             lines.extend(_started_at(thread))
-        for proc in details.get("processes", []):
+        for proc in facts.get("processes", []):
             # A forked child repeats pytest's command line: name what started it instead.
             what = proc.get("what") or _cmdline(proc.get("cmdline"))
             lines.append(f"  process {proc.get('pid')} ({proc.get('name')}): {what}")
@@ -291,8 +296,11 @@ class ShutdownReport:
         """The JSON document of ``--shutdown-report`` for what was accepted so far."""
         return assemble([{"type": "session", **self._head()}, *self.entries])
 
-    def summary_lines(self, verbose: bool, collection_errors: int = 0) -> list[str]:
-        """The lines of the terminal section ``shutdown``: the result first, then the settings."""
+    def summary_lines(
+        self, verbose: bool, collection_errors: int = 0, details: bool = False
+    ) -> list[str]:
+        """The lines of the terminal section ``shutdown``: the result first, then the settings;
+        each finding with the facts that locate it, or with ``details`` every fact it has."""
         records = sorted(self.records, key=lambda r: r.nodeid)
         counts = self.counts()
         flagged = sum(1 for r in records if r.findings)
@@ -316,7 +324,9 @@ class ShutdownReport:
         for record in records:
             where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
             for finding in record.findings:
-                lines.append(f"{where}: [{finding['code']}] {finding['message']}")
+                first, *rest = finding_lines(finding, details=details)
+                lines.append(f"{where}: {first}")
+                lines.extend(rest)
             if record.guard_error is not None:
                 lines.append(f"{where}: not checked, the guard failed: {record.guard_error}")
             elif not record.findings and record.guard_s >= SLOW_GUARD_S:
@@ -554,14 +564,26 @@ class ShutdownReport:
         except OSError:
             pass  # the controller lists the worker as lost, as before
 
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+    def section_markup(self, exitstatus: int = 0) -> dict[str, bool]:
+        """The colour of the section's title line, as pytest colours its summary: red when
+        there are findings and the run failed, yellow for findings that did not fail it (warn
+        mode, expected failures), green for none."""
+        if not self.counts():
+            return {"green": True}
+        if int(exitstatus) != 0:
+            return {"red": True, "bold": True}
+        return {"yellow": True, "bold": True}
+
+    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        terminalreporter.section("shutdown")
+        # coloured as pytest colours its own summary line (when colour is on)
+        terminalreporter.section("shutdown", **self.section_markup(exitstatus))
         verbose = self.config.get_verbosity() > 0
         errors = terminalreporter.stats.get("error", [])
         collection_errors = sum(1 for r in errors if isinstance(r, pytest.CollectReport))
-        for line in self.summary_lines(verbose, collection_errors):
+        details = shows_details(self.config)
+        for line in self.summary_lines(verbose, collection_errors, details):
             terminalreporter.line(line)
         if self.settings.report_path is None:
             return

@@ -166,6 +166,13 @@ def _refuse_special_targets(report_path: Path, given: str) -> None:
             )
 
 
+def shows_details(config: pytest.Config) -> bool:
+    """``--shutdown-details`` or ``-vv``: render every fact of each finding, not only its line."""
+    return bool(config.getoption("shutdown_details", default=False)) or (
+        config.get_verbosity() >= 2
+    )
+
+
 def _long_lived(config: pytest.Config) -> str:
     option = config.getoption("shutdown_long_lived", default=None)
     if option is not None:

@@ -22,9 +22,9 @@ from pytest_shutdown.findings import raise_if_any
 
 
 class Outcome:
-    force_killed = [0]
+    force_killed = ["EngineCore_0"]
     timeout = 0.1
-    exitcodes = [-9]
+    exitcodes = {"EngineCore_0": -9}
     duration_s = 0.2
 
 

@@ -3,6 +3,11 @@
 * :class:`TextRenderer`: vLLM's ``BaseRenderer`` with its one abstract method filled in, built
   from a text-only model config (no tokenizer, no multimodal processor): the ExitStack, the
   finalizer, the ``_SwappableExecutor`` and the multimodal pool are vLLM's.
+* :func:`make_mm_renderer`: the same renderer for a multimodal model, whose processor (the one
+  thing that needs the model's files) is a stand-in. vLLM's own ``__init__`` then builds the
+  multimodal processor caches with ``processor_cache_from_config`` (vLLM's
+  ``LruKeyReplicatedSenderCache`` and ``MultiModalProcessorOnlyCache``) and registers their
+  ``close`` on the renderer's ExitStack: what the seed's ``shutdown()`` closed twice.
 * :class:`ModelFreeEngineCore`: vLLM's ``EngineCoreProc`` with its constructor replaced (no
   model, no executor, no ZMQ sockets) and an empty scheduler. Its busy loop, shutdown-state
   handling, client-request dispatch, and above all ``EngineCoreProc.run_engine_core`` (signal
@@ -25,8 +30,15 @@ from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
+import vllm.renderers.base as renderer_module
 import vllm.v1.engine.core as engine_core_module
-from vllm.config import DeviceConfig, ParallelConfig, VllmConfig
+from vllm.config import (
+    DeviceConfig,
+    MultiModalConfig,
+    ObservabilityConfig,
+    ParallelConfig,
+    VllmConfig,
+)
 from vllm.platforms import current_platform
 from vllm.platforms.interface import PlatformEnum
 from vllm.renderers.base import BaseRenderer
@@ -77,6 +89,47 @@ def make_renderer(workers: int = 2, kind: type[TextRenderer] = TextRenderer) -> 
     )
     config = types.SimpleNamespace(model_config=model_config, parallel_config=ParallelConfig())
     return kind(config, None)  # type: ignore[arg-type]
+
+
+class StandInProcessor:
+    """What ``mm_registry.create_processor`` returns for a real model: here, nothing to run."""
+
+    def __repr__(self) -> str:
+        return "StandInProcessor()"
+
+
+#: A small processor cache (the default is 4 GiB); the cache classes are vLLM's.
+MM_CACHE_GB = 0.01
+
+
+def make_mm_renderer(
+    workers: int = 2, kind: type[TextRenderer] = TextRenderer
+) -> TextRenderer:
+    """A renderer of a multimodal model, with vLLM's multimodal processor caches.
+
+    The model config is a stand-in that supports multimodal inputs with a real
+    ``MultiModalConfig``; ``create_processor`` (it would load the model's processor) returns a
+    :class:`StandInProcessor`. Everything else of ``BaseRenderer.__init__`` runs as in vLLM.
+    """
+    mm_config = MultiModalConfig(mm_processor_cache_gb=MM_CACHE_GB)
+    model_config = types.SimpleNamespace(
+        renderer_num_workers=workers,
+        supports_multimodal_inputs=True,
+        multimodal_config=None,  # no frontend GPU decoding pool to install
+        get_multimodal_config=lambda: mm_config,
+    )
+    config = types.SimpleNamespace(
+        model_config=model_config,
+        parallel_config=ParallelConfig(),
+        observability_config=ObservabilityConfig(),
+    )
+    stand_in = StandInProcessor()
+    with mock.patch.object(
+        renderer_module.mm_registry, "create_processor", lambda *a, **k: stand_in
+    ):
+        renderer = kind(config, None)  # type: ignore[arg-type]
+    assert renderer.mm_processor_cache is not None, "vLLM built no processor cache"
+    return renderer
 
 
 # -- the engine core ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ if _VLLM is None or _VLLM.origin in (None, "namespace"):  # this folder is not v
 
 from model_free import (  # noqa: E402 - after the skip: model_free imports vllm
     TextRenderer,
+    make_mm_renderer,
     make_renderer,
     model_free_engines,
     on_platform,
@@ -125,3 +126,42 @@ def test_a_renderer_finalizing_with_its_own_method_is_never_collected() -> None:
     with pytest.raises(ShutdownContractError) as exc:
         assert_finalizes_on_gc(lambda: make_renderer(kind=RendererFinalizingWithItsOwnMethod))
     assert exc.value.codes == ["finalizer-bound-method"]
+
+
+class RendererClosingItsCacheBesidesTheStack(TextRenderer):
+    """The seed's bug: ``shutdown()`` closes the processor cache itself, and the ExitStack, which
+    has its ``close`` registered, closes it again: twice in the first call."""
+
+    def shutdown(self) -> None:
+        self._join_mm_warmup()
+        if self._mm_processor_cache is not None:
+            self._mm_processor_cache.close()
+        self._resources.close()
+
+
+class RendererClosingItsCacheOnEveryCall(TextRenderer):
+    """The seed's bug, second form: the ExitStack is closed once, but the explicit close of the
+    processor cache after it is unguarded: every later (or racing) shutdown closes it again."""
+
+    def shutdown(self) -> None:
+        self._join_mm_warmup()
+        self._resources.close()
+        if self._mm_processor_cache is not None:
+            self._mm_processor_cache.close()
+
+
+@pytest.mark.exercises("vllm.renderers.base.BaseRenderer (cache closed beside the ExitStack)")
+def test_a_renderer_closing_its_processor_cache_twice_is_cleanup_repeated() -> None:
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_idempotent_shutdown(make_mm_renderer(kind=RendererClosingItsCacheBesidesTheStack))
+    assert set(exc.value.codes) == {"cleanup-repeated"}
+    assert all("cache" in f.details["cleanup"] for f in exc.value.findings)
+
+
+@pytest.mark.exercises("vllm.renderers.base.BaseRenderer (unguarded cache close, racing)")
+def test_a_renderer_closing_its_processor_cache_on_every_call_is_cleanup_repeated() -> None:
+    renderer = make_mm_renderer(kind=RendererClosingItsCacheOnEveryCall)
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_idempotent_shutdown(renderer, calls=2, threads=4)
+    assert set(exc.value.codes) == {"cleanup-repeated"}
+    assert all("cache" in f.details["cleanup"] for f in exc.value.findings)

@@ -23,6 +23,7 @@ if _VLLM is None or _VLLM.origin in (None, "namespace"):  # this folder is not v
 
 from model_free import (  # noqa: E402 - after the skip: model_free imports vllm
     make_manager,
+    make_mm_renderer,
     make_renderer,
     on_platform,
     run_engine_core,
@@ -69,6 +70,21 @@ def test_renderer_finalizer_does_not_keep_it_alive() -> None:
 @pytest.mark.exercises("vllm.renderers.base._SwappableExecutor")
 def test_renderer_shutdown_does_not_wait_for_busy_pools() -> None:
     assert_nonblocking_shutdown(make_renderer(), budget=0.5)
+
+
+@pytest.mark.exercises("vllm.renderers.base.BaseRenderer.shutdown (multimodal processor cache)")
+def test_mm_renderer_closes_its_processor_cache_once() -> None:
+    renderer = make_mm_renderer()
+    report = assert_idempotent_shutdown(renderer, calls=3, threads=4)
+    closes = {k: v for k, v in report.cleanups.items() if "processor" in k and "cache" in k}
+    assert len(closes) == 2, report.cleanups  # the sender cache and the processor-only cache
+    assert all(counts["call 1"] == 1 for counts in closes.values()), closes
+
+
+@pytest.mark.exercises("vllm.renderers.base.BaseRenderer._finalizer (multimodal processor cache)")
+def test_mm_renderer_is_finalized_with_its_processor_cache() -> None:
+    report = assert_finalizes_on_gc(make_mm_renderer)
+    assert any("processor" in label and "cache" in label for label in report.performed("gc"))
 
 
 # -- vllm/v1/engine/utils.py: the timeout policy and CoreEngineProcManager ------------------------

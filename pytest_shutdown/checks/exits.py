@@ -11,7 +11,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -202,7 +202,7 @@ class ShutdownOutcomeLike(Protocol):
     def exitcodes(self) -> Mapping[str, int | None]: ...
 
     @property
-    def duration_s(self) -> float: ...
+    def duration_s(self) -> float | None: ...
 
 
 def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = False) -> CheckReport:
@@ -224,6 +224,7 @@ def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = Fa
             f"outcome: {type(outcome).__qualname__} lacks {', '.join(missing)}; accepted: an "
             "object with force_killed, timeout, exitcodes and duration_s"
         )
+    _check_outcome_shape(outcome)
     killed = list(outcome.force_killed)
     facts = {
         "force_killed": killed,
@@ -269,6 +270,52 @@ def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = Fa
     )
 
 
+def _is_seconds(value: object, *, none_ok: bool) -> bool:
+    if value is None:
+        return none_ok
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _names_of_processes(value: object) -> bool:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        return False
+    return all(isinstance(name, str) for name in list(value))
+
+
+#: What each attribute of an outcome must be: a test, and the words for the error.
+_OUTCOME_SHAPE: dict[str, tuple[Callable[[object], bool], str]] = {
+    "force_killed": (_names_of_processes, "a list of process names (str)"),
+    "timeout": (lambda v: _is_seconds(v, none_ok=True), "None or a number of seconds"),
+    "exitcodes": (
+        lambda v: isinstance(v, Mapping)
+        and all(c is None or (isinstance(c, int) and not isinstance(c, bool)) for c in v.values()),
+        "a mapping of process name to exit code (int or None)",
+    ),
+    "duration_s": (lambda v: _is_seconds(v, none_ok=True), "a number of seconds (or None)"),
+    "alive": (
+        lambda v: v is None or _names_of_processes(v),
+        "a list of process names (str), when present",
+    ),
+}
+
+
+def _check_outcome_shape(outcome: object) -> None:
+    """A user's outcome of the wrong shape: a ``TypeError`` naming each attribute, the type it
+    has and the type it needs (not a confusing error further down)."""
+    __tracebackhide__ = True  # the error points at the caller's line
+    wrong = []
+    for name, (ok, wanted) in _OUTCOME_SHAPE.items():
+        if not hasattr(outcome, name):
+            continue
+        value = getattr(outcome, name)
+        if not ok(value):
+            wrong.append(
+                f"outcome.{name} is {type(value).__name__} ({value!r:.80}); expected {wanted}"
+            )
+    if wrong:
+        raise TypeError(f"{type(outcome).__qualname__}: " + "; ".join(wrong))
+
+
 @dataclass(frozen=True)
 class ProcessesOutcome:
     """What a shutdown that returns nothing did to its processes, read from the processes.
@@ -277,21 +324,21 @@ class ProcessesOutcome:
     :func:`assert_not_force_killed` reads either: ``force_killed`` names the processes that
     ended by ``SIGKILL``; ``exitcodes`` maps each name to its exit code (``None``: still alive
     when read, also listed in ``alive``); ``timeout`` is the budget the test gave;
-    ``duration_s`` the time since ``started``.
+    ``duration_s`` the time since ``started`` (``None`` when no ``started`` was given).
     """
 
     timeout: float | None
     exitcodes: Mapping[str, int | None]
     force_killed: Sequence[str]
     alive: Sequence[str]
-    duration_s: float
+    duration_s: float | None
 
 
 def outcome_from_processes(
     procs: Sequence[Any],
     *,
     timeout: float | None,
-    started: float,
+    started: float | None = None,
     reap_s: float = KILL_DEADLINE_S,
 ) -> ProcessesOutcome:
     """Build the outcome of ``shutdown(procs, timeout)`` from the processes themselves.
@@ -306,8 +353,9 @@ def outcome_from_processes(
     ``procs`` are ``multiprocessing`` processes (or anything with ``name``, ``exitcode`` and
     ``join``); a process that already ended but is not reaped yet is joined for up to
     ``reap_s`` seconds in total, so its exit code is read and not taken for "alive".
-    ``started`` is a ``time.monotonic()`` reading taken before the shutdown. Wrong argument
-    types raise ``ValueError`` naming the argument.
+    ``started`` is a ``time.monotonic()`` reading taken before the shutdown; without it
+    ``duration_s`` is ``None`` (unknown). Wrong argument types raise ``ValueError`` naming the
+    argument.
     """
     if isinstance(procs, (str, bytes)) or not isinstance(procs, Sequence):
         raise ValueError(
@@ -327,14 +375,16 @@ def outcome_from_processes(
         or not (math.isfinite(timeout) and timeout >= 0)
     ):
         raise ValueError(f"timeout: {timeout!r}; accepted: None or a number of seconds >= 0")
-    if isinstance(started, bool) or not isinstance(started, (int, float)) or not (
-        math.isfinite(started) and started <= time.monotonic()
+    if started is not None and (
+        isinstance(started, bool)
+        or not isinstance(started, (int, float))
+        or not (math.isfinite(started) and started <= time.monotonic())
     ):
         raise ValueError(
             f"started: {started!r}; accepted: a time.monotonic() reading taken before the "
             "shutdown"
         )
-    duration = time.monotonic() - started
+    duration = None if started is None else time.monotonic() - started
     deadline = time.monotonic() + reap_s
     exitcodes: dict[str, int | None] = {}
     for index, proc in enumerate(procs):

@@ -6,6 +6,7 @@ import gc
 import math
 import os
 import time
+import traceback
 import types
 import weakref
 from collections.abc import Callable, Iterable
@@ -111,7 +112,8 @@ def assert_finalizes_on_gc(
     or ``finalizer-bound-method`` / ``finalizer-holds-object`` when that chain runs through the
     finalizer registry. If the object has ``method``, a twin from the same factory is first shut
     down explicitly; every cleanup that shutdown performed must also run on collection
-    (``cleanup-missing``). ``watch`` items must be attribute paths (``"cache.close"``) or
+    (``cleanup-missing``); a shutdown that raises is ``shutdown-raised``. ``watch`` items must
+    be attribute paths (``"cache.close"``) or
     functions, since each object is built inside the helper.
 
     ``graphs_dir``: on a failed collection, also draw the object's referrers there
@@ -136,8 +138,13 @@ def assert_finalizes_on_gc(
     if isinstance(method, str) and callable(getattr(twin, method, None)):
         twin_counter = CleanupCounter(discover_cleanups(twin, watch))
         t0 = time.perf_counter()
-        with twin_counter.charge("explicit"):
-            getattr(twin, method)()
+        try:
+            with twin_counter.charge("explicit"):
+                getattr(twin, method)()
+        except Exception as exc:  # noqa: BLE001 - a raising shutdown is the finding
+            subject = describe(twin)
+            del twin
+            raise_if_any([_shutdown_raised(subject, method, exc)])
         timings["explicit"] = time.perf_counter() - t0
         explicit = labels_performed(twin_counter, "explicit")
     del twin
@@ -182,6 +189,21 @@ def assert_finalizes_on_gc(
         },
         timings=timings,
         details={"method": method, "explicit_cleanups": explicit or []},
+    )
+
+
+def _shutdown_raised(subject: str, method: str, exc: BaseException) -> Finding:
+    """The explicit shutdown of the twin raised: ``shutdown-raised``, as the other helpers say."""
+    return Finding(
+        "shutdown-raised",
+        f"{subject}: explicit {method}() (of the twin built to learn its cleanups) raised "
+        f"{type(exc).__name__}: {exc}",
+        {
+            "call": 1,
+            "method": method,
+            "exception": repr(exc),
+            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        },
     )
 
 

@@ -111,6 +111,7 @@ def assert_freeze_policy(
     is a ``gc-freeze-policy`` finding; so is a child whose freeze count could not be read (killed,
     ``os._exit``, timed out). All scenarios are run and reported.
     """
+    __tracebackhide__ = True  # a failure points at the caller's line
     if not callable(target):
         raise ValueError(f"target must be callable(scenario), got {target!r}")
     chosen = tuple(freeze_scenarios() if scenarios is None else scenarios)

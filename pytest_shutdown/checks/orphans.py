@@ -21,6 +21,7 @@ Survivors are killed after they are reported: nothing outlives the check.
 
 from __future__ import annotations
 
+import difflib
 import fnmatch
 import os
 import re
@@ -31,7 +32,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from pytest_shutdown.checks.phases import WANTED_PHASE_ENV, phase_pattern
+from pytest_shutdown.checks.phases import (
+    WANTED_PHASE_ENV,
+    declared_phases,
+    phase_pattern,
+    reported_phases,
+)
 from pytest_shutdown.checks.tree import TreeProcess, scan_tree, wait_gone
 from pytest_shutdown.checks.tree_launcher import RunRequest, TreeLauncher
 from pytest_shutdown.findings import Finding, raise_if_any
@@ -48,6 +54,11 @@ DEFAULT_DEADLINE_S = 10.0
 STACKS_TIMEOUT_S = 2.0
 #: Poll interval while waiting for the phase and for the tree to die.
 POLL_S = 0.02
+#: A wanted phase close to one the tree reported (a typo) fails once no new phase came for this
+#: long; a phase the tree declared it does not know fails at once.
+TYPO_QUIET_S = 3.0
+#: How alike a wanted phase and a reported one must be to be taken for a typo (difflib ratio).
+TYPO_CUTOFF = 0.75
 #: How many characters of the tree's output a record keeps.
 LOG_TAIL_CHARS = 6000
 
@@ -81,6 +92,7 @@ class TreeDeath:
 
 def assert_tree_dies(target: Callable[..., Any] | Sequence[str], **kwargs: Any) -> TreeDeath:
     """``kill_tree_at`` that raises ``ShutdownContractError`` when anything was left."""
+    __tracebackhide__ = True  # a failure points at the caller's line
     record = kill_tree_at(target, **kwargs)
     raise_if_any(record.findings)
     return record
@@ -126,7 +138,9 @@ def kill_tree_at(
         raise
     try:
         with active.lock:
-            return _Run(active, selector, marker, level, signum, phase).run(
+            run = _Run(active, selector, marker, level, signum, phase)
+            run.phase_by_line = phase not in (phases or {})
+            return run.run(
                 request, deadline_s, phase_timeout_s
             )
     finally:
@@ -174,6 +188,13 @@ def _resolve_phase(
 ) -> Callable[[str, Sequence[TreeProcess]], bool]:
     if not isinstance(phase, str) or not phase:
         raise ValueError(f"phase: expected a phase name, got {phase!r}")
+    if phases and phase not in phases:
+        close = difflib.get_close_matches(phase, list(phases), n=1, cutoff=TYPO_CUTOFF)
+        if close:
+            raise ValueError(
+                f"phase: {phase!r} is not in phases= ({', '.join(phases)}) and looks like a typo "
+                f"of {close[0]!r}"
+            )
     spec: PhaseSpec = (phases or {}).get(phase, phase_pattern(phase))
     if callable(spec) and not isinstance(spec, re.Pattern):
         return spec
@@ -221,6 +242,10 @@ class _Run:
         self.log_path = ""
         #: Every process seen, by (pid, start time), with the parent it had when first seen.
         self.seen: dict[tuple[int, int], TreeProcess] = {}
+        #: Whether the phase is marked by ``report_phase``'s line (not a ``phases=`` entry).
+        self.phase_by_line = True
+        self._reported: list[str] = []
+        self._reported_at = time.monotonic()
 
     def scan(self) -> dict[int, TreeProcess]:
         members = scan_tree(self.launcher.token, self.launcher.pid, [self.session])
@@ -275,6 +300,7 @@ class _Run:
                 victim = self._choose(alive)
                 if victim is not None:
                     return victim, members
+            self._fail_on_unknown_phase(output)
             if self.launcher.exitcode(self.root) is not None:
                 raise RuntimeError(
                     f"the tree's root exited (code {self.launcher.exitcode(self.root)}) before "
@@ -289,6 +315,32 @@ class _Run:
                     + self.output()[-LOG_TAIL_CHARS:]
                 )
             time.sleep(POLL_S)
+
+    def _fail_on_unknown_phase(self, output: str) -> None:
+        """A phase the tree will never report fails now, naming the phases it knows: at once
+        when the tree declared its phases (``wanted_phase(known=...)``), else when the tree
+        reported a phase much like it (a typo) and nothing new for ``TYPO_QUIET_S``."""
+        if not self.phase_by_line:
+            return
+        reported = reported_phases(output)
+        if reported != self._reported:
+            self._reported, self._reported_at = reported, time.monotonic()
+        if self.phase in reported:
+            return
+        seen = f"; reported so far: {', '.join(reported) or 'none'}"
+        declared = declared_phases(output)
+        if declared is not None and self.phase not in declared:
+            raise ValueError(
+                f"phase: the tree never reaches phase {self.phase!r}; the phases it knows: "
+                f"{', '.join(declared)}{seen}"
+            )
+        close = difflib.get_close_matches(self.phase, reported, n=1, cutoff=TYPO_CUTOFF)
+        if close and time.monotonic() - self._reported_at >= TYPO_QUIET_S:
+            raise ValueError(
+                f"phase: the tree never reported phase {self.phase!r} (did you mean "
+                f"{close[0]!r}?){seen}; the phases known are those the tree reports with "
+                "report_phase() (or declares with wanted_phase(known=...))"
+            )
 
     def _choose(self, alive: list[TreeProcess]) -> TreeProcess | None:
         selector = self.selector

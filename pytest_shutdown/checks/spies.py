@@ -94,6 +94,7 @@ def timeout_passed_to(
     where = _describe(namespace, attribute)
 
     def policy(request: float | None, process: float | None) -> Any:
+        __tracebackhide__ = True  # a NotCalledError points at the test's line
         seen: list[Any] = []
 
         def recorder(*args: Any, **kwargs: Any) -> None:
@@ -111,8 +112,15 @@ def timeout_passed_to(
             finally:
                 setattr(namespace, attribute, original)
         if not seen:
-            raise NotCalledError(f"the call never reached {where}")
+            raise NotCalledError(
+                f"the call never reached {where} (request={request!r}, process={process!r}): "
+                "name the function where the code under test looks it up at call time, and "
+                "check that the call reaches it"
+            )
         return seen[0]
 
     policy.__qualname__ = f"timeout passed to {where}"
+    # read by assert_timeout_decoupling to say what its findings checked
+    policy.spied_target = where  # type: ignore[attr-defined]
+    policy.spied_argument = argument  # type: ignore[attr-defined]
     return policy

@@ -330,15 +330,21 @@ def assert_timeout_decoupling(
         expected=expected,
         offset=offset,
     )
+    checked = what_is_checked(policy)
     findings: list[Finding] = []
+    raised: list[tuple[TimeoutCell, Exception]] = []
     for cell in cells:
         try:
             got = ask(cell)
         except Exception as exc:  # noqa: BLE001 - a raising policy is a wrong cell
-            findings.append(_wrong(cell, None, f"raised {type(exc).__name__}: {exc}"))
+            raised.append((cell, exc))
+            findings.append(
+                _wrong(cell, None, f"raised {type(exc).__name__}: {exc}", checked, shift=offset)
+            )
             continue
         if not _same(got, cell.expected):
-            findings.append(_wrong(cell, got, f"returned {got!r}"))
+            findings.append(_wrong(cell, got, f"returned {got!r}", checked, shift=offset))
+    _raise_setup_error(raised, len(cells), checked)
     raise_if_any(findings)
     return CheckReport(
         check="timeout-decoupling",
@@ -354,16 +360,69 @@ def assert_timeout_decoupling(
     )
 
 
-def _wrong(cell: TimeoutCell, got: Any, what: str) -> Finding:
+def what_is_checked(policy: Callable[..., Any]) -> str:
+    """What a policy's answer is, in words: the pure policy function, or the timeout a call
+    passed to a spied function (:func:`~pytest_shutdown.timeout_passed_to`)."""
+    spied = getattr(policy, "spied_target", None)
+    if spied:
+        argument = getattr(policy, "spied_argument", "timeout")
+        return f"the {argument} the call passed to {spied}"
+    name = getattr(policy, "__qualname__", None) or repr(policy)
+    return f"the pure policy {name}"
+
+
+#: Exception class names that mean the test's set-up is wrong wherever they are raised (a
+#: config rejected by the engine's validation: pydantic's ``ValidationError``).
+SETUP_ERROR_NAMES = frozenset({"ValidationError"})
+
+
+def _raise_setup_error(
+    raised: list[tuple[TimeoutCell, Exception]], total: int, checked: str
+) -> None:
+    """An error of the test's own set-up is the test's error, once, not a finding per cell.
+
+    Set-up errors: every cell raised the same exception type (a spy target never reached, a
+    call that cannot build its engine), or any cell raised a ``ValidationError`` (the engine's
+    config rejected what the test built). The first such exception is raised again with a note.
+    """
+    __tracebackhide__ = True
+    if not raised:
+        return
+    setup = [(cell, exc) for cell, exc in raised if type(exc).__name__ in SETUP_ERROR_NAMES]
+    if not setup and len(raised) == total and len({type(e) for _, e in raised}) == 1:
+        setup = raised
+    if not setup:
+        return
+    cell, exc = setup[0]
+    note = (
+        f"pytest-shutdown: {checked} raised {type(exc).__name__} in {len(setup)} of {total} "
+        f"timeout-matrix cells (first: {cell.id}); this is an error in the test's set-up (the "
+        "policy, the call or the config it builds), not a timeout-policy finding"
+    )
+    add_note = getattr(exc, "add_note", None)
+    if callable(add_note):  # Python >= 3.11
+        add_note(note)
+    raise exc
+
+
+def _wrong(
+    cell: TimeoutCell, got: Any, what: str, checked: str = "the policy", *, shift: float = 0.0
+) -> Finding:
+    rule = cell.expected - shift if shift and cell.expected is not None else None
+    expected = f"{cell.expected!r}" + (
+        f" (the rule's {rule:g} + offset {shift:g} s)" if rule is not None else ""
+    )
     return Finding(
         "timeout-policy",
-        f"timeout policy cell {cell.id} {what}, expected {cell.expected!r}.",
+        f"timeout matrix cell {cell.id}: {checked} {what}, expected {expected}.",
         {
             "cell": cell.id,
             "platform": cell.platform,
             "request_timeout": cell.request_timeout,
             "process_timeout": cell.process_timeout,
             "expected": cell.expected,
+            "offset": shift,
+            "checked": checked,
             "got": got if got is None or isinstance(got, (int, float, str)) else repr(got),
             "error": what if what.startswith("raised") else None,
         },

@@ -53,6 +53,8 @@ class WholeTreeLoading:
 
 #: The phases of the reference tree as ``matrix_config()`` builds it (tp=2, dp=2: 4 workers).
 REFERENCE_PHASES = {"starting": WholeTreeLoading(4)}
+#: Every phase the frontend reports (declared to the test: an unknown one fails at once).
+FRONTEND_PHASES = ("starting", "ready", "busy", "shutting_down")
 #: How often the serving loop looks at its engines.
 SERVE_POLL_S = 0.02
 #: Requests kept in flight per EngineCore in the ``busy`` phase, and their length.
@@ -111,7 +113,7 @@ def serve_frontend(
     )
 
     config = config if config is not None else matrix_config()
-    wanted = wanted_phase()
+    wanted = wanted_phase(known=FRONTEND_PHASES)
     if wanted == "starting":
         config = config.replace(startup_delay_s=max(config.startup_delay_s, starting_load_s))
     if wanted == "shutting_down":

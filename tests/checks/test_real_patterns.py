@@ -36,6 +36,7 @@ from pytest_shutdown import (
     zero_window_override,
 )
 from pytest_shutdown.checks.idempotence import NothingCountedError
+from pytest_shutdown.checks.spies import NotCalledError
 
 
 @contextlib.contextmanager
@@ -183,10 +184,21 @@ def test_a_manager_that_ignores_the_policy_is_caught() -> None:
     assert _wrong_cells(exc) == {"rocm-req0-proc0"}
 
 
-def test_a_call_that_never_reaches_the_spied_function_is_a_wrong_cell() -> None:
+def test_a_call_that_never_reaches_the_spied_function_is_the_tests_error_once() -> None:
     policy = timeout_passed_to("vllm_patterns:shutdown", lambda request, process: None)
+    with pytest.raises(NotCalledError, match="never reached vllm_patterns.shutdown"):
+        assert_timeout_decoupling(policy, grace=15.0, platform=on_platform, platforms=("cuda",))
+
+
+def test_a_call_that_skips_the_spied_function_in_some_cells_is_a_wrong_cell() -> None:
+    def skips_the_reaper_at_zero(request: float | None, process: float | None) -> None:
+        if process != 0:  # the bug: a zero budget skips the reaper instead of killing at once
+            v.shutdown([], timeout=process)
+
+    policy = timeout_passed_to("vllm_patterns:shutdown", skips_the_reaper_at_zero)
     with pytest.raises(ShutdownContractError) as exc:
         assert_timeout_decoupling(policy, grace=15.0, platform=on_platform, platforms=("cuda",))
+    assert _wrong_cells(exc) == {"cuda-reqNone-proc0", "cuda-req0-proc0", "cuda-req7-proc0"}
     assert all("never reached" in f.details["error"] for f in exc.value.findings)
 
 

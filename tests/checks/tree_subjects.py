@@ -134,3 +134,15 @@ def child_stuck_at_exit() -> int:
     report_phase("ready")
     stop.wait(SUBJECT_LIFETIME_S)
     return 0
+
+
+def declares_its_phases() -> int:
+    """Declares the phases it can reach (``wanted_phase(known=...)``), then reports ``ready``."""
+    from pytest_shutdown import wanted_phase  # noqa: PLC0415
+
+    stop = _stop_on_sigterm()
+    wanted_phase(known=("starting", "ready"))
+    report_phase("starting")
+    report_phase("ready")
+    stop.wait(SUBJECT_LIFETIME_S)
+    return 0

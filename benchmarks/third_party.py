@@ -66,8 +66,8 @@ SUITES = {
         Suite(
             "pebble",
             "5.2.3",
-            ("test/test_thread_pool.py", "test/test_process_pool_fork.py"),
-            why="thread pools; process pools under fork (terminate, timeouts, crashes)",
+            ("test/test_process_pool_fork.py",),
+            why="process pools under fork: terminate, timeouts, crashed workers",
         ),
         Suite(
             "loky",

@@ -14,17 +14,18 @@ import pytest
 
 #: Imported only when a feature needs them: the device readers (a platform is detected), the
 #: orphan matrix's checks and tree launcher (a matrix is built or run), multiprocessing's
-#: connection layer and ctypes (the launcher), sysconfig (the first creation site recorded).
+#: connection layer (the launcher), sysconfig (the first creation site recorded).
 LAZY = (
     "pytest_shutdown.devices",
     "pytest_shutdown.gpu.readers",
     "pytest_shutdown.checks.orphans",
     "pytest_shutdown.checks.tree_launcher",
     "multiprocessing.connection",
-    "ctypes",
     "sysconfig",
     "torch",
 )
+#: ctypes too, while the guard is off (the guard may need it: prctl for containment).
+LAZY_GUARD_OFF = (*LAZY, "ctypes")
 
 RECORD = """
 import json, sys
@@ -37,14 +38,15 @@ def pytest_sessionfinish(session):
 
 
 MODES = [[], ["-p", "shutdown"], ["-p", "shutdown", "--shutdown-guard=warn"]]
+TRIVIAL_TEST = "def test_one():\n    assert True\n"
 
 
 @pytest.mark.parametrize("mode", MODES, ids=["installed", "fail", "warn"])
 def test_a_session_of_trivial_tests_imports_none_of_the_heavy_modules(
     pytester: pytest.Pytester, mode: list[str]
 ) -> None:
-    pytester.makeconftest(RECORD.format(lazy=json.dumps(LAZY)))
-    pytester.makepyfile(test_trivial="def test_one():\n    assert True\n")
+    pytester.makeconftest(RECORD.format(lazy=json.dumps(LAZY if mode else LAZY_GUARD_OFF)))
+    pytester.makepyfile(test_trivial=TRIVIAL_TEST)
     result = pytester.runpytest_subprocess(*mode)
     result.assert_outcomes(passed=1)
     imported = json.loads((pytester.path / "imported.json").read_text())

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pstats
 import re
 import statistics
 import sys
@@ -164,9 +165,17 @@ def measure(rounds: int, fixed_rounds: int) -> list[Figure]:
         times = alternate(runs, rounds, env)
         print(f"trivial tests, {rounds} alternating rounds (load {load_slope}):")
         _print_times(times)
+        calls = profile_calls_per_test(suites[SIZES[-1]], SIZES[-1], env, directory)
         load_after = load_average()
 
-    figures: list[Figure] = []
+    figures: list[Figure] = [
+        Figure(
+            f"guard's extra Python calls per test (cProfile, {SIZES[-1]} tests)",
+            calls,
+            "calls",
+            note="counted, not timed: the load does not move it",
+        )
+    ]
     note = f"load {load} .. {load_after}"
     for metric, label in ((0, ""), (1, ", CPU")):
         fixed_ms = _median_diff_ms(fixed["guarded"][metric], fixed["plain"][metric])
@@ -212,6 +221,30 @@ def measure(rounds: int, fixed_rounds: int) -> list[Figure]:
                 )
             )
     return figures
+
+
+def profile_calls_per_test(folder: Path, count: int, env: dict[str, str], tmp: Path) -> float:
+    """Python function calls per test that the guard adds (``cProfile`` of a guarded and a
+    plain session of ``count`` trivial tests), and the guard's own functions by self time."""
+    stats = {}
+    for name, mode in (("plain", PLAIN), ("guarded", GUARDED)):
+        out = tmp / f"{name}.prof"
+        command = [sys.executable, "-m", "cProfile", "-o", str(out), *BASE, *mode]
+        done = run_command(command, cwd=folder, env=env, timeout_s=RUN_TIMEOUT_S)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed:\n{done.stdout}\n{done.stderr}")
+        stats[name] = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
+    total = {name: sum(row[1] for row in data.values()) for name, data in stats.items()}
+    guarded = stats["guarded"].items()
+    own = sorted(
+        ((row[2], row[1], key) for key, row in guarded if "pytest_shutdown" in key[0]),
+        reverse=True,
+    )
+    print(f"cProfile, {count} trivial tests: the guard's functions by self time (ms per test):")
+    for self_s, calls, (filename, line, function) in own[:8]:
+        where = filename.split("pytest_shutdown/")[-1]
+        print(f"  {self_s / count * 1000:6.3f} ms  {calls:6d} calls  {where}:{line} {function}")
+    return (total["guarded"] - total["plain"]) / count
 
 
 def _slopes(

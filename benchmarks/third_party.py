@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import shutil
 import statistics
 import subprocess
 import sys
@@ -231,6 +232,8 @@ def run_suite(side: Path, suite: Suite, mode: str, extra: Sequence[str]) -> Resu
             for test in data["tests"]
             if test["findings"]
         ]
+    if not (work / "output.txt").exists():  # kept only where a run failed, to read
+        shutil.rmtree(work, ignore_errors=True)
     return result
 
 

@@ -1,105 +1,393 @@
-"""A third-party test suite plain and under the guard, side by side: time ratio and findings.
+"""Real test suites plain and under the guard (warn and fail): time ratios, outcomes, findings.
 
-Not part of ``make test``: the suite comes from a PyPI sdist unpacked somewhere, installed (with
-pytest-shutdown) into a side venv. Each test file runs plain (``-p no:shutdown``) and guarded
-(``-p shutdown --shutdown-report=...``) back to back, the order alternating between rounds, so
-that the load of a shared machine falls on both modes alike. Prints, per file and in total, the
-wall times, the ratio guarded/plain, the outcomes, the guard's findings by code and the number
-of long-lived resources listed.
+Not part of ``make test``. The suites are subsets of four (or more) projects' own test suites,
+pinned to one release each: the sdist is downloaded from PyPI (``pip download --no-binary``)
+and unpacked into a side folder this script manages (``.venv-third-party/`` in the repository,
+git-ignored), with a side venv holding pytest, the suites' test dependencies and this checkout of
+pytest-shutdown (editable). ``--setup-only`` builds it; every run builds what is missing.
 
-    python benchmarks/third_party.py --python /tmp/side/venv/bin/python --cwd pebble-5.2.3 \\
-        --rounds 2 test/test_thread_pool.py test/test_process_pool_fork.py
+Each suite runs plain (``-p no:shutdown``), guarded in warn mode and guarded in fail mode
+(``-p shutdown --shutdown-guard=warn|fail --shutdown-report=...``), the order turning each round,
+with bytecode caching on and the same interpreter flags in every mode. Per suite it prints the
+wall and CPU times, the ratios guarded/plain (median of the rounds; target <= 1.05), every test
+whose outcome differs between the modes of one round (from ``--junitxml``; the target is none),
+and the guard's findings. Every run has a deadline; a run past it is SIGKILLed with its whole
+process group and counted as ``timeout``.
+
+    .venv/bin/python benchmarks/third_party.py [--suites tqdm,joblib] [--rounds 3] [--json P]
+    .venv/bin/python benchmarks/third_party.py --setup-only
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
-import re
+import shutil
+import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
-import time
+import xml.etree.ElementTree as ET
 from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
-_OUTCOME = re.compile(r"^=*\s*(\d+ (?:passed|failed|error|skipped).*?) in [\d.]+s")
+from figures import Figure, write_json
+from runs import bytecode_env, load_average, run_command
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SIDE = ROOT / ".venv-third-party"
+RATIO_LIMIT = 1.05
+MODES = ("plain", "warn", "fail")
+SETUP_TIMEOUT_S = 900.0
 
 
-def run(python: str, cwd: str, target: str, guarded: bool, extra: list[str]) -> dict:
-    report = Path(tempfile.mkdtemp()) / "report.json"
-    mode = ["-p", "shutdown", f"--shutdown-report={report}"] if guarded else ["-p", "no:shutdown"]
-    command = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *mode, *extra, target]
-    start = time.perf_counter()
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=1800)
-    wall = time.perf_counter() - start
-    lines = [line for line in done.stdout.splitlines() if _OUTCOME.search(line)]
-    outcome = _OUTCOME.search(lines[-1]).group(1) if lines else f"exit {done.returncode}"
-    result = {"wall_s": wall, "outcome": outcome, "findings": {}, "long_lived": 0, "guard_s": 0.0}
-    if done.returncode not in (0, 5):  # keep the output of a failing run to read
-        saved = report.with_name("output.txt")
-        saved.write_text(done.stdout + done.stderr)
-        result["outcome"] += f" (output: {saved})"
-    if guarded and report.exists():
+@dataclass(frozen=True)
+class Suite:
+    """A pinned release's test subset: what to run, with which arguments and deadline."""
+
+    name: str
+    version: str
+    targets: tuple[str, ...]
+    args: tuple[str, ...] = ()
+    timeout_s: float = 600.0
+    why: str = ""
+
+    @property
+    def folder(self) -> str:
+        return f"{self.name}-{self.version}"
+
+
+SUITES = {
+    suite.name: suite
+    for suite in (
+        Suite(
+            "pebble",
+            "5.2.3",
+            ("test/test_process_pool_fork.py",),
+            why="process pools under fork: terminate, timeouts, crashed workers",
+        ),
+        Suite(
+            "loky",
+            "3.7.0",
+            ("tests/test_loky_module.py", "tests/test_worker_timeout.py"),
+            ("--skip-high-memory",),
+            why="the reusable executor singleton, worker timeouts, cpu_count",
+        ),
+        Suite(
+            "tqdm",
+            "4.70.1",
+            (
+                "tests/tests_synchronisation.py",
+                "tests/tests_concurrent.py",
+                "tests/tests_contrib.py",
+                "tests/tests_rlock.py",
+                "tests/tests_utils.py",
+                "tests/tests_tqdm.py",
+                "tests/tests_itertools.py",
+                "tests/tests_asyncio.py",
+                "tests/tests_main.py",
+            ),
+            why="monitor thread, Pool.imap (test_imap), thread/process maps; -W error",
+        ),
+        Suite(
+            "joblib",
+            "1.6.0",
+            ("joblib/test/test_memmapping.py", "joblib/test/test_parallel.py"),
+            (
+                "-k",
+                "((multiprocessing and pool) or timeout or abort_backend) "
+                "and not threading and not backend5",
+                "--color=no",
+            ),
+            why="MemmappingPool (multiprocessing.Pool) terminate, Parallel timeouts and aborts "
+            "(not the threading backend's: its aborted tasks keep sleeping in the pool's threads "
+            "for 10 s after the test, a real thread-leak that fail mode turns into an error)",
+        ),
+    )
+}
+
+#: The side venv's packages: pytest and psutil as in this venv; the suites' test dependencies.
+SIDE_PACKAGES = (
+    "pytest-timeout==2.4.0",  # tqdm's ini sets timeout = 30
+    "pytest-asyncio==1.5.0",  # tqdm's addopts say --asyncio-mode=strict
+    "cloudpickle==3.1.3",  # loky
+    "numpy==2.4.6",  # joblib's memmapping tests
+)
+
+
+# --- the side folder ---------------------------------------------------------------------------
+
+
+def side_python(side: Path) -> Path:
+    return side / "venv" / "bin" / "python"
+
+
+def setup(side: Path, suites: Sequence[Suite]) -> None:
+    """Build what is missing: the side venv (pytest, dependencies, this checkout) and the
+    unpacked sdists of ``suites``."""
+    side.mkdir(parents=True, exist_ok=True)
+    python = side_python(side)
+    stamp = side / "venv" / "installed.json"
+    wanted = {
+        "packages": [*_pinned("pytest", "psutil"), *SIDE_PACKAGES],
+        "project": str(ROOT),
+    }
+    if not python.exists():
+        _setup_step([sys.executable, "-m", "venv", str(side / "venv")], "creating the side venv")
+    if not stamp.exists() or json.loads(stamp.read_text()) != wanted:
+        _setup_step(
+            [str(python), "-m", "pip", "install", "-q", *wanted["packages"]],
+            "installing pytest and the suites' test dependencies",
+        )
+        _setup_step(
+            [str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)],
+            "installing this checkout of pytest-shutdown (editable)",
+        )
+        stamp.write_text(json.dumps(wanted))
+    for suite in suites:
+        if (side / "src" / suite.folder).is_dir():
+            continue
+        sdists = side / "sdists"
+        _setup_step(
+            [
+                str(python), "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
+                "-d", str(sdists), f"{suite.name}=={suite.version}",
+            ],
+            f"downloading the {suite.folder} sdist",
+        )
+        archive = next(sdists.glob(f"{suite.name}-{suite.version}.tar.gz"), None) or next(
+            sdists.glob(f"{suite.name.lower()}-{suite.version}.tar.gz")
+        )
+        with tarfile.open(archive) as tar:
+            tar.extractall(side / "src", filter="data")
+
+
+def _pinned(*names: str) -> list[str]:
+    return [f"{name}=={importlib.metadata.version(name)}" for name in names]
+
+
+def _setup_step(command: list[str], what: str) -> None:
+    print(f"setup: {what}", flush=True)
+    try:
+        subprocess.run(command, check=True, timeout=SETUP_TIMEOUT_S)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        raise SystemExit(f"setup failed while {what}: {exc}") from None
+
+
+# --- one run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """One run of one suite in one mode."""
+
+    mode: str
+    wall_s: float
+    cpu_s: float
+    summary: str
+    outcomes: dict[str, str]
+    findings: dict[str, int] = field(default_factory=dict)
+    flagged: list[tuple[str, list[str]]] = field(default_factory=list)
+    guard_s: float = 0.0
+    left_behind: bool = False
+
+
+def run_suite(side: Path, suite: Suite, mode: str, extra: Sequence[str]) -> Result:
+    """One run of ``suite`` in ``mode`` (plain, warn, fail), its deadline enforced."""
+    work = Path(tempfile.mkdtemp(prefix=f"third-party-{suite.name}-{mode}-"))
+    junit = work / "junit.xml"
+    report = work / "report.json"
+    if mode == "plain":
+        mode_args = ["-p", "no:shutdown"]
+    else:
+        mode_args = ["-p", "shutdown", f"--shutdown-guard={mode}", f"--shutdown-report={report}"]
+    command = [
+        str(side_python(side)), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        *mode_args, f"--junitxml={junit}", "-o", "junit_family=xunit2",
+        *suite.args, *extra, *suite.targets,
+    ]
+    env = bytecode_env(side / "pycache")
+    done = run_command(
+        command, cwd=side / "src" / suite.folder, env=env, timeout_s=suite.timeout_s
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("=") or " in " in line]
+    summary = lines[-1].strip("= ") if lines else f"exit {done.returncode}"
+    if done.timed_out:
+        summary = f"timeout after {suite.timeout_s:.0f} s"
+    outcomes = junit_outcomes(junit) if junit.exists() else {}
+    if done.returncode not in (0, 1, 5) or done.timed_out:
+        (work / "output.txt").write_text(done.stdout + done.stderr)
+        summary += f" (exit {done.returncode}; output: {work / 'output.txt'})"
+    result = Result(mode, done.wall_s, done.cpu_s, summary, outcomes, left_behind=done.left_behind)
+    if mode != "plain" and report.exists():
         data = json.loads(report.read_text())
-        result["findings"] = data["summary"]["findings"]
-        result["long_lived"] = len(data.get("long_lived", []))
-        result["guard_s"] = data.get("guard_s", 0.0)
-        result["flagged"] = [
-            (t["nodeid"], [f["code"] for f in t["findings"]])
-            for t in data["tests"]
-            if t["findings"]
+        result.findings = data["summary"]["findings"]
+        result.guard_s = data.get("guard_s", 0.0)
+        result.flagged = [
+            (test["nodeid"], [f["code"] for f in test["findings"]])
+            for test in data["tests"]
+            if test["findings"]
         ]
+    if not (work / "output.txt").exists():  # kept only where a run failed, to read
+        shutil.rmtree(work, ignore_errors=True)
     return result
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--python", required=True, help="the side venv's python")
-    parser.add_argument("--cwd", required=True, help="the unpacked sdist")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
-    parser.add_argument("files", nargs="+")
-    args = parser.parse_args()
-    extra = args.pytest_args.split()
-    totals: dict[bool, list[float]] = {False: [], True: []}
+def junit_outcomes(path: Path) -> dict[str, str]:
+    """Test id -> passed / failed / error / skipped (joined with ``+`` when a test has several,
+    e.g. failed in call and errored in teardown)."""
+    outcomes: dict[str, str] = {}
+    try:
+        tree = ET.parse(path)
+    except ET.ParseError:
+        return outcomes
+    for case in tree.iter("testcase"):
+        key = f"{case.get('classname', '')}::{case.get('name', '')}"
+        kinds = sorted({child.tag for child in case} & {"failure", "error", "skipped"})
+        outcome = "+".join("failed" if k == "failure" else k for k in kinds) or "passed"
+        outcomes[key] = outcome if key not in outcomes else f"{outcomes[key]}+{outcome}"
+    return outcomes
+
+
+# --- a suite over its rounds ---------------------------------------------------------------------
+
+
+def measure_suite(
+    side: Path, suite: Suite, rounds: int, extra: Sequence[str]
+) -> tuple[list[Figure], list[tuple[str, str]]]:
+    """The suite's figures and the outcome differences found: (test id, line)."""
+    load = load_average()
+    print(f"--- {suite.folder}: {suite.why} (load {load})", flush=True)
+    for mode in ("plain", "fail"):  # warm-up: bytecode of the suite and the plugin, page cache
+        run_suite(side, suite, mode, [*extra, "--collect-only"])
+    results: dict[str, list[Result]] = {mode: [] for mode in MODES}
+    differences: list[tuple[str, str]] = []
     flagged: Counter[tuple[str, str]] = Counter()
-    print(f"load average at start: {open('/proc/loadavg').read().split()[:3]}")
-    for round_no in range(args.rounds):
-        sums = {False: 0.0, True: 0.0}
-        for target in args.files:
-            order = (False, True) if round_no % 2 == 0 else (True, False)
-            results = {g: run(args.python, args.cwd, target, g, extra) for g in order}
-            plain, guarded = results[False], results[True]
-            sums[False] += plain["wall_s"]
-            sums[True] += guarded["wall_s"]
-            for nodeid, codes in guarded.get("flagged", []):
+    for round_no in range(rounds):
+        order = MODES[round_no % 3 :] + MODES[: round_no % 3]
+        this_round = {}
+        for mode in order:
+            result = run_suite(side, suite, mode, extra)
+            this_round[mode] = result
+            results[mode].append(result)
+            for nodeid, codes in result.flagged:
                 for code in codes:
-                    flagged[(nodeid, code)] += 1
+                    flagged[(f"{mode}: {nodeid}", code)] += 1
             print(
-                f"round {round_no + 1} {target}: plain {plain['wall_s']:.1f} s ({plain['outcome']})"
-                f" | guarded {guarded['wall_s']:.1f} s ({guarded['outcome']}), guard "
-                f"{guarded['guard_s']:.2f} s, findings {guarded['findings'] or 'none'}, "
-                f"long-lived {guarded['long_lived']} | ratio "
-                f"{guarded['wall_s'] / plain['wall_s']:.3f}",
+                f"  round {round_no + 1} {mode:<5} {result.wall_s:7.1f} s wall "
+                f"{result.cpu_s:7.1f} s CPU  {result.summary}"
+                + (f"; guard {result.guard_s:.2f} s" if mode != "plain" else "")
+                + (f"; findings {result.findings}" if result.findings else "")
+                + ("; LEFT PROCESSES BEHIND (killed)" if result.left_behind else ""),
                 flush=True,
             )
-        for mode in (False, True):
-            totals[mode].append(sums[mode])
-        print(
-            f"round {round_no + 1} total: plain {sums[False]:.1f} s, guarded {sums[True]:.1f} s,"
-            f" ratio {sums[True] / sums[False]:.3f}",
-            flush=True,
+        differences += outcome_differences(this_round, round_no + 1)
+    load_after = load_average()
+    for _, line in differences:
+        print(f"  DIFFERENT OUTCOME: {line}")
+    for (where, code), count in sorted(flagged.items()):
+        print(f"  finding: {where} [{code}] in {count} of {rounds} rounds")
+    figures = []
+    note = f"load {load} .. {load_after}"
+    for mode in ("warn", "fail"):
+        for metric, label in (("wall_s", ""), ("cpu_s", ", CPU")):
+            ratios = [
+                getattr(g, metric) / getattr(p, metric)
+                for g, p in zip(results[mode], results["plain"], strict=True)
+            ]
+            plain = statistics.median(getattr(r, metric) for r in results["plain"])
+            guarded = statistics.median(getattr(r, metric) for r in results[mode])
+            figures.append(
+                Figure(
+                    f"{suite.name} {suite.version} {mode}/plain{label}",
+                    statistics.median(ratios),
+                    "x",
+                    limit=RATIO_LIMIT,
+                    note=f"plain {plain:.1f} s, {mode} {guarded:.1f} s; rounds "
+                    f"{', '.join(f'{r:.3f}' for r in ratios)}; {note}",
+                )
+            )
+    figures.append(
+        Figure(
+            f"{suite.name} {suite.version} tests whose outcome differs by mode",
+            float(len({name for name, _ in differences})),
+            "tests",
+            limit=0.0,
+            note=results["plain"][-1].summary,
         )
-    plain_sum, guarded_sum = sum(totals[False]), sum(totals[True])
-    print(
-        f"all rounds: plain {plain_sum:.1f} s, guarded {guarded_sum:.1f} s, "
-        f"ratio {guarded_sum / plain_sum:.3f} (target <= 1.2 without real leaks)"
     )
-    for (nodeid, code), count in sorted(flagged.items()):
-        print(f"finding: {nodeid} [{code}] in {count} of {args.rounds} rounds")
-    print(f"load average at end: {open('/proc/loadavg').read().split()[:3]}")
+    return figures, differences
+
+
+def outcome_differences(results: dict[str, Result], round_no: int) -> list[tuple[str, str]]:
+    """(test id, ``round N: test id: plain X, warn Y, fail Z``) per test whose outcome differs
+    for no reason the guard gives: a test that errors in fail mode only, with the guard's
+    findings in that run (a real leak), is listed as explained, and not returned."""
+    names = sorted(set().union(*(r.outcomes for r in results.values())))
+    flagged = {junit_key(nodeid): codes for nodeid, codes in results["fail"].flagged}
+    lines = []
+    for name in names:
+        seen = {mode: results[mode].outcomes.get(name, "missing") for mode in MODES}
+        if len(set(seen.values())) == 1:
+            continue
+        outcomes = ", ".join(f"{mode} {seen[mode]}" for mode in MODES)
+        line = f"round {round_no}: {name}: {outcomes}"
+        if seen["plain"] == seen["warn"] and "error" in seen["fail"] and name in flagged:
+            print(f"  explained by the guard's findings {flagged[name]} in fail mode: {line}")
+            continue
+        lines.append((name, line))
+    return lines
+
+
+def junit_key(nodeid: str) -> str:
+    """The junit ``classname::name`` of a pytest node id (``a/b.py::C::t`` -> ``a.b.C::t``)."""
+    parts = nodeid.split("::")
+    module = parts[0].removesuffix(".py").replace("/", ".")
+    return "::".join([".".join([module, *parts[1:-1]]), parts[-1]])
+
+
+def measure(
+    suites: Sequence[Suite], rounds: int, side: Path = DEFAULT_SIDE, extra: Sequence[str] = ()
+) -> list[Figure]:
+    setup(side, suites)
+    figures: list[Figure] = []
+    for suite in suites:
+        got, _ = measure_suite(side, suite, rounds, extra)
+        figures += got
+    return figures
+
+
+def main(argv: Sequence[str] | None = None) -> list[Figure]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suites", default=",".join(SUITES), help=f"of: {', '.join(SUITES)}")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds, modes alternating (3)")
+    parser.add_argument("--side", type=Path, default=DEFAULT_SIDE, help="the side folder")
+    parser.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
+    parser.add_argument("--setup-only", action="store_true", help="build the side folder, stop")
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    names = [n.strip() for n in args.suites.split(",") if n.strip()]
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        parser.error(f"--suites: unknown {', '.join(unknown)}; accepted: {', '.join(SUITES)}")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
+    suites = [SUITES[n] for n in names]
+    if args.setup_only:
+        setup(args.side, suites)
+        return []
+    result = measure(suites, args.rounds, args.side, args.pytest_args.split())
+    for figure in result:
+        verdict = f" [{figure.verdict}: {figure.target}]" if figure.limit is not None else ""
+        print(f"{figure.name}: {figure.value:.3f} {figure.unit}{verdict}")
+    if args.json:
+        write_json(args.json, result)
+    return result
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

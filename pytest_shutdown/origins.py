@@ -14,11 +14,11 @@ qualified names, e.g. ``ThreadPoolExecutor._adjust_thread_count``, name the pool
 
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import subprocess
 import sys
-import sysconfig
 import threading
 import types
 import weakref
@@ -48,10 +48,6 @@ LIBRARY_FRAMES = 3
 #: Process origins kept (oldest dropped first): a long suite starts many short-lived children.
 PROCESS_LIMIT = 4096
 
-_LIBRARY_DIRS = tuple(
-    os.path.normcase(os.path.realpath(p)) + os.sep
-    for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["platstdlib"]}
-)
 _TOOL_PACKAGES = frozenset(
     {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
 )
@@ -98,6 +94,17 @@ def set_current_test(nodeid: str | None) -> None:
     _current_test = nodeid
 
 
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    """The standard library's folders; ``sysconfig`` is imported on the first creation site
+    recorded, not when the plugin loads (it costs more than this whole module)."""
+    import sysconfig  # noqa: PLC0415
+
+    paths = sysconfig.get_paths()
+    folders = {paths["stdlib"], paths["platstdlib"]}
+    return tuple(os.path.normcase(os.path.realpath(p)) + os.sep for p in folders)
+
+
 def _is_library(filename: str) -> bool:
     """The standard library (and frozen modules such as ``<frozen runpy>``)."""
     cached = _is_library_cache.get(filename)
@@ -106,7 +113,7 @@ def _is_library(filename: str) -> bool:
             cached = filename.startswith("<frozen")
         else:
             path = os.path.normcase(os.path.realpath(filename))
-            cached = path.startswith(_LIBRARY_DIRS) and "site-packages" not in path
+            cached = path.startswith(_library_dirs()) and "site-packages" not in path
         _is_library_cache[filename] = cached
     return cached
 

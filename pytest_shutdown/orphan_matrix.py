@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_shutdown.checks.orphans import assert_tree_dies, parse_signal, signal_name
-
+# checks.orphans (and through it the tree launcher, multiprocessing.connection, ctypes) is
+# imported where a matrix is built or run: loading the plugin registers these fixtures in every
+# session, and must not pay for that import.
 if TYPE_CHECKING:
     from pytest_shutdown.checks.orphans import TreeDeath
     from pytest_shutdown.checks.tree_launcher import TreeLauncher
@@ -57,6 +58,8 @@ def cells_from_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[
     if unknown:
         raise ValueError(f"{MARKER}: unknown argument(s) {', '.join(unknown)}; accepted: "
                          f"{', '.join(ACCEPTED_KEYS)}")
+    from pytest_shutdown.checks.orphans import parse_signal, signal_name  # noqa: PLC0415
+
     axes = {key: _names(key, kwargs.get(key, DEFAULTS[key])) for key in ACCEPTED_KEYS}
     try:
         signals = [signal_name(parse_signal(s)) for s in axes["signal"]]
@@ -141,6 +144,8 @@ def kill_tree(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> Ki
             options.setdefault("signal", cell.signal)
             options.setdefault("phase", cell.phase)
         options.setdefault("launcher", tree_launcher)
+        from pytest_shutdown.checks.orphans import assert_tree_dies  # noqa: PLC0415
+
         return assert_tree_dies(target, **options)
 
     return kill

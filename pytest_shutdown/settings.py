@@ -21,15 +21,15 @@ from pathlib import Path
 import pytest
 
 from pytest_shutdown.cycles import cycles_of
-from pytest_shutdown.devices import PLATFORMS
 from pytest_shutdown.records import record_log_path, refusal_of_target
 
 #: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
 #: What the guard does with long-lived resources (owned by module globals) at session end.
 LONG_LIVED_CHOICES: tuple[str, ...] = ("list", "fail")
-#: Accepted values of ``--shutdown-platform``.
-PLATFORM_CHOICES: tuple[str, ...] = ("auto", *PLATFORMS)
+#: Accepted values of ``--shutdown-platform``: ``auto`` and ``devices.PLATFORMS``, spelled out:
+#: importing the device readers here would cost every session their import.
+PLATFORM_CHOICES: tuple[str, ...] = ("auto", "cuda", "rocm", "cpu")
 #: The plugin names that, given as ``-p NAME``, turn the guard on.
 PLUGIN_NAMES: frozenset[str] = frozenset({"shutdown", "pytest_shutdown.plugin"})
 

@@ -1,0 +1,59 @@
+"""Every figure of the guard's budget (issue 26) in one run: ``run.py --only guard``.
+
+1. the fixed cost per session and the per-test slope on trivial tests, the ratios at 400 and
+   1600 tests (:mod:`guard_overhead`);
+2. the ratio guarded/plain per real suite, in warn and in fail mode, and whether any test's
+   outcome differs between the modes (:mod:`third_party`; the side folder is built on first use,
+   which needs PyPI);
+3. the ratio under host pid churn (:mod:`churn`).
+
+Each figure is printed with its target (``NOT MET`` when missed) and the load average at the
+time; wall-time figures come with CPU-time twins, which the load of a shared machine moves less.
+
+    .venv/bin/python benchmarks/guard_budget.py [--rounds 3] [--skip third_party,churn] [--json P]
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+import churn
+import guard_overhead
+import third_party
+from figures import Figure, write_json
+from runs import load_average
+
+PARTS = ("trivial", "third_party", "churn")
+
+
+def main(argv: Sequence[str] | None = None) -> list[Figure]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
+    parser.add_argument("--skip", default="", help=f"comma-separated parts of: {', '.join(PARTS)}")
+    parser.add_argument(
+        "--suites", default=",".join(third_party.SUITES), help="the real suites to run"
+    )
+    parser.add_argument("--json", help="also write the figures to this file")
+    args = parser.parse_args(argv)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if skip - set(PARTS):
+        parser.error(f"--skip: unknown {', '.join(sorted(skip - set(PARTS)))}; of: {PARTS}")
+    figures: list[Figure] = []
+    if "trivial" not in skip:
+        print(f"== trivial tests (load {load_average()})", flush=True)
+        figures += guard_overhead.measure(args.rounds, fixed_rounds=5)
+    if "third_party" not in skip:
+        print(f"== real suites (load {load_average()})", flush=True)
+        suites = [third_party.SUITES[n.strip()] for n in args.suites.split(",") if n.strip()]
+        figures += third_party.measure(suites, args.rounds)
+    if "churn" not in skip:
+        print(f"== host pid churn (load {load_average()})", flush=True)
+        figures += churn.measure(2000, 300, args.rounds)
+    if args.json:
+        write_json(args.json, figures)
+    return figures
+
+
+if __name__ == "__main__":
+    main()

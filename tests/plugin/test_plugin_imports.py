@@ -1,0 +1,87 @@
+"""Loading the plugin stays cheap: what a session imports whether or not the guard is on.
+
+Every session with pytest-shutdown installed loads the plugin and registers its fixtures; the
+guard's fixed cost per session (issue 26: <= 30 ms, ``benchmarks/run.py --only guard``) is
+mostly imports. These tests pin down which heavy modules are imported only when used, so that
+an eager import added later shows up here rather than as a slower benchmark.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+#: Imported only when a feature needs them: the device readers (a platform is detected), the
+#: orphan matrix's checks and tree launcher (a matrix is built or run), multiprocessing's
+#: connection layer (the launcher), sysconfig (the first creation site recorded).
+LAZY = (
+    "pytest_shutdown.devices",
+    "pytest_shutdown.gpu.readers",
+    "pytest_shutdown.checks.orphans",
+    "pytest_shutdown.checks.tree_launcher",
+    "multiprocessing.connection",
+    "sysconfig",
+    "torch",
+)
+#: ctypes too, while the guard is off (the guard may need it: prctl for containment).
+LAZY_GUARD_OFF = (*LAZY, "ctypes")
+
+RECORD = """
+import json, sys
+
+def pytest_sessionfinish(session):
+    wanted = json.loads({lazy!r})
+    with open("imported.json", "w") as out:
+        json.dump(sorted(name for name in wanted if name in sys.modules), out)
+"""
+
+
+MODES = [[], ["-p", "shutdown"], ["-p", "shutdown", "--shutdown-guard=warn"]]
+TRIVIAL_TEST = "def test_one():\n    assert True\n"
+
+
+@pytest.mark.parametrize("mode", MODES, ids=["installed", "fail", "warn"])
+def test_a_session_of_trivial_tests_imports_none_of_the_heavy_modules(
+    pytester: pytest.Pytester, mode: list[str]
+) -> None:
+    pytester.makeconftest(RECORD.format(lazy=json.dumps(LAZY if mode else LAZY_GUARD_OFF)))
+    pytester.makepyfile(test_trivial=TRIVIAL_TEST)
+    result = pytester.runpytest_subprocess(*mode)
+    result.assert_outcomes(passed=1)
+    imported = json.loads((pytester.path / "imported.json").read_text())
+    assert imported == [], f"loaded by the session although nothing used them: {imported}"
+
+
+def test_the_lazy_imports_still_happen_when_a_feature_needs_them(
+    pytester: pytest.Pytester,
+) -> None:
+    """The same record catches an import: a test that starts a thread under the guard records
+    its creation site (sysconfig), one that builds an orphan matrix imports its checks."""
+    pytester.makeconftest(RECORD.format(lazy=json.dumps(LAZY)))
+    pytester.makepyfile(
+        test_used="""
+        import threading
+        import pytest
+
+        def test_thread():
+            thread = threading.Thread(target=lambda: None)
+            thread.start()
+            thread.join()
+
+        @pytest.mark.orphan_matrix(signal=["SIGTERM"])
+        def test_cell(orphan_cell):
+            assert orphan_cell.signal == "SIGTERM"
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown")
+    result.assert_outcomes(passed=2)
+    imported = json.loads((pytester.path / "imported.json").read_text())
+    assert "sysconfig" in imported and "pytest_shutdown.checks.orphans" in imported
+
+
+def test_the_platform_choices_are_the_device_platforms() -> None:
+    from pytest_shutdown.devices import PLATFORMS
+    from pytest_shutdown.settings import PLATFORM_CHOICES
+
+    assert PLATFORM_CHOICES == ("auto", *PLATFORMS)

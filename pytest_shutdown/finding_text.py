@@ -14,10 +14,10 @@ No pytest, no torch: plain functions over plain data.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
-import sysconfig
 from collections.abc import Mapping
 from typing import Any
 
@@ -33,13 +33,14 @@ _THREAD_HEAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ ", re.IGNORECAS
 _OWN_FRAMES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checks") + os.sep
 
 
+@functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
+    """Imported on first use: ``sysconfig`` costs every session more than this module."""
+    import sysconfig  # noqa: PLC0415
+
     paths = sysconfig.get_paths()
     found = {paths.get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
     return tuple(sorted(os.path.abspath(p) + os.sep for p in found if p))
-
-
-_LIBRARY_DIRS = _library_dirs()
 
 
 def is_user_frame(path: str) -> bool:
@@ -50,7 +51,7 @@ def is_user_frame(path: str) -> bool:
     full = os.path.abspath(path)
     if full.startswith(_OWN_FRAMES):
         return False
-    return not any(full.startswith(d) for d in _LIBRARY_DIRS)
+    return not any(full.startswith(d) for d in _library_dirs())
 
 
 def first_user_frame(stacks: str) -> str:

@@ -26,8 +26,9 @@ from typing import Any
 
 from pytest_shutdown.checks.phases import phase_pattern, report_phase, wanted_phase
 from pytest_shutdown.engine.config import EngineConfig
-from pytest_shutdown.engine.core_proc import ChildFaults
+from pytest_shutdown.engine.faults import ChildFaults
 from pytest_shutdown.engine.lifeline import set_process_name
+from pytest_shutdown.engine.processes import EngineProcManager, StartupInterrupted
 
 #: The levels of the reference tree, for the tree-death helper: the root, and name patterns.
 REFERENCE_LEVELS = {"frontend": "root", "engine_core": "EngineCore_DP*", "worker": "Worker_TP*"}
@@ -105,11 +106,6 @@ def serve_frontend(
     device teardown, so that a signal lands while every level is still there). Must run in the
     main thread of its process (it installs SIGTERM/SIGINT handlers).
     """
-    from pytest_shutdown.engine.processes import (  # noqa: PLC0415
-        EngineProcManager,
-        StartupInterrupted,
-    )
-
     config = config if config is not None else matrix_config()
     wanted = wanted_phase()
     if wanted == "starting":

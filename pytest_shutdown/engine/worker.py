@@ -34,17 +34,17 @@ from collections.abc import Callable
 from multiprocessing import connection as mp_connection
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
 from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.lifecycle import LifecycleLog
 from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
     set_parent_death_signal,
     set_process_name,
 )
-
-if TYPE_CHECKING:
-    from pytest_shutdown.engine.processes import ShutdownOutcome
+from pytest_shutdown.engine.start import serialize_exit_polling
+from pytest_shutdown.engine.stopping import ShutdownOutcome, shutdown_processes
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
@@ -78,8 +78,6 @@ def worker_process_main(
     lifeline_while_loading: bool = True,
 ) -> None:
     """Target of every worker process: load, hold the KV-cache shard, stop; ends in SystemExit."""
-    from pytest_shutdown.engine.core_proc import LifecycleLog  # noqa: PLC0415
-
     for other in inherited:  # the EngineCore's ends of earlier workers' death pipes
         other.close()
     set_process_name(worker_name(tp_rank))
@@ -198,8 +196,6 @@ class WorkerGroup:
         lifeline: bool = True,
         lifeline_while_loading: bool = True,
     ) -> None:
-        from pytest_shutdown.engine.start import serialize_exit_polling  # noqa: PLC0415
-
         self.config = config
         method = "spawn" if config.resolved_platform == "rocm" else "fork"
         ctx = multiprocessing.get_context(method)
@@ -293,8 +289,6 @@ class WorkerGroup:
 
     def shutdown(self, timeout: float = WORKER_STOP_TIMEOUT_S) -> ShutdownOutcome:
         """Stop watching, ask every worker to stop, kill what is left at the shared deadline."""
-        from pytest_shutdown.engine.processes import shutdown_processes  # noqa: PLC0415
-
         try:
             os.write(self._stop_w, b"\x00")
         except OSError:

@@ -163,6 +163,8 @@ class EngineCoreProc:
         self.input_queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.output_queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self.engine_core: EngineCore | None = None
+        #: The TP workers (tp > 1): each step also starts their collective.
+        self.workers: WorkerGroup | None = None
         self.waker: SignalWaker | None = None
         #: Set by the signal handler, even before the engine exists.
         self.shutdown_requested = False
@@ -371,6 +373,8 @@ class EngineCoreProc:
         core = self._core
         if core.has_work():
             outputs = core.step()
+            if self.workers is not None:
+                self.workers.step()
             if outputs:
                 self.send((MSG_OUTPUTS, outputs))
 
@@ -469,6 +473,7 @@ def run_engine_core(
         engine_core = EngineCore(place_rank(config, dp_rank))
         proc.engine_core = engine_core
         if workers is not None:
+            proc.workers = workers
             workers.watch(proc.on_worker_died)
         if lifeline and faults.lifeline_after_startup:
             parent_watch = _arm_lifeline(proc, parent_pid, pdeathsig)

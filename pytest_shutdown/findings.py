@@ -26,6 +26,10 @@ FINDING_CODES: Mapping[str, str] = {
     "where it requires it",
     "orphan-process": "a process of a tree outlived the death of part of the tree (an orphan)",
     "exit-hang": "a process did not exit: its exit blocked (a non-daemon thread, an untimed join)",
+    "collective-hang": "a process of a killed tree is blocked in a collective or a store wait "
+    "(all_reduce, barrier, broadcast, TCPStore get/wait) for a peer that is gone",
+    "process-group-left": "a torch.distributed process group (the default one or one a test "
+    "created) is still initialised after the test or the engine's shutdown",
 }
 
 

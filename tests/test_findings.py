@@ -28,6 +28,8 @@ def test_the_codes_of_the_design() -> None:
             "gc-freeze-policy",
             "orphan-process",
             "exit-hang",
+            "collective-hang",
+            "process-group-left",
         ]
     )
 

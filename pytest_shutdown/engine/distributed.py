@@ -142,6 +142,11 @@ class RankGroup:
         self._lock = threading.Lock()
 
     @property
+    def store(self) -> Any:
+        """This rank's client of the group's store (None before ``join()`` and after teardown)."""
+        return self._store
+
+    @property
     def joined(self) -> bool:
         return self._store is not None and self.ending is None
 

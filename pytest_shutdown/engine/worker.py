@@ -333,6 +333,7 @@ class WorkerGroup:
         if config.process_group != "off":
             device_type = config.device.split(":")[0]
             group = (select_backend(config.process_group, device_type), free_port())
+            import torch.distributed  # noqa: F401, PLC0415 - before the forks: workers start warm
         self.group = group
         method = "spawn" if config.resolved_platform == "rocm" else "fork"
         ctx = multiprocessing.get_context(method)

@@ -12,7 +12,7 @@ VICTIMS = {"head": "RankLauncher", "rank0": "Rank0", "rank1": "Rank1"}
 
 
 @pytest.mark.orphan_matrix(
-    level=["head", "rank0", "rank1"], signal=["SIGKILL", "SIGTERM", "SIGINT"],
+    level=["head", "rank0", "rank1"], signal=["SIGKILL", "SIGTERM"],
     phase=["in_collective"],
 )
 def test_killing_any_rank_or_the_head_mid_collective_ends_every_rank(

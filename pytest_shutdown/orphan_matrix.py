@@ -126,9 +126,9 @@ def kill_tree(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> Ki
     """``kill_tree(target, levels=..., phases=..., **options)``: run this test's matrix cell.
 
     Raises ``ShutdownContractError`` (``orphan-process``, ``exit-hang``, ``collective-hang``) when
-    the tree did not
-    die; returns the ``TreeDeath`` record otherwise. ``level``/``signal``/``phase`` default to
-    the test's ``orphan_cell``; pass them to use ``kill_tree`` without the marker.
+    the tree did not die; returns the ``TreeDeath`` record otherwise. ``level``/``signal``/
+    ``phase`` default to the test's ``orphan_cell``; pass them to use ``kill_tree`` without the
+    marker.
     """
     callspec = getattr(request.node, "callspec", None)
     cell = callspec.params.get("orphan_cell") if callspec is not None else None

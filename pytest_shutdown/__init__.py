@@ -43,6 +43,9 @@ _LAZY: dict[str, str] = {
     "assert_process_group_destroyed": "pytest_shutdown.checks.process_groups",
     "process_groups": "pytest_shutdown.checks.process_groups",
     "collective_wait": "pytest_shutdown.checks.collectives",
+    "assert_ray_released": "pytest_shutdown.checks.ray_resources",
+    "ray_leftovers": "pytest_shutdown.checks.ray_resources",
+    "release_ray_leftovers": "pytest_shutdown.checks.ray_resources",
     "TreeLauncher": "pytest_shutdown.checks.tree_launcher",
     "TreeProcess": "pytest_shutdown.checks.tree",
     "report_phase": "pytest_shutdown.checks.phases",
@@ -107,6 +110,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.checks.process_groups import (
         assert_process_group_destroyed,
         process_groups,
+    )
+    from pytest_shutdown.checks.ray_resources import (
+        assert_ray_released,
+        ray_leftovers,
+        release_ray_leftovers,
     )
     from pytest_shutdown.checks.report import CheckReport
     from pytest_shutdown.checks.spies import timeout_passed_to

@@ -30,6 +30,8 @@ FINDING_CODES: Mapping[str, str] = {
     "(all_reduce, barrier, broadcast, TCPStore get/wait) for a peer that is gone",
     "process-group-left": "a torch.distributed process group (the default one or one a test "
     "created) is still initialised after the test or the engine's shutdown",
+    "ray-resource-left": "an engine on Ray left an actor alive, a placement group not removed, "
+    "cluster resources not back to their baseline, or a ray:: worker process after its shutdown",
 }
 
 

@@ -30,6 +30,7 @@ def test_the_codes_of_the_design() -> None:
             "exit-hang",
             "collective-hang",
             "process-group-left",
+            "ray-resource-left",
         ]
     )
 

@@ -48,6 +48,8 @@ _LAZY: dict[str, str] = {
     "serve_ranks": "pytest_shutdown.engine.rank_launcher",
     "RankFaults": "pytest_shutdown.engine.rank_launcher",
     "RANK_LEVELS": "pytest_shutdown.engine.rank_launcher",
+    "RayEngine": "pytest_shutdown.engine.ray_engine",
+    "RayFaults": "pytest_shutdown.engine.ray_engine",
 }
 
 __all__ = list(_LAZY)
@@ -93,6 +95,7 @@ if TYPE_CHECKING:  # pragma: no cover
         shutdown_processes,
     )
     from pytest_shutdown.engine.rank_launcher import RANK_LEVELS, RankFaults, serve_ranks
+    from pytest_shutdown.engine.ray_engine import RayEngine, RayFaults
     from pytest_shutdown.engine.renderer import ReferenceRenderer
     from pytest_shutdown.engine.start import helper_process_pids
     from pytest_shutdown.engine.supervisor import DPSupervisor

@@ -12,7 +12,7 @@ Faults put back two production bugs: ``keep_placement_groups`` (ray #64035: the 
 placement groups stay and hold their resources), ``detached`` (ray #31738: detached actors and no
 finalizer; a test that fails before ``shutdown()`` leaves them alive on the cluster).
 
-Ray is imported when an engine is made, never at import.
+Ray is imported when an engine is made, never at import (torch is: the actors run an EngineCore).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.core import EngineCore
 
 #: The class name Ray gives the actors' worker processes (``ray::EngineCoreActor``).
 ACTOR_CLASS = "EngineCoreActor"
@@ -43,8 +44,6 @@ class EngineCoreActor:
     """The body of one DP rank's actor: an in-process ``EngineCore``."""
 
     def __init__(self, config: EngineConfig) -> None:
-        from pytest_shutdown.engine.core import EngineCore  # noqa: PLC0415 - in the actor
-
         self.core: Any = EngineCore(config)
 
     def pid(self) -> int:

@@ -8,6 +8,8 @@
 #   make test PYTEST_ARGS="-k renderer -x"
 #   make vllm-check               the helpers on vLLM's own classes (examples/vllm) in a side
 #                                 venv, .venv-vllm, with the vllm 0.33.0 wheel; not part of test
+#   make ray-check                the engine's DP ranks as Ray actors on a local two-node cluster
+#                                 (tests/on_ray, examples/on_ray) in a side venv, .venv-ray; not in test
 PYTHON ?= python3
 VENV ?= .venv
 USE_SYSTEM_TORCH ?= 0
@@ -17,7 +19,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo docs lint clean vllm-check
+.PHONY: venv test demo docs lint clean vllm-check ray-check
 
 venv: $(STAMP)
 
@@ -38,9 +40,12 @@ docs: $(STAMP)
 vllm-check:
 	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/vllm-check
 
+ray-check:
+	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/ray-check
+
 lint: $(STAMP)
 	$(BIN)/ruff check pytest_shutdown tests examples
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .venv-vllm site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-ray site .pytest_cache .mypy_cache .ruff_cache

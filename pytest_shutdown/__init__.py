@@ -42,6 +42,12 @@ _LAZY: dict[str, str] = {
     "kill_tree_at": "pytest_shutdown.checks.orphans",
     "assert_tree_dies": "pytest_shutdown.checks.orphans",
     "TreeDeath": "pytest_shutdown.checks.orphans",
+    "assert_process_group_destroyed": "pytest_shutdown.checks.process_groups",
+    "process_groups": "pytest_shutdown.checks.process_groups",
+    "collective_wait": "pytest_shutdown.checks.collectives",
+    "assert_ray_released": "pytest_shutdown.checks.ray_resources",
+    "ray_leftovers": "pytest_shutdown.checks.ray_resources",
+    "release_ray_leftovers": "pytest_shutdown.checks.ray_resources",
     "TreeLauncher": "pytest_shutdown.checks.tree_launcher",
     "TreeProcess": "pytest_shutdown.checks.tree",
     "report_phase": "pytest_shutdown.checks.phases",
@@ -81,6 +87,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.budget import ShutdownBudgetExceeded
     from pytest_shutdown.checks.backrefs import configure_graphs
+    from pytest_shutdown.checks.collectives import collective_wait
     from pytest_shutdown.checks.executors import assert_nonblocking_shutdown
     from pytest_shutdown.checks.exits import (
         ExitRecord,
@@ -107,6 +114,15 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from pytest_shutdown.checks.orphans import TreeDeath, assert_tree_dies, kill_tree_at
     from pytest_shutdown.checks.phases import report_phase, wanted_phase
+    from pytest_shutdown.checks.process_groups import (
+        assert_process_group_destroyed,
+        process_groups,
+    )
+    from pytest_shutdown.checks.ray_resources import (
+        assert_ray_released,
+        ray_leftovers,
+        release_ray_leftovers,
+    )
     from pytest_shutdown.checks.report import CheckReport
     from pytest_shutdown.checks.second_engine import assert_second_engine_clean
     from pytest_shutdown.checks.spies import NotCalledError, timeout_passed_to

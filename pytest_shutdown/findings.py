@@ -29,6 +29,12 @@ FINDING_CODES: Mapping[str, str] = {
     "orphan-process": "a process of a tree outlived the death of part of the tree (an orphan)",
     "exit-hang": "a process did not exit: its exit blocked (a non-daemon thread, an untimed join)",
     "growth": "objects, threads, fds or memory grew over repeated build/use/shutdown cycles",
+    "collective-hang": "a process of a killed tree is blocked in a collective or a store wait "
+    "(all_reduce, barrier, broadcast, TCPStore get/wait) for a peer that is gone",
+    "process-group-left": "a torch.distributed process group (the default one or one a test "
+    "created) is still initialised after the test or the engine's shutdown",
+    "ray-resource-left": "an engine on Ray left an actor alive, a placement group not removed, "
+    "cluster resources not back to their baseline, or a ray:: worker process after its shutdown",
 }
 
 

@@ -28,6 +28,7 @@ from pytest_shutdown.matrix import ShutdownTimeouts, cells_from_marker
 from pytest_shutdown.orphan_matrix import MARKER_HELP as ORPHAN_MATRIX_HELP
 from pytest_shutdown.orphan_matrix import kill_tree, orphan_cell, tree_launcher  # noqa: F401
 from pytest_shutdown.orphan_matrix import parametrize as parametrize_orphan_matrix
+from pytest_shutdown.ray_cluster import ray_cluster  # noqa: F401
 
 if TYPE_CHECKING:
     from pytest_shutdown.engine.config import EngineConfig

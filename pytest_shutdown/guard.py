@@ -49,6 +49,7 @@ from pytest_shutdown.checks.leaks import (
     thread_filter,
     thread_name,
 )
+from pytest_shutdown.checks.process_groups import group_names, process_group_findings
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.ownership import Owner, find_owners, objects_of, stdlib_helper_threads
 from pytest_shutdown.report import (
@@ -136,6 +137,8 @@ class _Watch:
     finished: list[tuple[_Owned, int]] = field(default_factory=list)
     timed_out: bool = False
     failed: bool = False
+    #: The torch.distributed process groups initialised before the test (usually none).
+    groups_before: frozenset[str] = frozenset()
 
 
 class ShutdownGuard:
@@ -183,7 +186,7 @@ class ShutdownGuard:
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, object, object]:
         allow = item.stash.get(_ALLOW_KEY, None)
         budget = item.stash.get(_BUDGET_KEY, self.settings.budget_s)
-        self._watch = _Watch(item, take_snapshot(), allow, budget)
+        self._watch = _Watch(item, take_snapshot(), allow, budget, groups_before=group_names())
         origins.set_current_test(item.nodeid)
         result = yield
         marker_error = item.stash.get(_MARKER_ERROR_KEY, None)
@@ -244,6 +247,7 @@ class ShutdownGuard:
         guard_error = None
         try:
             findings = self._check(watch)
+            findings += process_group_findings(f"test {item.name}", watch.groups_before)
         except Exception as exc:  # noqa: BLE001 - the guard's own failure is not the test's
             findings, guard_error = [], describe_guard_error(exc)
         guard_s = time.monotonic() - guard_start

@@ -4,8 +4,11 @@
 fixture with one ``OrphanCell`` per combination, ids like ``worker-SIGKILL-busy``. The
 ``kill_tree`` fixture runs one cell: ``kill_tree(target, levels=...)`` starts the target through
 the session's ``tree_launcher``, delivers the cell's signal to the cell's level in the cell's
-phase, and fails the test with ``orphan-process`` / ``exit-hang`` findings when anything is left
-(see :mod:`pytest_shutdown.checks.orphans`).
+phase, and fails the test with ``orphan-process`` / ``exit-hang`` findings when anything is left,
+``collective-hang`` for a process blocked in a collective or store wait (see
+:mod:`pytest_shutdown.checks.orphans`). Levels and phases are the target's: the ranks of a
+process group are levels too (``DISTRIBUTED_LEVELS``: ``rank0``, ``rank1``; phase
+``in_collective``).
 """
 
 from __future__ import annotations
@@ -130,9 +133,10 @@ KillTree = Callable[..., "TreeDeath"]
 def kill_tree(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> KillTree:
     """``kill_tree(target, levels=..., phases=..., **options)``: run this test's matrix cell.
 
-    Raises ``ShutdownContractError`` (``orphan-process``, ``exit-hang``) when the tree did not
-    die; returns the ``TreeDeath`` record otherwise. ``level``/``signal``/``phase`` default to
-    the test's ``orphan_cell``; pass them to use ``kill_tree`` without the marker.
+    Raises ``ShutdownContractError`` (``orphan-process``, ``exit-hang``, ``collective-hang``) when
+    the tree did not die; returns the ``TreeDeath`` record otherwise. ``level``/``signal``/
+    ``phase`` default to the test's ``orphan_cell``; pass them to use ``kill_tree`` without the
+    marker.
     """
     callspec = getattr(request.node, "callspec", None)
     cell = callspec.params.get("orphan_cell") if callspec is not None else None

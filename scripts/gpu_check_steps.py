@@ -47,6 +47,25 @@ def memory_returned(baseline: int, after: int, tolerance: int = TOLERANCE) -> bo
     return after <= baseline + tolerance
 
 
+def nccl_verdict(
+    mode: str, ending: str, baseline: int, loaded: int, after: int, shutdown_s: float,
+    *, kv_bytes: int = KV_BYTES, limit_s: float = 30.0,
+) -> tuple[bool, str]:
+    """One nccl rank's teardown: ended as asked (destroy: "destroyed"; abort: "aborted"), its KV
+    cache was on the device, the device memory came back, and the teardown had a deadline."""
+    expected = {"destroy": "destroyed", "abort": "aborted"}[mode]
+    problems = []
+    if ending != expected:
+        problems.append(f"ended {ending!r}, expected {expected!r}")
+    if not ran_on_device(baseline, loaded, kv_bytes):
+        problems.append("the KV cache was not on the device")
+    if not memory_returned(baseline, after):
+        problems.append(f"{(after - baseline) / MiB:.0f} MiB not returned")
+    if shutdown_s > limit_s:
+        problems.append(f"teardown took {shutdown_s:.1f} s > {limit_s:g} s")
+    return not problems, "; ".join(problems) or f"{mode}: {ending}, memory back"
+
+
 def result(ok: bool, why: str) -> int:
     print(f"RESULT {'PASS' if ok else 'FAIL'} {why}", flush=True)
     return 0 if ok else 1
@@ -210,11 +229,81 @@ def step_per_worker() -> int:
     return result(ok, f"{count} GPU(s): workers saw {[s['uuid'][-8:] for s in seen]}")
 
 
+def _nccl_rank(mode: str, conn) -> None:
+    """One nccl rank in its own process: join, allocate, a collective, tear down as ``mode``."""
+    import torch
+
+    from pytest_shutdown.engine.distributed import GroupDeadlines, RankGroup, free_port, host_store
+
+    deadlines = GroupDeadlines(store_timeout_s=30.0, collective_timeout_s=30.0,
+                               barrier_timeout_s=10.0)
+    port = free_port()
+    store = host_store(port, 1, deadlines)
+    group = RankGroup(0, 1, port, backend="nccl", device="cuda:0", deadlines=deadlines)
+    group.join()
+    kv = torch.zeros(KV_BYTES // 4, dtype=torch.float32, device="cuda:0")
+    group.step()
+    torch.cuda.synchronize()
+    conn.send("loaded")
+    conn.recv()  # the parent has read the device memory
+    started = time.monotonic()
+    ending = group.shutdown(peer_gone=(mode == "abort"))
+    shutdown_s = time.monotonic() - started
+    del kv, store
+    torch.cuda.empty_cache()
+    conn.send((ending, shutdown_s))
+
+
+def step_nccl() -> int:
+    """nccl, one rank: destroy versus abort; device memory back to its baseline after each."""
+    import multiprocessing
+
+    from pytest_shutdown.devices import memory_reader
+    from pytest_shutdown.engine.distributed import select_backend
+
+    platform = _platform()
+    if platform == "cpu":
+        return result(False, "torch runs on the CPU: no nccl group can run on the device")
+    backend = select_backend("auto", "cuda")
+    if backend != "nccl":
+        return result(False, f"torch on {platform} has no nccl (auto chose {backend})")
+    reader = memory_reader(platform)
+    ctx = multiprocessing.get_context("spawn")
+    oks = []
+    for mode in ("destroy", "abort"):
+        baseline = reader.used_bytes()
+        parent, child = ctx.Pipe()
+        proc = ctx.Process(target=_nccl_rank, args=(mode, child), name=f"nccl-{mode}")
+        proc.start()
+        if not parent.poll(120):
+            proc.kill()
+            return result(False, f"{mode}: the rank was not loaded within 120 s")
+        parent.recv()
+        loaded = reader.used_bytes()
+        parent.send("go")
+        ending, shutdown_s = parent.recv() if parent.poll(60) else ("no answer", 60.0)
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+        started = time.monotonic()
+        after = reader.used_bytes()
+        while not memory_returned(baseline, after) and time.monotonic() - started < RETURN_WITHIN_S:
+            time.sleep(0.25)
+            after = reader.used_bytes()
+        ok, why = nccl_verdict(mode, ending, baseline, loaded, after, shutdown_s)
+        print(f"nccl {mode:<8} baseline={baseline / MiB:9.1f} MiB loaded={loaded / MiB:9.1f} MiB "
+              f"after={after / MiB:9.1f} MiB teardown={shutdown_s:5.2f} s exit={proc.exitcode} "
+              f"{'OK' if ok else 'FAILED: ' + why}", flush=True)
+        oks.append(ok and proc.exitcode == 0)
+    return result(all(oks), f"{sum(oks)}/2 nccl teardowns (destroy, abort) on {platform}")
+
+
 STEPS = {
     "detect": step_detect,
     "engines": step_engines,
     "memory": step_memory,
     "per-worker": step_per_worker,
+    "nccl": step_nccl,
 }
 
 if __name__ == "__main__":  # engine processes re-import this file: guard the main

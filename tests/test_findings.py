@@ -29,6 +29,9 @@ def test_the_codes_of_the_design() -> None:
             "orphan-process",
             "exit-hang",
             "growth",
+            "collective-hang",
+            "process-group-left",
+            "ray-resource-left",
         ]
     )
 

@@ -13,7 +13,9 @@ What is left at the deadline becomes findings:
   child joined by multiprocessing's exit, a ``join()``;
 * ``orphan-process``: any other process of the tree still running: pid, name, its parent at the
   end and at the signal, age, command line, stacks where it is a Python process, and the device
-  memory it holds where a per-process reader exists.
+  memory it holds where a per-process reader exists;
+* ``collective-hang`` in place of either: the process's stacks show it blocked in a collective
+  or a store wait (:mod:`pytest_shutdown.checks.collectives`): its rank, the operation, the stack.
 
 Survivors are killed after they are reported: nothing outlives the check.
 ``assert_tree_dies`` raises ``ShutdownContractError`` with those findings.
@@ -32,6 +34,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from pytest_shutdown.checks.collectives import (
+    collective_hang_finding,
+    collective_wait,
+    rank_of,
+    read_environ,
+)
 from pytest_shutdown.checks.phases import (
     WANTED_PHASE_ENV,
     declared_phases,
@@ -240,6 +248,8 @@ class _Run:
         self.root = 0
         self.session = 0
         self.log_path = ""
+        #: Survivors stopped while the stacks of the others are taken.
+        self._frozen: set[int] = set()
         #: Every process seen, by (pid, start time), with the parent it had when first seen.
         self.seen: dict[tuple[int, int], TreeProcess] = {}
         #: Whether the phase is marked by ``report_phase``'s line (not a ``phases=`` entry).
@@ -371,6 +381,9 @@ class _Run:
                 "victim_pid": victim.pid, "victim_name": victim.name,
                 "waited_s": round(duration, 3)}
         findings = []
+        # Survivors are frozen (SIGSTOP) while the stacks of the others are taken: one's death
+        # must not change where another is stuck (a rank whose store server was the root).
+        self._frozen = {p.pid for p in left if p.pid != self.root and _signal(p.pid, "SIGSTOP")}
         for proc in sorted(left, key=lambda p: (p.pid != self.root, p.pid)):
             first = self.seen.get(proc.key, proc)
             facts = {
@@ -384,9 +397,17 @@ class _Run:
                 "age_s": _rounded(proc.age_s()),
                 "device_memory_bytes": device_memory_of(proc.pid),
             }
+            environ = read_environ(proc.pid)  # before the stacks: SIGABRT ends the process
             stacks = self._stacks(proc)
             facts["stacks"] = stacks
             blocked = blocked_in(stacks)
+            wait = collective_wait(stacks)
+            if wait is not None:  # a rank waiting for a peer: say which collective
+                findings.append(collective_hang_finding(
+                    wait, name=proc.name, pid=proc.pid, rank=rank_of(environ, proc.name),
+                    after=f"{duration:.1f} s after {what} in phase {self.phase}", facts=facts,
+                ))
+                continue
             if proc.pid == self.root:
                 findings.append(Finding(
                     "exit-hang",
@@ -418,6 +439,8 @@ class _Run:
             os.kill(proc.pid, signal_module.SIGABRT)
         except OSError:
             return ""
+        if proc.pid in self._frozen:  # SIGABRT is handled first, where it was stopped
+            _signal(proc.pid, "SIGCONT")
         wait_gone([proc.pid], STACKS_TIMEOUT_S)
         text = self.output()[before:]
         return text if "most recent call first" in text else ""
@@ -461,6 +484,14 @@ def blocked_in(stacks: str) -> str:
     if tops:
         reasons.append("top frames: " + " | ".join(t.strip() for t in tops[:4]))
     return "; ".join(reasons)
+
+
+def _signal(pid: int, name: str) -> bool:
+    try:
+        os.kill(pid, getattr(signal_module, name))
+    except OSError:
+        return False
+    return True
 
 
 def _unlink(path: str) -> None:

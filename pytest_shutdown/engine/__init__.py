@@ -19,6 +19,11 @@ _LAZY: dict[str, str] = {
     "ReferenceRenderer": "pytest_shutdown.engine.renderer",
     "helper_process_pids": "pytest_shutdown.engine.start",
     "ForkRefusedError": "pytest_shutdown.gpu.forking",
+    "RankGroup": "pytest_shutdown.engine.distributed",
+    "GroupDeadlines": "pytest_shutdown.engine.distributed",
+    "select_backend": "pytest_shutdown.engine.distributed",
+    "free_port": "pytest_shutdown.engine.distributed",
+    "host_store": "pytest_shutdown.engine.distributed",
     # torch
     "EngineCore": "pytest_shutdown.engine.core",
     "EngineShutdownState": "pytest_shutdown.engine.core",
@@ -37,6 +42,14 @@ _LAZY: dict[str, str] = {
     "serve_frontend": "pytest_shutdown.engine.frontend",
     "REFERENCE_LEVELS": "pytest_shutdown.engine.frontend",
     "REFERENCE_PHASES": "pytest_shutdown.engine.frontend",
+    "DISTRIBUTED_LEVELS": "pytest_shutdown.engine.distributed_tree",
+    "DISTRIBUTED_PHASES": "pytest_shutdown.engine.distributed_tree",
+    "distributed_matrix_config": "pytest_shutdown.engine.distributed_tree",
+    "serve_ranks": "pytest_shutdown.engine.rank_launcher",
+    "RankFaults": "pytest_shutdown.engine.rank_launcher",
+    "RANK_LEVELS": "pytest_shutdown.engine.rank_launcher",
+    "RayEngine": "pytest_shutdown.engine.ray_engine",
+    "RayFaults": "pytest_shutdown.engine.ray_engine",
 }
 
 __all__ = list(_LAZY)
@@ -59,6 +72,18 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.engine.config import EngineConfig
     from pytest_shutdown.engine.core import EngineCore, EngineShutdownState, FinishReason
     from pytest_shutdown.engine.core_proc import ChildFaults, run_engine_core
+    from pytest_shutdown.engine.distributed import (
+        GroupDeadlines,
+        RankGroup,
+        free_port,
+        host_store,
+        select_backend,
+    )
+    from pytest_shutdown.engine.distributed_tree import (
+        DISTRIBUTED_LEVELS,
+        DISTRIBUTED_PHASES,
+        distributed_matrix_config,
+    )
     from pytest_shutdown.engine.frontend import REFERENCE_LEVELS, REFERENCE_PHASES, serve_frontend
     from pytest_shutdown.engine.llm import ReferenceLLM, RequestOutput
     from pytest_shutdown.engine.processes import (
@@ -69,6 +94,8 @@ if TYPE_CHECKING:  # pragma: no cover
         kill_process_tree,
         shutdown_processes,
     )
+    from pytest_shutdown.engine.rank_launcher import RANK_LEVELS, RankFaults, serve_ranks
+    from pytest_shutdown.engine.ray_engine import RayEngine, RayFaults
     from pytest_shutdown.engine.renderer import ReferenceRenderer
     from pytest_shutdown.engine.start import helper_process_pids
     from pytest_shutdown.engine.supervisor import DPSupervisor

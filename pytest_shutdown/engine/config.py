@@ -8,6 +8,8 @@ from typing import Any
 
 PLATFORM_CHOICES = ("auto", "cuda", "rocm", "cpu")
 START_METHODS = ("forkserver", "spawn", "fork")
+#: ``EngineConfig.process_group``: none, a backend, or "auto" (nccl on a CUDA device, else gloo).
+PROCESS_GROUP_CHOICES = ("off", "auto", "gloo", "nccl")
 
 # Fields that must be finite and >= 0 (None allowed where the type says so).
 _NON_NEGATIVE = (
@@ -19,6 +21,14 @@ _NON_NEGATIVE = (
     "teardown_delay_s",
     "step_delay_s",
     "startup_delay_s",
+    "collective_straggle_s",
+)
+# Deadlines that must be finite and > 0.
+_POSITIVE = (
+    "store_timeout_s",
+    "collective_timeout_s",
+    "barrier_timeout_s",
+    "collective_abort_grace_s",
 )
 _POSITIVE_INTS = (
     "renderer_num_workers",
@@ -71,6 +81,20 @@ class EngineConfig:
     teardown_delay_s: float = 0.0
     #: Fault injection: sleep inside every EngineCore.step.
     step_delay_s: float = 0.0
+    #: The TP workers of each EngineCore form a ``torch.distributed`` group ("off": none; "auto":
+    #: nccl on a CUDA device, else gloo) and run one collective per engine step.
+    process_group: str = "off"
+    #: Connecting to the group's store (hosted by the EngineCore) and waiting in it.
+    store_timeout_s: float = 30.0
+    #: ``init_process_group``'s timeout; gloo bounds every collective by it too.
+    collective_timeout_s: float = 30.0
+    #: The teardown barrier before ``destroy_process_group``.
+    barrier_timeout_s: float = 1.0
+    #: How long a rank told to stop may stay inside a collective before it is ended (aborted).
+    collective_abort_grace_s: float = 1.0
+    #: Fault injection: the last TP rank enters every collective this late (a straggler), so
+    #: that the others wait inside it (phase ``in_collective``).
+    collective_straggle_s: float = 0.0
     #: Derived from ``platform``: the torch device string tensors are placed on.
     device: str = field(default="", compare=False)
 
@@ -85,8 +109,17 @@ class EngineConfig:
                 f"EngineConfig.start_method: unknown value {self.start_method!r}; "
                 f"accepted: {', '.join(START_METHODS)}"
             )
+        if self.process_group not in PROCESS_GROUP_CHOICES:
+            raise ValueError(
+                f"EngineConfig.process_group: unknown value {self.process_group!r}; "
+                f"accepted: {', '.join(PROCESS_GROUP_CHOICES)}"
+            )
         for name in _NON_NEGATIVE:
             _check_non_negative(name, getattr(self, name))
+        for name in _POSITIVE:
+            _check_non_negative(name, getattr(self, name))
+            if getattr(self, name) == 0:
+                raise ValueError(f"EngineConfig.{name}: expected seconds > 0, got 0")
         for name in _POSITIVE_INTS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

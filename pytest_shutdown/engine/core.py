@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.start import heap_frozen_by_fork_server
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
@@ -207,8 +208,6 @@ class EngineCore:
 
 def _freeze_startup_heap() -> bool:
     """Freeze the startup heap as vLLM does; True when this call did the freezing."""
-    from pytest_shutdown.engine.start import heap_frozen_by_fork_server  # noqa: PLC0415
-
     # Checked first: counting a frozen heap walks all of it (15-25 ms in a torch fork).
     if heap_frozen_by_fork_server() or gc.get_freeze_count() != 0:
         return False
@@ -236,14 +235,3 @@ def _release(engine_ref: weakref.ReferenceType[EngineCore], device_type: str) ->
     if device_type == "cuda":
         gc.collect()
         torch.cuda.empty_cache()
-
-
-def __getattr__(name: str) -> Any:
-    # run_engine_core (the child-process entry) lives in core_proc, which imports this
-    # module; resolving it lazily here keeps `from pytest_shutdown.engine.core import
-    # run_engine_core` working without an import cycle.
-    if name in ("run_engine_core", "ChildFaults", "is_clean_shutdown"):
-        from pytest_shutdown.engine import core_proc  # noqa: PLC0415
-
-        return getattr(core_proc, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

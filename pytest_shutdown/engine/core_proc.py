@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import json
 import logging
 import multiprocessing
 import os
@@ -49,7 +48,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -60,6 +58,8 @@ from pytest_shutdown.engine.core import (
     EngineShutdownState,
     FinishReason,
 )
+from pytest_shutdown.engine.faults import ChildFaults
+from pytest_shutdown.engine.lifecycle import LifecycleLog
 from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
     ParentWatch,
@@ -97,78 +97,6 @@ OUTPUT_FLUSH_S = 1.0
 PARENT_GONE_EXIT_S = 1.0
 #: How often an interrupted start-up is checked for while the model loads.
 STARTUP_POLL_S = 0.05
-
-
-@dataclass(frozen=True)
-class ChildFaults:
-    """Fault injection for tests of the child's shutdown path; the defaults inject nothing.
-
-    Each field reproduces a state the clean-shutdown check (``is_clean_shutdown``) must handle,
-    or a startup failure the manager must survive, in a real child process.
-    """
-
-    #: The child sends itself SIGTERM after installing its handlers, before the engine exists.
-    signal_before_engine: bool = False
-    #: Sleep before building the engine (a slow startup).
-    startup_delay_s: float = 0.0
-    #: Ranks whose startup raises (a failed start).
-    fail_startup_ranks: tuple[int, ...] = ()
-    #: The busy loop ends with ``SystemExit(exit_code)`` instead of 0.
-    exit_code: int | None = None
-    #: The busy loop ends with ``SystemExit(0)`` as soon as the shutdown is requested, leaving
-    #: the state at REQUESTED.
-    exit_while_requested: bool = False
-    #: A request is added after the busy loop ends: work is left at exit.
-    leave_work: bool = False
-    #: ``has_work()`` raises once the busy loop has ended.
-    has_work_raises: bool = False
-    # The production bugs of issue 15, put back for the regressions (each off by default).
-    #: False: no death pipe, no parent watch, no PDEATHSIG: the EngineCore outlives its parent
-    #: (vLLM issue #55510).
-    engine_lifeline: bool = True
-    #: True: the lifelines are armed only once start-up is done and the EngineCore waits for its
-    #: workers without a deadline (vLLM PR #44751): a start-up interrupted mid-load orphans them.
-    lifeline_after_startup: bool = False
-    #: True: SIGTERM raises SystemExit in the EngineCore, bypassing the graceful path that stops
-    #: its workers (vllm-omni PR #3001).
-    sigterm_raises_system_exit: bool = False
-    #: False: the workers have no death pipe (they rely on their EngineCore's graceful path).
-    worker_lifeline: bool = True
-
-
-class LifecycleLog:
-    """Appends one JSON line per lifecycle event to ``path`` (nothing when ``path`` is None).
-
-    Tests read it to observe the child at the very end of its life (its gc freeze count, its
-    exit code, the order of cleanup steps).
-    """
-
-    def __init__(self, path: str | None) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-
-    @property
-    def enabled(self) -> bool:
-        """Whether events are written (fields that are costly to compute can be skipped)."""
-        return self.path is not None
-
-    def event(self, name: str, **fields: Any) -> None:
-        if self.path is None:
-            return
-        record = {"event": name, "t": time.time(), "pid": os.getpid(), **fields}
-        line = json.dumps(record, default=repr) + "\n"
-        with self._lock, open(self.path, "a", encoding="utf-8") as f:
-            f.write(line)
-            f.flush()
-
-    @staticmethod
-    def read(path: str) -> list[dict[str, Any]]:
-        """All events written so far to ``path`` (by every process that shares it)."""
-        try:
-            with open(path, encoding="utf-8") as f:
-                return [json.loads(line) for line in f if line.strip()]
-        except FileNotFoundError:
-            return []
 
 
 class SignalWaker:
@@ -235,6 +163,8 @@ class EngineCoreProc:
         self.input_queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.output_queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self.engine_core: EngineCore | None = None
+        #: The TP workers (tp > 1): each step also starts their collective.
+        self.workers: WorkerGroup | None = None
         self.waker: SignalWaker | None = None
         #: Set by the signal handler, even before the engine exists.
         self.shutdown_requested = False
@@ -443,6 +373,8 @@ class EngineCoreProc:
         core = self._core
         if core.has_work():
             outputs = core.step()
+            if self.workers is not None:
+                self.workers.step()
             if outputs:
                 self.send((MSG_OUTPUTS, outputs))
 
@@ -541,6 +473,7 @@ def run_engine_core(
         engine_core = EngineCore(place_rank(config, dp_rank))
         proc.engine_core = engine_core
         if workers is not None:
+            proc.workers = workers
             workers.watch(proc.on_worker_died)
         if lifeline and faults.lifeline_after_startup:
             parent_watch = _arm_lifeline(proc, parent_pid, pdeathsig)

@@ -26,8 +26,9 @@ from typing import Any
 
 from pytest_shutdown.checks.phases import phase_pattern, report_phase, wanted_phase
 from pytest_shutdown.engine.config import EngineConfig
-from pytest_shutdown.engine.core_proc import ChildFaults
+from pytest_shutdown.engine.faults import ChildFaults
 from pytest_shutdown.engine.lifeline import set_process_name
+from pytest_shutdown.engine.processes import EngineProcManager, StartupInterrupted
 
 #: The levels of the reference tree, for the tree-death helper: the root, and name patterns.
 REFERENCE_LEVELS = {"frontend": "root", "engine_core": "EngineCore_DP*", "worker": "Worker_TP*"}
@@ -66,6 +67,8 @@ STARTING_LOAD_S = 30.0
 SHUTTING_DOWN_TEARDOWN_S = 1.0
 #: How long the frontend waits for the first output of a busy engine.
 FIRST_OUTPUT_TIMEOUT_S = 30.0
+#: The straggling rank's delay in the ``in_collective`` phase: longer than any test waits.
+IN_COLLECTIVE_STRAGGLE_S = 30.0
 
 
 def matrix_config(**changes: Any) -> EngineConfig:
@@ -98,20 +101,19 @@ def serve_frontend(
     exit_hang_bug: bool = False,
     starting_load_s: float = STARTING_LOAD_S,
     shutting_down_teardown_s: float = SHUTTING_DOWN_TEARDOWN_S,
+    in_collective_straggle_s: float = IN_COLLECTIVE_STRAGGLE_S,
 ) -> int:
     """Run the reference tree until told to stop; returns the exit code (1: an engine died).
 
     The wanted phase stretches what it needs: for ``starting`` model loading takes
     ``starting_load_s`` (a long load that every level must be able to abandon at once); for
     ``shutting_down`` each EngineCore's teardown takes ``shutting_down_teardown_s`` (a slow
-    device teardown, so that a signal lands while every level is still there). Must run in the
-    main thread of its process (it installs SIGTERM/SIGINT handlers).
+    device teardown, so that a signal lands while every level is still there); for
+    ``in_collective`` (a config with ``process_group``) the engines are kept busy and the last TP
+    rank enters each collective ``in_collective_straggle_s`` late, so its peers wait inside it
+    (rank 0 announces the phase). Must run in the main thread of its process (it installs
+    SIGTERM/SIGINT handlers).
     """
-    from pytest_shutdown.engine.processes import (  # noqa: PLC0415
-        EngineProcManager,
-        StartupInterrupted,
-    )
-
     config = config if config is not None else matrix_config()
     wanted = wanted_phase(known=FRONTEND_PHASES)
     if wanted == "starting":
@@ -119,6 +121,12 @@ def serve_frontend(
     if wanted == "shutting_down":
         config = config.replace(
             teardown_delay_s=max(config.teardown_delay_s, shutting_down_teardown_s)
+        )
+    if wanted == "in_collective":
+        if config.process_group == "off":
+            raise ValueError("phase 'in_collective' needs EngineConfig.process_group != 'off'")
+        config = config.replace(
+            collective_straggle_s=max(config.collective_straggle_s, in_collective_straggle_s)
         )
     set_process_name("Frontend")
     stop = threading.Event()
@@ -140,7 +148,7 @@ def serve_frontend(
             threading.Thread(
                 target=_handle_outputs_forever, args=(manager.outputs,), name="output-handler"
             ).start()
-        if wanted == "busy":
+        if wanted in ("busy", "in_collective"):
             _start_load(manager, config)
             report_phase("busy")
         if wanted == "shutting_down":

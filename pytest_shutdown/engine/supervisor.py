@@ -22,7 +22,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from pytest_shutdown.engine.config import START_METHODS, EngineConfig
-from pytest_shutdown.engine.core_proc import ChildFaults
+from pytest_shutdown.engine.faults import ChildFaults
 from pytest_shutdown.engine.lifeline import ParentWatch, set_parent_death_signal
 from pytest_shutdown.engine.processes import (
     EngineProcManager,

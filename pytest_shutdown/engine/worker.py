@@ -34,22 +34,37 @@ from collections.abc import Callable
 from multiprocessing import connection as mp_connection
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
+from pytest_shutdown.checks.phases import report_phase, wanted_phase
 from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.distributed import (
+    CollectiveWatchdog,
+    GroupDeadlines,
+    RankGroup,
+    free_port,
+    host_store,
+    select_backend,
+)
+from pytest_shutdown.engine.lifecycle import LifecycleLog
 from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
     set_parent_death_signal,
     set_process_name,
 )
-
-if TYPE_CHECKING:
-    from pytest_shutdown.engine.processes import ShutdownOutcome
+from pytest_shutdown.engine.start import serialize_exit_polling
+from pytest_shutdown.engine.stopping import ShutdownOutcome, shutdown_processes
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
 MSG_WORKER_READY = "worker_ready"  # (MSG_WORKER_READY, pid)
 MSG_WORKER_STOP = "worker_stop"  # (MSG_WORKER_STOP,)
+MSG_WORKER_STEP = "worker_step"  # (MSG_WORKER_STEP, step): run this step's collective
+MSG_WORKER_STEP_DONE = "worker_step_done"  # (MSG_WORKER_STEP_DONE, step)
+#: A worker whose collective failed because a peer rank is gone.
+EXIT_PEER_GONE = 4
+#: The phase a rank announces when it waits inside a collective for a straggling peer.
+IN_COLLECTIVE = "in_collective"
 #: A worker checks its parent at least this often (its pipe wakes it at once anyway).
 WORKER_POLL_S = 0.1
 #: How often the EngineCore's worker monitor polls exit statuses (sentinels wake it at once).
@@ -76,16 +91,21 @@ def worker_process_main(
     lifecycle_log: str | None,
     lifeline: bool = True,
     lifeline_while_loading: bool = True,
+    group: tuple[str, int] | None = None,
 ) -> None:
-    """Target of every worker process: load, hold the KV-cache shard, stop; ends in SystemExit."""
-    from pytest_shutdown.engine.core_proc import LifecycleLog  # noqa: PLC0415
+    """Target of every worker process: load, hold the KV-cache shard, stop; ends in SystemExit.
 
+    ``group``: ``(backend, store port)`` when the workers form a process group.
+    """
     for other in inherited:  # the EngineCore's ends of earlier workers' death pipes
         other.close()
     set_process_name(worker_name(tp_rank))
     log = LifecycleLog(lifecycle_log)
     log.event("worker_started", tp_rank=tp_rank, dp_rank=dp_rank)
-    code = _Worker(config, conn, tp_rank, parent_pid, lifeline, lifeline_while_loading).run()
+    worker = _Worker(config, conn, tp_rank, parent_pid, lifeline, lifeline_while_loading)
+    worker.group_spec = group
+    worker.log = log
+    code = worker.run()
     log.event("worker_exited", tp_rank=tp_rank, dp_rank=dp_rank, code=code)
     raise SystemExit(code)
 
@@ -108,6 +128,14 @@ class _Worker:
         self.lifeline_while_loading = lifeline_while_loading
         self.signals: list[int] = []
         self.shard: Any = None
+        self.group_spec: tuple[str, int] | None = None
+        self.log: LifecycleLog = LifecycleLog(None)
+        self.group: RankGroup | None = None
+        self.watchdog: CollectiveWatchdog | None = None
+        self.peer_gone = False
+        self.step_due: tuple[int, float] | None = None
+        self._reported_in_collective = False
+        self._sig_fds: tuple[int, ...] = ()
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.signals.append(signum)
@@ -129,16 +157,28 @@ class _Worker:
                 if self.signals:
                     return 0
                 if watching and os.getppid() != self.parent_pid:
-                    return EXIT_PARENT_GONE
+                    return self._parent_gone()
                 now = time.monotonic()
                 if loading and now >= loaded_at:
                     self._load()
+                    if self.group_spec is not None:
+                        if not self._join_group(wake_w):
+                            return EXIT_PEER_GONE
+                        if self.signals:
+                            return 0
                     try:
                         self.conn.send((MSG_WORKER_READY, os.getpid()))
                     except OSError:
                         conn_open = False
                     continue
+                if self.step_due is not None and now >= self.step_due[1]:
+                    if not self._step(self.step_due[0]):
+                        return EXIT_PEER_GONE
+                    self.step_due = None
+                    continue
                 timeout = WORKER_POLL_S if not loading else min(WORKER_POLL_S, loaded_at - now)
+                if self.step_due is not None:
+                    timeout = min(timeout, self.step_due[1] - now)
                 waitables: list[Any] = [wake_r]
                 if conn_open and (watching or not loading):
                     waitables.append(self.conn)
@@ -150,20 +190,107 @@ class _Worker:
                         msg = self.conn.recv()
                     except (EOFError, OSError):
                         if watching:
-                            return EXIT_PARENT_GONE
+                            return self._parent_gone()
                         conn_open = False  # no death pipe: the EOF goes unnoticed
                         continue
                     if msg[0] == MSG_WORKER_STOP:
                         return 0
+                    if msg[0] == MSG_WORKER_STEP:
+                        last = self.tp_rank == self.config.tensor_parallel_size - 1
+                        straggle = self.config.collective_straggle_s if last else 0.0
+                        self.step_due = (msg[1], time.monotonic() + straggle)
+        except BaseException:
+            self.peer_gone = True  # an error of our own: no barrier the peers would wait in
+            raise
         finally:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            self._leave_group()
             self._release()
             signal.set_wakeup_fd(-1)
             os.close(wake_r)
             os.close(wake_w)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    def _parent_gone(self) -> int:
+        self.peer_gone = True  # the EngineCore is gone, and its ranks with it: no barrier
+        return EXIT_PARENT_GONE
+
+    def _join_group(self, wake_w: int) -> bool:
+        """Join the TP group (deadlines: store connect, init); False when a peer failed it.
+
+        From here on the signal wake-up fd is read by the collective watchdog, which forwards
+        it to ``wake_w``: the main thread cannot read it while blocked inside a collective.
+        """
+        assert self.group_spec is not None
+        backend, port = self.group_spec
+        config = self.config
+        self.group = RankGroup(
+            self.tp_rank, config.tensor_parallel_size, port, backend=backend,
+            device=config.device, deadlines=group_deadlines(config),
+        )
+        sig_r, sig_w = os.pipe()
+        os.set_blocking(sig_w, False)
+        self._sig_fds = (sig_r, sig_w)
+        signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
+        self.watchdog = CollectiveWatchdog(
+            self.group, config.collective_abort_grace_s, self._exit_stuck,
+            signal_fd=sig_r, on_signal=lambda data: _forward(wake_w, data),
+            parent_pid=self.parent_pid if self.lifeline else None,
+            parent_gone_code=EXIT_PARENT_GONE,
+        )
+        try:
+            self.group.join()
+        except RuntimeError as exc:  # a peer never came, or died while joining
+            self.peer_gone = True
+            self.log.event("group_join_failed", tp_rank=self.tp_rank, error=str(exc)[:500])
+            return False
+        self.log.event("group_joined", tp_rank=self.tp_rank, backend=backend)
+        return True
+
+    def _step(self, step: int) -> bool:
+        """This step's collective; False when a peer is gone (the collective failed)."""
+        assert self.group is not None
+        if (
+            self.config.collective_straggle_s
+            and self.tp_rank == 0
+            and not self._reported_in_collective
+            and wanted_phase() == IN_COLLECTIVE
+        ):
+            self._reported_in_collective = True
+            report_phase(IN_COLLECTIVE)
+        try:
+            self.group.step()
+        except RuntimeError as exc:
+            self.peer_gone = True
+            self.log.event("collective_failed", tp_rank=self.tp_rank, error=str(exc)[:500])
+            return False
+        try:
+            self.conn.send((MSG_WORKER_STEP_DONE, step))
+        except OSError:
+            pass
+        return True
+
+    def _leave_group(self) -> None:
+        """vLLM's order: barrier with a deadline, then destroy; abort when a peer is gone."""
+        if self.group is None:
+            return
+        try:
+            ending = self.group.shutdown(peer_gone=self.peer_gone)
+        except Exception as exc:  # noqa: BLE001 - the exit must go on
+            ending = f"failed: {exc}"
+        self.log.event("group_left", tp_rank=self.tp_rank, ending=ending)
+        if self.watchdog is not None:
+            self.watchdog.close()
+        signal.set_wakeup_fd(-1)
+        for fd in self._sig_fds:
+            os.close(fd)
+
+    def _exit_stuck(self, code: int) -> None:
+        """The watchdog's way out: the main thread is stuck in a collective after a stop."""
+        self.log.event("collective_abandoned", tp_rank=self.tp_rank, code=code)
+        os._exit(code)
 
     def _load(self) -> None:
         import torch  # noqa: PLC0415
@@ -198,9 +325,16 @@ class WorkerGroup:
         lifeline: bool = True,
         lifeline_while_loading: bool = True,
     ) -> None:
-        from pytest_shutdown.engine.start import serialize_exit_polling  # noqa: PLC0415
-
         self.config = config
+        self.store: Any = None
+        self._step = 0
+        self._outstanding = 0
+        group: tuple[str, int] | None = None
+        if config.process_group != "off":
+            device_type = config.device.split(":")[0]
+            group = (select_backend(config.process_group, device_type), free_port())
+            import torch.distributed  # noqa: F401, PLC0415 - before the forks: workers start warm
+        self.group = group
         method = "spawn" if config.resolved_platform == "rocm" else "fork"
         ctx = multiprocessing.get_context(method)
         self.processes: list[BaseProcess] = []
@@ -215,7 +349,7 @@ class WorkerGroup:
                 name=worker_name(tp_rank),
                 args=(
                     config, child_conn, tp_rank, dp_rank, os.getpid(), inherited,
-                    lifecycle_log, lifeline, lifeline_while_loading,
+                    lifecycle_log, lifeline, lifeline_while_loading, group,
                 ),
                 daemon=True,
             )
@@ -230,6 +364,33 @@ class WorkerGroup:
                 # The bug put back: workers whose only owner is the EngineCore's graceful path
                 # (started by an executor of its own), unknown to multiprocessing's exit cleanup.
                 multiprocessing.process._children.discard(proc)  # type: ignore[attr-defined]
+        if group is not None:
+            # After the forks: a worker must not inherit the listening socket or its thread.
+            self.store = host_store(group[1], config.tensor_parallel_size, group_deadlines(config))
+
+    def step(self) -> None:
+        """Start the next step's collective on every worker unless one is still running.
+
+        Never blocks: the workers acknowledge on their pipes, read here without waiting.
+        """
+        if self.group is None:
+            return
+        for conn in self.connections:
+            try:
+                while self._outstanding and conn.poll(0):
+                    if conn.recv()[0] == MSG_WORKER_STEP_DONE:
+                        self._outstanding -= 1
+            except (EOFError, OSError):
+                pass  # a dead worker: the monitor reports it
+        if self._outstanding:
+            return
+        self._step += 1
+        for conn in self.connections:
+            try:
+                conn.send((MSG_WORKER_STEP, self._step))
+            except OSError:
+                pass
+        self._outstanding = len(self.connections)
 
     def wait_ready(self, deadline: float, interrupted: Callable[[], bool]) -> bool:
         """Wait for every worker's ready; False when ``interrupted()`` turned true first.
@@ -293,8 +454,6 @@ class WorkerGroup:
 
     def shutdown(self, timeout: float = WORKER_STOP_TIMEOUT_S) -> ShutdownOutcome:
         """Stop watching, ask every worker to stop, kill what is left at the shared deadline."""
-        from pytest_shutdown.engine.processes import shutdown_processes  # noqa: PLC0415
-
         try:
             os.write(self._stop_w, b"\x00")
         except OSError:
@@ -307,6 +466,7 @@ class WorkerGroup:
             except OSError:
                 pass
         outcome = shutdown_processes(self.processes, timeout)
+        self.store = None  # the group's store goes once its ranks are gone
         for conn in self.connections:
             conn.close()
         for fd in (self._stop_r, self._stop_w):
@@ -315,6 +475,22 @@ class WorkerGroup:
             except OSError:
                 pass
         return outcome
+
+
+def group_deadlines(config: EngineConfig) -> GroupDeadlines:
+    """The process group's deadlines from the engine's config."""
+    return GroupDeadlines(
+        store_timeout_s=config.store_timeout_s,
+        collective_timeout_s=config.collective_timeout_s,
+        barrier_timeout_s=config.barrier_timeout_s,
+    )
+
+
+def _forward(fd: int, data: bytes) -> None:
+    try:
+        os.write(fd, data)
+    except OSError:  # full: a wake-up is pending anyway
+        pass
 
 
 def _start_from_daemon(proc: BaseProcess) -> None:

@@ -99,3 +99,33 @@ def test_an_engine_that_did_not_grow_the_device_did_not_run_there() -> None:
 def test_the_start_method_step_serves_on_this_machine(capsys) -> None:
     assert steps.step_start_method("spawn") == 0
     assert "RESULT PASS spawn on cpu" in capsys.readouterr().out
+
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("mode", "ending", "after", "shutdown_s", "ok", "says"),
+    [
+        ("destroy", "destroyed", 2 * GIB, 0.5, True, "destroy: destroyed, memory back"),
+        ("abort", "aborted", 2 * GIB + (64 << 20), 0.5, True, "abort: aborted"),
+        ("abort", "destroyed", 2 * GIB, 0.5, False, "ended 'destroyed', expected 'aborted'"),
+        ("destroy", "destroyed", 3 * GIB, 0.5, False, "1024 MiB not returned"),
+        ("destroy", "destroyed", 2 * GIB, 45.0, False, "teardown took 45.0 s"),
+    ],
+)
+def test_the_nccl_verdict_wants_the_asked_ending_memory_back_and_a_bounded_teardown(
+    mode, ending, after, shutdown_s, ok, says
+) -> None:
+    verdict, why = steps.nccl_verdict(mode, ending, 2 * GIB, 3 * GIB, after, shutdown_s,
+                                      kv_bytes=GIB)
+    assert verdict is ok and says in why
+
+
+def test_the_nccl_step_refuses_a_cpu_torch_and_says_why(capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the step runs for real in scripts/gpu-check")
+    assert steps.step_nccl() == 1
+    assert "RESULT FAIL torch runs on the CPU: no nccl group can run" in capsys.readouterr().out

@@ -1,0 +1,326 @@
+"""A real ``torch.distributed`` process group for the reference engine's ranks, with deadlines.
+
+The TP workers of one EngineCore form a group (gloo on the CPU, nccl where the device is a CUDA
+GPU) over a ``TCPStore`` on a free port of 127.0.0.1 hosted by their EngineCore, as vLLM's
+workers rendezvous through their driver. Every wait has a deadline:
+
+* start-up: the store connect timeout (``store_timeout_s``) and the ``init_process_group``
+  timeout, which gloo also applies to every collective (``collective_timeout_s``);
+* one collective per step (``step()``: an ``all_reduce`` of one element);
+* teardown in vLLM's order (``shutdown()``): a barrier with a deadline (``barrier_timeout_s``;
+  gloo's ``monitored_barrier``), then ``destroy_process_group``. When a peer is gone (the barrier
+  failed, a collective failed, or the caller knows it) the group is *aborted* instead:
+  ``destroy_process_group`` is collective in nccl and hangs on a dead peer (PyTorch #119215,
+  SGLang #39560). torch 2.13's ``_abort_process_group`` aborts nccl and gloo alike; where a
+  torch has none, the abort path skips the destroy and leaves the group to the process's exit
+  (``shutdown()`` says which happened).
+
+Nothing here imports torch at module level, so the backend choice can be tested without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from pytest_shutdown.engine.config import PROCESS_GROUP_CHOICES
+
+logger = logging.getLogger("pytest_shutdown.engine")
+
+#: The only host a store binds or connects to: ranks are simulated on one machine.
+STORE_HOST = "127.0.0.1"
+BACKENDS = ("gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class GroupDeadlines:
+    """Every wait of a rank group, in seconds (all > 0)."""
+
+    #: Connecting to the store (and the store's own get/wait calls).
+    store_timeout_s: float = 30.0
+    #: ``init_process_group``'s timeout, which gloo applies to every collective too.
+    collective_timeout_s: float = 30.0
+    #: The teardown barrier before ``destroy_process_group``.
+    barrier_timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("store_timeout_s", "collective_timeout_s", "barrier_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                0 < value < 1e7
+            ):
+                raise ValueError(f"GroupDeadlines.{name}: expected seconds > 0, got {value!r}")
+
+
+def select_backend(
+    choice: str, device_type: str, *, nccl_available: Callable[[], bool] | None = None
+) -> str:
+    """The backend for ``choice`` on ``device_type``.
+
+    "auto" is nccl on CUDA (when torch has nccl), else gloo. An explicit nccl on a device that is
+    not CUDA, or without nccl, is an error naming the option.
+    """
+    accepted = [c for c in PROCESS_GROUP_CHOICES if c != "off"]
+    if choice not in accepted:
+        raise ValueError(f"process_group: expected one of {', '.join(accepted)}, got {choice!r}")
+    if choice == "gloo":
+        return "gloo"
+    has_nccl = nccl_available if nccl_available is not None else _nccl_available
+    if choice == "nccl":
+        if device_type != "cuda":
+            raise ValueError(f"process_group='nccl' needs a CUDA device, got {device_type!r}")
+        if not has_nccl():
+            raise ValueError("process_group='nccl': this torch build has no nccl")
+        return "nccl"
+    return "nccl" if device_type == "cuda" and has_nccl() else "gloo"
+
+
+def _nccl_available() -> bool:
+    import torch.distributed as dist  # noqa: PLC0415 - torch only when a group is wanted
+
+    return bool(dist.is_available() and dist.is_nccl_available())
+
+
+def free_port(host: str = STORE_HOST) -> int:
+    """A TCP port free on ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def host_store(port: int, world_size: int, deadlines: GroupDeadlines) -> Any:
+    """The group's ``TCPStore`` server, on ``STORE_HOST:port``; it does not wait for clients."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    return dist.TCPStore(
+        STORE_HOST, port, world_size + 1, is_master=True,
+        timeout=timedelta(seconds=deadlines.store_timeout_s), wait_for_workers=False,
+    )
+
+
+class RankGroup:
+    """One rank's membership in a process group: join, a collective per step, teardown.
+
+    ``shutdown()`` returns how the group ended: ``"destroyed"`` (barrier, then destroy),
+    ``"aborted"`` (nccl's abort), ``"abandoned"`` (gloo with a peer gone: no destroy, the exit
+    releases it) or ``"not-joined"``. Idempotent.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        world_size: int,
+        port: int,
+        *,
+        backend: str = "gloo",
+        device: str = "cpu",
+        deadlines: GroupDeadlines | None = None,
+    ) -> None:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank: expected 0..{world_size - 1}, got {rank!r}")
+        self.rank = rank
+        self.world_size = world_size
+        self.port = port
+        self.backend = backend
+        self.device = device
+        self.deadlines = deadlines if deadlines is not None else GroupDeadlines()
+        self.steps = 0
+        self.ending: str | None = None
+        #: True while this rank is inside a collective (the watchdog reads it).
+        self.in_collective = threading.Event()
+        self._store: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> Any:
+        """This rank's client of the group's store (None before ``join()`` and after teardown)."""
+        return self._store
+
+    @property
+    def joined(self) -> bool:
+        return self._store is not None and self.ending is None
+
+    def join(self) -> None:
+        """Connect to the store and ``init_process_group``, both against their deadlines."""
+        import torch.distributed as dist  # noqa: PLC0415
+
+        self.in_collective.set()  # blocked in C++ as in a collective: the watchdog covers it
+        try:
+            self._store = dist.TCPStore(
+                STORE_HOST, self.port, self.world_size + 1, is_master=False,
+                timeout=timedelta(seconds=self.deadlines.store_timeout_s),
+            )
+            dist.init_process_group(
+                self.backend, store=self._store, rank=self.rank, world_size=self.world_size,
+                timeout=timedelta(seconds=self.deadlines.collective_timeout_s),
+            )
+        finally:
+            self.in_collective.clear()
+
+    def step(self) -> int:
+        """One collective: the sum over the ranks of 1 (== ``world_size`` when all took part)."""
+        import torch  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        one = torch.ones(1, device=self.device)
+        self.in_collective.set()
+        try:
+            dist.all_reduce(one)
+        finally:
+            self.in_collective.clear()
+        self.steps += 1
+        return int(one.item())
+
+    def shutdown(self, *, peer_gone: bool = False) -> str:
+        """Barrier with a deadline, then destroy; abort when a peer is gone or the barrier fails."""
+        with self._lock:
+            if self.ending is not None:
+                return self.ending
+            if self._store is None:
+                self.ending = "not-joined"
+                return self.ending
+            import torch.distributed as dist  # noqa: PLC0415
+
+            if not dist.is_initialized():
+                self.ending = "not-joined"
+                return self.ending
+            if not peer_gone:
+                peer_gone = not self._barrier()
+            if peer_gone:
+                self.ending = abort_default_group(self.backend)
+            else:
+                dist.destroy_process_group()
+                self.ending = "destroyed"
+            self._store = None
+            return self.ending
+
+    def _barrier(self) -> bool:
+        """The teardown barrier against ``barrier_timeout_s``; False when a peer did not come."""
+        import torch.distributed as dist  # noqa: PLC0415
+
+        timeout = timedelta(seconds=self.deadlines.barrier_timeout_s)
+        self.in_collective.set()
+        try:
+            if self.backend == "gloo":
+                dist.monitored_barrier(timeout=timeout, wait_all_ranks=True)
+            else:  # nccl: the group's own timeout bounds it (its watchdog aborts on expiry)
+                dist.barrier()
+        except RuntimeError:
+            return False
+        finally:
+            self.in_collective.clear()
+        return True
+
+
+def abort_default_group(backend: str) -> str:
+    """Abort the default group without the collective destroy; returns how it ended.
+
+    ``_abort_process_group()`` (torch >= 2.4; ncclCommAbort on every nccl communicator, and in
+    torch 2.13 gloo's ``abort`` too): ``"aborted"``, the group deregistered. Where torch offers
+    no abort for the backend, the group is abandoned (``"abandoned"``: not destroyed, since
+    destroying talks to the dead peer) and goes with the process, which must exit.
+    """
+    from torch.distributed import distributed_c10d  # noqa: PLC0415
+
+    abort = getattr(distributed_c10d, "_abort_process_group", None)
+    if abort is None:
+        return "abandoned"
+    try:
+        abort()
+    except (RuntimeError, NotImplementedError, ValueError):
+        logger.warning("[shutdown] %s process group: no abort, abandoned to the exit", backend)
+        return "abandoned"
+    return "aborted"
+
+
+class CollectiveWatchdog:
+    """Ends a rank stuck in a collective once it was told to stop (a signal, its parent gone).
+
+    A Python signal handler runs only between bytecodes of the main thread, so a main thread
+    blocked in a collective or a store wait never runs it, and never reads its death pipe. This
+    thread reads the signal wake-up fd (``signal_fd``, forwarding each byte through
+    ``on_signal``) and watches ``getppid()``. Once the rank is told to stop, a collective it is
+    inside (or enters) gets ``grace_s`` to finish; then ``on_stuck`` runs (abort the group where
+    that can unblock it) and ``exit_process(code)`` ends the process: the main thread cannot be
+    unwound from inside the C++ call.
+    """
+
+    POLL_S = 0.05
+
+    def __init__(
+        self,
+        group: RankGroup,
+        grace_s: float,
+        exit_process: Callable[[int], None],
+        *,
+        signal_fd: int | None = None,
+        on_signal: Callable[[bytes], None] | None = None,
+        parent_pid: int | None = None,
+        parent_gone_code: int = 1,
+        on_stuck: Callable[[], None] | None = None,
+    ) -> None:
+        self.group = group
+        self.grace_s = grace_s
+        self._exit = exit_process
+        self._signal_fd = signal_fd
+        self._on_signal = on_signal
+        self._parent_pid = parent_pid
+        self._parent_gone_code = parent_gone_code
+        self._on_stuck = on_stuck
+        self._code: int | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="collective-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self, code: int) -> None:
+        """The rank was told to stop and will exit with ``code`` (the first call wins)."""
+        if self._code is None:
+            self._code = code
+
+    def close(self) -> None:
+        self._done.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(1.0)
+
+    def _run(self) -> None:
+        stuck_since: float | None = None
+        while not self._done.is_set():
+            self._poll_signals()
+            if self._parent_pid is not None and os.getppid() != self._parent_pid:
+                self.stop(self._parent_gone_code)
+            if self._code is None or not self.group.in_collective.is_set():
+                stuck_since = None
+                continue
+            now = time.monotonic()
+            if stuck_since is None:
+                stuck_since = now
+            elif now - stuck_since >= self.grace_s:
+                if self._on_stuck is not None:
+                    self._on_stuck()
+                self._exit(self._code)
+                return
+
+    def _poll_signals(self) -> None:
+        if self._signal_fd is None:
+            self._done.wait(self.POLL_S)
+            return
+        try:
+            ready, _, _ = select.select([self._signal_fd], [], [], self.POLL_S)
+            data = os.read(self._signal_fd, 64) if ready else b""
+        except OSError:  # closed under us: the rank is finishing
+            self._done.wait(self.POLL_S)
+            return
+        if data:
+            self.stop(0)
+            if self._on_signal is not None:
+                self._on_signal(data)

@@ -1,0 +1,47 @@
+"""ChildFaults: the fault switches of an engine process, for the tests of its shutdown path.
+
+A plain dataclass with no engine imports, so that every level that passes faults down (the
+frontend, the DP supervisor, the process manager, the engine process itself) imports it from
+below instead of from the engine process's module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChildFaults:
+    """Fault injection for tests of the child's shutdown path; the defaults inject nothing.
+
+    Each field reproduces a state the clean-shutdown check (``is_clean_shutdown``) must handle,
+    or a startup failure the manager must survive, in a real child process.
+    """
+
+    #: The child sends itself SIGTERM after installing its handlers, before the engine exists.
+    signal_before_engine: bool = False
+    #: Sleep before building the engine (a slow startup).
+    startup_delay_s: float = 0.0
+    #: Ranks whose startup raises (a failed start).
+    fail_startup_ranks: tuple[int, ...] = ()
+    #: The busy loop ends with ``SystemExit(exit_code)`` instead of 0.
+    exit_code: int | None = None
+    #: The busy loop ends with ``SystemExit(0)`` as soon as the shutdown is requested, leaving
+    #: the state at REQUESTED.
+    exit_while_requested: bool = False
+    #: A request is added after the busy loop ends: work is left at exit.
+    leave_work: bool = False
+    #: ``has_work()`` raises once the busy loop has ended.
+    has_work_raises: bool = False
+    # The production bugs of issue 15, put back for the regressions (each off by default).
+    #: False: no death pipe, no parent watch, no PDEATHSIG: the EngineCore outlives its parent
+    #: (vLLM issue #55510).
+    engine_lifeline: bool = True
+    #: True: the lifelines are armed only once start-up is done and the EngineCore waits for its
+    #: workers without a deadline (vLLM PR #44751): a start-up interrupted mid-load orphans them.
+    lifeline_after_startup: bool = False
+    #: True: SIGTERM raises SystemExit in the EngineCore, bypassing the graceful path that stops
+    #: its workers (vllm-omni PR #3001).
+    sigterm_raises_system_exit: bool = False
+    #: False: the workers have no death pipe (they rely on their EngineCore's graceful path).
+    worker_lifeline: bool = True

@@ -1,0 +1,153 @@
+"""Stopping processes: ``shutdown_processes``, ``kill_process_tree`` and ``ShutdownOutcome``.
+
+``shutdown_processes`` sends SIGTERM to every process first, then waits for all of them against
+one shared deadline (never a timeout per process), then kills the survivors' whole process
+trees with one warning. It returns a ``ShutdownOutcome`` that tests (and
+``assert_not_force_killed``) read. Every level of the reference tree stops its children with it
+(the process manager its EngineCores, an EngineCore its TP workers, the DP supervisor its
+children), so it lives below all of them and imports nothing of the engine (nor torch).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+
+import psutil
+
+logger = logging.getLogger("pytest_shutdown.engine")
+
+#: How long a killed process tree may take to disappear after SIGKILL.
+KILL_WAIT_S = 5.0
+#: How often a join also polls the exit status.
+JOIN_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class ShutdownOutcome:
+    """What ``shutdown_processes`` did: the timeout it used, exit codes, who was force-killed."""
+
+    timeout: float
+    exitcodes: dict[str, int | None]
+    force_killed: list[str]
+    duration_s: float
+
+    @property
+    def any_force_killed(self) -> bool:
+        return bool(self.force_killed)
+
+
+def validate_timeout(value: object, option: str = "timeout") -> float | None:
+    """``value`` if it is None or a finite number >= 0; else a ValueError naming ``option``."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{option}: expected None or a number >= 0, got {value!r}")
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise ValueError(f"{option}: expected None or a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def kill_process_tree(pid: int, *, timeout: float = KILL_WAIT_S) -> list[int]:
+    """SIGKILL ``pid`` and all its descendants; wait up to ``timeout``; return the pids killed.
+
+    Descendants are listed before anything is killed, so the ones re-parented by the kill are
+    not missed. A zombie counts as gone.
+    """
+    try:
+        root = psutil.Process(pid)
+        victims = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return []
+    killed = []
+    for proc in victims:
+        try:
+            proc.kill()
+            killed.append(proc.pid)
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + timeout
+    for proc in victims:
+        while time.monotonic() < deadline:
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    break
+                proc.wait(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
+                break
+            except psutil.TimeoutExpired:
+                continue
+            except psutil.Error:
+                break
+    return killed
+
+
+def shutdown_processes(
+    procs: Sequence[BaseProcess],
+    timeout: float | None,
+    *,
+    default_timeout: float = 5.0,
+    terminate: Callable[[BaseProcess], None] | None = None,
+) -> ShutdownOutcome:
+    """Stop ``procs``: SIGTERM to all, one shared deadline, then kill the survivors' trees.
+
+    ``timeout`` None means ``default_timeout``. ``terminate`` replaces ``proc.terminate()`` as the
+    first step (the DP supervisor forwards a signal to a process group instead). Processes that
+    were never started are left alone.
+    """
+    timeout_used = validate_timeout(timeout)
+    if timeout_used is None:
+        timeout_used = validate_timeout(default_timeout, "default_timeout") or 0.0
+    started = time.monotonic()
+    deadline = started + timeout_used
+    live = [p for p in procs if p.pid is not None]
+    for proc in live:
+        if proc.is_alive():
+            try:
+                (terminate or _terminate)(proc)
+            except (ProcessLookupError, OSError):
+                pass
+    for proc in live:
+        _join_polling(proc, deadline)
+    survivors = [p for p in live if p.is_alive()]
+    if survivors:
+        logger.warning("force killing remaining processes count=%d", len(survivors))
+        for proc in survivors:
+            assert proc.pid is not None
+            kill_process_tree(proc.pid)
+        for proc in survivors:
+            proc.join(KILL_WAIT_S)
+    names = _unique_names(procs)
+    return ShutdownOutcome(
+        timeout=timeout_used,
+        exitcodes={names[i]: p.exitcode for i, p in enumerate(procs) if p.pid is not None},
+        force_killed=[names[i] for i, p in enumerate(procs) if p in survivors],
+        duration_s=time.monotonic() - started,
+    )
+
+
+def _join_polling(proc: BaseProcess, deadline: float) -> None:
+    """Join ``proc`` by ``deadline``, polling its exit status too.
+
+    A process's sentinel stays unreadable while a fork of it (an orphaned child) still holds
+    the write end, so a join on the sentinel alone would wait out the whole deadline.
+    """
+    while proc.exitcode is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return
+        proc.join(min(remaining, JOIN_POLL_S))
+
+
+def _terminate(proc: BaseProcess) -> None:
+    proc.terminate()
+
+
+def _unique_names(procs: Sequence[BaseProcess]) -> list[str]:
+    counts: dict[str, int] = {}
+    for p in procs:
+        counts[p.name] = counts.get(p.name, 0) + 1
+    return [p.name if counts[p.name] == 1 else f"{p.name}[pid={p.pid}]" for p in procs]

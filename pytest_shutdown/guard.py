@@ -36,6 +36,8 @@ from typing import Any
 import pytest
 
 from pytest_shutdown import origins
+from pytest_shutdown.checks.leaks import descendant_pids
+from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.ownership import Owner, find_owners
 from pytest_shutdown.report import ShutdownReport, TestRecord, render_budget, render_findings
@@ -130,11 +132,16 @@ class ShutdownGuard:
         #: Failed setup/call reports by node id, to attach the teardown's findings to.
         self._failed_reports: dict[str, pytest.TestReport] = {}
         origins.install()
+        #: Subreaper + environment marker: nothing a test starts hides by being re-parented.
+        self.containment = Containment().engage()
+        #: What was running before any test: never swept at session end.
+        self._session_start_pids = descendant_pids()
 
     @pytest.hookimpl
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         origins.uninstall()
         origins.set_current_test(None)
+        self.containment.release()
 
     # --- collection: markers are validated once, here ---
 
@@ -529,12 +536,59 @@ class ShutdownGuard:
             kind = self._by_name.get(name)
             if kind is not None and kind.settle((item,), now):
                 self.report.add_long_lived(record)
+        self._sweep_session()
         self._long_lived.clear()
         if hasattr(self.config, "workerinput"):
             return
         if self.settings.long_lived == "fail" and self.report.long_lived:
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _sweep_session(self) -> None:
+        """At session end, nothing a test started may remain: descendants started since the
+        session began (found however they were re-parented) that no module global owns are
+        listed as ``process-leak`` of the session; fail mode kills them. Adopted zombies are
+        reaped. Not on the xdist controller (its workers sweep their own)."""
+        if self.config.pluginmanager.hasplugin("dsession"):
+            return
+        from pytest_shutdown.checks.leaks import (  # noqa: PLC0415
+            _walk_descendants,
+            kill_process_trees,
+            multiprocessing_helper_pids,
+            process_running,
+        )
+        from pytest_shutdown.containment import reap_adopted  # noqa: PLC0415
+        from pytest_shutdown.resources.processes import ProcessKind  # noqa: PLC0415
+
+        now = descendant_pids()
+        if not self.containment.subreaper:  # re-parented ones are found by their marker
+            now = now | frozenset(self.containment.stray_marked(now))
+        if not now:
+            return
+        kept = set(self._session_start_pids) | set(multiprocessing_helper_pids())
+        for name, item in self._long_lived:
+            if name == "processes":  # a global's pool, listed as long-lived: not swept
+                kept.add(item)
+                kept.update(_walk_descendants(item) or ())
+        left = tuple(sorted(p for p in now - kept if process_running(p)))
+        reap_adopted(now - set(left))
+        if not left:
+            return
+        findings = ProcessKind().findings(left, "the session's tests", grace=0.0)
+        plain = [f.to_dict() for f in findings]
+        for finding in plain:
+            procs = finding["details"].get("processes", [])
+            described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in procs)
+            count = len(procs)
+            finding["message"] = (
+                f"{count} process{'es' if count != 1 else ''} started by the session's tests "
+                f"still running at session end: {described}"
+                + ("; killed." if self.settings.mode == "fail" else ".")
+            )
+        self.report.add_findings("<session end>", plain)
+        if self.settings.mode == "fail":
+            killed = kill_process_trees(left, timeout=5.0)
+            reap_adopted([*left, *(r["pid"] for r in killed)])
 
     def _kill_children(self, watch: _Watch) -> list[dict[str, Any]]:
         """On budget expiry: kill the test's child processes (not those of live fixtures)."""

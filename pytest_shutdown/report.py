@@ -101,6 +101,8 @@ def render_findings(findings: Iterable[Mapping[str, Any]]) -> str:
         for proc in details.get("processes", []):
             # A forked child repeats pytest's command line: name what started it instead.
             what = proc.get("what") or _cmdline(proc.get("cmdline"))
+            if proc.get("reparented"):
+                what += " [re-parented to pytest: its parent exited]"
             lines.append(f"  process {proc.get('pid')} ({proc.get('name')}): {what}")
             lines.extend(_started_at(proc))
     return "\n".join(lines)

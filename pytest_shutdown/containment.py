@@ -219,8 +219,11 @@ def _started_at(pid: int) -> float | None:
 
 def kill_all(pids: Iterable[int], timeout: float = 5.0) -> list[int]:
     """SIGKILL ``pids`` and wait (one deadline) until they have ended; reap the adopted ones."""
+    from pytest_shutdown.checks.leaks import KILLED_ON_PURPOSE  # noqa: PLC0415
+
     targets = list(pids)
     for pid in targets:
+        KILLED_ON_PURPOSE[pid] = None
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:

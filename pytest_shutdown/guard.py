@@ -330,7 +330,7 @@ class ShutdownGuard:
             self._owned[fixturedef] = owned
             end = self._snapshot(self._states)
             for kind in self.kinds:  # what its set-up started or changed is not the test's
-                if kind.stateful or kind.name in started:
+                if watch.before.get(kind.name) is not None:
                     watch.before[kind.name] = kind.absorb(
                         watch.before[kind.name], start[kind.name], end.get(kind.name)
                     )
@@ -620,6 +620,10 @@ def _long_lived_record(key: tuple[str, Any], owner: Owner, nodeid: str) -> dict[
     if isinstance(item, threading.Thread):
         origin = origins.origin_of_thread(item)
         what: dict[str, Any] = {"kind": "thread", "name": item.name, "ident": item.ident}
+    elif not isinstance(item, int):
+        origin = getattr(item, "origin", None)
+        describe = getattr(item, "describe", None)
+        what = {"kind": key[0], "name": describe() if callable(describe) else repr(item)}
     else:
         origin = origins.origin_of_process(item)
         what = {"kind": "process", "pid": item, "name": origin.what if origin else None}

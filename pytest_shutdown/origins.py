@@ -31,6 +31,7 @@ from pytest_shutdown.forks import forget_in_child, undo_in_forked_child
 
 __all__ = [
     "Origin",
+    "capture_here",
     "install",
     "origin_of_process",
     "origin_of_thread",
@@ -113,8 +114,14 @@ def _is_tool(filename: str) -> bool:
     return cached
 
 
-def _capture(what: str | None = None) -> Origin:
-    frame: types.FrameType | None = sys._getframe(2)  # the caller of the wrapped start()
+def capture_here() -> Origin:
+    """The creation site of whatever the caller's caller is doing now (e.g. an
+    ``atexit.register`` call seen by a wrapper)."""
+    return _capture(depth=3)
+
+
+def _capture(what: str | None = None, depth: int = 2) -> Origin:
+    frame: types.FrameType | None = sys._getframe(depth)  # the caller of the wrapped start()
     user: list[tuple[str, int, str, bool]] = []
     library: list[tuple[str, int, str, bool]] = []
     walked = 0

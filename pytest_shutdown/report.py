@@ -94,7 +94,13 @@ def render_findings(findings: Iterable[Mapping[str, Any]]) -> str:
         lines.append(f"[{finding['code']}] {finding['message']}")
         details = finding.get("details", {})
         for thread in details.get("threads", []):
-            lines.append(f"  thread {thread.get('name')!r} (ident {thread.get('ident')}):")
+            if thread.get("native"):
+                lines.append(f"  native thread {thread.get('name')!r} (tid {thread.get('tid')}):")
+            else:
+                daemon = "" if thread.get("daemon", True) else ", non-daemon"
+                lines.append(
+                    f"  thread {thread.get('name')!r} (ident {thread.get('ident')}{daemon}):"
+                )
             stack = str(thread.get("stack") or "  <no stack>\n")
             lines.extend("    " + line for line in stack.rstrip("\n").splitlines())
             lines.extend(_started_at(thread))

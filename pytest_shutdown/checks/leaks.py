@@ -482,6 +482,10 @@ def leak_findings(
 # --- restoring order -------------------------------------------------------------------------
 
 
+#: Pids this module killed (oldest dropped first): a death asked for is never collateral.
+KILLED_ON_PURPOSE: dict[int, None] = {}
+
+
 def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dict[str, Any]]:
     """SIGKILL each process and all its descendants; wait (one deadline) until they have ended.
 
@@ -501,11 +505,14 @@ def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dic
     killed: list[dict[str, Any]] = []
     for pid, proc in victims.items():
         record = _process_record(pid)
+        KILLED_ON_PURPOSE[pid] = None
         try:
             proc.kill()
         except psutil.Error:
             continue
         killed.append(record)
+    while len(KILLED_ON_PURPOSE) > 4096:
+        del KILLED_ON_PURPOSE[next(iter(KILLED_ON_PURPOSE))]
     deadline = time.monotonic() + timeout
     remaining = [p.pid for p in victims.values()]
     while remaining and time.monotonic() < deadline:

@@ -27,6 +27,7 @@ from pytest_shutdown.checks.leaks import KILLED_ON_PURPOSE, descendant_pids
 from pytest_shutdown.containment import exit_signal, is_zombie
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.resources.base import Allowance, ObjectKind
+from pytest_shutdown.resources.processes import REPORTED
 
 __all__ = ["CollateralKind", "signal_name"]
 
@@ -87,6 +88,8 @@ class CollateralKind(ObjectKind):
             else:
                 continue
             if sig is None or (pid, sig) in self._reported or pid in KILLED_ON_PURPOSE:
+                continue
+            if pid in REPORTED:  # an earlier test's reported leak: ending it is cleaning up
                 continue
             self._reported.add((pid, sig))
             victims.append((pid, sig, self._name(pid)))

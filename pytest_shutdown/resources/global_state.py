@@ -7,7 +7,7 @@ compared by identity (handlers, hooks, contexts) or equality (gc, environment); 
 is copied only when it changed since the last snapshot (one dict comparison otherwise).
 
 Never reported: what pytest, its plugins and pytest-shutdown change themselves (a handler or
-hook whose function lives in their modules; ``PYTEST_CURRENT_TEST``, ``PYTEST_XDIST_*``,
+hook installed whose function lives in their modules; ``PYTEST_CURRENT_TEST``, ``PYTEST_XDIST_*``,
 ``PYTEST_SHUTDOWN_*``). A wider-scope fixture's changes are the fixture's, checked when it is
 torn down. Fail mode puts back what it can (gc, handlers, hooks, start method, environment).
 """
@@ -52,8 +52,24 @@ def catchable_signals() -> tuple[signal.Signals, ...]:
 
 def _is_tool_callable(value: object) -> bool:
     func = getattr(value, "__func__", value)
+    func = getattr(func, "func", func)  # a functools.partial: what it calls
     module = getattr(func, "__module__", None) or ""
     return module.partition(".")[0] in _TOOL_MODULES
+
+
+_SIGNAL_DEFAULTS: tuple[object, ...] = (signal.SIG_DFL, signal.default_int_handler, None)
+
+
+def _hook_defaults() -> tuple[object, ...]:
+    return (sys.__excepthook__, getattr(threading, "__excepthook__", None))
+
+
+def _tools_own(old: object, new: object, defaults: tuple[object, ...]) -> bool:
+    """The test tools' own change: they installed ``new``, or they put the default back over
+    their own ``old`` (pytest-timeout's SIGALRM handler, removed at teardown)."""
+    if _is_tool_callable(new):
+        return True
+    return _is_tool_callable(old) and any(new is d for d in defaults)
 
 
 def _describe(value: object) -> str:
@@ -66,6 +82,7 @@ def _describe(value: object) -> str:
     if value is None:
         return "None"
     func = getattr(value, "__func__", value)
+    func = getattr(func, "func", func)  # a functools.partial: what it calls
     name = getattr(func, "__qualname__", None)
     module = getattr(func, "__module__", None)
     if name:
@@ -124,8 +141,6 @@ class GlobalStateKind(StateKind):
         (was_on, was_thresholds), (is_on, thresholds) = before["gc"], after["gc"]
         if was_on and not is_on:
             changes.append(Change("gc", "enabled", "disabled", undo=gc.enable))
-        if not was_on and is_on:
-            changes.append(Change("gc", "disabled", "enabled", undo=gc.disable))
         if was_thresholds != thresholds:
             changes.append(
                 Change(
@@ -139,7 +154,7 @@ class GlobalStateKind(StateKind):
             for sig, old, new in zip(
                 self.signals, before["signals"], after["signals"], strict=True
             ):
-                if old is new or old == new or _is_tool_callable(old) or _is_tool_callable(new):
+                if old is new or old == new or _tools_own(old, new, _SIGNAL_DEFAULTS):
                     continue
                 changes.append(
                     Change(
@@ -170,7 +185,7 @@ class GlobalStateKind(StateKind):
             ("threading.excepthook", lambda v: setattr(threading, "excepthook", v)),
         ):
             old, new = before[hook], after[hook]
-            if old is not new and not _is_tool_callable(old) and not _is_tool_callable(new):
+            if old is not new and not _tools_own(old, new, _hook_defaults()):
                 changes.append(
                     Change(hook, _describe(old), _describe(new), undo=_bind(setter, old))
                 )

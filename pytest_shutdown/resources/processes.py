@@ -21,7 +21,11 @@ from pytest_shutdown.checks.leaks import (
 from pytest_shutdown.containment import first_ancestor, reap_adopted, started_in_test
 from pytest_shutdown.resources.base import Allowance, ObjectKind
 
-__all__ = ["ProcessKind", "parent_pids"]
+__all__ = ["REPORTED", "ProcessKind", "parent_pids"]
+
+#: Pids reported as ``process-leak`` (oldest dropped first): a later test that ends one of
+#: them is cleaning up, not killing a bystander (see the collateral kind).
+REPORTED: dict[int, None] = {}
 
 
 class ProcessKind(ObjectKind):
@@ -69,6 +73,9 @@ class ProcessKind(ObjectKind):
         for finding in found:
             for record in finding.details.get("processes", ()):
                 describe_reparented(record)
+        REPORTED.update(dict.fromkeys(items))
+        while len(REPORTED) > 4096:
+            del REPORTED[next(iter(REPORTED))]
         return found
 
     def restore(self, items: Sequence[int]) -> None:

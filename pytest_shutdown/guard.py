@@ -36,7 +36,7 @@ from typing import Any
 import pytest
 
 from pytest_shutdown import origins
-from pytest_shutdown.checks.leaks import descendant_pids
+from pytest_shutdown.checks.leaks import Started, descendant_pids
 from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.ownership import Owner, find_owners
@@ -136,12 +136,20 @@ class ShutdownGuard:
         self.containment = Containment().engage()
         #: What was running before any test: never swept at session end.
         self._session_start_pids = descendant_pids()
+        self._session_start_threads = set(threading.enumerate())
+        #: Non-daemon threads tests left, alive at session end: they would block the exit.
+        self._blocking_exit: list[threading.Thread] = []
 
-    @pytest.hookimpl
+    @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         origins.uninstall()
         origins.set_current_test(None)
         self.containment.release()
+        if self._blocking_exit and self.settings.mode == "fail":
+            # The report and the record log are written (the report plugin's sessionfinish).
+            from pytest_shutdown.exit_bound import bound_the_exit  # noqa: PLC0415
+
+            bound_the_exit(self._blocking_exit, self.settings.grace_s, self._exitstatus)
 
     # --- collection: markers are validated once, here ---
 
@@ -537,12 +545,52 @@ class ShutdownGuard:
             if kind is not None and kind.settle((item,), now):
                 self.report.add_long_lived(record)
         self._sweep_session()
+        self._note_threads_blocking_exit()
+        self._exitstatus = int(session.exitstatus)
         self._long_lived.clear()
         if hasattr(self.config, "workerinput"):
             return
         if self.settings.long_lived == "fail" and self.report.long_lived:
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    _exitstatus = 0
+
+    def _note_threads_blocking_exit(self) -> None:
+        """Non-daemon threads started during the session and still alive block the interpreter's
+        exit (``threading._shutdown`` joins them): say so; fail mode bounds the exit."""
+        from pytest_shutdown.checks.leaks import leak_findings  # noqa: PLC0415
+
+        kind = self._by_name.get("threads")
+        tools = getattr(kind, "tools", None)
+        blocking = [
+            t
+            for t in threading.enumerate()
+            if t not in self._session_start_threads
+            and not t.daemon
+            and t.is_alive()
+            and t is not threading.current_thread()
+            and not isinstance(t, threading._DummyThread)
+            and not (tools is not None and tools(t))
+        ]
+        if not blocking:
+            return
+        self._blocking_exit = blocking
+        findings = leak_findings(Started(tuple(blocking)), grace=0.0, subject="the session")
+        plain = [f.to_dict() for f in findings]
+        for finding in plain:
+            names = ", ".join(repr(t.name) for t in blocking)
+            finding["message"] = (
+                f"{len(blocking)} non-daemon thread{'s' if len(blocking) != 1 else ''} started "
+                f"by the session's tests still running at session end: {names}; "
+                + (
+                    f"the exit waits at most the {self.settings.grace_s:g} s grace for "
+                    "them instead of hanging."
+                    if self.settings.mode == "fail"
+                    else "the interpreter's exit will wait for them (forever if they never end)."
+                )
+            )
+        self.report.add_findings("<session end>", plain)
 
     def _sweep_session(self) -> None:
         """At session end, nothing a test started may remain: descendants started since the

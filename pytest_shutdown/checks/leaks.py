@@ -443,7 +443,8 @@ def leak_findings(
     if left.threads:
         frames = sys._current_frames()
         records = [_thread_record(t, frames) for t in left.threads]
-        names = ", ".join(repr(r["name"]) for r in records)
+        blocks = " (non-daemon: it blocks the interpreter's exit)"
+        names = ", ".join(repr(r["name"]) + ("" if r["daemon"] else blocks) for r in records)
         count = len(records)
         findings.append(
             Finding(

@@ -170,6 +170,8 @@ def _build_drop_and_diagnose(
             getattr(twin, method)()
         timings["explicit"] = time.perf_counter() - t0
         explicit = labels_performed(twin_counter, "explicit")
+    for holder in atexit_calls.holders_of(twin):  # the helper built the twin: free it
+        atexit.unregister(holder.func)
     del twin
 
     obj = factory()

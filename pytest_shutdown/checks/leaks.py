@@ -526,6 +526,20 @@ def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dic
 # --- the helper ------------------------------------------------------------------------------
 
 
+def _contain() -> Callable[[], None] | None:
+    """Become a child subreaper (Linux) unless already one; the undo, or None."""
+    from pytest_shutdown.containment import _subreaper_now  # noqa: PLC0415
+    from pytest_shutdown.prctl import PR_SET_CHILD_SUBREAPER, prctl  # noqa: PLC0415
+
+    if _subreaper_now() is not False or not prctl(PR_SET_CHILD_SUBREAPER, 1):
+        return None
+
+    def undo() -> None:
+        prctl(PR_SET_CHILD_SUBREAPER, 0)
+
+    return undo
+
+
 def _check_grace(grace: float) -> None:
     if not isinstance(grace, (int, float)) or math.isnan(grace) or grace < 0:
         raise ValueError(f"grace: expected a number of seconds >= 0, got {grace!r}")
@@ -546,8 +560,11 @@ def no_leaks(
     seconds after it ends are ``thread-leak`` (names and stacks) and ``process-leak`` (pid, name,
     command line); a ``gc.get_freeze_count()`` higher than at entry is ``gc-frozen-leak`` (a
     lower one is not: frozen objects that die leave the permanent generation by themselves).
-    Each kind can be switched off. ``allow`` ignores threads: glob patterns matched against the
-    thread name (``"ThreadPoolExecutor-*"``) or predicates taking the ``threading.Thread``.
+    On Linux the process is a child subreaper for the block's duration (as it is for the whole
+    session under the guard), so a daemon, a shell's background job or a grandchild whose parent
+    exited is still found. Each kind can be switched off. ``allow`` ignores threads: glob
+    patterns matched against the thread name (``"ThreadPoolExecutor-*"``) or predicates taking
+    the ``threading.Thread``.
     Raises :class:`~pytest_shutdown.findings.ShutdownContractError`; when the block itself
     raises, that exception propagates unchanged and nothing is checked.
 
@@ -562,10 +579,15 @@ def no_leaks(
     __tracebackhide__ = True  # a failure points at the caller's line
     _check_grace(grace)
     allowed = thread_filter(allow)
-    before = take_snapshot(threads=threads, processes=processes)
-    yield before
-    started = started_since(before, threads=threads, processes=processes, allow=allowed)
-    left = await_exit(started, grace) if started else started
+    contained = _contain() if processes else None
+    try:
+        before = take_snapshot(threads=threads, processes=processes)
+        yield before
+        started = started_since(before, threads=threads, processes=processes, allow=allowed)
+        left = await_exit(started, grace) if started else started
+    finally:
+        if contained is not None:
+            contained()
     freeze_after = gc.get_freeze_count()
     findings = leak_findings(
         left,

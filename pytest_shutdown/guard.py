@@ -83,6 +83,7 @@ class _Owned:
     baseid: str
     started: Found
     state_before_setup: Snapshot
+    state_after_setup: Snapshot = field(default_factory=dict)
     state_at_teardown: Snapshot | None = None
 
     def owner(self) -> dict[str, str]:
@@ -337,6 +338,7 @@ class ShutdownGuard:
             )
             self._owned[fixturedef] = owned
             end = self._snapshot(self._states)
+            owned.state_after_setup = end
             for kind in self.kinds:  # what its set-up started or changed is not the test's
                 if watch.before.get(kind.name) is not None:
                     watch.before[kind.name] = kind.absorb(
@@ -396,7 +398,7 @@ class ShutdownGuard:
         restore: list[tuple[ResourceKind, tuple[Any, ...]]] = []
         for kind in self.kinds:
             if kind.stateful:
-                items = tuple(kind.diff(owned.state_before_setup[kind.name], state_now[kind.name]))
+                items = self._fixture_state_left(kind, owned, state_now)
             else:
                 items = left.get(kind.name, ())
             if items:
@@ -406,6 +408,21 @@ class ShutdownGuard:
             for kind, items in restore:
                 kind.restore(items)
         return findings
+
+    @staticmethod
+    def _fixture_state_left(
+        kind: ResourceKind, owned: _Owned, state_now: Snapshot
+    ) -> tuple[Any, ...]:
+        """What the fixture's set-up or teardown changed and is still not as before its set-up
+        (what tests changed in between was theirs, reported with them)."""
+        before = owned.state_before_setup[kind.name]
+        mine = {c.key for c in kind.diff(before, owned.state_after_setup.get(kind.name, before))}
+        at_teardown = (owned.state_at_teardown or {}).get(kind.name)
+        if at_teardown is not None:
+            mine |= {c.key for c in kind.diff(at_teardown, state_now[kind.name])}
+        if not mine:
+            return ()
+        return tuple(c for c in kind.diff(before, state_now[kind.name]) if c.key in mine)
 
     # --- checking and restoring order ---
 

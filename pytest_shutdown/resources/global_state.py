@@ -31,6 +31,9 @@ __all__ = ["GlobalStateKind", "catchable_signals"]
 _TOOL_MODULES = frozenset(
     {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
 )
+#: Handlers and hooks libraries install once, for the process's lifetime, on first use (torch's
+#: DataLoader chains a SIGCHLD handler to notice dead workers): never a test's change.
+PROCESS_LIFETIME_HANDLERS = ("torch.utils.data._utils.signal_handling",)
 #: Environment variables the test tools set per test or per worker: never reported.
 _TOOL_ENV_PREFIXES = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_", "PYTEST_SHUTDOWN_")
 _MISSING = object()
@@ -64,10 +67,17 @@ def _hook_defaults() -> tuple[object, ...]:
     return (sys.__excepthook__, getattr(threading, "__excepthook__", None))
 
 
+def _is_process_lifetime(value: object) -> bool:
+    func = getattr(value, "__func__", value)
+    module = getattr(func, "__module__", None) or ""
+    return module.startswith(PROCESS_LIFETIME_HANDLERS)
+
+
 def _tools_own(old: object, new: object, defaults: tuple[object, ...]) -> bool:
     """The test tools' own change: they installed ``new``, or they put the default back over
-    their own ``old`` (pytest-timeout's SIGALRM handler, removed at teardown)."""
-    if _is_tool_callable(new):
+    their own ``old`` (pytest-timeout's SIGALRM handler, removed at teardown); or a library's
+    process-lifetime handler (:data:`PROCESS_LIFETIME_HANDLERS`)."""
+    if _is_tool_callable(new) or _is_process_lifetime(new):
         return True
     return _is_tool_callable(old) and any(new is d for d in defaults)
 

@@ -167,3 +167,31 @@ def test_allow_leaks_global_state_silences_it(pytester: pytest.Pytester) -> None
     )
     result = pytester.runpytest_subprocess("-p", "shutdown")
     result.assert_outcomes(passed=1)
+
+
+def test_a_tests_change_is_never_blamed_on_a_fixture_alive_around_it(
+    pytester: pytest.Pytester,
+) -> None:
+    """Warn mode leaves the test's change in place until the session fixture's teardown: the
+    fixture is not blamed for it (only what its own set-up or teardown changed is its)."""
+    pytester.makepyfile(
+        test_state=textwrap.dedent(
+            """
+            import os, pytest
+
+            @pytest.fixture(scope="session")
+            def service():
+                yield "up"
+
+            def test_changes_environ(service):
+                os.environ["SET_BY_TEST"] = "1"
+
+            def test_last(service):
+                pass
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-guard=warn")
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(["*test_changes_environ: ?global-state? test_changes_environ *"])
+    assert "fixture 'service'" not in result.stdout.str()

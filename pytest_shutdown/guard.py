@@ -146,6 +146,10 @@ class ShutdownGuard:
         origins.uninstall()
         origins.set_current_test(None)
         self.containment.release()
+        for kind in self.kinds:  # a kind that installed something (a recorder) removes it
+            close = getattr(kind, "close", None)
+            if callable(close):
+                close()
         if self._blocking_exit and self.settings.mode == "fail":
             # The report and the record log are written (the report plugin's sessionfinish).
             from pytest_shutdown.exit_bound import bound_the_exit  # noqa: PLC0415

@@ -31,6 +31,10 @@ class AtexitKind(ObjectKind):
     def __init__(self) -> None:
         atexit_calls.install()  # a process-lifetime recording, for the guard's session
 
+    def close(self) -> None:
+        """The session is over: stop recording (the originals come back with the last user)."""
+        atexit_calls.uninstall()
+
     def snapshot(self) -> int:
         return atexit_calls.count()
 

@@ -53,6 +53,18 @@ def catchable_signals() -> tuple[signal.Signals, ...]:
     return tuple(found)
 
 
+try:  # the C function: signal.getsignal converts every answer to an enum, 30x slower
+    from _signal import getsignal as _getsignal
+except ImportError:  # pragma: no cover - another interpreter
+    _getsignal = signal.getsignal
+
+
+def _raw_environ() -> Mapping[Any, Any]:
+    """``os.environ``'s own dict (bytes on POSIX), compared in C; a copy elsewhere."""
+    data = getattr(os.environ, "_data", None)
+    return data if isinstance(data, dict) else dict(os.environ)
+
+
 def _is_tool_callable(value: object) -> bool:
     func = getattr(value, "__func__", value)
     func = getattr(func, "func", func)  # a functools.partial: what it calls
@@ -79,15 +91,19 @@ def _tools_own(old: object, new: object, defaults: tuple[object, ...]) -> bool:
     process-lifetime handler (:data:`PROCESS_LIFETIME_HANDLERS`)."""
     if _is_tool_callable(new) or _is_process_lifetime(new):
         return True
-    return _is_tool_callable(old) and any(new is d for d in defaults)
+    return _is_tool_callable(old) and any(new is d or _same_int(new, d) for d in defaults)
+
+
+def _same_int(a: object, b: object) -> bool:
+    return isinstance(a, int) and isinstance(b, int) and a == b
 
 
 def _describe(value: object) -> str:
     if value is _MISSING:
         return "unset"
-    if value is signal.SIG_DFL:
+    if isinstance(value, int) and value == signal.SIG_DFL:  # the C getsignal answers ints
         return "SIG_DFL (default)"
-    if value is signal.SIG_IGN:
+    if isinstance(value, int) and value == signal.SIG_IGN:
         return "SIG_IGN (ignored)"
     if value is None:
         return "None"
@@ -127,19 +143,24 @@ class GlobalStateKind(StateKind):
 
     def __init__(self) -> None:
         self.signals = catchable_signals()
+        self._numbers = tuple(int(s) for s in self.signals)
+        self._raw: dict[Any, Any] = dict(_raw_environ())
         self._environ: dict[str, str] = dict(os.environ)
 
     def _environment(self) -> dict[str, str]:
-        """A copy of ``os.environ``, shared between snapshots while it does not change."""
-        if os.environ != self._environ:  # one dict comparison when nothing changed
+        """A copy of ``os.environ``, shared between snapshots while it does not change (one
+        C-level comparison of the raw environment when nothing changed)."""
+        raw = _raw_environ()
+        if raw != self._raw:
+            self._raw = dict(raw)
             self._environ = dict(os.environ)
         return self._environ
 
     def snapshot(self) -> dict[str, Any]:
-        getsignal = signal.getsignal
+        getsignal = _getsignal
         return {
             "gc": (gc.isenabled(), gc.get_threshold()),
-            "signals": tuple(getsignal(s) for s in self.signals),
+            "signals": tuple(map(getsignal, self._numbers)),
             "start_method": _start_method_context(),
             "sys.excepthook": sys.excepthook,
             "threading.excepthook": threading.excepthook,

@@ -578,15 +578,17 @@ class ShutdownGuard:
     _exitstatus = 0
 
     def _note_threads_blocking_exit(self) -> None:
-        """Non-daemon threads started during the session and still alive block the interpreter's
-        exit (``threading._shutdown`` joins them): say so; fail mode bounds the exit."""
+        """Non-daemon threads tests leaked (reported as ``thread-leak``) still alive block the
+        interpreter's exit (``threading._shutdown`` joins them): say so; fail mode bounds it."""
         from pytest_shutdown.checks.leaks import leak_findings  # noqa: PLC0415
 
         kind = self._by_name.get("threads")
         tools = getattr(kind, "tools", None)
+        from pytest_shutdown.resources.threads import REPORTED  # noqa: PLC0415
+
         blocking = [
             t
-            for t in threading.enumerate()
+            for t in list(REPORTED)  # a test's leak, not a global's pool (listed as long-lived)
             if t not in self._session_start_threads
             and not t.daemon
             and t.is_alive()

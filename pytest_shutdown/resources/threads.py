@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -16,7 +17,11 @@ from pytest_shutdown.checks.leaks import (
 from pytest_shutdown.ownership import stdlib_helper_threads
 from pytest_shutdown.resources.base import Allowance, ObjectKind
 
-__all__ = ["TOOL_MODULES", "ThreadKind", "is_tool_thread"]
+__all__ = ["REPORTED", "TOOL_MODULES", "ThreadKind", "is_tool_thread"]
+
+#: Threads reported as ``thread-leak``: the ones the session end looks at (a non-daemon one
+#: blocks the interpreter's exit).
+REPORTED: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 #: Top-level modules whose threads belong to the test tools, never to the code under test.
 TOOL_MODULES = frozenset({"execnet", "xdist", "pytest_timeout", "_pytest", "pluggy"})
@@ -91,6 +96,7 @@ class ThreadKind(ObjectKind):
         grace: float,
         extra: Mapping[str, Any] | None = None,
     ) -> list:  # type: ignore[type-arg]
+        REPORTED.update(items)
         return leak_findings(
             Started(tuple(items)), grace=grace, subject=subject, extra=dict(extra or {})
         )

@@ -186,7 +186,7 @@ def test_not_collected_names_atexit_as_the_root() -> None:
 
 COLLATERAL = textwrap.dedent(
     """
-    import os, signal, subprocess, sys
+    import os, signal, subprocess, sys, time
     import psutil, pytest
 
     SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
@@ -204,9 +204,15 @@ COLLATERAL = textwrap.dedent(
     def test_shutdown_kills_every_child(server):
         own = subprocess.Popen(SLEEP)
         # SGLang's Engine.shutdown(): kill_process_tree(os.getpid(), include_parent=False)
-        for child in psutil.Process(os.getpid()).children(recursive=True):
+        victims = psutil.Process(os.getpid()).children(recursive=True)
+        for child in victims:
             child.send_signal(signal.SIGKILL)
         own.wait(10)
+        deadline = time.monotonic() + 10  # the kills have landed (a loaded machine is slow)
+        while time.monotonic() < deadline and any(
+            v.is_running() and v.status() != psutil.STATUS_ZOMBIE for v in victims
+        ):
+            time.sleep(0.01)
 
     def test_tidy_shutdown():
         own = subprocess.Popen(SLEEP)

@@ -35,6 +35,12 @@ FINDING_CODES: Mapping[str, str] = {
     "created) is still initialised after the test or the engine's shutdown",
     "ray-resource-left": "an engine on Ray left an actor alive, a placement group not removed, "
     "cluster resources not back to their baseline, or a ray:: worker process after its shutdown",
+    "global-state": "process-wide state (gc, a signal handler, the start method, an excepthook, "
+    "os.environ) was changed and not put back",
+    "atexit-holds-object": "an atexit callback registered during the test holds an object the "
+    "test created until the interpreter exits",
+    "collateral-kill": "a process the test did not start (a wider-scope fixture's, one alive "
+    "before it) died by a signal during the test",
 }
 
 

@@ -32,6 +32,9 @@ def test_the_codes_of_the_design() -> None:
             "collective-hang",
             "process-group-left",
             "ray-resource-left",
+            "global-state",
+            "atexit-holds-object",
+            "collateral-kill",
         ]
     )
 

@@ -26,6 +26,9 @@ FINDING_CODES: Mapping[str, str] = {
     "where it requires it",
     "orphan-process": "a process of a tree outlived the death of part of the tree (an orphan)",
     "exit-hang": "a process did not exit: its exit blocked (a non-daemon thread, an untimed join)",
+    "fd-leak": "a file descriptor opened inside the check is still open",
+    "port-leak": "a listening port or a bound unix socket (or its socket file) is still held",
+    "shm-leak": "a shared-memory segment (/dev/shm) created inside the check is still present",
 }
 
 

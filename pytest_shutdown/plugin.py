@@ -69,7 +69,8 @@ or 'cpu' forces one.
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 
 MARKERS = (
-    "allow_leaks(threads=False, processes=False, gc_freeze=False, reason=...): "
+    "allow_leaks(threads=False, processes=False, gc_freeze=False, fds=False, ports=False, "
+    "shm=False, reason=...): "
     "let this test leave the given kinds behind under the shutdown guard (all kinds when none is "
     "given); threads= also takes thread-name glob patterns; reason is required.",
     "shutdown_budget(seconds): the teardown budget of this test, overriding --shutdown-budget "

@@ -37,7 +37,9 @@ DEFAULT_BUDGET_S = 0.0
 MAX_SECONDS = 86400.0
 
 #: The keyword arguments ``allow_leaks`` accepts.
-ALLOW_LEAKS_KINDS: tuple[str, ...] = ("threads", "processes", "gc_freeze")
+ALLOW_LEAKS_KINDS: tuple[str, ...] = ("threads", "processes", "gc_freeze", "fds", "ports", "shm")
+#: The OS-resource kinds among them (each True or False).
+RESOURCE_ALLOW_KINDS: tuple[str, ...] = ("fds", "ports", "shm")
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,13 @@ class AllowLeaks:
     processes: bool
     gc_freeze: bool
     reason: str
+    fds: bool = False
+    ports: bool = False
+    shm: bool = False
+
+    def allows(self, kind: str) -> bool:
+        """Whether the resource kind ``kind`` (``"fds"``, ``"ports"``, ``"shm"``) is allowed."""
+        return bool(getattr(self, kind, False))
 
 
 def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:
@@ -226,7 +235,7 @@ def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:
         raise pytest.UsageError(f"{where} needs reason='why these leaks are expected'")
     given = {kind: marker.kwargs[kind] for kind in ALLOW_LEAKS_KINDS if kind in marker.kwargs}
     if not given:
-        return AllowLeaks(True, True, True, reason)
+        return AllowLeaks(True, True, True, reason, fds=True, ports=True, shm=True)
     threads = given.get("threads", False)
     if isinstance(threads, (list, tuple)):
         if not all(isinstance(p, str) for p in threads):
@@ -238,11 +247,12 @@ def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:
         raise pytest.UsageError(
             f"{where}: threads= takes True/False or thread-name glob patterns, got {threads!r}"
         )
-    for kind in ("processes", "gc_freeze"):
+    for kind in ("processes", "gc_freeze", *RESOURCE_ALLOW_KINDS):
         if not isinstance(given.get(kind, False), bool):
             raise pytest.UsageError(f"{where}: {kind}= takes True or False, got {given[kind]!r}")
     return AllowLeaks(
-        threads, bool(given.get("processes", False)), bool(given.get("gc_freeze", False)), reason
+        threads, bool(given.get("processes", False)), bool(given.get("gc_freeze", False)), reason,
+        **{kind: bool(given.get(kind, False)) for kind in RESOURCE_ALLOW_KINDS},
     )
 
 

@@ -1,0 +1,1 @@
+"""Resource kinds: what a test can leave behind, one module per kind."""

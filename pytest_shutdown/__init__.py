@@ -24,6 +24,7 @@ _LAZY: dict[str, str] = {
     "no_leaks": "pytest_shutdown.checks.leaks",
     "kill_process_trees": "pytest_shutdown.checks.leaks",
     "assert_device_memory_released": "pytest_shutdown.checks.leaks",
+    "no_os_leaks": "pytest_shutdown.resources.check",
     "timeout_matrix": "pytest_shutdown.checks.timeouts",
     "assert_timeout_decoupling": "pytest_shutdown.checks.timeouts",
     "TimeoutCell": "pytest_shutdown.checks.timeouts",
@@ -76,6 +77,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.budget import ShutdownBudgetExceeded
     from pytest_shutdown.checks.backrefs import configure_graphs
     from pytest_shutdown.checks.executors import assert_nonblocking_shutdown
+    from pytest_shutdown.resources.check import no_os_leaks
     from pytest_shutdown.checks.exits import (
         ExitRecord,
         assert_not_force_killed,

@@ -253,8 +253,10 @@ class _Run:
             signalled = time.monotonic()
             left = self._wait_for_death(signalled + deadline_s)
             duration = time.monotonic() - signalled
-            findings = self._findings(left, victim, at_signal, duration)
-            findings += self._resource_findings(resources, left, victim)
+            # before the survivors are made to dump their stacks (and die): what they still
+            # hold is theirs (their orphan finding), not something the tree left
+            leftovers = self._resource_findings(resources, left, victim)
+            findings = self._findings(left, victim, at_signal, duration) + leftovers
             return TreeDeath(
                 level=self.level, signal=signal_name(self.signum), phase=self.phase,
                 root_pid=self.root, victim_pid=victim.pid, victim_name=victim.name,

@@ -342,53 +342,77 @@ def _after(grace: float) -> str:
     return f"{grace:g} s after it ended" if grace > 0 else "when it ended"
 
 
+def _innermost(objects: Sequence[object]) -> object:
+    """The object every other wrapper of a descriptor reaches (the raw file or the socket)."""
+    for obj in objects:
+        if isinstance(obj, (io.FileIO, socket.socket)) or not isinstance(obj, io.IOBase):
+            return obj
+    return objects[0]
+
+
 class FdKind:
-    """The ``fds`` resource kind (see the module docstring)."""
+    """The ``fds`` resource kind (see the module docstring).
+
+    A listening or bound socket is the ``ports`` kind's (``port-leak``), not an ``fd-leak``.
+    """
 
     name = "fds"
     allow_key = "fds"
-    code = "fd-leak"
+    stateful = False
+
+    def __init__(self) -> None:
+        #: fd -> the types of the Python objects wrapping it (names only: holding the objects
+        #: would keep a dropped socket from being collected and closed)
+        self._types: dict[int, list[str]] = {}
 
     def snapshot(self) -> FdSnapshot:
         return take_fd_snapshot()
 
-    def new_since(self, before: FdSnapshot) -> list[FdItem]:
-        return new_fds(before)
+    def new_since(self, before: FdSnapshot, allow: object = None) -> list[FdItem]:
+        if allow is True:
+            return []
+        items = new_fds(before)
+        if not items:
+            return items
+        bound = listening(items)
+        items = [item for item in items if item.fd not in bound]
+        if not items:
+            return items
+        wrapped = wrappers_of(item.fd for item in items)
+        self._types.update(
+            {fd: sorted(_python_name(o) for o in objs) for fd, objs in wrapped.items()}
+        )
+        mine = [item for item in items if held_by_tool(wrapped.get(item.fd, ())) is None]
+        del wrapped
+        return mine
+
+    def absorb(self, before: FdSnapshot, start: FdSnapshot | None, end: FdSnapshot) -> FdSnapshot:
+        """What a wider-scope fixture opened between ``start`` and ``end`` is no test's."""
+        if start is None:
+            return before
+        new = {item.fd for item in new_fds(start)} if end.count != start.count else set()
+        count = before.count
+        if count is not None and end.count is not None and start.count is not None:
+            count += end.count - start.count
+        return FdSnapshot(count, before.fds | new)
+
+    def diff(self, before: object, after: object) -> tuple[()]:
+        return ()
+
+    def targets(self, items: Sequence[FdItem]) -> dict[FdItem, object]:
+        wrapped = wrappers_of(item.fd for item in items)
+        return {item: _innermost(wrapped[item.fd]) for item in items if wrapped.get(item.fd)}
 
     def settle(self, items: Sequence[FdItem], deadline: float) -> list[FdItem]:
         return settle(items, deadline)
 
-    def owners(
-        self, items: Sequence[FdItem], roots: Mapping[int, tuple[Any, str, object]]
-    ) -> tuple[dict[int, Any], dict[int, list[str]]]:
-        """fd → Owner (a wider fixture, a module global, a test tool), and fd → the types of
-        the Python objects that wrap it. Unowned descriptors are left out of the first."""
-        from pytest_shutdown.ownership import Owner, find_owners  # noqa: PLC0415
-
-        wrapped = wrappers_of(item.fd for item in items)
-        owners: dict[int, Any] = {}
-        targets: dict[Any, object] = {}
-        for fd, objects in wrapped.items():
-            tool = held_by_tool(objects)
-            if tool is not None:
-                owners[fd] = Owner("tool", tool)
-                continue
-            for index, obj in enumerate(objects):
-                targets[(fd, index)] = obj
-        for (fd, _index), owner in find_owners(targets, roots).items():
-            owners.setdefault(fd, owner)
-        types = {fd: [_python_name(o) for o in objects] for fd, objects in wrapped.items()}
-        return owners, types
-
-    def describe(
-        self, items: Sequence[FdItem], types: Mapping[int, list[str]] | None = None
-    ) -> list[dict[str, Any]]:
+    def describe(self, items: Sequence[FdItem]) -> list[dict[str, Any]]:
         table = _socket_table(items)
         records = []
         for item in items:
             record = describe_fd(item, table)
-            held = (types or {}).get(item.fd)
-            record["python_objects"] = held or []
+            held = self._types.get(item.fd) or []
+            record["python_objects"] = held
             record["opened_by"] = (
                 f"held by {', '.join(held)}" if held
                 else "no Python object wraps it (a raw os.open/os.pipe/os.dup descriptor?)"
@@ -398,13 +422,17 @@ class FdKind:
 
     def findings(
         self,
-        records: Sequence[Mapping[str, Any]],
+        items: Sequence[FdItem],
         subject: str,
+        *,
         grace: float,
         extra: Mapping[str, Any] | None = None,
     ) -> list[Finding]:
+        records = self.describe(items)
+        self._types.clear()
         return fd_findings(records, subject=subject, grace=grace, extra=extra)
 
     def restore(self, items: Sequence[FdItem]) -> None:
         """Nothing: a descriptor may still be used by whoever holds it; closing it under them
         could make their next write land in a file the next test opens."""
+        self._types.clear()

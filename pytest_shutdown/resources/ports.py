@@ -183,13 +183,62 @@ class PortKind:
 
     name = "ports"
     allow_key = "ports"
-    code = "port-leak"
+    stateful = False
 
     def snapshot(self) -> PortSnapshot:
         return take_port_snapshot()
 
-    def new_since(self, before: PortSnapshot) -> list[PortItem]:
+    def new_since(self, before: PortSnapshot, allow: object = None) -> list[PortItem]:
+        if allow is True:
+            return []
         return new_ports(before)
+
+    def absorb(
+        self, before: PortSnapshot, start: PortSnapshot | None, end: PortSnapshot
+    ) -> PortSnapshot:
+        """What a wider-scope fixture bound or started between ``start`` and ``end`` is no
+        test's (its descendants are left out of the test's check)."""
+        if start is None:
+            return before
+        from pytest_shutdown.resources.fds import FdKind  # noqa: PLC0415
+
+        fds = FdKind().absorb(before.fds, start.fds, end.fds)
+        return PortSnapshot(fds, before.pids | (end.pids - start.pids))
+
+    def diff(self, before: object, after: object) -> tuple[()]:
+        return ()
+
+    def targets(self, items: Sequence[PortItem]) -> dict[PortItem, object]:
+        """The socket object of a port of this process; the Process/Popen object of a port of a
+        descendant (its owner owns the port)."""
+        from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
+        from pytest_shutdown.resources.fds import _innermost, wrappers_of  # noqa: PLC0415
+
+        me = os.getpid()
+        own = [item for item in items if item.pid == me and item.fd is not None]
+        wrapped = wrappers_of(item.fd for item in own if item.fd is not None)
+        found: dict[PortItem, object] = {
+            item: _innermost(wrapped[item.fd])
+            for item in own
+            if item.fd is not None and wrapped.get(item.fd)
+        }
+        others = [item for item in items if item.pid != me]
+        if others:
+            from pytest_shutdown.checks.tree import read_stat  # noqa: PLC0415
+
+            pids = tuple(sorted({item.pid for item in others}))
+            parents = {}
+            for pid in pids:
+                current = pid
+                for _ in range(16):
+                    proc = read_stat(current)
+                    if proc is None or proc.ppid <= 1:
+                        break
+                    parents[current] = proc.ppid
+                    current = proc.ppid
+            objects = objects_of((), pids, parents)
+            found.update({item: objects[item.pid] for item in others if item.pid in objects})
+        return found
 
     def settle(self, items: Sequence[PortItem], deadline: float) -> list[PortItem]:
         return settle(items, deadline)
@@ -199,12 +248,13 @@ class PortKind:
 
     def findings(
         self,
-        records: Sequence[Mapping[str, Any]],
+        items: Sequence[PortItem],
         subject: str,
+        *,
         grace: float,
         extra: Mapping[str, Any] | None = None,
     ) -> list[Finding]:
-        return port_findings(records, subject=subject, grace=grace, extra=extra)
+        return port_findings(self.describe(items), subject=subject, grace=grace, extra=extra)
 
     def restore(self, items: Sequence[PortItem]) -> None:
         """Nothing: the socket belongs to whoever holds it (the process kind kills a leaked

@@ -6,7 +6,7 @@ it open) or no process holds it at all: its creator, a descendant that died or c
 without unlinking, is gone (vLLM #51579: a SIGKILLed worker's ring buffer). A segment held only
 by a process outside this tree is someone else's. It is named by segment name, size, and the
 processes holding it; ``creator`` is known when the name carries it (the reference engine's
-segments: ``psd_<pid>_...``).
+segments: ``psd_<pid>_...``, the pid of the process that named it and must see it unlinked).
 
 Cheap: a snapshot is one ``fstat`` of ``/dev/shm`` (its modification time and size change on
 every create and unlink); the folder is listed only when they moved. torch's shared-memory
@@ -236,7 +236,7 @@ def describe(item: ShmItem, holders: Sequence[int]) -> dict[str, Any]:
     except OSError:
         size = None
     match = _CREATOR.match(item.name)
-    creator: dict[str, Any] | None = None
+    creator: dict[str, Any] | None = None  # the process that named it, responsible for it
     if match:
         pid = int(match.group(1))
         alive = os.path.exists(f"/proc/{pid}")
@@ -246,7 +246,7 @@ def describe(item: ShmItem, holders: Sequence[int]) -> dict[str, Any]:
     if held:
         who = "held by " + ", ".join(f"pid {h['pid']} ({h['process']})" for h in held)
     elif creator is not None and not creator["alive"]:
-        who = f"no process holds it; its creator, pid {creator['pid']}, is dead"
+        who = f"no process holds it; pid {creator['pid']}, which named it, is gone"
     else:
         who = "no process holds it (its creator exited or closed it without unlinking it)"
     sized = f", {size} bytes" if size is not None else ""
@@ -309,50 +309,69 @@ class ShmKind:
 
     name = "shm"
     allow_key = "shm"
-    code = "shm-leak"
+    stateful = False
+
+    def __init__(self) -> None:
+        self._holders: dict[str, list[int]] = {}
 
     def snapshot(self) -> ShmSnapshot:
         return take_shm_snapshot()
 
-    def new_since(self, before: ShmSnapshot) -> list[ShmItem]:
-        return new_segments(before)
+    def new_since(self, before: ShmSnapshot, allow: object = None) -> list[ShmItem]:
+        if allow is True:
+            return []
+        items = new_segments(before)
+        if not items:
+            return items
+        from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
+
+        mine, holders = attribute(items, [os.getpid(), *descendant_pids()])
+        self._holders.update(holders)
+        return mine
+
+    def absorb(
+        self, before: ShmSnapshot, start: ShmSnapshot | None, end: ShmSnapshot
+    ) -> ShmSnapshot:
+        """Segments a wider-scope fixture created between ``start`` and ``end`` are no test's."""
+        if start is None or start.state == end.state:
+            return before
+        entries = dict(before.entries)
+        for name, inode in end.entries.items():
+            if start.entries.get(name) != inode:
+                entries[name] = inode
+        return ShmSnapshot(before.state, entries)
+
+    def diff(self, before: object, after: object) -> tuple[()]:
+        return ()
+
+    def targets(self, items: Sequence[ShmItem]) -> dict[ShmItem, object]:
+        """The ``SharedMemory`` object attached to each segment (its owner owns the segment)."""
+        objects = _segment_objects(item.name for item in items)
+        return {item: objects[item.name][0] for item in items if objects.get(item.name)}
 
     def settle(self, items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
         return settle(items, deadline)
 
-    def owners(
-        self, items: Sequence[ShmItem], roots: Mapping[int, tuple[Any, str, object]]
-    ) -> dict[str, Any]:
-        """name → Owner for segments a wider fixture's value or a module global reaches
-        through a ``SharedMemory`` object."""
-        from pytest_shutdown.ownership import find_owners  # noqa: PLC0415
+    def describe(self, items: Sequence[ShmItem]) -> list[dict[str, Any]]:
+        from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
 
-        objects = _segment_objects(item.name for item in items)
-        targets = {
-            (name, index): obj for name, objs in objects.items() for index, obj in enumerate(objs)
-        }
-        owners: dict[str, Any] = {}
-        for (name, _index), owner in find_owners(targets, roots).items():
-            owners.setdefault(name, owner)
-        return owners
-
-    def describe(
-        self, items: Sequence[ShmItem], holders: Mapping[str, Sequence[int]]
-    ) -> list[dict[str, Any]]:
+        holders = holders_of([i.name for i in items], [os.getpid(), *descendant_pids()])
         return [describe(item, holders.get(item.name, ())) for item in items]
 
     def findings(
         self,
-        records: Sequence[Mapping[str, Any]],
+        items: Sequence[ShmItem],
         subject: str,
+        *,
         grace: float,
         extra: Mapping[str, Any] | None = None,
     ) -> list[Finding]:
-        return shm_findings(records, subject=subject, grace=grace, extra=extra)
+        self._holders.clear()
+        return shm_findings(self.describe(items), subject=subject, grace=grace, extra=extra)
 
-    def restore(self, items: Sequence[ShmItem]) -> list[str]:
+    def restore(self, items: Sequence[ShmItem]) -> None:
         """Fail mode: unlink the segments no process holds (their creator is gone); a held one
         is left to its holder."""
         left = still_present(items)
         holders = holders_of([i.name for i in left], _all_pids())
-        return unlink(i for i in left if not holders.get(i.name))
+        unlink(i for i in left if not holders.get(i.name))

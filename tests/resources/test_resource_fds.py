@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from pytest_shutdown.ownership import find_owners
 from pytest_shutdown.resources.fds import FdKind, new_fds, settle, take_fd_snapshot
 from pytest_shutdown.resources.sockets import read_socket_table, socket_inode
 
@@ -47,10 +48,11 @@ def test_a_file_is_named_by_its_path_and_the_object_holding_it(tmp_path) -> None
     path = tmp_path / "data.txt"
     f = open(path, "w", encoding="utf-8")  # noqa: SIM115
     try:
-        (record,) = KIND.describe(new_fds(before), {f.fileno(): ["io.TextIOWrapper"]})
+        kind = FdKind()
+        (record,) = kind.describe(kind.new_since(before))
         assert record["kind"] == "file" and str(path) in record["what"]
         assert "write" in record["what"]
-        assert record["opened_by"] == "held by io.TextIOWrapper"
+        assert record["opened_by"] == "held by io.BufferedWriter, io.FileIO, io.TextIOWrapper"
     finally:
         f.close()
 
@@ -158,7 +160,21 @@ def test_a_number_reused_by_another_file_is_not_the_same_descriptor(tmp_path) ->
         os.close(w)
 
 
-def test_owners_name_a_module_global_and_a_test_tool() -> None:
+def test_a_descriptor_a_test_tool_holds_is_never_new() -> None:
+    import _pytest.capture
+
+    before = take_fd_snapshot()
+    tool = _pytest.capture.FDCapture(2)  # pytest's own capture: a temporary file it holds
+    try:
+        assert [i for i in new_fds(before) if i.fd == tool.tmpfile.fileno()]
+        left = {i.fd for i in FdKind().new_since(before)}
+        assert tool.tmpfile.fileno() not in left
+    finally:
+        tool.tmpfile.close()
+        os.close(tool.targetfd_save)
+
+
+def test_owners_name_a_module_global() -> None:
     import sys
     import types
 
@@ -168,13 +184,16 @@ def test_owners_name_a_module_global_and_a_test_tool() -> None:
     module.SOCK = socket.socket()  # type: ignore[attr-defined]
     loose = socket.socket()
     try:
-        items = new_fds(before)
-        owners, types_ = KIND.owners(items, {})
+        kind = FdKind()
+        items = kind.new_since(before)
+        owners = find_owners(kind.targets(items), {})
+        by_fd = {item.fd: owner for item, owner in owners.items()}
         fd = module.SOCK.fileno()  # type: ignore[attr-defined]
-        assert owners[fd].kind == "module-global"
-        assert owners[fd].name == "leaky_global_module.SOCK"
-        assert loose.fileno() not in owners
-        assert types_[loose.fileno()] == ["socket.socket"]
+        assert by_fd[fd].kind == "module-global"
+        assert by_fd[fd].name == "leaky_global_module.SOCK"
+        assert loose.fileno() not in by_fd
+        records = {r["fd"]: r for r in kind.describe(items)}
+        assert records[loose.fileno()]["python_objects"] == ["socket.socket"]
     finally:
         module.SOCK.close()  # type: ignore[attr-defined]
         loose.close()

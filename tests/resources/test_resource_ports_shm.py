@@ -12,6 +12,7 @@ from multiprocessing import shared_memory
 
 import pytest
 
+from pytest_shutdown.ownership import find_owners
 from pytest_shutdown.engine.shm_ring import ShmRing, segment_name, unlink_segment
 from pytest_shutdown.resources import shm as shm_kind
 from pytest_shutdown.resources.ports import PortKind, new_ports, take_port_snapshot
@@ -48,7 +49,7 @@ def test_a_port_held_by_a_child_started_during_the_block() -> None:
         port = int(child.stdout.readline())
         items = new_ports(before)
         assert [(i.pid, i.info.port) for i in items] == [(child.pid, port)]
-        (finding,) = PortKind().findings(PortKind().describe(items), "test_x", 1.0)
+        (finding,) = PortKind().findings(items, "test_x", grace=1.0)
         assert finding.code == "port-leak"
         assert f"127.0.0.1:{port} held by pid {child.pid}" in finding.message
     finally:
@@ -80,7 +81,8 @@ def test_a_segment_left_is_named_with_its_size_and_holder() -> None:
         assert [i.name for i in items] == [seg.name.lstrip("/")]
         mine, holders = shm_kind.attribute(items, [os.getpid()])
         assert mine == items and holders[items[0].name] == [os.getpid()]
-        (record,) = ShmKind().describe(items, holders)
+        assert ShmKind().new_since(before) == items
+        (record,) = ShmKind().describe(items)
         assert record["size"] == 4096 and f"held by pid {os.getpid()}" in record["what"]
     finally:
         seg.close()
@@ -105,10 +107,13 @@ def test_a_dead_descendants_segment_is_ours_and_restore_unlinks_it() -> None:
         assert [i.name for i in items] == [name]
         mine, holders = shm_kind.attribute(items, [os.getpid()])
         assert mine == items and holders[name] == []
-        (record,) = ShmKind().describe(items, holders)
+        assert ShmKind().new_since(before) == items  # dead creators included
+        (finding,) = ShmKind().findings(items, "test_x", grace=0.0)
+        assert finding.code == "shm-leak" and name in finding.message
+        (record,) = ShmKind().describe(items)
         assert record["creator"]["pid"] == os.getpid()  # the name carries who must unlink it
         assert "no process holds it" in record["what"]
-        assert ShmKind().restore(items) == [name]
+        ShmKind().restore(items)
         assert not os.path.exists(f"/dev/shm/{name}")
     finally:
         unlink_segment(name)
@@ -137,8 +142,7 @@ def test_owners_of_a_segment_reached_by_a_module_global() -> None:
     module.SEG = shared_memory.SharedMemory(create=True, size=64)  # type: ignore[attr-defined]
     try:
         items = new_segments(before)
-        owners = ShmKind().owners(items, {})
-        owner = owners[items[0].name]
+        owner = find_owners(ShmKind().targets(items), {})[items[0]]
         assert owner.kind == "module-global" and owner.name == "shm_global_module.SEG"
     finally:
         module.SEG.close()  # type: ignore[attr-defined]

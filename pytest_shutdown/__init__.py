@@ -77,7 +77,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.budget import ShutdownBudgetExceeded
     from pytest_shutdown.checks.backrefs import configure_graphs
     from pytest_shutdown.checks.executors import assert_nonblocking_shutdown
-    from pytest_shutdown.resources.check import no_os_leaks
     from pytest_shutdown.checks.exits import (
         ExitRecord,
         assert_not_force_killed,
@@ -117,3 +116,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
     from pytest_shutdown.guard import ShutdownLeakWarning
     from pytest_shutdown.matrix import ShutdownTimeouts
+    from pytest_shutdown.resources.check import no_os_leaks

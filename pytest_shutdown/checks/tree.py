@@ -230,12 +230,12 @@ class TreeResources:
             info = table.get(inode) if isinstance(inode, int) else None
             if info is None or not info.bound:
                 continue
-            holders = _holders_of_socket(info.inode)
-            if not holders or not set(holders) <= tree:
-                held = ", ".join(f"pid {p} ({_comm(p)})" for p in holders) or "no process"
-                ports.append({**port, "holders": holders,
+            holding = _holders_of_socket(info.inode)
+            if not holding or not set(holding) <= tree:
+                held = ", ".join(f"pid {p} ({_comm(p)})" for p in holding) or "no process"
+                ports.append({**port, "holders": holding,
                               "what": f"{port['what']}, still held by {held}"})
-        files = []
+        files: list[dict[str, object]] = []
         for path, inode in self.socket_files.items():
             try:
                 st = os.stat(path)

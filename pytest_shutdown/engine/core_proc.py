@@ -281,7 +281,7 @@ class EngineCoreProc:
             if msg is None:
                 return
             if msg[0] == MSG_OUTPUTS and self.ring is not None and self.ring.put(msg[1]):
-                msg = (MSG_RING,)  # the data is in the ring; the control connection wakes the reader
+                msg = (MSG_RING,)  # the data is in the ring: the connection only wakes the reader
             try:
                 self.conn.send(msg)
             except (OSError, ValueError):  # the parent is gone

@@ -86,9 +86,12 @@ class ShmRing:
 
     def __init__(self, shm: shared_memory.SharedMemory, owner: bool) -> None:
         self._shm = shm
+        buf = shm.buf
+        assert buf is not None
+        self._buf: memoryview = buf
         self.name = shm.name.lstrip("/")
         self.owner = owner
-        magic, self.slots, self.slot_bytes = _HEADER.unpack_from(shm.buf, 0)
+        magic, self.slots, self.slot_bytes = _HEADER.unpack_from(buf, 0)
         if magic != _MAGIC:
             raise ValueError(f"shared-memory segment {self.name!r} is not a ring buffer")
         self._closed = False
@@ -101,9 +104,12 @@ class ShmRing:
         if slots < 1 or slot_bytes <= _LENGTH.size:
             raise ValueError(f"slots/slot_bytes: expected >= 1 and > 4, got {slots}/{slot_bytes}")
         shm = _open(name, True, _SLOTS_AT + slots * slot_bytes)
-        _HEADER.pack_into(shm.buf, 0, _MAGIC, slots, slot_bytes)
-        _COUNTER.pack_into(shm.buf, _WRITE_AT, 0)
-        _COUNTER.pack_into(shm.buf, _READ_AT, 0)
+        buf = shm.buf
+        assert buf is not None
+        _HEADER.pack_into(buf, 0, _MAGIC, slots, slot_bytes)
+        _COUNTER.pack_into(buf, _WRITE_AT, 0)
+        _COUNTER.pack_into(buf, _READ_AT, 0)
+        del buf
         return cls(shm, owner=True)
 
     @classmethod
@@ -112,7 +118,7 @@ class ShmRing:
         return cls(_open(name, False, 0), owner=False)
 
     def _counter(self, at: int) -> int:
-        return int(_COUNTER.unpack_from(self._shm.buf, at)[0])
+        return int(_COUNTER.unpack_from(self._buf, at)[0])
 
     def put(self, item: Any) -> bool:
         """Write ``item`` into the next slot; False (nothing written) when it does not fit a
@@ -132,7 +138,7 @@ class ShmRing:
         if written - self._counter(_READ_AT) >= self.slots:
             return False
         at = _SLOTS_AT + (written % self.slots) * self.slot_bytes
-        buf = self._shm.buf
+        buf = self._buf
         _LENGTH.pack_into(buf, at, len(data))
         buf[at + _LENGTH.size : at + _LENGTH.size + len(data)] = data
         _COUNTER.pack_into(buf, _WRITE_AT, written + 1)  # published after the payload
@@ -142,7 +148,7 @@ class ShmRing:
         """Every item written and not read yet, in order."""
         if self._closed:
             return []
-        buf = self._shm.buf
+        buf = self._buf
         read = self._counter(_READ_AT)
         written = self._counter(_WRITE_AT)
         items = []
@@ -159,6 +165,7 @@ class ShmRing:
         if self._closed:
             return
         self._closed = True
+        self._buf.release()
         with contextlib.suppress(BufferError, OSError):
             self._shm.close()
 

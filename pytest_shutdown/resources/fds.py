@@ -255,17 +255,17 @@ def listening(items: Iterable[FdItem]) -> set[int]:
 
 # --- who holds it ------------------------------------------------------------------------------
 
-_WRAPPERS: tuple[type, ...] = (io.IOBase, socket.socket)
 _EXTRA_WRAPPERS = ("epoll", "devpoll", "kqueue")
 
 
 def _fileno(obj: object) -> int | None:
     try:
-        if isinstance(obj, _WRAPPERS):
-            number = obj.fileno()
-        elif type(obj).__name__ in _EXTRA_WRAPPERS and type(obj).__module__ == select.__name__:
+        kind = type(obj)  # never obj.__class__: a proxy or a deprecated alias may warn or lie
+        if issubclass(kind, (io.IOBase, socket.socket)):
             number = obj.fileno()  # type: ignore[attr-defined]
-        elif type(obj).__name__ == "Connection" and hasattr(obj, "_handle"):
+        elif kind.__name__ in _EXTRA_WRAPPERS and kind.__module__ == select.__name__:
+            number = obj.fileno()  # type: ignore[attr-defined]
+        elif kind.__name__ == "Connection" and kind.__module__ == "multiprocessing.connection":
             number = obj._handle  # type: ignore[attr-defined]
         else:
             return None

@@ -223,7 +223,7 @@ def _segment_objects(names: Iterable[str]) -> dict[str, list[object]]:
         return found
     kind = module.SharedMemory
     for obj in gc.get_objects():
-        if isinstance(obj, kind):
+        if issubclass(type(obj), kind):
             name = str(getattr(obj, "_name", "")).lstrip("/")
             if name in wanted:
                 found.setdefault(name, []).append(obj)

@@ -94,7 +94,8 @@ def test_udp_ipv6_and_unix_sockets(tmp_path) -> None:  # noqa: ANN001
     try:
         inodes = {s: socket_inode(os.readlink(f"/proc/self/fd/{s.fileno()}")) for s in socks}
         table = read_socket_table(inodes.values())
-        assert table[inodes[udp]].describe() == f"UDP socket bound to 127.0.0.1:{udp.getsockname()[1]}"
+        udp_port = udp.getsockname()[1]
+        assert table[inodes[udp]].describe() == f"UDP socket bound to 127.0.0.1:{udp_port}"
         assert table[inodes[unix]].local == path and table[inodes[unix]].listening
         assert table[inodes[abstract]].local.startswith("@pytest-shutdown-test-")
         assert all(table[i].bound for i in inodes.values())

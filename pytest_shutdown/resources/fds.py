@@ -258,17 +258,37 @@ def listening(items: Iterable[FdItem]) -> set[int]:
 _EXTRA_WRAPPERS = ("epoll", "devpoll", "kqueue")
 
 
+#: type -> whether its instances can wrap a descriptor (decided once per type).
+_WRAPPER_TYPES: dict[type, bool] = {}
+
+
+def _is_wrapper_type(kind: type) -> bool:
+    known = _WRAPPER_TYPES.get(kind)
+    if known is None:
+        try:
+            known = (
+                issubclass(kind, (io.IOBase, socket.socket))
+                or (kind.__name__ in _EXTRA_WRAPPERS and kind.__module__ == select.__name__)
+                or (kind.__name__ == "Connection"
+                    and kind.__module__ == "multiprocessing.connection")
+            )
+        except TypeError:
+            known = False
+        if len(_WRAPPER_TYPES) > 10_000:
+            _WRAPPER_TYPES.clear()
+        _WRAPPER_TYPES[kind] = known
+    return known
+
+
 def _fileno(obj: object) -> int | None:
+    kind = type(obj)  # never obj.__class__: a proxy or a deprecated alias may warn or lie
+    if not _is_wrapper_type(kind):
+        return None
     try:
-        kind = type(obj)  # never obj.__class__: a proxy or a deprecated alias may warn or lie
-        if issubclass(kind, (io.IOBase, socket.socket)):
-            number = obj.fileno()  # type: ignore[attr-defined]
-        elif kind.__name__ in _EXTRA_WRAPPERS and kind.__module__ == select.__name__:
-            number = obj.fileno()  # type: ignore[attr-defined]
-        elif kind.__name__ == "Connection" and kind.__module__ == "multiprocessing.connection":
+        if kind.__name__ == "Connection":
             number = obj._handle  # type: ignore[attr-defined]
         else:
-            return None
+            number = obj.fileno()  # type: ignore[attr-defined]
     except (OSError, ValueError, AttributeError):
         return None
     return number if isinstance(number, int) else None

@@ -24,6 +24,7 @@ import os
 import select
 import socket
 import stat
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -80,6 +81,10 @@ class FdItem:
     def key(self) -> tuple[int, int, int]:
         return (self.fd, *self.identity)
 
+    def long_lived(self) -> dict[str, Any]:
+        """What the session summary says about it when a module global owns it."""
+        return {"kind": "fd", "fd": self.fd, "name": self.target}
+
 
 def open_fds() -> frozenset[int]:
     """The descriptor numbers open in this process now (lists ``/proc/self/fd``)."""
@@ -129,8 +134,30 @@ def _item(fd: int) -> FdItem | None:
     return FdItem(fd, target, (st.st_dev, st.st_ino))
 
 
+#: (module, helper object, attribute) of the standard library's process-lifetime helpers'
+#: descriptors: multiprocessing's resource tracker pipe and fork-server lifeline (and loky's).
+_HELPER_FDS = (
+    ("multiprocessing.resource_tracker", "_resource_tracker", "_fd"),
+    ("multiprocessing.forkserver", "_forkserver", "_forkserver_alive_fd"),
+    ("loky.backend.resource_tracker", "_resource_tracker", "_fd"),
+    ("joblib.externals.loky.backend.resource_tracker", "_resource_tracker", "_fd"),
+)
+
+
+def helper_fds() -> frozenset[int]:
+    """Descriptors the standard library's process-lifetime helpers hold (started on first use,
+    kept until exit by design): never a test's leak."""
+    found = set()
+    for module, owner, attr in _HELPER_FDS:
+        loaded = sys.modules.get(module)  # not imported here: unused means not open
+        fd = getattr(getattr(loaded, owner, None), attr, None)
+        if isinstance(fd, int) and fd >= 0:
+            found.add(fd)
+    return frozenset(found)
+
+
 def _never_blamed(item: FdItem) -> bool:
-    return item.fd in _cheap.own_handles() or any(
+    return item.fd in _cheap.own_handles() or item.fd in helper_fds() or any(
         fnmatch.fnmatchcase(item.target, pattern) for pattern in PROCESS_LIFETIME_TARGETS
     )
 
@@ -406,14 +433,18 @@ class FdKind:
         del wrapped
         return mine
 
-    def absorb(self, before: FdSnapshot, start: FdSnapshot | None, end: FdSnapshot) -> FdSnapshot:
-        """What a wider-scope fixture opened between ``start`` and ``end`` is no test's."""
+    def absorb(
+        self, before: FdSnapshot, start: FdSnapshot | None, end: FdSnapshot | None = None
+    ) -> FdSnapshot:
+        """What a wider-scope fixture opened between ``start`` and ``end`` (now, when None) is
+        no test's: its numbers join the baseline, and the count moves by as much."""
         if start is None:
             return before
-        new = {item.fd for item in new_fds(start)} if end.count != start.count else set()
+        end_count = end.count if end is not None else _cheap.fd_count()
+        new = {item.fd for item in new_fds(start)} if end_count != start.count else set()
         count = before.count
-        if count is not None and end.count is not None and start.count is not None:
-            count += end.count - start.count
+        if count is not None and end_count is not None and start.count is not None:
+            count += end_count - start.count
         return FdSnapshot(count, before.fds | new)
 
     def diff(self, before: object, after: object) -> tuple[()]:

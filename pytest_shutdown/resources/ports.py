@@ -41,6 +41,10 @@ class PortItem:
     info: SocketInfo
     fd: int | None = None
 
+    def long_lived(self) -> dict[str, Any]:
+        """What the session summary says about it when a module global owns it."""
+        return {"kind": "port", "pid": self.pid, "name": self.info.describe()}
+
     def record(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
@@ -104,7 +108,10 @@ def take_port_snapshot() -> PortSnapshot:
 def new_ports(before: PortSnapshot) -> list[PortItem]:
     """Bound sockets opened since ``before`` in this process, and those of processes started
     since ``before``."""
-    from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
+    from pytest_shutdown.checks.leaks import (  # noqa: PLC0415
+        descendant_pids,
+        multiprocessing_helper_pids,
+    )
 
     own = [item for item in new_fds(before.fds) if item.target.startswith("socket:[")]
     items: list[PortItem] = []
@@ -117,6 +124,8 @@ def new_ports(before: PortSnapshot) -> list[PortItem]:
             if inode is not None and info is not None and info.bound:
                 items.append(PortItem(me, inode, info, fd))
     fresh = descendant_pids() - before.pids
+    if fresh:
+        fresh -= multiprocessing_helper_pids()  # the fork server listens for its lifetime
     if fresh:
         items.extend(bound_sockets_of(sorted(fresh)))
     return items
@@ -194,16 +203,18 @@ class PortKind:
         return new_ports(before)
 
     def absorb(
-        self, before: PortSnapshot, start: PortSnapshot | None, end: PortSnapshot
+        self, before: PortSnapshot, start: PortSnapshot | None, end: PortSnapshot | None = None
     ) -> PortSnapshot:
-        """What a wider-scope fixture bound or started between ``start`` and ``end`` is no
-        test's (its descendants are left out of the test's check)."""
+        """What a wider-scope fixture bound or started between ``start`` and ``end`` (now, when
+        None) is no test's (its descendants are left out of the test's check)."""
         if start is None:
             return before
+        from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
         from pytest_shutdown.resources.fds import FdKind  # noqa: PLC0415
 
-        fds = FdKind().absorb(before.fds, start.fds, end.fds)
-        return PortSnapshot(fds, before.pids | (end.pids - start.pids))
+        fds = FdKind().absorb(before.fds, start.fds, end.fds if end is not None else None)
+        pids = end.pids if end is not None else descendant_pids()
+        return PortSnapshot(fds, before.pids | (pids - start.pids))
 
     def diff(self, before: object, after: object) -> tuple[()]:
         return ()

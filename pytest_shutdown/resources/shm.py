@@ -61,6 +61,10 @@ class ShmItem:
     def path(self) -> str:
         return os.path.join(_cheap.SHM_DIR, self.name)
 
+    def long_lived(self) -> dict[str, Any]:
+        """What the session summary says about it when a module global owns it."""
+        return {"kind": "shm", "name": self.name}
+
 
 def segments() -> dict[str, int]:
     """name → inode of every entry in ``/dev/shm`` now."""
@@ -330,10 +334,14 @@ class ShmKind:
         return mine
 
     def absorb(
-        self, before: ShmSnapshot, start: ShmSnapshot | None, end: ShmSnapshot
+        self, before: ShmSnapshot, start: ShmSnapshot | None, end: ShmSnapshot | None = None
     ) -> ShmSnapshot:
-        """Segments a wider-scope fixture created between ``start`` and ``end`` are no test's."""
-        if start is None or start.state == end.state:
+        """Segments a wider-scope fixture created between ``start`` and ``end`` (now, when
+        None) are no test's."""
+        if start is None:
+            return before
+        end = end if end is not None else take_shm_snapshot()
+        if start.state == end.state:
             return before
         entries = dict(before.entries)
         for name, inode in end.entries.items():

@@ -156,6 +156,25 @@ def helper_fds() -> frozenset[int]:
     return frozenset(found)
 
 
+def finalizer_fds() -> frozenset[int]:
+    """Descriptors multiprocessing closes itself when their object goes: a process's sentinel
+    and pipe ends (``util.Finalize(popen, util.close_fds, fds)``). They live exactly as long as
+    the ``Process`` object that holds them: the object's holder owns them, not the test."""
+    util = sys.modules.get("multiprocessing.util")
+    registry = getattr(util, "_finalizer_registry", None)
+    if not registry:
+        return frozenset()
+    closers = {getattr(util, "close_fds", None), os.close}
+    found: set[int] = set()
+    for finalizer in list(registry.values()):
+        if getattr(finalizer, "_callback", None) not in closers:
+            continue
+        for arg in getattr(finalizer, "_args", None) or ():
+            values = arg if isinstance(arg, (list, tuple)) else (arg,)
+            found.update(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+    return frozenset(found)
+
+
 def _never_blamed(item: FdItem) -> bool:
     return item.fd in _cheap.own_handles() or item.fd in helper_fds() or any(
         fnmatch.fnmatchcase(item.target, pattern) for pattern in PROCESS_LIFETIME_TARGETS
@@ -421,8 +440,8 @@ class FdKind:
         items = new_fds(before)
         if not items:
             return items
-        bound = listening(items)
-        items = [item for item in items if item.fd not in bound]
+        skip = listening(items) | finalizer_fds()
+        items = [item for item in items if item.fd not in skip]
         if not items:
             return items
         wrapped = wrappers_of(item.fd for item in items)

@@ -199,20 +199,30 @@ def _all_pids() -> list[int]:
         return []
 
 
+_PID_TOKEN = re.compile(r"\d+")
+
+
+def named_by(name: str, pids: Iterable[int]) -> bool:
+    """Whether the segment's name carries one of ``pids`` (``psd_<pid>_...``,
+    ``sem.loky-<pid>-...``): the convention that ties a segment to its process."""
+    wanted = {str(pid) for pid in pids}
+    return any(token in wanted for token in _PID_TOKEN.findall(name))
+
+
 def attribute(
     items: Sequence[ShmItem], tree: Iterable[int]
 ) -> tuple[list[ShmItem], dict[str, list[int]]]:
-    """The items that are this tree's (held by a process of ``tree``, or by no process at all),
-    and name → holders in the tree. Only called once something is left."""
+    """The items that are this tree's, and name → holders in the tree. A segment is the tree's
+    when a process of ``tree`` maps it or has it open, or when no process holds it and its name
+    carries a pid of the tree (its creator died or closed it without unlinking). An unheld
+    segment with no such name cannot be told from another user process's on a shared host: it
+    is left out (docs/limits.md). Only called once something new is there."""
     tree = set(tree)
     names = [item.name for item in items]
     holders = holders_of(names, sorted(tree))
-    unheld = [n for n in names if not holders[n]]
-    outside: set[str] = set()
-    if unheld:
-        others = holders_of(unheld, [p for p in _all_pids() if p not in tree])
-        outside = {name for name, pids in others.items() if pids}
-    mine = [item for item in items if item.name not in outside]
+    mine = [
+        item for item in items if holders[item.name] or named_by(item.name, tree)
+    ]
     return mine, holders
 
 

@@ -133,6 +133,19 @@ def test_a_segment_held_only_by_an_outside_process_is_not_ours() -> None:
         ring.unlink()
 
 
+def test_an_unheld_segment_no_pid_ties_to_this_tree_is_not_ours() -> None:
+    before = take_shm_snapshot()
+    name = f"other_user_process_{os.urandom(4).hex()}"  # another process's, on a shared host
+    with open(f"/dev/shm/{name}", "wb") as f:
+        f.write(b"x")
+    try:
+        items = new_segments(before)
+        assert [i.name for i in items] == [name]
+        assert ShmKind().new_since(before) == []
+    finally:
+        os.unlink(f"/dev/shm/{name}")
+
+
 def test_owners_of_a_segment_reached_by_a_module_global() -> None:
     import types
 

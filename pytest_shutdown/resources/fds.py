@@ -153,7 +153,34 @@ def helper_fds() -> frozenset[int]:
         fd = getattr(getattr(loaded, owner, None), attr, None)
         if isinstance(fd, int) and fd >= 0:
             found.add(fd)
+    found.update(_resource_sharer_fds())
     return frozenset(found)
+
+
+def _resource_sharer_fds() -> set[int]:
+    """Descriptors multiprocessing's ``resource_sharer`` holds for a child to fetch (a
+    ``DupFd``/``DupSocket`` registered there stays until it is fetched) and its listener's."""
+    module = sys.modules.get("multiprocessing.resource_sharer")
+    sharer = getattr(module, "_resource_sharer", None)
+    found: set[int] = set()
+    if sharer is None:
+        return found
+    for entry in list((getattr(sharer, "_cache", None) or {}).values()):
+        for function in entry if isinstance(entry, tuple) else ():
+            for cell in getattr(function, "__closure__", None) or ():
+                try:
+                    value = cell.cell_contents
+                except ValueError:
+                    continue
+                number = value if isinstance(value, int) else _fileno(value)
+                if isinstance(number, int) and not isinstance(number, bool) and number >= 0:
+                    found.add(number)
+    listener = getattr(sharer, "_listener", None)
+    sock = getattr(getattr(listener, "_listener", None), "_socket", None)
+    number = _fileno(sock) if sock is not None else None
+    if number is not None:
+        found.add(number)
+    return found
 
 
 def finalizer_fds() -> frozenset[int]:

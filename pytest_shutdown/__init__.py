@@ -22,6 +22,8 @@ _LAZY: dict[str, str] = {
     "assert_finalizers_ok": "pytest_shutdown.checks.finalization",
     "assert_nonblocking_shutdown": "pytest_shutdown.checks.executors",
     "no_leaks": "pytest_shutdown.checks.leaks",
+    "assert_no_collateral": "pytest_shutdown.checks.collateral",
+    "no_global_state_changes": "pytest_shutdown.checks.state",
     "kill_process_trees": "pytest_shutdown.checks.leaks",
     "assert_device_memory_released": "pytest_shutdown.checks.leaks",
     "no_os_leaks": "pytest_shutdown.resources.check",

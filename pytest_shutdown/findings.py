@@ -29,6 +29,12 @@ FINDING_CODES: Mapping[str, str] = {
     "fd-leak": "a file descriptor opened inside the check is still open",
     "port-leak": "a listening port or a bound unix socket (or its socket file) is still held",
     "shm-leak": "a shared-memory segment (/dev/shm) created inside the check is still present",
+    "global-state": "process-wide state (gc, a signal handler, the start method, an excepthook, "
+    "os.environ) was changed and not put back",
+    "atexit-holds-object": "an atexit callback registered during the test holds an object the "
+    "test created until the interpreter exits",
+    "collateral-kill": "a process the test did not start (a wider-scope fixture's, one alive "
+    "before it) died by a signal during the test",
 }
 
 

@@ -36,6 +36,8 @@ from typing import Any
 import pytest
 
 from pytest_shutdown import origins
+from pytest_shutdown.checks.leaks import Started, descendant_pids
+from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.ownership import Owner, find_owners
 from pytest_shutdown.report import ShutdownReport, TestRecord, render_budget, render_findings
@@ -81,6 +83,7 @@ class _Owned:
     baseid: str
     started: Found
     state_before_setup: Snapshot
+    state_after_setup: Snapshot = field(default_factory=dict)
     state_at_teardown: Snapshot | None = None
 
     def owner(self) -> dict[str, str]:
@@ -130,11 +133,28 @@ class ShutdownGuard:
         #: Failed setup/call reports by node id, to attach the teardown's findings to.
         self._failed_reports: dict[str, pytest.TestReport] = {}
         origins.install()
+        #: Subreaper + environment marker: nothing a test starts hides by being re-parented.
+        self.containment = Containment().engage()
+        #: What was running before any test: never swept at session end.
+        self._session_start_pids = descendant_pids()
+        self._session_start_threads = set(threading.enumerate())
+        #: Non-daemon threads tests left, alive at session end: they would block the exit.
+        self._blocking_exit: list[threading.Thread] = []
 
-    @pytest.hookimpl
+    @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         origins.uninstall()
         origins.set_current_test(None)
+        self.containment.release()
+        for kind in self.kinds:  # a kind that installed something (a recorder) removes it
+            close = getattr(kind, "close", None)
+            if callable(close):
+                close()
+        if self._blocking_exit and self.settings.mode == "fail":
+            # The report and the record log are written (the report plugin's sessionfinish).
+            from pytest_shutdown.exit_bound import bound_the_exit  # noqa: PLC0415
+
+            bound_the_exit(self._blocking_exit, self.settings.grace_s, self._exitstatus)
 
     # --- collection: markers are validated once, here ---
 
@@ -322,8 +342,9 @@ class ShutdownGuard:
             )
             self._owned[fixturedef] = owned
             end = self._snapshot(self._states)
+            owned.state_after_setup = end
             for kind in self.kinds:  # what its set-up started or changed is not the test's
-                if kind.stateful or kind.name in started:
+                if watch.before.get(kind.name) is not None:
                     watch.before[kind.name] = kind.absorb(
                         watch.before[kind.name], start[kind.name], end.get(kind.name)
                     )
@@ -381,7 +402,7 @@ class ShutdownGuard:
         restore: list[tuple[ResourceKind, tuple[Any, ...]]] = []
         for kind in self.kinds:
             if kind.stateful:
-                items = tuple(kind.diff(owned.state_before_setup[kind.name], state_now[kind.name]))
+                items = self._fixture_state_left(kind, owned, state_now)
             else:
                 items = left.get(kind.name, ())
             if items:
@@ -391,6 +412,21 @@ class ShutdownGuard:
             for kind, items in restore:
                 kind.restore(items)
         return findings
+
+    @staticmethod
+    def _fixture_state_left(
+        kind: ResourceKind, owned: _Owned, state_now: Snapshot
+    ) -> tuple[Any, ...]:
+        """What the fixture's set-up or teardown changed and is still not as before its set-up
+        (what tests changed in between was theirs, reported with them)."""
+        before = owned.state_before_setup[kind.name]
+        mine = {c.key for c in kind.diff(before, owned.state_after_setup.get(kind.name, before))}
+        at_teardown = (owned.state_at_teardown or {}).get(kind.name)
+        if at_teardown is not None:
+            mine |= {c.key for c in kind.diff(at_teardown, state_now[kind.name])}
+        if not mine:
+            return ()
+        return tuple(c for c in kind.diff(before, state_now[kind.name]) if c.key in mine)
 
     # --- checking and restoring order ---
 
@@ -529,12 +565,99 @@ class ShutdownGuard:
             kind = self._by_name.get(name)
             if kind is not None and kind.settle((item,), now):
                 self.report.add_long_lived(record)
+        self._sweep_session()
+        self._note_threads_blocking_exit()
+        self._exitstatus = int(session.exitstatus)
         self._long_lived.clear()
         if hasattr(self.config, "workerinput"):
             return
         if self.settings.long_lived == "fail" and self.report.long_lived:
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    _exitstatus = 0
+
+    def _note_threads_blocking_exit(self) -> None:
+        """Non-daemon threads started during the session and still alive block the interpreter's
+        exit (``threading._shutdown`` joins them): say so; fail mode bounds the exit."""
+        from pytest_shutdown.checks.leaks import leak_findings  # noqa: PLC0415
+
+        kind = self._by_name.get("threads")
+        tools = getattr(kind, "tools", None)
+        blocking = [
+            t
+            for t in threading.enumerate()
+            if t not in self._session_start_threads
+            and not t.daemon
+            and t.is_alive()
+            and t is not threading.current_thread()
+            and not isinstance(t, threading._DummyThread)
+            and not (tools is not None and tools(t))
+        ]
+        if not blocking:
+            return
+        self._blocking_exit = blocking
+        findings = leak_findings(Started(tuple(blocking)), grace=0.0, subject="the session")
+        plain = [f.to_dict() for f in findings]
+        for finding in plain:
+            names = ", ".join(repr(t.name) for t in blocking)
+            finding["message"] = (
+                f"{len(blocking)} non-daemon thread{'s' if len(blocking) != 1 else ''} started "
+                f"by the session's tests still running at session end: {names}; "
+                + (
+                    f"the exit waits at most the {self.settings.grace_s:g} s grace for "
+                    "them instead of hanging."
+                    if self.settings.mode == "fail"
+                    else "the interpreter's exit will wait for them (forever if they never end)."
+                )
+            )
+        self.report.add_findings("<session end>", plain)
+
+    def _sweep_session(self) -> None:
+        """At session end, nothing a test started may remain: descendants started since the
+        session began (found however they were re-parented) that no module global owns are
+        listed as ``process-leak`` of the session; fail mode kills them. Adopted zombies are
+        reaped. Not on the xdist controller (its workers sweep their own)."""
+        if self.config.pluginmanager.hasplugin("dsession"):
+            return
+        from pytest_shutdown.checks.leaks import (  # noqa: PLC0415
+            _walk_descendants,
+            kill_process_trees,
+            multiprocessing_helper_pids,
+            process_running,
+        )
+        from pytest_shutdown.containment import reap_adopted  # noqa: PLC0415
+        from pytest_shutdown.resources.processes import ProcessKind  # noqa: PLC0415
+
+        now = descendant_pids()
+        if not self.containment.subreaper:  # re-parented ones are found by their marker
+            now = now | frozenset(self.containment.stray_marked(now))
+        if not now:
+            return
+        kept = set(self._session_start_pids) | set(multiprocessing_helper_pids())
+        for name, item in self._long_lived:
+            if name == "processes":  # a global's pool, listed as long-lived: not swept
+                kept.add(item)
+                kept.update(_walk_descendants(item) or ())
+        left = tuple(sorted(p for p in now - kept if process_running(p)))
+        reap_adopted(now - set(left))
+        if not left:
+            return
+        findings = ProcessKind().findings(left, "the session's tests", grace=0.0)
+        plain = [f.to_dict() for f in findings]
+        for finding in plain:
+            procs = finding["details"].get("processes", [])
+            described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in procs)
+            count = len(procs)
+            finding["message"] = (
+                f"{count} process{'es' if count != 1 else ''} started by the session's tests "
+                f"still running at session end: {described}"
+                + ("; killed." if self.settings.mode == "fail" else ".")
+            )
+        self.report.add_findings("<session end>", plain)
+        if self.settings.mode == "fail":
+            killed = kill_process_trees(left, timeout=5.0)
+            reap_adopted([*left, *(r["pid"] for r in killed)])
 
     def _kill_children(self, watch: _Watch) -> list[dict[str, Any]]:
         """On budget expiry: kill the test's child processes (not those of live fixtures)."""
@@ -569,6 +692,10 @@ def _long_lived_record(key: tuple[str, Any], owner: Owner, nodeid: str) -> dict[
     elif hasattr(item, "long_lived"):  # an OS resource (fd, port, shm segment)
         origin = None
         what = item.long_lived()
+    elif not isinstance(item, int):
+        origin = getattr(item, "origin", None)
+        describe = getattr(item, "describe", None)
+        what = {"kind": key[0], "name": describe() if callable(describe) else repr(item)}
     else:
         origin = origins.origin_of_process(item)
         what = {"kind": "process", "pid": item, "name": origin.what if origin else None}

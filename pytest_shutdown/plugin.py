@@ -69,6 +69,11 @@ RESOURCES_DESC = f"""
 Which resource kinds the guard checks after each test: a comma-separated list of
 {', '.join(kind_names())}, or 'all' (the default).
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+NATIVE_ALLOW_DESC = """
+Kernel-name glob patterns (one a line) of native threads (not listed by threading) that the
+guard never blames: lazily started process-lifetime pools of your libraries, beyond the built-in
+list (OpenMP/MKL/torch intra-op, gRPC, CUDA, NVML, tokio, rayon...).
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 PLATFORM_DESC = """
 Device platform for the pytest-shutdown fixtures: 'auto' (default) detects it; 'cuda', 'rocm'
 or 'cpu' forces one.
@@ -152,6 +157,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
     parser.addini("shutdown_guard", GUARD_DESC, default="")
     parser.addini("shutdown_resources", RESOURCES_DESC, default="")
+    parser.addini(
+        "shutdown_native_threads_allow", NATIVE_ALLOW_DESC, type="linelist", default=[]
+    )
     parser.addini("shutdown_long_lived", LONG_LIVED_DESC, default="")
     parser.addini("shutdown_grace", GRACE_DESC, default="")
     parser.addini("shutdown_budget", BUDGET_DESC, default="")

@@ -55,6 +55,9 @@ class GuardSettings:
     long_lived: str = "list"
     #: The resource kinds the guard checks (``--shutdown-resources``); None: all of them.
     resources: tuple[str, ...] | None = None
+    #: Kernel-name globs of native threads never blamed, beyond the built-in list (ini
+    #: ``shutdown_native_threads_allow``).
+    native_threads_allow: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -143,8 +146,10 @@ def load_settings(config: pytest.Config) -> GuardSettings:
         _writable_folder(graphs_dir, "--shutdown-graphs")
     long_lived = _long_lived(config)
     resources = resource_kinds(config)
+    lines = config.getini("shutdown_native_threads_allow") or ()
+    native_allow = tuple(str(p).strip() for p in lines if str(p).strip())
     return GuardSettings(
-        mode, grace, budget, report_path, platform, graphs_dir, long_lived, resources
+        mode, grace, budget, report_path, platform, graphs_dir, long_lived, resources, native_allow
     )
 
 

@@ -31,6 +31,9 @@ def test_the_codes_of_the_design() -> None:
             "fd-leak",
             "port-leak",
             "shm-leak",
+            "global-state",
+            "atexit-holds-object",
+            "collateral-kill",
         ]
     )
 

@@ -443,7 +443,8 @@ def leak_findings(
     if left.threads:
         frames = sys._current_frames()
         records = [_thread_record(t, frames) for t in left.threads]
-        names = ", ".join(repr(r["name"]) for r in records)
+        blocks = " (non-daemon: it blocks the interpreter's exit)"
+        names = ", ".join(repr(r["name"]) + ("" if r["daemon"] else blocks) for r in records)
         count = len(records)
         findings.append(
             Finding(
@@ -482,6 +483,10 @@ def leak_findings(
 # --- restoring order -------------------------------------------------------------------------
 
 
+#: Pids this module killed (oldest dropped first): a death asked for is never collateral.
+KILLED_ON_PURPOSE: dict[int, None] = {}
+
+
 def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dict[str, Any]]:
     """SIGKILL each process and all its descendants; wait (one deadline) until they have ended.
 
@@ -501,11 +506,14 @@ def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dic
     killed: list[dict[str, Any]] = []
     for pid, proc in victims.items():
         record = _process_record(pid)
+        KILLED_ON_PURPOSE[pid] = None
         try:
             proc.kill()
         except psutil.Error:
             continue
         killed.append(record)
+    while len(KILLED_ON_PURPOSE) > 4096:
+        del KILLED_ON_PURPOSE[next(iter(KILLED_ON_PURPOSE))]
     deadline = time.monotonic() + timeout
     remaining = [p.pid for p in victims.values()]
     while remaining and time.monotonic() < deadline:
@@ -516,6 +524,20 @@ def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dic
 
 
 # --- the helper ------------------------------------------------------------------------------
+
+
+def _contain() -> Callable[[], None] | None:
+    """Become a child subreaper (Linux) unless already one; the undo, or None."""
+    from pytest_shutdown.containment import _subreaper_now  # noqa: PLC0415
+    from pytest_shutdown.prctl import PR_SET_CHILD_SUBREAPER, prctl  # noqa: PLC0415
+
+    if _subreaper_now() is not False or not prctl(PR_SET_CHILD_SUBREAPER, 1):
+        return None
+
+    def undo() -> None:
+        prctl(PR_SET_CHILD_SUBREAPER, 0)
+
+    return undo
 
 
 def _check_grace(grace: float) -> None:
@@ -538,8 +560,11 @@ def no_leaks(
     seconds after it ends are ``thread-leak`` (names and stacks) and ``process-leak`` (pid, name,
     command line); a ``gc.get_freeze_count()`` higher than at entry is ``gc-frozen-leak`` (a
     lower one is not: frozen objects that die leave the permanent generation by themselves).
-    Each kind can be switched off. ``allow`` ignores threads: glob patterns matched against the
-    thread name (``"ThreadPoolExecutor-*"``) or predicates taking the ``threading.Thread``.
+    On Linux the process is a child subreaper for the block's duration (as it is for the whole
+    session under the guard), so a daemon, a shell's background job or a grandchild whose parent
+    exited is still found. Each kind can be switched off. ``allow`` ignores threads: glob
+    patterns matched against the thread name (``"ThreadPoolExecutor-*"``) or predicates taking
+    the ``threading.Thread``.
     Raises :class:`~pytest_shutdown.findings.ShutdownContractError`; when the block itself
     raises, that exception propagates unchanged and nothing is checked.
 
@@ -554,10 +579,15 @@ def no_leaks(
     __tracebackhide__ = True  # a failure points at the caller's line
     _check_grace(grace)
     allowed = thread_filter(allow)
-    before = take_snapshot(threads=threads, processes=processes)
-    yield before
-    started = started_since(before, threads=threads, processes=processes, allow=allowed)
-    left = await_exit(started, grace) if started else started
+    contained = _contain() if processes else None
+    try:
+        before = take_snapshot(threads=threads, processes=processes)
+        yield before
+        started = started_since(before, threads=threads, processes=processes, allow=allowed)
+        left = await_exit(started, grace) if started else started
+    finally:
+        if contained is not None:
+            contained()
     freeze_after = gc.get_freeze_count()
     findings = leak_findings(
         left,

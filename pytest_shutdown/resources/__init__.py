@@ -21,11 +21,15 @@ __all__ = ["KINDS", "allow_keys", "default_kinds", "kind_names", "load_kind"]
 #: kind name -> (allow_leaks keyword, "module:Class"). Order is the order of the findings.
 KINDS: dict[str, tuple[str, str]] = {
     "threads": ("threads", "pytest_shutdown.resources.threads:ThreadKind"),
+    "native-threads": ("threads", "pytest_shutdown.resources.native_threads:NativeThreadKind"),
     "processes": ("processes", "pytest_shutdown.resources.processes:ProcessKind"),
+    "collateral": ("collateral", "pytest_shutdown.resources.collateral:CollateralKind"),
     "gc-freeze": ("gc_freeze", "pytest_shutdown.resources.gc_freeze:FreezeKind"),
     "fds": ("fds", "pytest_shutdown.resources.fds:FdKind"),
     "ports": ("ports", "pytest_shutdown.resources.ports:PortKind"),
     "shm": ("shm", "pytest_shutdown.resources.shm:ShmKind"),
+    "global-state": ("global_state", "pytest_shutdown.resources.global_state:GlobalStateKind"),
+    "atexit": ("atexit", "pytest_shutdown.resources.atexit_holds:AtexitKind"),
 }
 
 

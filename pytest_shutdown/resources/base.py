@@ -22,6 +22,9 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
 * ``restore(items)``: fail mode only, after the findings: put order back for the next test
   (kill a process tree, undo a freeze, put back a signal handler). Warn mode changes nothing.
 
+A kind that installs something for the session (a recorder) may define ``close()``: the guard
+calls it at ``pytest_unconfigure``.
+
 A new kind is a new module with a class of this shape and one line in
 :data:`pytest_shutdown.resources.KINDS`.
 """

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_shutdown import origins
 from pytest_shutdown.checks.leaks import (
     Started,
     await_exit,
@@ -16,9 +18,14 @@ from pytest_shutdown.checks.leaks import (
     multiprocessing_helper_pids,
     process_running,
 )
+from pytest_shutdown.containment import first_ancestor, reap_adopted, started_in_test
 from pytest_shutdown.resources.base import Allowance, ObjectKind
 
-__all__ = ["ProcessKind", "parent_pids"]
+__all__ = ["REPORTED", "ProcessKind", "parent_pids"]
+
+#: Pids reported as ``process-leak`` (oldest dropped first): a later test that ends one of
+#: them is cleaning up, not killing a bystander (see the collateral kind).
+REPORTED: dict[int, None] = {}
 
 
 class ProcessKind(ObjectKind):
@@ -39,7 +46,10 @@ class ProcessKind(ObjectKind):
         if not now or now <= before:
             return ()
         fresh = now - before - multiprocessing_helper_pids()
-        return tuple(sorted(p for p in fresh if process_running(p)))
+        running = tuple(sorted(p for p in fresh if process_running(p)))
+        if len(running) < len(fresh):  # an orphan adopted by the subreaper ended: reap it
+            reap_adopted(p for p in fresh if p not in running)
+        return running
 
     def targets(self, items: Sequence[int]) -> Mapping[Any, object]:
         from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
@@ -57,13 +67,49 @@ class ProcessKind(ObjectKind):
         grace: float,
         extra: Mapping[str, Any] | None = None,
     ) -> list:  # type: ignore[type-arg]
-        return leak_findings(
+        found = leak_findings(
             Started((), tuple(items)), grace=grace, subject=subject, extra=dict(extra or {})
         )
+        for finding in found:
+            for record in finding.details.get("processes", ()):
+                describe_reparented(record)
+        REPORTED.update(dict.fromkeys(items))
+        while len(REPORTED) > 4096:
+            del REPORTED[next(iter(REPORTED))]
+        return found
 
     def restore(self, items: Sequence[int]) -> None:
         if items:
-            kill_process_trees(items, timeout=5.0)
+            killed = kill_process_trees(items, timeout=5.0)
+            reap_adopted([*items, *(r["pid"] for r in killed)])
+
+
+def describe_reparented(record: dict[str, Any]) -> None:
+    """A process no ``Popen``/``Process`` object started (a daemon, a shell's background job, a
+    grandchild whose parent exited): say that it was re-parented, the test its environment names,
+    and where its first recorded ancestor was started."""
+    if record.get("started_at"):
+        return
+    pid = int(record["pid"])
+    record["reparented"] = record.get("ppid") == os.getpid()
+    test = started_in_test(pid)
+    if test is not None:
+        record["started_in"] = test.rsplit(" (", 1)[0]
+    ancestor = first_ancestor(pid, record.get("started_in"))
+    if ancestor is not None:
+        ancestor_pid, matched = ancestor
+        origin = origins.origin_of_process(ancestor_pid)
+        record["first_ancestor"] = {
+            "pid": ancestor_pid,
+            "matched_by": matched,
+            "what": origin.what if origin is not None else None,
+        }
+        if origin is not None:
+            record["started_at"] = (
+                f"(its first recorded ancestor, pid {ancestor_pid}, {matched}:)\n"
+                + origins.render_origin(origin)
+            )
+            record.setdefault("started_in", origin.test)
 
 
 def parent_pids(pids: tuple[int, ...]) -> dict[int, int]:

@@ -27,6 +27,7 @@ _LAZY: dict[str, str] = {
     "no_global_state_changes": "pytest_shutdown.checks.state",
     "kill_process_trees": "pytest_shutdown.checks.leaks",
     "assert_device_memory_released": "pytest_shutdown.checks.leaks",
+    "no_os_leaks": "pytest_shutdown.resources.check",
     "timeout_matrix": "pytest_shutdown.checks.timeouts",
     "assert_timeout_decoupling": "pytest_shutdown.checks.timeouts",
     "TimeoutCell": "pytest_shutdown.checks.timeouts",
@@ -141,3 +142,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
     from pytest_shutdown.guard import ShutdownLeakWarning
     from pytest_shutdown.matrix import ShutdownTimeouts
+    from pytest_shutdown.resources.check import no_os_leaks

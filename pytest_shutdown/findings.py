@@ -35,6 +35,9 @@ FINDING_CODES: Mapping[str, str] = {
     "created) is still initialised after the test or the engine's shutdown",
     "ray-resource-left": "an engine on Ray left an actor alive, a placement group not removed, "
     "cluster resources not back to their baseline, or a ray:: worker process after its shutdown",
+    "fd-leak": "a file descriptor opened inside the check is still open",
+    "port-leak": "a listening port or a bound unix socket (or its socket file) is still held",
+    "shm-leak": "a shared-memory segment (/dev/shm) created inside the check is still present",
     "global-state": "process-wide state (gc, a signal handler, the start method, an excepthook, "
     "os.environ) was changed and not put back",
     "atexit-holds-object": "an atexit callback registered during the test holds an object the "

@@ -723,6 +723,9 @@ def _long_lived_record(key: tuple[str, Any], owner: Owner, nodeid: str) -> dict[
     if isinstance(item, threading.Thread):
         origin = origins.origin_of_thread(item)
         what: dict[str, Any] = {"kind": "thread", "name": thread_name(item), "ident": item.ident}
+    elif hasattr(item, "long_lived"):  # an OS resource (fd, port, shm segment)
+        origin = None
+        what = item.long_lived()
     elif not isinstance(item, int):
         origin = getattr(item, "origin", None)
         describe = getattr(item, "describe", None)

@@ -15,9 +15,15 @@ What is left at the deadline becomes findings:
   end and at the signal, age, command line, stacks where it is a Python process, and the device
   memory it holds where a per-process reader exists;
 * ``collective-hang`` in place of either: the process's stacks show it blocked in a collective
-  or a store wait (:mod:`pytest_shutdown.checks.collectives`): its rank, the operation, the stack.
+  or a store wait (:mod:`pytest_shutdown.checks.collectives`): its rank, the operation, the stack;
+* ``shm-leak``: a shared-memory segment the tree's processes held at the signal (or named by
+  one of them) still in ``/dev/shm`` with no process holding it: a dead child created it and
+  the surviving parent did not unlink it (vLLM #51579);
+* ``port-leak``: a port the tree listened on still bound by a process outside the tree, or a
+  unix socket file the tree bound still on disk.
 
-Survivors are killed after they are reported: nothing outlives the check.
+Survivors are killed after they are reported, and the segments and socket files the tree left
+are removed: nothing outlives the check.
 ``assert_tree_dies`` raises ``ShutdownContractError`` with those findings.
 """
 
@@ -46,7 +52,7 @@ from pytest_shutdown.checks.phases import (
     phase_pattern,
     reported_phases,
 )
-from pytest_shutdown.checks.tree import TreeProcess, scan_tree, wait_gone
+from pytest_shutdown.checks.tree import TreeProcess, TreeResources, scan_tree, wait_gone
 from pytest_shutdown.checks.tree_launcher import RunRequest, TreeLauncher
 from pytest_shutdown.findings import Finding, raise_if_any
 
@@ -272,15 +278,20 @@ class _Run:
 
     def run(self, request: RunRequest, deadline_s: float, phase_timeout_s: float) -> TreeDeath:
         self.log_path = request.log_path
+        resources = TreeResources.before()
         try:
             self.root = self.launcher.run(request)
             self.session = self.root
             victim, at_signal = self._wait_for_phase(phase_timeout_s)
+            resources.record(p.pid for p in at_signal.values() if p.alive)
             os.kill(victim.pid, self.signum)
             signalled = time.monotonic()
             left = self._wait_for_death(signalled + deadline_s)
             duration = time.monotonic() - signalled
-            findings = self._findings(left, victim, at_signal, duration)
+            # before the survivors are made to dump their stacks (and die): what they still
+            # hold is theirs (their orphan finding), not something the tree left
+            leftovers = self._resource_findings(resources, left, victim)
+            findings = self._findings(left, victim, at_signal, duration) + leftovers
             return TreeDeath(
                 level=self.level, signal=signal_name(self.signum), phase=self.phase,
                 root_pid=self.root, victim_pid=victim.pid, victim_name=victim.name,
@@ -290,7 +301,36 @@ class _Run:
             )
         finally:
             self._kill_all()
+            resources.clean()
             _unlink(self.log_path)
+
+    def _resource_findings(
+        self, resources: TreeResources, left: list[TreeProcess], victim: TreeProcess
+    ) -> list[Finding]:
+        """``shm-leak`` / ``port-leak`` for what the tree left once its processes were gone."""
+        what = f"{signal_name(self.signum)} to {self.level} ({victim.name}, pid {victim.pid})"
+        cell = {"level": self.level, "signal": signal_name(self.signum), "phase": self.phase,
+                "victim_pid": victim.pid, "victim_name": victim.name}
+        found = resources.left(p.pid for p in left)
+        findings = []
+        if found["segments"]:
+            listed = "; ".join(str(r["what"]) for r in found["segments"])
+            findings.append(Finding(
+                "shm-leak",
+                f"{len(found['segments'])} shared-memory segment(s) of the tree left in /dev/shm "
+                f"after {what} in phase {self.phase}: {listed}",
+                {**cell, "segments": found["segments"]},
+            ))
+        bound = found["ports"] + found["socket_files"]
+        if bound:
+            listed = "; ".join(str(r["what"]) for r in bound)
+            findings.append(Finding(
+                "port-leak",
+                f"{len(bound)} port(s) or socket file(s) of the tree left after {what} in phase "
+                f"{self.phase}: {listed}",
+                {**cell, "ports": found["ports"], "socket_files": found["socket_files"]},
+            ))
+        return findings
 
     def _root_exitcode(self) -> int | None:
         deadline = time.monotonic() + 1.0

@@ -14,9 +14,10 @@ for a process not yet known, its ``environ``; results are cached per (pid, start
 from __future__ import annotations
 
 import os
+import stat
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: Environment variable marking every process a launcher started (its value: the token).
 TREE_MARKER_ENV = "PYTEST_SHUTDOWN_TREE"
@@ -148,3 +149,135 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
             break
         time.sleep(0.02)
     return sorted(left)
+
+
+# --- what a tree holds besides processes: shared-memory segments, ports, socket files ---------
+
+
+@dataclass
+class TreeResources:
+    """Segments, ports and socket files a tree held, to tell what its death left behind.
+
+    ``before()`` lists ``/dev/shm`` before the tree starts; ``record(pids)`` (at the signal)
+    notes what the tree's processes hold then: new segments they map or have open, and their
+    bound sockets. ``left()`` names what is still there once nobody holds it; ``clean()`` removes
+    it (nothing a check starts may outlive it).
+    """
+
+    shm_before: dict[str, int] = field(default_factory=dict)
+    segments: dict[str, int] = field(default_factory=dict)  # name -> inode
+    ports: list[dict[str, object]] = field(default_factory=list)
+    socket_files: dict[str, int] = field(default_factory=dict)  # path -> inode of the file
+
+    @classmethod
+    def before(cls) -> TreeResources:
+        from pytest_shutdown.resources.shm import segments  # noqa: PLC0415
+
+        return cls(shm_before=segments())
+
+    def record(self, pids: Iterable[int]) -> None:
+        from pytest_shutdown.resources.ports import bound_sockets_of  # noqa: PLC0415
+        from pytest_shutdown.resources.shm import holders_of, segments  # noqa: PLC0415
+
+        pids = sorted(set(pids))
+        new = {
+            name: inode for name, inode in segments().items()
+            if self.shm_before.get(name) != inode
+        }
+        held = holders_of(new, pids)
+        tree = {str(pid) for pid in pids}
+        for name, inode in new.items():
+            named_by_tree = name.startswith("psd_") and name.split("_")[1] in tree
+            if held[name] or named_by_tree:
+                self.segments[name] = inode
+        for item in bound_sockets_of(pids):
+            info = item.info
+            if info.protocol == "unix":
+                if info.local.startswith("/"):
+                    try:
+                        self.socket_files[info.local] = os.stat(info.local).st_ino
+                    except OSError:
+                        pass
+                continue
+            self.ports.append(
+                {"inode": item.inode, "pid": item.pid, "process": _comm(item.pid),
+                 "protocol": info.protocol, "address": info.local, "port": info.port,
+                 "what": info.describe()}
+            )
+
+    def left(self, survivors: Iterable[int] = ()) -> dict[str, list[dict[str, object]]]:
+        """What is still there: ``segments`` no process holds, ``ports`` still bound by a
+        process that is not one of the tree's ``survivors`` (those are orphan findings
+        already), ``socket_files`` still on disk."""
+        from pytest_shutdown.resources.shm import (  # noqa: PLC0415
+            ShmItem,
+            describe,
+            holders_of,
+            still_present,
+        )
+        from pytest_shutdown.resources.sockets import read_socket_table  # noqa: PLC0415
+
+        items = still_present(ShmItem(n, i) for n, i in self.segments.items())
+        segments: list[dict[str, object]] = []
+        if items:
+            holders = holders_of([i.name for i in items], all_pids())
+            segments = [describe(item, ()) for item in items if not holders[item.name]]
+        table = read_socket_table() if self.ports else {}
+        tree = set(survivors)
+        ports = []
+        for port in self.ports:
+            inode = port["inode"]
+            info = table.get(inode) if isinstance(inode, int) else None
+            if info is None or not info.bound:
+                continue
+            holding = _holders_of_socket(info.inode)
+            if not holding or not set(holding) <= tree:
+                held = ", ".join(f"pid {p} ({_comm(p)})" for p in holding) or "no process"
+                ports.append({**port, "holders": holding,
+                              "what": f"{port['what']}, still held by {held}"})
+        files: list[dict[str, object]] = []
+        for path, inode in self.socket_files.items():
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            if st.st_ino == inode and stat.S_ISSOCK(st.st_mode):
+                files.append({"path": path, "what": f"socket file {path}"})
+        return {"segments": segments, "ports": ports, "socket_files": files}
+
+    def clean(self) -> None:
+        """Unlink the tree's segments and socket files that are still there."""
+        from pytest_shutdown.resources.shm import ShmItem, unlink  # noqa: PLC0415
+
+        unlink(ShmItem(n, i) for n, i in self.segments.items())
+        for path, inode in self.socket_files.items():
+            try:
+                if os.stat(path).st_ino == inode:
+                    os.unlink(path)
+            except OSError:
+                pass
+
+
+def _comm(pid: int) -> str:
+    proc = read_stat(pid)
+    return proc.name if proc is not None else "?"
+
+
+def _holders_of_socket(inode: int) -> list[int]:
+    """The live processes holding the socket ``inode`` (a scan of ``/proc/*/fd``)."""
+    target = f"socket:[{inode}]"
+    found = []
+    for pid in all_pids():
+        base = f"/proc/{pid}/fd"
+        try:
+            names = os.listdir(base)
+        except OSError:
+            continue
+        for name in names:
+            try:
+                if os.readlink(f"{base}/{name}") == target:
+                    found.append(pid)
+                    break
+            except OSError:
+                continue
+    return found

@@ -66,6 +66,7 @@ from pytest_shutdown.engine.lifeline import (
     set_parent_death_signal,
     set_process_name,
 )
+from pytest_shutdown.engine.shm_ring import ShmRing
 from pytest_shutdown.engine.start import heap_frozen_by_fork_server
 from pytest_shutdown.engine.worker import WorkerGroup
 from pytest_shutdown.gpu.forking import reset_after_fork
@@ -83,6 +84,7 @@ MSG_OUTPUTS = "outputs"  # (MSG_OUTPUTS, list[EngineCoreOutput])
 MSG_UTILITY_RESULT = "utility_result"  # (MSG_UTILITY_RESULT, call_id, ok, value_or_error)
 MSG_STARTUP_FAILED = "startup_failed"  # (MSG_STARTUP_FAILED, traceback_text)
 MSG_ENGINE_DEAD = "engine_dead"  # (MSG_ENGINE_DEAD, traceback_text)
+MSG_RING = "ring"  # (MSG_RING,): outputs are waiting in the shared-memory ring
 # Internal items of the input queue.
 _WAKE = ("wake",)
 _PARENT_GONE = ("parent_gone",)
@@ -177,6 +179,8 @@ class EngineCoreProc:
         self.parent_gone_seen = threading.Event()
         #: False once SIGTERM bypassed the graceful path (fault ``sigterm_raises_system_exit``).
         self.graceful = True
+        #: The outputs' shared-memory ring (None: outputs go over ``conn``).
+        self.ring: ShmRing | None = None
 
     # -- IO threads ------------------------------------------------------------------------
     def start_io_threads(self) -> None:
@@ -203,6 +207,8 @@ class EngineCoreProc:
             msg = self.output_queue.get()
             if msg is None:
                 return
+            if msg[0] == MSG_OUTPUTS and self.ring is not None and self.ring.put(msg[1]):
+                msg = (MSG_RING,)  # the data is in the ring: the connection only wakes the reader
             try:
                 self.conn.send(msg)
             except (OSError, ValueError):  # the parent is gone
@@ -415,6 +421,7 @@ def run_engine_core(
     faults: ChildFaults | None = None,
     pdeathsig: bool = False,
     exiting: bool = False,
+    ring_name: str | None = None,
 ) -> None:
     """Run one EngineCore in this (child) process until it is told to stop; ends in SystemExit.
 
@@ -426,6 +433,8 @@ def run_engine_core(
     ``parent_pid`` is the logical parent (the process that owns ``conn``); when it dies this
     process exits by itself within about ``PARENT_GONE_EXIT_S``. ``pdeathsig`` additionally asks
     the kernel for a SIGTERM when the forking thread exits (see ``start.pdeathsig_safe``).
+    ``ring_name``: the outputs go through a shared-memory ring of that name (created here,
+    unlinked here at the end; the parent unlinks it when this process dies uncleanly).
     Must run in the main thread of the process (it installs signal handlers).
     """
     faults = faults if faults is not None else ChildFaults()
@@ -439,6 +448,8 @@ def run_engine_core(
     lifeline = faults.engine_lifeline
     try:
         deadline = time.monotonic() + config.startup_timeout_s
+        if ring_name is not None:
+            proc.ring = ShmRing.create(ring_name)
         proc.waker = SignalWaker(proc.wake)
         signal.signal(signal.SIGTERM, proc.signal_handler)
         signal.signal(signal.SIGINT, proc.signal_handler)
@@ -498,6 +509,9 @@ def run_engine_core(
         if proc.waker is not None:
             proc.waker.stop()
         proc.flush_outputs()
+        if proc.ring is not None:
+            proc.ring.close()
+            proc.ring.unlink()
         if engine_core is not None:
             engine_core.shutdown()
         if workers is not None and proc.graceful:
@@ -529,6 +543,7 @@ def engine_process_main(
     lifecycle_log: str | None,
     faults: ChildFaults | None,
     pdeathsig: bool,
+    ring_name: str | None = None,
 ) -> None:
     """Target of every engine process: ``run_engine_core``, then record how the life ended.
 
@@ -544,6 +559,7 @@ def engine_process_main(
         run_engine_core(
             config, conn, dp_rank=dp_rank, parent_pid=parent_pid,
             lifecycle_log=lifecycle_log, faults=faults, pdeathsig=pdeathsig, exiting=True,
+            ring_name=ring_name,
         )
     except SystemExit as exc:
         code = exc.code

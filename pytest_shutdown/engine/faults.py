@@ -45,3 +45,6 @@ class ChildFaults:
     sigterm_raises_system_exit: bool = False
     #: False: the workers have no death pipe (they rely on their EngineCore's graceful path).
     worker_lifeline: bool = True
+    #: False: the parent never unlinks an EngineCore's output ring, so a SIGKILLed EngineCore's
+    #: segment stays in /dev/shm (vLLM #51579).
+    parent_unlinks_ring: bool = True

@@ -34,12 +34,14 @@ from pytest_shutdown.engine.core_proc import (
     MSG_ENGINE_DEAD,
     MSG_OUTPUTS,
     MSG_READY,
+    MSG_RING,
     MSG_STARTUP_FAILED,
     MSG_UTILITY,
     MSG_UTILITY_RESULT,
     ChildFaults,
     engine_process_main,
 )
+from pytest_shutdown.engine.shm_ring import ShmRing, segment_name, unlink_segment
 from pytest_shutdown.engine.start import engine_context, pdeathsig_safe, serialize_exit_polling
 from pytest_shutdown.engine.stopping import ShutdownOutcome as ShutdownOutcome  # re-exported
 from pytest_shutdown.engine.stopping import kill_process_tree as kill_process_tree  # re-exported
@@ -84,8 +86,38 @@ class _Shared:
     outputs: queue.Queue[EngineCoreOutput] = field(default_factory=queue.Queue)
     utility_calls: dict[int, Future[Any]] = field(default_factory=dict)
     failures: list[ProcessFailure] = field(default_factory=list)
+    #: Each engine's output ring: its name (chosen here), and the reader once it is attached.
+    ring_names: list[str] = field(default_factory=list)
+    rings: dict[int, ShmRing] = field(default_factory=dict)
+    #: False only for the #51579 regression: a dead child's segment is never unlinked.
+    unlink_rings: bool = True
+    ring_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def attach_ring(self, index: int) -> None:
+        """Attach to engine ``index``'s ring (after its ready: the child has created it)."""
+        try:
+            self.rings[index] = ShmRing.attach(self.ring_names[index])
+        except (OSError, ValueError):  # gone already: the child died right after its ready
+            pass
+
+    def drain_ring(self, index: int) -> None:
+        with self.ring_lock:  # one reader at a time (the monitor, a shutdown, the finalizer)
+            ring = self.rings.get(index)
+            batches = ring.get_all() if ring is not None else []
+        for outputs in batches:
+            for output in outputs:
+                self.outputs.put(output)
 
     def close_connections(self) -> None:
+        for index in list(self.rings):
+            self.drain_ring(index)
+            with self.ring_lock:
+                ring = self.rings.pop(index, None)
+            if ring is not None:
+                ring.close()
+        if self.unlink_rings:  # the child unlinks its own on a clean exit; not after a SIGKILL
+            for name in self.ring_names:
+                unlink_segment(name)
         for conn in self.connections:
             conn.close()
         for call_id in list(self.utility_calls):
@@ -131,7 +163,9 @@ class EngineProcManager:
         interrupt: threading.Event | None = None,
     ) -> None:
         self.config = config if config is not None else EngineConfig()
-        self._shared = _Shared(self.config)
+        self._shared = _Shared(
+            self.config, unlink_rings=faults is None or faults.parent_unlinks_ring
+        )
         self.processes = self._shared.processes
         self.manager_stopped = self._shared.manager_stopped
         self.outputs = self._shared.outputs
@@ -184,13 +218,16 @@ class EngineProcManager:
         deadline = time.monotonic() + self.config.startup_timeout_s
         for rank in range(self.config.data_parallel_size):
             parent_conn, child_conn = ctx.Pipe(duplex=True)
+            ring_name = segment_name(f"ec{rank}")
+            self._shared.ring_names.append(ring_name)
             self._shared.connections.append(parent_conn)
             self._shared.send_locks.append(threading.Lock())
             proc = ctx.Process(  # type: ignore[attr-defined]
                 target=engine_process_main,
                 name=f"EngineCore_DP{rank}",
                 args=(
-                    self.config, child_conn, rank, os.getpid(), lifecycle_log, faults, pdeathsig
+                    self.config, child_conn, rank, os.getpid(), lifecycle_log, faults, pdeathsig,
+                    ring_name,
                 ),
                 daemon=True,
             )
@@ -232,6 +269,7 @@ class EngineProcManager:
                 except (EOFError, OSError):
                     raise self._died_during_startup(proc) from None
                 if msg[0] == MSG_READY:
+                    self._shared.attach_ring(self.processes.index(proc))
                     return
                 if msg[0] == MSG_STARTUP_FAILED:
                     raise EngineStartupError(f"{proc.name} failed to start:\n{msg[1]}")
@@ -386,10 +424,13 @@ def _monitor(
 
 def _drain(shared: _Shared, conn: Connection) -> bool:
     """Dispatch every message waiting on ``conn``; False once it is at EOF."""
-    proc = shared.processes[shared.connections.index(conn)]
+    index = shared.connections.index(conn)
+    proc = shared.processes[index]
     try:
         while conn.poll(0):
-            _dispatch(shared, conn.recv(), proc)
+            msg = conn.recv()
+            shared.drain_ring(index)  # what the ring holds was sent before this message
+            _dispatch(shared, msg, proc)
     except (EOFError, OSError):
         return False
     return True
@@ -397,6 +438,8 @@ def _drain(shared: _Shared, conn: Connection) -> bool:
 
 def _dispatch(shared: _Shared, msg: tuple[Any, ...], proc: BaseProcess) -> None:
     kind = msg[0]
+    if kind == MSG_RING:
+        return  # a wake-up: the ring was drained before dispatching
     if kind == MSG_OUTPUTS:
         for output in msg[1]:
             shared.outputs.put(output)

@@ -25,6 +25,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "processes": ("processes", "pytest_shutdown.resources.processes:ProcessKind"),
     "collateral": ("collateral", "pytest_shutdown.resources.collateral:CollateralKind"),
     "gc-freeze": ("gc_freeze", "pytest_shutdown.resources.gc_freeze:FreezeKind"),
+    "fds": ("fds", "pytest_shutdown.resources.fds:FdKind"),
+    "ports": ("ports", "pytest_shutdown.resources.ports:PortKind"),
+    "shm": ("shm", "pytest_shutdown.resources.shm:ShmKind"),
     "global-state": ("global_state", "pytest_shutdown.resources.global_state:GlobalStateKind"),
     "atexit": ("atexit", "pytest_shutdown.resources.atexit_holds:AtexitKind"),
 }

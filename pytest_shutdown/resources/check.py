@@ -1,0 +1,68 @@
+"""``no_os_leaks``: file descriptors, ports and shared-memory segments a block leaves behind.
+
+The helper form of the guard's ``fds``, ``ports`` and ``shm`` kinds, for code outside pytest
+or a block narrower than a test::
+
+    with no_os_leaks():
+        server = start_server()
+        server.shutdown()
+
+raises :class:`~pytest_shutdown.findings.ShutdownContractError` with ``fd-leak``,
+``port-leak`` and ``shm-leak`` findings for what the block opened and left (after ``grace``
+seconds, one deadline for all kinds).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from pytest_shutdown.checks.hidden import contextmanager
+from pytest_shutdown.findings import Finding, raise_if_any
+
+__all__ = ["os_resource_kinds", "no_os_leaks"]
+
+
+def os_resource_kinds(*, fds: bool = True, ports: bool = True, shm: bool = True) -> list[Any]:
+    """The OS-resource kinds, those asked for."""
+    from pytest_shutdown.resources.fds import FdKind  # noqa: PLC0415
+    from pytest_shutdown.resources.ports import PortKind  # noqa: PLC0415
+    from pytest_shutdown.resources.shm import ShmKind  # noqa: PLC0415
+
+    chosen: list[Any] = []
+    if fds:
+        chosen.append(FdKind())
+    if ports:
+        chosen.append(PortKind())
+    if shm:
+        chosen.append(ShmKind())
+    return chosen
+
+
+@contextmanager
+def no_os_leaks(
+    *,
+    fds: bool = True,
+    ports: bool = True,
+    shm: bool = True,
+    grace: float = 2.0,
+    subject: str = "the block",
+) -> Iterator[None]:
+    """Fail when the block leaves descriptors, ports or segments behind (see the module)."""
+    __tracebackhide__ = True
+    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not (
+        math.isfinite(grace) and grace >= 0
+    ):
+        raise ValueError(f"grace: expected a number of seconds >= 0, got {grace!r}")
+    kinds = os_resource_kinds(fds=fds, ports=ports, shm=shm)
+    before = [kind.snapshot() for kind in kinds]
+    yield
+    deadline = time.monotonic() + grace
+    findings: list[Finding] = []
+    for kind, snapshot in zip(kinds, before, strict=True):
+        items = kind.new_since(snapshot)
+        left = kind.settle(items, deadline) if items else []
+        findings.extend(kind.findings(left, subject, grace=grace))
+    raise_if_any(findings)

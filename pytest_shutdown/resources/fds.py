@@ -1,0 +1,535 @@
+"""The ``fds`` resource kind: file descriptors a test opened in the pytest process and left open.
+
+Cheap when nothing changed: a snapshot is one ``fstat`` of ``/proc/self/fd`` (the kernel counts
+the open descriptors in its size); ``/proc/self/fd`` is listed only when the count moved since
+the last listing. After a test, a descriptor is *new* when its number was not open before; each
+new one is named by what it is (``readlink`` of its ``/proc/self/fd`` entry: a path, a pipe end,
+a socket with its addresses from ``/proc/net/*``, an eventfd, an epoll instance, ...) and, once
+something is left, by the Python object that wraps it (a ``socket.socket``, a file object).
+
+Never blamed: descriptors the process keeps for its lifetime once a library opened them lazily
+(``/dev/urandom``, NVIDIA and DRM device files, ROCm's ``/dev/kfd``), those a test tool holds
+(pytest's capture files, its logging handlers' files), and this package's own.
+
+A descriptor closed and another opened under the same number during one test, with the count
+unchanged, is not seen (the count is the cheap signal); see docs/limits.md.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gc
+import io
+import os
+import select
+import socket
+import stat
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_shutdown.findings import Finding
+from pytest_shutdown.resources import _cheap
+from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, socket_inode
+
+__all__ = [
+    "FdItem",
+    "FdKind",
+    "FdSnapshot",
+    "describe_fd",
+    "fd_findings",
+    "new_fds",
+    "open_fds",
+    "still_open",
+    "take_fd_snapshot",
+]
+
+#: Link targets of descriptors opened lazily for the process's lifetime: never a test's leak.
+PROCESS_LIFETIME_TARGETS: tuple[str, ...] = (
+    "/dev/urandom",
+    "/dev/random",
+    "/dev/nvidia*",
+    "/dev/dri/*",
+    "/dev/kfd",
+    "/dev/null",
+    "/proc/self/fd",
+    "/proc/*/fd",
+)
+
+_listing: tuple[int | None, frozenset[int]] | None = None
+
+
+@dataclass(frozen=True)
+class FdSnapshot:
+    """Open descriptors when the snapshot was taken: their count, and their numbers."""
+
+    count: int | None
+    fds: frozenset[int]
+
+
+@dataclass(frozen=True)
+class FdItem:
+    """One descriptor opened after a snapshot: its number, link target and identity."""
+
+    fd: int
+    target: str
+    identity: tuple[int, int]  # (st_dev, st_ino): the same open file, not a reuse of its number
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        return (self.fd, *self.identity)
+
+    def long_lived(self) -> dict[str, Any]:
+        """What the session summary says about it when a module global owns it."""
+        return {"kind": "fd", "fd": self.fd, "name": self.target}
+
+
+def open_fds() -> frozenset[int]:
+    """The descriptor numbers open in this process now (lists ``/proc/self/fd``)."""
+    try:
+        names = os.listdir(_cheap.FD_DIR)
+    except OSError:
+        return frozenset()
+    # the folder's own descriptor, open while it was listed, is gone again
+    return frozenset(int(n) for n in names if n.isdigit()) - _transient(names)
+
+
+def _transient(names: Sequence[str]) -> frozenset[int]:
+    """The folder's own descriptor, listed and closed again: the lowest number that was free
+    when it was opened, so the first closed one in ascending order."""
+    for number in sorted(int(n) for n in names if n.isdigit()):
+        try:
+            os.fstat(number)
+        except OSError:
+            return frozenset({number})
+    return frozenset()
+
+
+def _listed(count: int | None) -> frozenset[int]:
+    """The descriptor numbers, listed again only when the count moved since the last listing."""
+    global _listing
+    cached = _listing
+    if count is not None and cached is not None and cached[0] == count:
+        return cached[1]
+    fds = open_fds()
+    _listing = (count, fds)
+    return fds
+
+
+def take_fd_snapshot() -> FdSnapshot:
+    """The open descriptors now; one ``fstat`` when the count did not move."""
+    count = _cheap.fd_count()
+    return FdSnapshot(count, _listed(count))
+
+
+def _item(fd: int) -> FdItem | None:
+    path = f"{_cheap.FD_DIR}/{fd}"
+    try:
+        target = os.readlink(path)
+        st = os.stat(path)
+    except OSError:
+        return None
+    return FdItem(fd, target, (st.st_dev, st.st_ino))
+
+
+#: (module, helper object, attribute) of the standard library's process-lifetime helpers'
+#: descriptors: multiprocessing's resource tracker pipe and fork-server lifeline (and loky's).
+_HELPER_FDS = (
+    ("multiprocessing.resource_tracker", "_resource_tracker", "_fd"),
+    ("multiprocessing.forkserver", "_forkserver", "_forkserver_alive_fd"),
+    ("loky.backend.resource_tracker", "_resource_tracker", "_fd"),
+    ("joblib.externals.loky.backend.resource_tracker", "_resource_tracker", "_fd"),
+)
+
+
+def helper_fds() -> frozenset[int]:
+    """Descriptors the standard library's process-lifetime helpers hold (started on first use,
+    kept until exit by design): never a test's leak."""
+    found = set()
+    for module, owner, attr in _HELPER_FDS:
+        loaded = sys.modules.get(module)  # not imported here: unused means not open
+        fd = getattr(getattr(loaded, owner, None), attr, None)
+        if isinstance(fd, int) and fd >= 0:
+            found.add(fd)
+    found.update(_resource_sharer_fds())
+    return frozenset(found)
+
+
+def _resource_sharer_fds() -> set[int]:
+    """Descriptors multiprocessing's ``resource_sharer`` holds for a child to fetch (a
+    ``DupFd``/``DupSocket`` registered there stays until it is fetched) and its listener's."""
+    module = sys.modules.get("multiprocessing.resource_sharer")
+    sharer = getattr(module, "_resource_sharer", None)
+    found: set[int] = set()
+    if sharer is None:
+        return found
+    for entry in list((getattr(sharer, "_cache", None) or {}).values()):
+        for function in entry if isinstance(entry, tuple) else ():
+            for cell in getattr(function, "__closure__", None) or ():
+                try:
+                    value = cell.cell_contents
+                except ValueError:
+                    continue
+                number = value if isinstance(value, int) else _fileno(value)
+                if isinstance(number, int) and not isinstance(number, bool) and number >= 0:
+                    found.add(number)
+    listener = getattr(sharer, "_listener", None)
+    sock = getattr(getattr(listener, "_listener", None), "_socket", None)
+    number = _fileno(sock) if sock is not None else None
+    if number is not None:
+        found.add(number)
+    return found
+
+
+def finalizer_fds() -> frozenset[int]:
+    """Descriptors multiprocessing closes itself when their object goes: a process's sentinel
+    and pipe ends (``util.Finalize(popen, util.close_fds, fds)``). They live exactly as long as
+    the ``Process`` object that holds them: the object's holder owns them, not the test."""
+    util = sys.modules.get("multiprocessing.util")
+    registry = getattr(util, "_finalizer_registry", None)
+    if not registry:
+        return frozenset()
+    closers = {getattr(util, "close_fds", None), os.close}
+    found: set[int] = set()
+    for finalizer in list(registry.values()):
+        if getattr(finalizer, "_callback", None) not in closers:
+            continue
+        for arg in getattr(finalizer, "_args", None) or ():
+            values = arg if isinstance(arg, (list, tuple)) else (arg,)
+            found.update(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+    return frozenset(found)
+
+
+def _never_blamed(item: FdItem) -> bool:
+    return item.fd in _cheap.own_handles() or item.fd in helper_fds() or any(
+        fnmatch.fnmatchcase(item.target, pattern) for pattern in PROCESS_LIFETIME_TARGETS
+    )
+
+
+def new_fds(before: FdSnapshot) -> list[FdItem]:
+    """Descriptors open now that were not open at ``before`` (process-lifetime ones left out)."""
+    count = _cheap.fd_count()
+    if count is not None and count == before.count:
+        return []  # the common case: one fstat
+    items = []
+    for fd in sorted(_listed(count) - before.fds):
+        item = _item(fd)
+        if item is not None and not _never_blamed(item):
+            items.append(item)
+    return items
+
+
+def still_open(items: Iterable[FdItem]) -> list[FdItem]:
+    """The items whose descriptor is still the same open file."""
+    left = []
+    for item in items:
+        now = _item(item.fd)
+        if now is not None and now.identity == item.identity:
+            left.append(item)
+    return left
+
+
+def settle(items: Sequence[FdItem], deadline: float) -> list[FdItem]:
+    """What is still open; a dropped socket or file closes when collected: one
+    ``gc.collect()`` when something is left, then short polls until ``deadline``."""
+    left = still_open(items)
+    if not left:
+        return left
+    gc.collect()
+    left = still_open(left)
+    delay = 0.005
+    while left and time.monotonic() < deadline:
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.05)
+        left = still_open(left)
+    return left
+
+
+# --- describing --------------------------------------------------------------------------------
+
+
+def _flags(fd: int) -> int:
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("flags:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def _access(flags: int) -> str:
+    mode = flags & 0o3
+    return {os.O_RDONLY: "read", os.O_WRONLY: "write", os.O_RDWR: "read/write"}.get(mode, "?")
+
+
+def describe_fd(
+    item: FdItem, sockets: Mapping[int, SocketInfo] | None = None
+) -> dict[str, Any]:
+    """What ``item`` is, as JSON-serialisable facts with a one-phrase ``what``."""
+    target = item.target
+    flags = _flags(item.fd)
+    record: dict[str, Any] = {"fd": item.fd, "target": target}
+    inode = socket_inode(target)
+    if inode is not None:
+        info = (sockets or {}).get(inode)
+        record["kind"] = "socket"
+        record["what"] = info.describe() if info is not None else f"socket (inode {inode})"
+        if info is not None:
+            record.update(protocol=info.protocol, local=info.local, remote=info.remote,
+                          listening=info.listening)
+    elif target.startswith("pipe:["):
+        end = "write" if flags & 0o3 == os.O_WRONLY else "read"
+        record.update(kind="pipe", what=f"pipe ({end} end) {target[5:]}")
+    elif target.startswith("anon_inode:"):
+        name = target[len("anon_inode:"):].strip("[]")
+        record.update(kind=name, what={"eventpoll": "epoll instance"}.get(name, name))
+    elif target.startswith("/dev/shm/"):
+        record.update(kind="shm", what=f"shared-memory segment {target[8:]}")
+    else:
+        deleted = target.endswith(" (deleted)")
+        path = target[: -len(" (deleted)")] if deleted else target
+        kind = "file"
+        try:
+            mode = os.stat(f"{_cheap.FD_DIR}/{item.fd}").st_mode
+            if stat.S_ISDIR(mode):
+                kind = "directory"
+            elif stat.S_ISCHR(mode):
+                kind = "device"
+        except OSError:
+            pass
+        record.update(
+            kind=kind,
+            what=f"{kind} {path} ({_access(flags)}{', deleted' if deleted else ''})",
+        )
+    return record
+
+
+def _socket_table(items: Iterable[FdItem]) -> Mapping[int, SocketInfo]:
+    inodes = [i for i in (socket_inode(item.target) for item in items) if i is not None]
+    return read_socket_table(inodes) if inodes else {}
+
+
+def listening(items: Iterable[FdItem]) -> set[int]:
+    """The descriptors among ``items`` that hold a port or a socket name (the ports kind's)."""
+    items = list(items)
+    table = _socket_table(items)
+    found = set()
+    for item in items:
+        inode = socket_inode(item.target)
+        info = table.get(inode) if inode is not None else None
+        if info is not None and info.bound:
+            found.add(item.fd)
+    return found
+
+
+# --- who holds it ------------------------------------------------------------------------------
+
+_EXTRA_WRAPPERS = ("epoll", "devpoll", "kqueue")
+
+
+#: type -> whether its instances can wrap a descriptor (decided once per type).
+_WRAPPER_TYPES: dict[type, bool] = {}
+
+
+def _is_wrapper_type(kind: type) -> bool:
+    known = _WRAPPER_TYPES.get(kind)
+    if known is None:
+        try:
+            known = (
+                issubclass(kind, (io.IOBase, socket.socket))
+                or (kind.__name__ in _EXTRA_WRAPPERS and kind.__module__ == select.__name__)
+                or (kind.__name__ == "Connection"
+                    and kind.__module__ == "multiprocessing.connection")
+            )
+        except TypeError:
+            known = False
+        if len(_WRAPPER_TYPES) > 10_000:
+            _WRAPPER_TYPES.clear()
+        _WRAPPER_TYPES[kind] = known
+    return known
+
+
+def _fileno(obj: object) -> int | None:
+    kind = type(obj)  # never obj.__class__: a proxy or a deprecated alias may warn or lie
+    if not _is_wrapper_type(kind):
+        return None
+    try:
+        if kind.__name__ == "Connection":
+            number = obj._handle  # type: ignore[attr-defined]
+        else:
+            number = obj.fileno()  # type: ignore[attr-defined]
+    except (OSError, ValueError, AttributeError):
+        return None
+    return number if isinstance(number, int) else None
+
+
+def wrappers_of(fds: Iterable[int]) -> dict[int, list[object]]:
+    """fd → the Python objects that wrap it (file objects, sockets, epoll, Connections).
+
+    One pass over ``gc.get_objects()``: only called once something is left after the grace."""
+    wanted = set(fds)
+    found: dict[int, list[object]] = {}
+    if not wanted:
+        return found
+    for obj in gc.get_objects():
+        number = _fileno(obj)
+        if number is not None and number in wanted:
+            found.setdefault(number, []).append(obj)
+    return found
+
+
+def held_by_tool(wrappers: Iterable[object]) -> str | None:
+    """The test tool holding one of ``wrappers`` directly (pytest's capture, its logging
+    handlers, execnet): its type's module, or None."""
+    from pytest_shutdown.ownership import _is_tool_object  # noqa: PLC0415
+
+    for obj in wrappers:
+        for ref in gc.get_referrers(obj):
+            holder: object = ref
+            if isinstance(ref, dict):  # an instance's __dict__: find the instance
+                for owner in gc.get_referrers(ref):
+                    if getattr(owner, "__dict__", None) is ref:
+                        holder = owner
+                        break
+            if _is_tool_object(holder):
+                return type(holder).__module__
+    return None
+
+
+def _python_name(obj: object) -> str:
+    kind = type(obj)
+    return f"{kind.__module__}.{kind.__qualname__}".replace("builtins.", "").replace("_io.", "io.")
+
+
+# --- findings ----------------------------------------------------------------------------------
+
+
+def fd_findings(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    subject: str,
+    grace: float,
+    extra: Mapping[str, Any] | None = None,
+) -> list[Finding]:
+    """One ``fd-leak`` finding for the descriptors left by ``subject``."""
+    if not records:
+        return []
+    count = len(records)
+    listed = "; ".join(f"fd {r['fd']}: {r['what']}" for r in records[:8])
+    more = f"; and {count - 8} more" if count > 8 else ""
+    return [
+        Finding(
+            "fd-leak",
+            f"{count} file descriptor{'s' if count != 1 else ''} opened in {subject} still open "
+            f"{_after(grace)}: {listed}{more}.",
+            {"fds": [dict(r) for r in records], "grace_s": grace, **dict(extra or {})},
+        )
+    ]
+
+
+def _after(grace: float) -> str:
+    return f"{grace:g} s after it ended" if grace > 0 else "when it ended"
+
+
+def _innermost(objects: Sequence[object]) -> object:
+    """The object every other wrapper of a descriptor reaches (the raw file or the socket)."""
+    for obj in objects:
+        if isinstance(obj, (io.FileIO, socket.socket)) or not isinstance(obj, io.IOBase):
+            return obj
+    return objects[0]
+
+
+class FdKind:
+    """The ``fds`` resource kind (see the module docstring).
+
+    A listening or bound socket is the ``ports`` kind's (``port-leak``), not an ``fd-leak``.
+    """
+
+    name = "fds"
+    allow_key = "fds"
+    stateful = False
+
+    def __init__(self) -> None:
+        #: fd -> the types of the Python objects wrapping it (names only: holding the objects
+        #: would keep a dropped socket from being collected and closed)
+        self._types: dict[int, list[str]] = {}
+
+    def snapshot(self) -> FdSnapshot:
+        return take_fd_snapshot()
+
+    def new_since(self, before: FdSnapshot, allow: object = None) -> list[FdItem]:
+        if allow is True:
+            return []
+        items = new_fds(before)
+        if not items:
+            return items
+        skip = listening(items) | finalizer_fds()
+        items = [item for item in items if item.fd not in skip]
+        if not items:
+            return items
+        wrapped = wrappers_of(item.fd for item in items)
+        self._types.update(
+            {fd: sorted(_python_name(o) for o in objs) for fd, objs in wrapped.items()}
+        )
+        mine = [item for item in items if held_by_tool(wrapped.get(item.fd, ())) is None]
+        del wrapped
+        return mine
+
+    def absorb(
+        self, before: FdSnapshot, start: FdSnapshot | None, end: FdSnapshot | None = None
+    ) -> FdSnapshot:
+        """What a wider-scope fixture opened between ``start`` and ``end`` (now, when None) is
+        no test's: its numbers join the baseline, and the count moves by as much."""
+        if start is None:
+            return before
+        end_count = end.count if end is not None else _cheap.fd_count()
+        new = {item.fd for item in new_fds(start)} if end_count != start.count else set()
+        count = before.count
+        if count is not None and end_count is not None and start.count is not None:
+            count += end_count - start.count
+        return FdSnapshot(count, before.fds | new)
+
+    def diff(self, before: object, after: object) -> tuple[()]:
+        return ()
+
+    def targets(self, items: Sequence[FdItem]) -> dict[FdItem, object]:
+        wrapped = wrappers_of(item.fd for item in items)
+        return {item: _innermost(wrapped[item.fd]) for item in items if wrapped.get(item.fd)}
+
+    def settle(self, items: Sequence[FdItem], deadline: float) -> list[FdItem]:
+        return settle(items, deadline)
+
+    def describe(self, items: Sequence[FdItem]) -> list[dict[str, Any]]:
+        table = _socket_table(items)
+        records = []
+        for item in items:
+            record = describe_fd(item, table)
+            held = self._types.get(item.fd) or []
+            record["python_objects"] = held
+            record["opened_by"] = (
+                f"held by {', '.join(held)}" if held
+                else "no Python object wraps it (a raw os.open/os.pipe/os.dup descriptor?)"
+            )
+            records.append(record)
+        return records
+
+    def findings(
+        self,
+        items: Sequence[FdItem],
+        subject: str,
+        *,
+        grace: float,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[Finding]:
+        records = self.describe(items)
+        self._types.clear()
+        return fd_findings(records, subject=subject, grace=grace, extra=extra)
+
+    def restore(self, items: Sequence[FdItem]) -> None:
+        """Nothing: a descriptor may still be used by whoever holds it; closing it under them
+        could make their next write land in a file the next test opens."""
+        self._types.clear()

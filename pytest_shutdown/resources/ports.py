@@ -1,0 +1,272 @@
+"""The ``ports`` resource kind: listening ports and bound unix sockets a test left behind.
+
+A *port* here is a listening TCP socket, a bound unconnected UDP socket, or a unix socket with a
+name (a path or an abstract name), held by the pytest process or by a process started during
+the test. It is named by protocol, address and port (or path) and by the process holding it.
+
+Cheap: the kernel's socket tables (``/proc/net/*``) are read only when a socket descriptor is
+new in the pytest process or a descendant was started during the test; a clean test costs the
+fd kind's one ``fstat`` and the process kind's one ``waitid``. Processes that existed before the
+test (a session fixture's server) are not looked at.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_shutdown.findings import Finding
+from pytest_shutdown.resources.fds import FdSnapshot, new_fds, take_fd_snapshot
+from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, socket_inode
+
+__all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of", "port_findings"]
+
+
+@dataclass(frozen=True)
+class PortSnapshot:
+    fds: FdSnapshot
+    pids: frozenset[int]
+
+
+@dataclass(frozen=True)
+class PortItem:
+    """A bound socket: who holds it (pid, and fd in the pytest process) and what it is."""
+
+    pid: int
+    inode: int
+    info: SocketInfo
+    fd: int | None = None
+
+    def long_lived(self) -> dict[str, Any]:
+        """What the session summary says about it when a module global owns it."""
+        return {"kind": "port", "pid": self.pid, "name": self.info.describe()}
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "process": _process_name(self.pid),
+            "fd": self.fd,
+            "protocol": self.info.protocol,
+            "address": self.info.local,
+            "port": self.info.port,
+            "what": self.info.describe(),
+        }
+
+
+def _process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def socket_fds_of(pid: int | str) -> dict[int, int]:
+    """inode → fd of the sockets ``pid`` holds (``/proc/PID/fd``); empty when it is gone."""
+    found: dict[int, int] = {}
+    base = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return found
+    for name in names:
+        try:
+            inode = socket_inode(os.readlink(f"{base}/{name}"))
+        except OSError:
+            continue
+        if inode is not None:
+            found.setdefault(inode, int(name))
+    return found
+
+
+def bound_sockets_of(pids: Iterable[int]) -> list[PortItem]:
+    """The bound sockets (ports, named unix sockets) each of ``pids`` holds now."""
+    held = {pid: socket_fds_of(pid) for pid in pids}
+    inodes = {inode for sockets in held.values() for inode in sockets}
+    if not inodes:
+        return []
+    table = read_socket_table(inodes)
+    items = []
+    for pid, sockets in held.items():
+        for inode, fd in sockets.items():
+            info = table.get(inode)
+            if info is not None and info.bound:
+                items.append(PortItem(pid, inode, info, fd))
+    return items
+
+
+def take_port_snapshot() -> PortSnapshot:
+    from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
+
+    return PortSnapshot(take_fd_snapshot(), descendant_pids())
+
+
+def new_ports(before: PortSnapshot) -> list[PortItem]:
+    """Bound sockets opened since ``before`` in this process, and those of processes started
+    since ``before``."""
+    from pytest_shutdown.checks.leaks import (  # noqa: PLC0415
+        descendant_pids,
+        multiprocessing_helper_pids,
+    )
+
+    own = [item for item in new_fds(before.fds) if item.target.startswith("socket:[")]
+    items: list[PortItem] = []
+    if own:
+        inodes = {socket_inode(i.target): i.fd for i in own}
+        table = read_socket_table([i for i in inodes if i is not None])
+        me = os.getpid()
+        for inode, fd in inodes.items():
+            info = table.get(inode) if inode is not None else None
+            if inode is not None and info is not None and info.bound:
+                items.append(PortItem(me, inode, info, fd))
+    fresh = descendant_pids() - before.pids
+    if fresh:
+        fresh -= multiprocessing_helper_pids()  # the fork server listens for its lifetime
+    if fresh:
+        items.extend(bound_sockets_of(sorted(fresh)))
+    return items
+
+
+def still_bound(items: Iterable[PortItem]) -> list[PortItem]:
+    left = []
+    for item in items:
+        if item.pid == os.getpid() and item.fd is not None:
+            try:
+                if socket_inode(os.readlink(f"/proc/self/fd/{item.fd}")) == item.inode:
+                    left.append(item)
+            except OSError:
+                pass
+        elif item.inode in socket_fds_of(item.pid):
+            left.append(item)
+    return left
+
+
+def settle(items: Sequence[PortItem], deadline: float) -> list[PortItem]:
+    left = still_bound(items)
+    if not left:
+        return left
+    gc.collect()
+    left = still_bound(left)
+    delay = 0.005
+    while left and time.monotonic() < deadline:
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.05)
+        left = still_bound(left)
+    return left
+
+
+def port_findings(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    subject: str,
+    grace: float,
+    extra: Mapping[str, Any] | None = None,
+) -> list[Finding]:
+    """One ``port-leak`` finding for the bound sockets left by ``subject``."""
+    if not records:
+        return []
+    count = len(records)
+    listed = "; ".join(
+        f"{r['what']} held by {'this process' if r['pid'] == os.getpid() else 'pid'}"
+        + ("" if r["pid"] == os.getpid() else f" {r['pid']} ({r['process']})")
+        for r in records[:8]
+    )
+    more = f"; and {count - 8} more" if count > 8 else ""
+    when = f"{grace:g} s after it ended" if grace > 0 else "when it ended"
+    return [
+        Finding(
+            "port-leak",
+            f"{count} port{'s' if count != 1 else ''} or socket name"
+            f"{'s' if count != 1 else ''} bound in {subject} still held {when}: {listed}{more}.",
+            {"ports": [dict(r) for r in records], "grace_s": grace, **dict(extra or {})},
+        )
+    ]
+
+
+class PortKind:
+    """The ``ports`` resource kind (see the module docstring)."""
+
+    name = "ports"
+    allow_key = "ports"
+    stateful = False
+
+    def snapshot(self) -> PortSnapshot:
+        return take_port_snapshot()
+
+    def new_since(self, before: PortSnapshot, allow: object = None) -> list[PortItem]:
+        if allow is True:
+            return []
+        return new_ports(before)
+
+    def absorb(
+        self, before: PortSnapshot, start: PortSnapshot | None, end: PortSnapshot | None = None
+    ) -> PortSnapshot:
+        """What a wider-scope fixture bound or started between ``start`` and ``end`` (now, when
+        None) is no test's (its descendants are left out of the test's check)."""
+        if start is None:
+            return before
+        from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
+        from pytest_shutdown.resources.fds import FdKind  # noqa: PLC0415
+
+        fds = FdKind().absorb(before.fds, start.fds, end.fds if end is not None else None)
+        pids = end.pids if end is not None else descendant_pids()
+        return PortSnapshot(fds, before.pids | (pids - start.pids))
+
+    def diff(self, before: object, after: object) -> tuple[()]:
+        return ()
+
+    def targets(self, items: Sequence[PortItem]) -> dict[PortItem, object]:
+        """The socket object of a port of this process; the Process/Popen object of a port of a
+        descendant (its owner owns the port)."""
+        from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
+        from pytest_shutdown.resources.fds import _innermost, wrappers_of  # noqa: PLC0415
+
+        me = os.getpid()
+        own = [item for item in items if item.pid == me and item.fd is not None]
+        wrapped = wrappers_of(item.fd for item in own if item.fd is not None)
+        found: dict[PortItem, object] = {
+            item: _innermost(wrapped[item.fd])
+            for item in own
+            if item.fd is not None and wrapped.get(item.fd)
+        }
+        others = [item for item in items if item.pid != me]
+        if others:
+            from pytest_shutdown.checks.tree import read_stat  # noqa: PLC0415
+
+            pids = tuple(sorted({item.pid for item in others}))
+            parents = {}
+            for pid in pids:
+                current = pid
+                for _ in range(16):
+                    proc = read_stat(current)
+                    if proc is None or proc.ppid <= 1:
+                        break
+                    parents[current] = proc.ppid
+                    current = proc.ppid
+            objects = objects_of((), pids, parents)
+            found.update({item: objects[item.pid] for item in others if item.pid in objects})
+        return found
+
+    def settle(self, items: Sequence[PortItem], deadline: float) -> list[PortItem]:
+        return settle(items, deadline)
+
+    def describe(self, items: Sequence[PortItem]) -> list[dict[str, Any]]:
+        return [item.record() for item in items]
+
+    def findings(
+        self,
+        items: Sequence[PortItem],
+        subject: str,
+        *,
+        grace: float,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[Finding]:
+        return port_findings(self.describe(items), subject=subject, grace=grace, extra=extra)
+
+    def restore(self, items: Sequence[PortItem]) -> None:
+        """Nothing: the socket belongs to whoever holds it (the process kind kills a leaked
+        process, which frees its ports)."""

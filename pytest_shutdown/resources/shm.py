@@ -1,0 +1,395 @@
+"""The ``shm`` resource kind: POSIX shared-memory segments (``/dev/shm``) a test left behind.
+
+A segment is the test's when it appeared in ``/dev/shm`` during the test, belongs to this user,
+and either a process of this tree (the pytest process or a descendant) holds it (maps it or has
+it open) or no process holds it at all: its creator, a descendant that died or closed it
+without unlinking, is gone (vLLM #51579: a SIGKILLed worker's ring buffer). A segment held only
+by a process outside this tree is someone else's. It is named by segment name, size, and the
+processes holding it; ``creator`` is known when the name carries it (the reference engine's
+segments: ``psd_<pid>_...``, the pid of the process that named it and must see it unlinked).
+
+Cheap: a snapshot is one ``fstat`` of ``/dev/shm`` (its modification time and size change on
+every create and unlink); the folder is listed only when they moved. torch's shared-memory
+manager's segments (``torch_*``) are torch's, never a test's.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gc
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pytest_shutdown.findings import Finding
+from pytest_shutdown.resources import _cheap
+
+__all__ = [
+    "ShmItem",
+    "ShmKind",
+    "ShmSnapshot",
+    "holders_of",
+    "new_segments",
+    "segments",
+    "shm_findings",
+    "take_shm_snapshot",
+]
+
+#: Segments that are never a test's: torch's shared-memory manager frees its own.
+NEVER_BLAMED: tuple[str, ...] = ("torch_*",)
+#: The reference engine's segment names carry their creator's pid.
+_CREATOR = re.compile(r"^psd_(\d+)_")
+
+_listing: tuple[tuple[int, int] | None, Mapping[str, int]] | None = None
+
+
+@dataclass(frozen=True)
+class ShmSnapshot:
+    state: tuple[int, int] | None
+    entries: Mapping[str, int]  # name -> inode
+
+
+@dataclass(frozen=True)
+class ShmItem:
+    name: str
+    inode: int
+
+    @property
+    def path(self) -> str:
+        return os.path.join(_cheap.SHM_DIR, self.name)
+
+    def long_lived(self) -> dict[str, Any]:
+        """What the session summary says about it when a module global owns it."""
+        return {"kind": "shm", "name": self.name}
+
+
+def segments() -> dict[str, int]:
+    """name → inode of every entry in ``/dev/shm`` now."""
+    found: dict[str, int] = {}
+    try:
+        with os.scandir(_cheap.SHM_DIR) as entries:
+            for entry in entries:
+                try:
+                    if entry.is_file(follow_symlinks=False):
+                        found[entry.name] = entry.inode()
+                except OSError:
+                    continue
+    except OSError:
+        pass
+    return found
+
+
+def _listed(state: tuple[int, int] | None) -> Mapping[str, int]:
+    global _listing
+    cached = _listing
+    if state is not None and cached is not None and cached[0] == state:
+        return cached[1]
+    found = segments()
+    _listing = (state, found)
+    return found
+
+
+def take_shm_snapshot() -> ShmSnapshot:
+    """The segments now; one ``fstat`` when ``/dev/shm`` did not change."""
+    state = _cheap.shm_state()
+    return ShmSnapshot(state, _listed(state))
+
+
+def _never_blamed(name: str) -> bool:
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in NEVER_BLAMED)
+
+
+def _ours(path: str) -> bool:
+    try:
+        return os.stat(path).st_uid == os.getuid()
+    except OSError:
+        return False
+
+
+def new_segments(before: ShmSnapshot) -> list[ShmItem]:
+    """This user's segments that appeared since ``before`` (a name reused counts as new)."""
+    state = _cheap.shm_state()
+    if state is not None and state == before.state:
+        return []
+    now = _listed(state)
+    items = []
+    for name, inode in sorted(now.items()):
+        if before.entries.get(name) == inode or _never_blamed(name):
+            continue
+        item = ShmItem(name, inode)
+        if _ours(item.path):
+            items.append(item)
+    return items
+
+
+def still_present(items: Iterable[ShmItem]) -> list[ShmItem]:
+    left = []
+    for item in items:
+        try:
+            if os.stat(item.path).st_ino == item.inode:
+                left.append(item)
+        except OSError:
+            pass
+    return left
+
+
+def settle(items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
+    """What is still there; a dropped ``SharedMemory`` is unlinked by its finalizer or its
+    owner's cleanup: one ``gc.collect()``, then short polls until ``deadline``."""
+    left = still_present(items)
+    if not left:
+        return left
+    gc.collect()
+    left = still_present(left)
+    delay = 0.005
+    while left and time.monotonic() < deadline:
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.05)
+        left = still_present(left)
+    return left
+
+
+# --- who holds it ------------------------------------------------------------------------------
+
+
+def _holds(pid: int | str, paths: Mapping[str, str]) -> set[str]:
+    """Which of ``paths`` (path → name) ``pid`` maps or has open."""
+    found: set[str] = set()
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if "/dev/shm/" in line:
+                    path = line.rstrip("\n").split(None, 5)[-1].removesuffix(" (deleted)")
+                    if path in paths:
+                        found.add(paths[path])
+    except OSError:
+        pass
+    base = f"/proc/{pid}/fd"
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return found
+    for fd in names:
+        try:
+            target = os.readlink(f"{base}/{fd}")
+        except OSError:
+            continue
+        if target in paths:
+            found.add(paths[target])
+    return found
+
+
+def holders_of(names: Iterable[str], pids: Iterable[int]) -> dict[str, list[int]]:
+    """name → the pids among ``pids`` that map the segment or hold it open."""
+    paths = {os.path.join(_cheap.SHM_DIR, name): name for name in names}
+    found: dict[str, list[int]] = {name: [] for name in paths.values()}
+    for pid in pids:
+        for name in _holds(pid, paths):
+            found[name].append(pid)
+    return found
+
+
+def _all_pids() -> list[int]:
+    try:
+        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+    except OSError:
+        return []
+
+
+_PID_TOKEN = re.compile(r"\d+")
+
+
+def named_by(name: str, pids: Iterable[int]) -> bool:
+    """Whether the segment's name carries one of ``pids`` (``psd_<pid>_...``,
+    ``sem.loky-<pid>-...``): the convention that ties a segment to its process."""
+    wanted = {str(pid) for pid in pids}
+    return any(token in wanted for token in _PID_TOKEN.findall(name))
+
+
+def attribute(
+    items: Sequence[ShmItem], tree: Iterable[int]
+) -> tuple[list[ShmItem], dict[str, list[int]]]:
+    """The items that are this tree's, and name → holders in the tree. A segment is the tree's
+    when a process of ``tree`` maps it or has it open, or when no process holds it and its name
+    carries a pid of the tree (its creator died or closed it without unlinking). An unheld
+    segment with no such name cannot be told from another user process's on a shared host: it
+    is left out (docs/limits.md). Only called once something new is there."""
+    tree = set(tree)
+    names = [item.name for item in items]
+    holders = holders_of(names, sorted(tree))
+    mine = [
+        item for item in items if holders[item.name] or named_by(item.name, tree)
+    ]
+    return mine, holders
+
+
+def _segment_objects(names: Iterable[str]) -> dict[str, list[object]]:
+    """name → ``multiprocessing.shared_memory.SharedMemory`` objects attached to it."""
+    import sys  # noqa: PLC0415
+
+    module = sys.modules.get("multiprocessing.shared_memory")
+    wanted = set(names)
+    found: dict[str, list[object]] = {}
+    if module is None or not wanted:
+        return found
+    kind = module.SharedMemory
+    for obj in gc.get_objects():
+        if issubclass(type(obj), kind):
+            name = str(getattr(obj, "_name", "")).lstrip("/")
+            if name in wanted:
+                found.setdefault(name, []).append(obj)
+    return found
+
+
+def describe(item: ShmItem, holders: Sequence[int]) -> dict[str, Any]:
+    try:
+        size: int | None = os.stat(item.path).st_size
+    except OSError:
+        size = None
+    match = _CREATOR.match(item.name)
+    creator: dict[str, Any] | None = None  # the process that named it, responsible for it
+    if match:
+        pid = int(match.group(1))
+        alive = os.path.exists(f"/proc/{pid}")
+        creator = {"pid": pid, "alive": alive, "process": _process_name(pid) if alive else None}
+    kind = "semaphore" if item.name.startswith("sem.") else "segment"
+    held = [{"pid": pid, "process": _process_name(pid)} for pid in holders]
+    if held:
+        who = "held by " + ", ".join(f"pid {h['pid']} ({h['process']})" for h in held)
+    elif creator is not None and not creator["alive"]:
+        who = f"no process holds it; pid {creator['pid']}, which named it, is gone"
+    else:
+        who = "no process holds it (its creator exited or closed it without unlinking it)"
+    sized = f", {size} bytes" if size is not None else ""
+    return {
+        "name": item.name,
+        "kind": kind,
+        "size": size,
+        "holders": held,
+        "creator": creator,
+        "what": f"{kind} /dev/shm/{item.name}{sized}, {who}",
+    }
+
+
+def _process_name(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def shm_findings(
+    records: Sequence[Mapping[str, Any]],
+    *,
+    subject: str,
+    grace: float,
+    extra: Mapping[str, Any] | None = None,
+) -> list[Finding]:
+    """One ``shm-leak`` finding for the segments left by ``subject``."""
+    if not records:
+        return []
+    count = len(records)
+    listed = "; ".join(r["what"] for r in records[:8])
+    more = f"; and {count - 8} more" if count > 8 else ""
+    when = f"{grace:g} s after it ended" if grace > 0 else "when it ended"
+    return [
+        Finding(
+            "shm-leak",
+            f"{count} shared-memory segment{'s' if count != 1 else ''} created in {subject} "
+            f"still present {when}: {listed}{more}.",
+            {"segments": [dict(r) for r in records], "grace_s": grace, **dict(extra or {})},
+        )
+    ]
+
+
+def unlink(items: Iterable[ShmItem]) -> list[str]:
+    """Unlink the segments (the ones still the same file); the names unlinked."""
+    done = []
+    for item in still_present(items):
+        try:
+            os.unlink(item.path)
+            done.append(item.name)
+        except OSError:
+            pass
+    return done
+
+
+class ShmKind:
+    """The ``shm`` resource kind (see the module docstring)."""
+
+    name = "shm"
+    allow_key = "shm"
+    stateful = False
+
+    def __init__(self) -> None:
+        self._holders: dict[str, list[int]] = {}
+
+    def snapshot(self) -> ShmSnapshot:
+        return take_shm_snapshot()
+
+    def new_since(self, before: ShmSnapshot, allow: object = None) -> list[ShmItem]:
+        if allow is True:
+            return []
+        items = new_segments(before)
+        if not items:
+            return items
+        from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
+
+        mine, holders = attribute(items, [os.getpid(), *descendant_pids()])
+        self._holders.update(holders)
+        return mine
+
+    def absorb(
+        self, before: ShmSnapshot, start: ShmSnapshot | None, end: ShmSnapshot | None = None
+    ) -> ShmSnapshot:
+        """Segments a wider-scope fixture created between ``start`` and ``end`` (now, when
+        None) are no test's."""
+        if start is None:
+            return before
+        end = end if end is not None else take_shm_snapshot()
+        if start.state == end.state:
+            return before
+        entries = dict(before.entries)
+        for name, inode in end.entries.items():
+            if start.entries.get(name) != inode:
+                entries[name] = inode
+        return ShmSnapshot(before.state, entries)
+
+    def diff(self, before: object, after: object) -> tuple[()]:
+        return ()
+
+    def targets(self, items: Sequence[ShmItem]) -> dict[ShmItem, object]:
+        """The ``SharedMemory`` object attached to each segment (its owner owns the segment)."""
+        objects = _segment_objects(item.name for item in items)
+        return {item: objects[item.name][0] for item in items if objects.get(item.name)}
+
+    def settle(self, items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
+        return settle(items, deadline)
+
+    def describe(self, items: Sequence[ShmItem]) -> list[dict[str, Any]]:
+        from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
+
+        holders = holders_of([i.name for i in items], [os.getpid(), *descendant_pids()])
+        return [describe(item, holders.get(item.name, ())) for item in items]
+
+    def findings(
+        self,
+        items: Sequence[ShmItem],
+        subject: str,
+        *,
+        grace: float,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[Finding]:
+        self._holders.clear()
+        return shm_findings(self.describe(items), subject=subject, grace=grace, extra=extra)
+
+    def restore(self, items: Sequence[ShmItem]) -> None:
+        """Fail mode: unlink the segments no process holds (their creator is gone); a held one
+        is left to its holder."""
+        left = still_present(items)
+        holders = holders_of([i.name for i in left], _all_pids())
+        unlink(i for i in left if not holders.get(i.name))

@@ -1,0 +1,201 @@
+"""The fds kind and the socket tables: snapshot, diff and description, on real descriptors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+import pytest
+
+from pytest_shutdown.ownership import find_owners
+from pytest_shutdown.resources.fds import FdKind, new_fds, settle, take_fd_snapshot
+from pytest_shutdown.resources.sockets import read_socket_table, socket_inode
+
+KIND = FdKind()
+
+
+def _describe(items):  # noqa: ANN001, ANN202
+    return {r["fd"]: r for r in KIND.describe(items)}
+
+
+def test_nothing_new_when_a_block_closes_what_it_opens() -> None:
+    before = take_fd_snapshot()
+    r, w = os.pipe()
+    with open(__file__, encoding="utf-8"):
+        pass
+    os.close(r)
+    os.close(w)
+    assert new_fds(before) == []
+
+
+def test_a_pipe_left_open_is_named_by_its_ends() -> None:
+    before = take_fd_snapshot()
+    r, w = os.pipe()
+    try:
+        found = _describe(new_fds(before))
+        assert set(found) == {r, w}
+        assert found[r]["kind"] == "pipe" and "read end" in found[r]["what"]
+        assert "write end" in found[w]["what"]
+        assert "raw os.open" in found[r]["opened_by"]  # no Python object wraps it
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_file_is_named_by_its_path_and_the_object_holding_it(tmp_path) -> None:  # noqa: ANN001
+    before = take_fd_snapshot()
+    path = tmp_path / "data.txt"
+    f = open(path, "w", encoding="utf-8")  # noqa: SIM115
+    try:
+        kind = FdKind()
+        (record,) = kind.describe(kind.new_since(before))
+        assert record["kind"] == "file" and str(path) in record["what"]
+        assert "write" in record["what"]
+        assert record["opened_by"] == "held by io.BufferedWriter, io.FileIO, io.TextIOWrapper"
+    finally:
+        f.close()
+
+
+def test_sockets_are_named_by_their_addresses() -> None:
+    before = take_fd_snapshot()
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    accepted, _ = server.accept()
+    try:
+        found = _describe(new_fds(before))
+        port = server.getsockname()[1]
+        assert found[server.fileno()]["what"] == f"TCP socket listening on 127.0.0.1:{port}"
+        assert found[server.fileno()]["listening"] is True
+        what = found[client.fileno()]["what"]
+        assert what.startswith("TCP socket 127.0.0.1:") and what.endswith(f"-> 127.0.0.1:{port}")
+    finally:
+        for s in (accepted, client, server):
+            s.close()
+
+
+def test_udp_ipv6_and_unix_sockets(tmp_path) -> None:  # noqa: ANN001
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind(("127.0.0.1", 0))
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    path = str(tmp_path / "ctl.sock")
+    unix.bind(path)
+    unix.listen()
+    abstract = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    abstract.bind(b"\0pytest-shutdown-test-" + str(os.getpid()).encode())
+    socks = [udp, unix, abstract]
+    try:
+        v6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        v6.bind(("::1", 0))
+        v6.listen()
+        socks.append(v6)
+    except OSError:
+        v6 = None
+    try:
+        inodes = {s: socket_inode(os.readlink(f"/proc/self/fd/{s.fileno()}")) for s in socks}
+        table = read_socket_table(inodes.values())
+        udp_port = udp.getsockname()[1]
+        assert table[inodes[udp]].describe() == f"UDP socket bound to 127.0.0.1:{udp_port}"
+        assert table[inodes[unix]].local == path and table[inodes[unix]].listening
+        assert table[inodes[abstract]].local.startswith("@pytest-shutdown-test-")
+        assert all(table[i].bound for i in inodes.values())
+        if v6 is not None:
+            assert table[inodes[v6]].local == f"[::1]:{v6.getsockname()[1]}"
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "eventfd"), reason="os.eventfd needs Python 3.10 on Linux")
+def test_an_eventfd_and_an_epoll_instance() -> None:
+    import select
+
+    before = take_fd_snapshot()
+    efd = os.eventfd(0)
+    ep = select.epoll()
+    try:
+        found = _describe(new_fds(before))
+        assert found[efd]["what"] == "eventfd"
+        assert found[ep.fileno()]["what"] == "epoll instance"
+    finally:
+        os.close(efd)
+        ep.close()
+
+
+def test_process_lifetime_descriptors_are_never_new() -> None:
+    before = take_fd_snapshot()
+    fd = os.open("/dev/urandom", os.O_RDONLY)
+    try:
+        assert new_fds(before) == []
+    finally:
+        os.close(fd)
+
+
+def test_settle_collects_a_dropped_socket_and_keeps_a_held_one() -> None:
+    before = take_fd_snapshot()
+    held = socket.socket()
+    socket.socket()  # dropped at once: closed by its finalizer
+    dropped_cycle = [socket.socket()]
+    dropped_cycle.append(dropped_cycle)  # only gc.collect() closes it
+    del dropped_cycle
+    items = new_fds(before)
+    try:
+        left = settle(items, time.monotonic() + 0.2)
+        assert [i.fd for i in left] == [held.fileno()]
+    finally:
+        held.close()
+    assert settle(left, time.monotonic()) == []
+
+
+def test_a_number_reused_by_another_file_is_not_the_same_descriptor(tmp_path) -> None:  # noqa: ANN001
+    before = take_fd_snapshot()
+    r, w = os.pipe()
+    items = [i for i in new_fds(before) if i.fd == r]
+    os.close(r)
+    reused = os.open(str(tmp_path), os.O_RDONLY)  # the lowest free number: r's
+    try:
+        assert reused == r
+        assert settle(items, time.monotonic()) == []
+    finally:
+        os.close(reused)
+        os.close(w)
+
+
+def test_a_descriptor_a_test_tool_holds_is_never_new() -> None:
+    import _pytest.capture
+
+    before = take_fd_snapshot()
+    tool = _pytest.capture.FDCapture(2)  # pytest's own capture: a temporary file it holds
+    try:
+        assert [i for i in new_fds(before) if i.fd == tool.tmpfile.fileno()]
+        left = {i.fd for i in FdKind().new_since(before)}
+        assert tool.tmpfile.fileno() not in left
+    finally:
+        tool.tmpfile.close()
+        os.close(tool.targetfd_save)
+
+
+def test_owners_name_a_module_global() -> None:
+    import sys
+    import types
+
+    module = types.ModuleType("leaky_global_module")
+    sys.modules[module.__name__] = module
+    before = take_fd_snapshot()
+    module.SOCK = socket.socket()  # type: ignore[attr-defined]
+    loose = socket.socket()
+    try:
+        kind = FdKind()
+        items = kind.new_since(before)
+        owners = find_owners(kind.targets(items), {})
+        by_fd = {item.fd: owner for item, owner in owners.items()}
+        fd = module.SOCK.fileno()  # type: ignore[attr-defined]
+        assert by_fd[fd].kind == "module-global"
+        assert by_fd[fd].name == "leaky_global_module.SOCK"
+        assert loose.fileno() not in by_fd
+        records = {r["fd"]: r for r in kind.describe(items)}
+        assert records[loose.fileno()]["python_objects"] == ["socket.socket"]
+    finally:
+        module.SOCK.close()  # type: ignore[attr-defined]
+        loose.close()
+        del sys.modules[module.__name__]

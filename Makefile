@@ -8,6 +8,9 @@
 #   make test PYTEST_ARGS="-k renderer -x"
 #   make vllm-check               the helpers on vLLM's own classes (examples/vllm) in a side
 #                                 venv, .venv-vllm, with the vllm 0.33.0 wheel; not part of test
+#   make sglang-check             the checks on SGLang's own shutdown code (examples/sglang) in
+#                                 a side venv, .venv-sglang, with the sglang 0.5.23 wheel; not
+#                                 part of test
 PYTHON ?= python3
 VENV ?= .venv
 USE_SYSTEM_TORCH ?= 0
@@ -17,7 +20,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo docs lint clean vllm-check
+.PHONY: venv test demo docs lint clean vllm-check sglang-check
 
 venv: $(STAMP)
 
@@ -38,9 +41,12 @@ docs: $(STAMP)
 vllm-check:
 	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/vllm-check
 
+sglang-check:
+	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/sglang-check
+
 lint: $(STAMP)
 	$(BIN)/ruff check pytest_shutdown tests examples
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .venv-vllm site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-sglang site .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,48 @@
+"""Lists each check of ``examples/sglang`` against the SGLang code it exercised (``make sglang-check``).
+
+``@pytest.mark.exercises("sglang.module.function")`` names that code; the terminal summary
+prints one line per check: its outcome, its name and the SGLang code it ran on. Runs offline:
+the only model is ``tiny_model/config.json``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest_plugins = ["pytester"]  # the guard check runs a test file in a fresh pytest
+
+MARKER = "exercises"
+_OUTCOMES: dict[str, tuple[str, str]] = {}
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{MARKER}(target): the SGLang code a check runs on")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        marker = item.get_closest_marker(MARKER)
+        if marker is not None and marker.args:
+            item.user_properties.append((MARKER, str(marker.args[0])))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    target = dict(report.user_properties).get(MARKER)
+    if target is not None and (report.when == "call" or not report.passed):
+        outcome = "XFAIL" if hasattr(report, "wasxfail") and report.skipped else report.outcome
+        _OUTCOMES[report.nodeid] = (outcome.upper(), str(target))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _OUTCOMES:
+        return
+    terminalreporter.section("the SGLang code each check exercised")
+    rows = [(o, nodeid.rsplit("::", 1)[-1], t) for nodeid, (o, t) in _OUTCOMES.items()]
+    width = max(len(name) for _o, name, _t in rows)
+    for outcome, name, target in rows:
+        terminalreporter.write_line(f"{outcome:<7} {name:<{width}}  {target}")

@@ -1,4 +1,6 @@
-"""Lists each check of ``examples/sglang`` against the SGLang code it exercised (``make sglang-check``).
+"""Lists each check of ``examples/sglang`` against the SGLang code it exercised.
+
+``make sglang-check`` runs them.
 
 ``@pytest.mark.exercises("sglang.module.function")`` names that code; the terminal summary
 prints one line per check: its outcome, its name and the SGLang code it ran on. Runs offline:
@@ -8,12 +10,15 @@ the only model is ``tiny_model/config.json``.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["pytester"]  # the guard check runs a test file in a fresh pytest
-
+HERE = Path(__file__).resolve().parent
 MARKER = "exercises"
+#: Each Engine start spawns workers that import sglang: seconds on a quiet box, minutes on a
+#: loaded 2-core one. The project's 120 s pytest-timeout would cut them off.
+TIMEOUT_S = 900
 _OUTCOMES: dict[str, tuple[str, str]] = {}
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,6 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
+        if HERE in item.path.parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(TIMEOUT_S))
         marker = item.get_closest_marker(MARKER)
         if marker is not None and marker.args:
             item.user_properties.append((MARKER, str(marker.args[0])))

@@ -41,7 +41,7 @@ def test_a_killed_engine_process_takes_its_workers_with_it() -> None:
     assert death.processes_at_signal >= 3  # root, scheduler, detokenizer (+ resource tracker)
 
 
-@pytest.mark.exercises("sglang.srt.utils.watchdog.SubprocessWatchdog + launch_phase_sigquit_handler")
+@pytest.mark.exercises("sglang.srt.utils.watchdog.SubprocessWatchdog + SIGQUIT handler")
 def test_a_killed_scheduler_brings_the_whole_engine_down() -> None:
     death = assert_tree_dies(
         LAUNCHER, level="scheduler", signal="SIGKILL", levels=LEVELS,

@@ -82,7 +82,7 @@ def test_the_blanket_kill_takes_everything_with_it() -> None:
 
 @needs_collateral
 @ENGINE_LEAVES
-@pytest.mark.exercises("sglang.srt.entrypoints.engine.Engine.shutdown (kill scoped to its children)")
+@pytest.mark.exercises("sglang.srt.entrypoints.engine.Engine.shutdown (scoped kill)")
 def test_a_shutdown_scoped_to_the_engines_children_kills_nothing_else() -> None:
     engine = make_engine()
     assert_no_collateral(shutdown_scoped, engine)
@@ -141,7 +141,8 @@ def test_the_guard_sees_a_test_that_builds_an_engine_leave_the_process_clean(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER_TEST), encoding="utf-8")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+    path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
+    env = {**os.environ, "PYTHONPATH": path}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "shutdown", "-p", "no:cacheprovider",
          "-p", "no:randomly", "-q", "-W", "ignore", "test_inner.py"],

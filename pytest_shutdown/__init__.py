@@ -22,6 +22,7 @@ _LAZY: dict[str, str] = {
     "assert_finalizers_ok": "pytest_shutdown.checks.finalization",
     "assert_nonblocking_shutdown": "pytest_shutdown.checks.executors",
     "no_leaks": "pytest_shutdown.checks.leaks",
+    "assert_no_collateral": "pytest_shutdown.checks.collateral",
     "kill_process_trees": "pytest_shutdown.checks.leaks",
     "assert_device_memory_released": "pytest_shutdown.checks.leaks",
     "timeout_matrix": "pytest_shutdown.checks.timeouts",

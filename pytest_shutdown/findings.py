@@ -26,6 +26,12 @@ FINDING_CODES: Mapping[str, str] = {
     "where it requires it",
     "orphan-process": "a process of a tree outlived the death of part of the tree (an orphan)",
     "exit-hang": "a process did not exit: its exit blocked (a non-daemon thread, an untimed join)",
+    "global-state": "process-wide state (gc, a signal handler, the start method, an excepthook, "
+    "os.environ) was changed and not put back",
+    "atexit-holds-object": "an atexit callback registered during the test holds an object the "
+    "test created until the interpreter exits",
+    "collateral-kill": "a process the test did not start (a wider-scope fixture's, one alive "
+    "before it) died by a signal during the test",
 }
 
 

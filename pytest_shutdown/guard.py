@@ -36,32 +36,27 @@ from typing import Any
 import pytest
 
 from pytest_shutdown import origins
-from pytest_shutdown.checks.leaks import (
-    LeakSnapshot,
-    Started,
-    ThreadFilter,
-    await_exit,
-    kill_process_trees,
-    leak_findings,
-    process_running,
-    started_since,
-    take_snapshot,
-    thread_filter,
-)
+from pytest_shutdown.checks.leaks import Started, descendant_pids
+from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings import Finding, ShutdownContractError
-from pytest_shutdown.ownership import Owner, find_owners, objects_of, stdlib_helper_threads
+from pytest_shutdown.ownership import Owner, find_owners
 from pytest_shutdown.report import ShutdownReport, TestRecord, render_budget, render_findings
+from pytest_shutdown.resources import default_kinds
+from pytest_shutdown.resources.base import Allowance, ResourceKind
+from pytest_shutdown.resources.threads import TOOL_MODULES, is_tool_thread
 from pytest_shutdown.settings import AllowLeaks, GuardSettings, allow_leaks_of, budget_of
 
-__all__ = ["ShutdownGuard", "ShutdownLeakWarning"]
+__all__ = ["TOOL_MODULES", "ShutdownGuard", "ShutdownLeakWarning", "is_tool_thread"]
+
+#: kind name -> a snapshot of that kind
+Snapshot = dict[str, Any]
+#: kind name -> the items of that kind (objects, or Change records of a state kind)
+Found = dict[str, tuple[Any, ...]]
 
 
 class ShutdownLeakWarning(pytest.PytestWarning):
     """Emitted by ``pytest -p shutdown --shutdown-guard=warn`` for each test that leaked."""
 
-
-#: Top-level modules whose threads belong to the test tools, never to the code under test.
-TOOL_MODULES = frozenset({"execnet", "xdist", "pytest_timeout", "_pytest", "pluggy"})
 
 _ALLOW_KEY = pytest.StashKey["AllowLeaks | None"]()
 _BUDGET_KEY = pytest.StashKey[float]()
@@ -74,53 +69,44 @@ _GUARD_ERROR_TITLE = "shutdown guard"
 GUARD_SECTION = "Captured shutdown guard teardown"
 
 
-def is_tool_thread(thread: threading.Thread) -> bool:
-    """True for the test tools' own threads (pytest-timeout's timer, execnet I/O threads)."""
-    if thread.name.startswith("pytest_timeout "):
-        return True
-    target = getattr(thread, "_target", None)
-    module = getattr(target, "__module__", None) or type(thread).__module__ or ""
-    return module.partition(".")[0] in TOOL_MODULES
-
-
 def _is_pytest_timeout(exc: BaseException | None) -> bool:
     return exc is not None and _PYTEST_TIMEOUT_MARK in str(exc)
 
 
 @dataclass
 class _Owned:
-    """Threads and processes a wider-scope fixture started during its setup."""
+    """What a wider-scope fixture's setup started (object kinds) and the state before it (state
+    kinds): checked, and blamed on the fixture, when it is torn down."""
 
     fixture: str
     scope: str
     baseid: str
-    started: Started
-    freeze_before_setup: int
-    freeze_at_teardown: int | None = None
-
-    def teardown_started(self) -> None:
-        self.freeze_at_teardown = gc.get_freeze_count()
+    started: Found
+    state_before_setup: Snapshot
+    state_at_teardown: Snapshot | None = None
 
     def owner(self) -> dict[str, str]:
         return {"fixture": self.fixture, "scope": self.scope, "baseid": self.baseid}
 
-    def adopt(self, threads: tuple[threading.Thread, ...], pids: tuple[int, ...]) -> None:
-        """Threads and processes a test started that this fixture's value reaches: checked,
-        and blamed on the fixture, at its teardown."""
-        self.started = Started(self.started.threads + threads, self.started.pids + pids)
+    def subject(self) -> str:
+        return f"fixture {self.fixture!r} ({self.scope} scope)"
+
+    def adopt(self, kind: str, items: tuple[Any, ...]) -> None:
+        """Items a test started that this fixture's value reaches: checked, and blamed on the
+        fixture, at its teardown."""
+        self.started[kind] = self.started.get(kind, ()) + items
 
 
 @dataclass
 class _Watch:
-    """The guard's state for the test being run."""
+    """The guard's state for the test being run. ``before`` is each kind's baseline, with what
+    wider-scope fixtures did during the test's set-up and teardown absorbed into it."""
 
     item: pytest.Item
-    before: LeakSnapshot
+    before: Snapshot
     allow: AllowLeaks | None
     budget_s: float
-    excluded: set[Any] = field(default_factory=set)
-    freeze_adjust: int = 0
-    finished: list[tuple[_Owned, int]] = field(default_factory=list)
+    finished: list[tuple[_Owned, Snapshot]] = field(default_factory=list)
     timed_out: bool = False
     failed: bool = False
 
@@ -134,19 +120,36 @@ class ShutdownGuard:
         self.config = config
         self.settings = settings
         self.report = report
-        self.tools: ThreadFilter = thread_filter([is_tool_thread])
+        #: The resource kinds walked after every test, in the order their findings are listed.
+        self.kinds: list[ResourceKind] = default_kinds(settings.resources, settings=settings)
+        self._objects = [k for k in self.kinds if not k.stateful]
+        self._states = [k for k in self.kinds if k.stateful]
+        self._by_name = {k.name: k for k in self.kinds}
         self._watch: _Watch | None = None
         self._owned: dict[Any, _Owned] = {}
-        #: Threads and pids owned by a module global or class attribute -> what the report says.
+        #: (kind, item) owned by a module global or class attribute -> what the report says.
         self._long_lived: dict[Any, dict[str, Any]] = {}
         #: Failed setup/call reports by node id, to attach the teardown's findings to.
         self._failed_reports: dict[str, pytest.TestReport] = {}
         origins.install()
+        #: Subreaper + environment marker: nothing a test starts hides by being re-parented.
+        self.containment = Containment().engage()
+        #: What was running before any test: never swept at session end.
+        self._session_start_pids = descendant_pids()
+        self._session_start_threads = set(threading.enumerate())
+        #: Non-daemon threads tests left, alive at session end: they would block the exit.
+        self._blocking_exit: list[threading.Thread] = []
 
-    @pytest.hookimpl
+    @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         origins.uninstall()
         origins.set_current_test(None)
+        self.containment.release()
+        if self._blocking_exit and self.settings.mode == "fail":
+            # The report and the record log are written (the report plugin's sessionfinish).
+            from pytest_shutdown.exit_bound import bound_the_exit  # noqa: PLC0415
+
+            bound_the_exit(self._blocking_exit, self.settings.grace_s, self._exitstatus)
 
     # --- collection: markers are validated once, here ---
 
@@ -170,7 +173,7 @@ class ShutdownGuard:
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, object, object]:
         allow = item.stash.get(_ALLOW_KEY, None)
         budget = item.stash.get(_BUDGET_KEY, self.settings.budget_s)
-        self._watch = _Watch(item, take_snapshot(), allow, budget)
+        self._watch = _Watch(item, self._snapshot(self.kinds), allow, budget)
         origins.set_current_test(item.nodeid)
         result = yield
         marker_error = item.stash.get(_MARKER_ERROR_KEY, None)
@@ -297,6 +300,16 @@ class ShutdownGuard:
         setattr(error, _GUARD_ATTR, plain)
         raise error
 
+    # --- snapshots ---
+
+    @staticmethod
+    def _snapshot(kinds: list[ResourceKind]) -> Snapshot:
+        return {kind.name: kind.snapshot() for kind in kinds}
+
+    @staticmethod
+    def _allowance(allow: AllowLeaks | None, kind: ResourceKind) -> Allowance:
+        return allow.allowance(kind.allow_key) if allow is not None else None
+
     # --- wider-scope fixtures own what their setup started ---
 
     @pytest.hookimpl(wrapper=True)
@@ -306,24 +319,35 @@ class ShutdownGuard:
         watch = self._watch
         if fixturedef.scope == "function" or watch is None:
             return (yield)
-        before = take_snapshot()
+        start = self._snapshot(self.kinds)
         try:
             return (yield)
         finally:
-            started = started_since(before, allow=self.tools)
+            started: Found = {}
+            for kind in self._objects:
+                items = tuple(kind.new_since(start[kind.name]))
+                if items:
+                    started[kind.name] = items
             owned = _Owned(
                 fixturedef.argname,
                 fixturedef.scope,
                 fixturedef.baseid,
                 started,
-                before.freeze_count,
+                {kind.name: start[kind.name] for kind in self._states},
             )
             self._owned[fixturedef] = owned
-            watch.excluded.update(started.threads)
-            watch.excluded.update(started.pids)
-            watch.freeze_adjust += gc.get_freeze_count() - before.freeze_count
+            end = self._snapshot(self._states)
+            for kind in self.kinds:  # what its set-up started or changed is not the test's
+                if watch.before.get(kind.name) is not None:
+                    watch.before[kind.name] = kind.absorb(
+                        watch.before[kind.name], start[kind.name], end.get(kind.name)
+                    )
+
+            def teardown_started() -> None:
+                owned.state_at_teardown = self._snapshot(self._states)
+
             # Finalizers run last-in first-out: this one runs before the fixture's own teardown.
-            fixturedef.addfinalizer(owned.teardown_started)
+            fixturedef.addfinalizer(teardown_started)
 
     def pytest_fixture_post_finalizer(
         self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
@@ -331,22 +355,26 @@ class ShutdownGuard:
         owned = self._owned.pop(fixturedef, None)
         if owned is None:
             return
-        freeze_now = gc.get_freeze_count()
+        now = self._snapshot(self._states)
         watch = self._watch
         if watch is None:  # torn down outside any test (e.g. an interrupted session)
-            self._finish_orphan(owned, freeze_now)
+            self._finish_orphan(owned, now)
             return
-        # Whatever the fixture's teardown changed in the freeze count is the fixture's.
-        at_teardown = (
-            owned.freeze_at_teardown if owned.freeze_at_teardown is not None else freeze_now
-        )
-        watch.freeze_adjust += freeze_now - at_teardown
-        watch.finished.append((owned, freeze_now))
+        # Whatever the fixture's teardown changed is the fixture's.
+        at_teardown = owned.state_at_teardown if owned.state_at_teardown is not None else now
+        for kind in self._states:
+            watch.before[kind.name] = kind.absorb(
+                watch.before[kind.name], at_teardown[kind.name], now[kind.name]
+            )
+        watch.finished.append((owned, now))
 
-    def _finish_orphan(self, owned: _Owned, freeze_now: int) -> None:
-        left = await_exit(owned.started, self.settings.grace_s)
-        findings = self._owned_findings(owned, left, freeze_now)
-        self._restore(left.pids, owned.freeze_before_setup, freeze_now)
+    def _finish_orphan(self, owned: _Owned, state_now: Snapshot) -> None:
+        deadline = time.monotonic() + self.settings.grace_s
+        left = {
+            kind.name: tuple(kind.settle(owned.started.get(kind.name, ()), deadline))
+            for kind in self._objects
+        }
+        findings = self._owned_findings(owned, left, state_now)
         if findings:
             self.report.add(
                 TestRecord(
@@ -358,88 +386,105 @@ class ShutdownGuard:
             )
 
     def _owned_findings(
-        self, owned: _Owned, left: Started, freeze_now: int, grace: float | None = None
+        self, owned: _Owned, left: Found, state_now: Snapshot, grace: float | None = None
     ) -> list[Finding]:
-        return leak_findings(
-            left,
-            grace=self.settings.grace_s if grace is None else grace,
-            subject=f"fixture {owned.fixture!r} ({owned.scope} scope)",
-            freeze_before=owned.freeze_before_setup,
-            freeze_after=freeze_now,
-            extra={"owner": owned.owner()},
-        )
+        """The fixture's findings (what it left of each kind), then, in fail mode, order
+        restored for what it owns."""
+        grace = self.settings.grace_s if grace is None else grace
+        extra = {"owner": owned.owner()}
+        findings: list[Finding] = []
+        restore: list[tuple[ResourceKind, tuple[Any, ...]]] = []
+        for kind in self.kinds:
+            if kind.stateful:
+                items = tuple(kind.diff(owned.state_before_setup[kind.name], state_now[kind.name]))
+            else:
+                items = left.get(kind.name, ())
+            if items:
+                findings.extend(kind.findings(items, owned.subject(), grace=grace, extra=extra))
+                restore.append((kind, items))
+        if self.settings.mode == "fail":
+            for kind, items in restore:
+                kind.restore(items)
+        return findings
 
     # --- checking and restoring order ---
 
     def _check(self, watch: _Watch) -> list[Finding]:
-        allow = watch.allow
-        threads = not (allow is not None and allow.threads is True)
-        processes = not (allow is not None and allow.processes)
-        gc_freeze = not (allow is not None and allow.gc_freeze)
-        filt = self.tools
-        if allow is not None and isinstance(allow.threads, tuple):
-            filt = thread_filter([is_tool_thread, *allow.threads])
-        started = started_since(watch.before, threads=threads, processes=processes, allow=filt)
-        freeze_now = gc.get_freeze_count()
-        expected = watch.before.freeze_count + watch.freeze_adjust
-        if not started and not watch.finished and (freeze_now == expected or not gc_freeze):
+        found: Found = {}
+        allowed: set[str] = set()
+        for kind in self.kinds:
+            allowance = self._allowance(watch.allow, kind)
+            if allowance is True:
+                allowed.add(kind.name)
+                continue
+            items = tuple(kind.new_since(watch.before[kind.name], allowance))
+            if items:
+                found[kind.name] = items
+        if not found and not watch.finished:
             return []  # the common case: nothing to wait for, nothing to report
-        live_owned = [o.started for o in self._owned.values()]
-        started = started.without(
-            [t for t in started.threads if t in watch.excluded]
-            + [t for s in live_owned for t in s.threads],
-            [p for p in started.pids if p in watch.excluded]
-            + [p for s in live_owned for p in s.pids],
-        )
+        live_owned: dict[str, set[Any]] = {}
+        for owned in self._owned.values():
+            for name, items in owned.started.items():
+                live_owned.setdefault(name, set()).update(items)
+        for kind in self._objects:
+            if kind.name in found and kind.name in live_owned:
+                found[kind.name] = tuple(
+                    i for i in found[kind.name] if i not in live_owned[kind.name]
+                )
         # Whose is it? Decided before any wait, so that what others own costs no grace.
-        started = self._without_owned(started, watch.item.nodeid)
-        fixtures = Started(
-            tuple(t for o, _ in watch.finished for t in o.started.threads),
-            tuple(p for o, _ in watch.finished for p in o.started.pids),
-        )
+        found = self._without_owned(found, watch.item.nodeid)
+        fixtures: Found = {}
+        for owned, _ in watch.finished:
+            for name, items in owned.started.items():
+                fixtures[name] = fixtures.get(name, ()) + items
+        now = time.monotonic()
+        alive: dict[str, set[Any]] = {}
         if watch.timed_out or watch.failed:
             # The test already failed (or timed out): no grace for its own leftovers, which go
             # with its failure; fixtures torn down here still get theirs.
             grace = 0.0
-            alive = await_exit(started, 0.0, collect=False) if started else Started()
-            if fixtures:
-                left = await_exit(fixtures, self.settings.grace_s)
-                alive = Started(alive.threads + left.threads, alive.pids + left.pids)
+            deadline = now + self.settings.grace_s
+            for kind in self._objects:
+                mine = kind.settle(found.get(kind.name, ()), now) if kind.name in found else ()
+                theirs = kind.settle(fixtures.get(kind.name, ()), deadline) if fixtures else ()
+                alive[kind.name] = set(mine) | set(theirs)
         else:  # one deadline for the test's own leftovers and those of fixtures torn down here
             grace = self.settings.grace_s
-            combined = Started(started.threads + fixtures.threads, started.pids + fixtures.pids)
-            alive = await_exit(combined, grace) if combined else Started()
+            deadline = now + grace
+            for kind in self._objects:
+                combined = found.get(kind.name, ()) + fixtures.get(kind.name, ())
+                alive[kind.name] = set(kind.settle(combined, deadline)) if combined else set()
         findings: list[Finding] = []
-        still_threads = set(alive.threads)
-        still_pids = set(alive.pids)
-        for owned, freeze_at_finish in watch.finished:
-            left = Started(
-                tuple(t for t in owned.started.threads if t in still_threads),
-                tuple(p for p in owned.started.pids if p in still_pids),
-            )
+        for owned, state_at_finish in watch.finished:
+            left = {
+                name: tuple(i for i in items if i in alive.get(name, ()))
+                for name, items in owned.started.items()
+            }
+            before_restore = self._snapshot(self._states)
             findings.extend(
                 self._owned_findings(
-                    owned, left, freeze_at_finish, 0.0 if watch.timed_out else None
+                    owned, left, state_at_finish, 0.0 if watch.timed_out else None
                 )
             )
-            before_restore = gc.get_freeze_count()
-            self._restore(left.pids, owned.freeze_before_setup, freeze_at_finish)
-            expected += gc.get_freeze_count() - before_restore  # an unfreeze is not the test's
-        mine = Started(
-            tuple(t for t in started.threads if t in still_threads),
-            tuple(p for p in started.pids if p in still_pids),
-        )
-        freeze_now = gc.get_freeze_count()
-        findings.extend(
-            leak_findings(
-                mine,
-                grace=grace,
-                subject=watch.item.name,
-                freeze_before=expected if gc_freeze else None,
-                freeze_after=freeze_now if gc_freeze else None,
-            )
-        )
-        self._restore(mine.pids, expected if gc_freeze else freeze_now, freeze_now)
+            after_restore = self._snapshot(self._states)
+            for kind in self._states:  # an undo of the fixture's change is not the test's
+                watch.before[kind.name] = kind.absorb(
+                    watch.before[kind.name], before_restore[kind.name], after_restore[kind.name]
+                )
+        restore: list[tuple[ResourceKind, tuple[Any, ...]]] = []
+        for kind in self.kinds:
+            if kind.name in allowed:
+                continue
+            if kind.stateful:
+                items = tuple(kind.new_since(watch.before[kind.name]))
+            else:
+                items = tuple(i for i in found.get(kind.name, ()) if i in alive[kind.name])
+            if items:
+                findings.extend(kind.findings(items, watch.item.name, grace=grace))
+                restore.append((kind, items))
+        if self.settings.mode == "fail":  # warn mode changes nothing in the run
+            for kind, items in restore:
+                kind.restore(items)
         return findings
 
     def _fixture_roots(self) -> dict[int, tuple[Any, str, object]]:
@@ -457,41 +502,51 @@ class ShutdownGuard:
                             roots[id(arg)] = (fixturedef, name, arg)
         return roots
 
-    def _without_owned(self, started: Started, nodeid: str) -> Started:
+    def _without_owned(self, found: Found, nodeid: str) -> Found:
         """Drop what outlives the test: a live wider-scope fixture's (checked at its teardown),
         a module global's or class attribute's (listed at session end), the standard library's
         process-lifetime helpers. What is left is the test's own."""
-        if not started:
-            return started
-        helpers = stdlib_helper_threads()
-        threads = tuple(t for t in started.threads if t not in helpers)
-        parents = _parent_pids(started.pids)
-        owners = find_owners(objects_of(threads, started.pids, parents), self._fixture_roots())
+        targets: dict[Any, object] = {}
+        for kind in self._objects:
+            items = found.get(kind.name)
+            if items:
+                for item, obj in kind.targets(items).items():
+                    targets[(kind.name, item)] = obj
+        if not targets:
+            return found
+        owners = find_owners(targets, self._fixture_roots())
         if not owners:
-            return Started(threads, started.pids)
+            return found
         for fixturedef, owned in self._owned.items():
-            adopted_threads = tuple(t for t in threads if _fixture_of(owners.get(t)) is fixturedef)
-            adopted_pids = tuple(
-                p for p in started.pids if _fixture_of(owners.get(p)) is fixturedef
-            )
-            if adopted_threads or adopted_pids:
-                owned.adopt(adopted_threads, adopted_pids)
+            for kind in self._objects:
+                adopted = tuple(
+                    i
+                    for i in found.get(kind.name, ())
+                    if _fixture_of(owners.get((kind.name, i))) is fixturedef
+                )
+                if adopted:
+                    owned.adopt(kind.name, adopted)
         for key, owner in owners.items():
             if owner.kind != "fixture" and key not in self._long_lived:
                 self._long_lived[key] = _long_lived_record(key, owner, nodeid)
-        return Started(
-            tuple(t for t in threads if t not in owners),
-            tuple(p for p in started.pids if p not in owners),
-        )
+        return {
+            name: tuple(i for i in items if (name, i) not in owners)
+            for name, items in found.items()
+        }
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """List the long-lived resources still alive; with ``--shutdown-long-lived=fail`` (on
         the controller, after the workers' lists are merged) they fail the session."""
+        now = time.monotonic()
         for key, record in self._long_lived.items():
-            alive = key.is_alive() if isinstance(key, threading.Thread) else process_running(key)
-            if alive:
+            name, item = key
+            kind = self._by_name.get(name)
+            if kind is not None and kind.settle((item,), now):
                 self.report.add_long_lived(record)
+        self._sweep_session()
+        self._note_threads_blocking_exit()
+        self._exitstatus = int(session.exitstatus)
         self._long_lived.clear()
         if hasattr(self.config, "workerinput"):
             return
@@ -499,24 +554,106 @@ class ShutdownGuard:
             if session.exitstatus == pytest.ExitCode.OK:
                 session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
-    def _restore(self, pids: tuple[int, ...], freeze_expected: int, freeze_now: int) -> None:
-        """Fail mode only: kill leaked process trees; undo a leaked gc.freeze() when there was
-        none before. Warn mode changes nothing in the run."""
-        if self.settings.mode != "fail":
+    _exitstatus = 0
+
+    def _note_threads_blocking_exit(self) -> None:
+        """Non-daemon threads started during the session and still alive block the interpreter's
+        exit (``threading._shutdown`` joins them): say so; fail mode bounds the exit."""
+        from pytest_shutdown.checks.leaks import leak_findings  # noqa: PLC0415
+
+        kind = self._by_name.get("threads")
+        tools = getattr(kind, "tools", None)
+        blocking = [
+            t
+            for t in threading.enumerate()
+            if t not in self._session_start_threads
+            and not t.daemon
+            and t.is_alive()
+            and t is not threading.current_thread()
+            and not isinstance(t, threading._DummyThread)
+            and not (tools is not None and tools(t))
+        ]
+        if not blocking:
             return
-        if pids:
-            kill_process_trees(pids, timeout=5.0)
-        if freeze_now > freeze_expected == 0:
-            gc.unfreeze()
+        self._blocking_exit = blocking
+        findings = leak_findings(Started(tuple(blocking)), grace=0.0, subject="the session")
+        plain = [f.to_dict() for f in findings]
+        for finding in plain:
+            names = ", ".join(repr(t.name) for t in blocking)
+            finding["message"] = (
+                f"{len(blocking)} non-daemon thread{'s' if len(blocking) != 1 else ''} started "
+                f"by the session's tests still running at session end: {names}; "
+                + (
+                    f"the exit waits at most the {self.settings.grace_s:g} s grace for "
+                    "them instead of hanging."
+                    if self.settings.mode == "fail"
+                    else "the interpreter's exit will wait for them (forever if they never end)."
+                )
+            )
+        self.report.add_findings("<session end>", plain)
+
+    def _sweep_session(self) -> None:
+        """At session end, nothing a test started may remain: descendants started since the
+        session began (found however they were re-parented) that no module global owns are
+        listed as ``process-leak`` of the session; fail mode kills them. Adopted zombies are
+        reaped. Not on the xdist controller (its workers sweep their own)."""
+        if self.config.pluginmanager.hasplugin("dsession"):
+            return
+        from pytest_shutdown.checks.leaks import (  # noqa: PLC0415
+            _walk_descendants,
+            kill_process_trees,
+            multiprocessing_helper_pids,
+            process_running,
+        )
+        from pytest_shutdown.containment import reap_adopted  # noqa: PLC0415
+        from pytest_shutdown.resources.processes import ProcessKind  # noqa: PLC0415
+
+        now = descendant_pids()
+        if not self.containment.subreaper:  # re-parented ones are found by their marker
+            now = now | frozenset(self.containment.stray_marked(now))
+        if not now:
+            return
+        kept = set(self._session_start_pids) | set(multiprocessing_helper_pids())
+        for name, item in self._long_lived:
+            if name == "processes":  # a global's pool, listed as long-lived: not swept
+                kept.add(item)
+                kept.update(_walk_descendants(item) or ())
+        left = tuple(sorted(p for p in now - kept if process_running(p)))
+        reap_adopted(now - set(left))
+        if not left:
+            return
+        findings = ProcessKind().findings(left, "the session's tests", grace=0.0)
+        plain = [f.to_dict() for f in findings]
+        for finding in plain:
+            procs = finding["details"].get("processes", [])
+            described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in procs)
+            count = len(procs)
+            finding["message"] = (
+                f"{count} process{'es' if count != 1 else ''} started by the session's tests "
+                f"still running at session end: {described}"
+                + ("; killed." if self.settings.mode == "fail" else ".")
+            )
+        self.report.add_findings("<session end>", plain)
+        if self.settings.mode == "fail":
+            killed = kill_process_trees(left, timeout=5.0)
+            reap_adopted([*left, *(r["pid"] for r in killed)])
 
     def _kill_children(self, watch: _Watch) -> list[dict[str, Any]]:
         """On budget expiry: kill the test's child processes (not those of live fixtures)."""
-        started = started_since(watch.before, threads=False)
-        owned = {p for o in self._owned.values() for p in o.started.pids}
-        owned.update(p for p in self._long_lived if isinstance(p, int))  # a global's pool
-        pids = tuple(p for p in started.pids if p not in owned and p not in watch.excluded)
+        from pytest_shutdown.checks.leaks import kill_process_trees  # noqa: PLC0415
+        from pytest_shutdown.resources.processes import ProcessKind, parent_pids  # noqa: PLC0415
+
+        kind = self._by_name.get("processes")
+        processes = kind if isinstance(kind, ProcessKind) else ProcessKind()
+        before = watch.before.get("processes", frozenset())
+        started = processes.new_since(before)
+        owned = {p for o in self._owned.values() for p in o.started.get("processes", ())}
+        owned.update(item for name, item in self._long_lived if name == "processes")
+        pids = tuple(p for p in started if p not in owned)
         if pids:  # a pool a fixture value or a global reaches is not the test's to kill
-            others = find_owners(objects_of((), pids, _parent_pids(pids)), self._fixture_roots())
+            from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
+
+            others = find_owners(objects_of((), pids, parent_pids(pids)), self._fixture_roots())
             pids = tuple(p for p in pids if p not in others)
         return kill_process_trees(pids, timeout=2.0) if pids else []
 
@@ -525,35 +662,19 @@ def _fixture_of(owner: Owner | None) -> Any:
     return owner.key if owner is not None and owner.kind == "fixture" else None
 
 
-def _parent_pids(pids: tuple[int, ...]) -> dict[int, int]:
-    """pid -> parent pid, for the processes and their ancestors (to reach a Process object)."""
-    if not pids:
-        return {}
-    import psutil  # noqa: PLC0415 - only when a child process is alive
-
-    parents: dict[int, int] = {}
-    for pid in pids:
-        current = pid
-        for _ in range(16):
-            try:
-                parent = psutil.Process(current).ppid()
-            except psutil.Error:
-                break
-            parents[current] = parent
-            current = parent
-            if parent in parents or parent <= 1:
-                break
-    return parents
-
-
-def _long_lived_record(key: Any, owner: Owner, nodeid: str) -> dict[str, Any]:
+def _long_lived_record(key: tuple[str, Any], owner: Owner, nodeid: str) -> dict[str, Any]:
     """What the summary says about a thread or process owned by a global (at session end)."""
-    if isinstance(key, threading.Thread):
-        origin = origins.origin_of_thread(key)
-        what: dict[str, Any] = {"kind": "thread", "name": key.name, "ident": key.ident}
+    item = key[1]
+    if isinstance(item, threading.Thread):
+        origin = origins.origin_of_thread(item)
+        what: dict[str, Any] = {"kind": "thread", "name": item.name, "ident": item.ident}
+    elif not isinstance(item, int):
+        origin = getattr(item, "origin", None)
+        describe = getattr(item, "describe", None)
+        what = {"kind": key[0], "name": describe() if callable(describe) else repr(item)}
     else:
-        origin = origins.origin_of_process(key)
-        what = {"kind": "process", "pid": key, "name": origin.what if origin else None}
+        origin = origins.origin_of_process(item)
+        what = {"kind": "process", "pid": item, "name": origin.what if origin else None}
     return {
         **what,
         "owner": owner.to_dict(),

@@ -31,10 +31,12 @@ from pytest_shutdown.forks import forget_in_child, undo_in_forked_child
 
 __all__ = [
     "Origin",
+    "capture_here",
     "install",
     "origin_of_process",
     "origin_of_thread",
     "process_object",
+    "recorded_processes",
     "set_current_test",
     "uninstall",
 ]
@@ -112,8 +114,14 @@ def _is_tool(filename: str) -> bool:
     return cached
 
 
-def _capture(what: str | None = None) -> Origin:
-    frame: types.FrameType | None = sys._getframe(2)  # the caller of the wrapped start()
+def capture_here() -> Origin:
+    """The creation site of whatever the caller's caller is doing now (e.g. an
+    ``atexit.register`` call seen by a wrapper)."""
+    return _capture(depth=3)
+
+
+def _capture(what: str | None = None, depth: int = 2) -> Origin:
+    frame: types.FrameType | None = sys._getframe(depth)  # the caller of the wrapped start()
     user: list[tuple[str, int, str, bool]] = []
     library: list[tuple[str, int, str, bool]] = []
     walked = 0
@@ -160,9 +168,25 @@ def _describe_process(process: Any) -> str:
     return f"{type(process).__name__} {getattr(process, 'name', '?')!r}, target {target_name}"
 
 
+def recorded_processes(test: str | None = None) -> dict[int, float]:
+    """pid -> wall-clock start time of the processes recorded while ``test`` ran (any test when
+    None), oldest first (``Popen``/``Process`` objects only; a bare ``os.fork`` is not)."""
+    return {
+        pid: _started_wall.get(pid, 0.0)
+        for pid, (_, origin) in _processes.items()
+        if test is None or origin.test == test
+    }
+
+
+_started_wall: dict[int, float] = {}
+
+
 def _remember_process(pid: int | None, obj: Any, origin: Origin) -> None:
     if not isinstance(pid, int):
         return
+    import time  # noqa: PLC0415
+
+    _started_wall[pid] = time.time()
     try:
         ref: Callable[[], Any] = weakref.ref(obj)
     except TypeError:  # pragma: no cover - not weak-referenceable
@@ -170,7 +194,8 @@ def _remember_process(pid: int | None, obj: Any, origin: Origin) -> None:
     _processes[pid] = (ref, origin)
     _processes.move_to_end(pid)
     while len(_processes) > PROCESS_LIMIT:
-        _processes.popitem(last=False)
+        dropped, _ = _processes.popitem(last=False)
+        _started_wall.pop(dropped, None)
 
 
 def install() -> None:

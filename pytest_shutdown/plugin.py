@@ -15,7 +15,9 @@ from __future__ import annotations
 import pytest
 
 import pytest_shutdown
+from pytest_shutdown.resources import kind_names
 from pytest_shutdown.settings import (
+    ALLOW_LEAKS_KINDS,
     DEFAULT_GRACE_S,
     GUARD_MODES,
     LONG_LIVED_CHOICES,
@@ -63,13 +65,22 @@ Threads and child processes owned by a module global or a class attribute (a sin
 are never a test's leak; the guard lists those still alive at session end under 'long-lived
 resources'. 'list' (default) only lists them; 'fail' also makes the session fail.
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+RESOURCES_DESC = f"""
+Which resource kinds the guard checks after each test: a comma-separated list of
+{', '.join(kind_names())}, or 'all' (the default).
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+NATIVE_ALLOW_DESC = """
+Kernel-name glob patterns (one a line) of native threads (not listed by threading) that the
+guard never blames: lazily started process-lifetime pools of your libraries, beyond the built-in
+list (OpenMP/MKL/torch intra-op, gRPC, CUDA, NVML, tokio, rayon...).
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 PLATFORM_DESC = """
 Device platform for the pytest-shutdown fixtures: 'auto' (default) detects it; 'cuda', 'rocm'
 or 'cpu' forces one.
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
 
 MARKERS = (
-    "allow_leaks(threads=False, processes=False, gc_freeze=False, reason=...): "
+    f"allow_leaks({', '.join(k + '=False' for k in ALLOW_LEAKS_KINDS)}, reason=...): "
     "let this test leave the given kinds behind under the shutdown guard (all kinds when none is "
     "given); threads= also takes thread-name glob patterns; reason is required.",
     "shutdown_budget(seconds): the teardown budget of this test, overriding --shutdown-budget "
@@ -137,7 +148,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         help=LONG_LIVED_DESC,
     )
+    group.addoption(
+        "--shutdown-resources",
+        dest="shutdown_resources",
+        metavar="KIND,...|all",
+        default=None,
+        help=RESOURCES_DESC,
+    )
     parser.addini("shutdown_guard", GUARD_DESC, default="")
+    parser.addini("shutdown_resources", RESOURCES_DESC, default="")
+    parser.addini(
+        "shutdown_native_threads_allow", NATIVE_ALLOW_DESC, type="linelist", default=[]
+    )
     parser.addini("shutdown_long_lived", LONG_LIVED_DESC, default="")
     parser.addini("shutdown_grace", GRACE_DESC, default="")
     parser.addini("shutdown_budget", BUDGET_DESC, default="")

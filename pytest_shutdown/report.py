@@ -94,13 +94,21 @@ def render_findings(findings: Iterable[Mapping[str, Any]]) -> str:
         lines.append(f"[{finding['code']}] {finding['message']}")
         details = finding.get("details", {})
         for thread in details.get("threads", []):
-            lines.append(f"  thread {thread.get('name')!r} (ident {thread.get('ident')}):")
+            if thread.get("native"):
+                lines.append(f"  native thread {thread.get('name')!r} (tid {thread.get('tid')}):")
+            else:
+                daemon = "" if thread.get("daemon", True) else ", non-daemon"
+                lines.append(
+                    f"  thread {thread.get('name')!r} (ident {thread.get('ident')}{daemon}):"
+                )
             stack = str(thread.get("stack") or "  <no stack>\n")
             lines.extend("    " + line for line in stack.rstrip("\n").splitlines())
             lines.extend(_started_at(thread))
         for proc in details.get("processes", []):
             # A forked child repeats pytest's command line: name what started it instead.
             what = proc.get("what") or _cmdline(proc.get("cmdline"))
+            if proc.get("reparented"):
+                what += " [re-parented to pytest: its parent exited]"
             lines.append(f"  process {proc.get('pid')} ({proc.get('name')}): {what}")
             lines.extend(_started_at(proc))
     return "\n".join(lines)

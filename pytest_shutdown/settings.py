@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from pytest_shutdown.devices import PLATFORMS
+from pytest_shutdown.resources import allow_keys, kind_names
 
 #: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
@@ -36,8 +37,9 @@ DEFAULT_BUDGET_S = 0.0
 #: The largest budget or grace accepted (one day): well inside every platform's timers.
 MAX_SECONDS = 86400.0
 
-#: The keyword arguments ``allow_leaks`` accepts.
-ALLOW_LEAKS_KINDS: tuple[str, ...] = ("threads", "processes", "gc_freeze")
+#: The keyword arguments ``allow_leaks`` accepts: one per resource kind (its ``allow_key``), as
+#: the registry lists them at import; :func:`allow_leaks_of` asks the registry each time.
+ALLOW_LEAKS_KINDS: tuple[str, ...] = allow_keys()
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,11 @@ class GuardSettings:
     platform: str
     graphs_dir: Path | None = None
     long_lived: str = "list"
+    #: The resource kinds the guard checks (``--shutdown-resources``); None: all of them.
+    resources: tuple[str, ...] | None = None
+    #: Kernel-name globs of native threads never blamed, beyond the built-in list (ini
+    #: ``shutdown_native_threads_allow``).
+    native_threads_allow: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -138,7 +145,39 @@ def load_settings(config: pytest.Config) -> GuardSettings:
             raise pytest.UsageError(f"--shutdown-graphs: {given!r} exists and is not a folder")
         _writable_folder(graphs_dir, "--shutdown-graphs")
     long_lived = _long_lived(config)
-    return GuardSettings(mode, grace, budget, report_path, platform, graphs_dir, long_lived)
+    resources = resource_kinds(config)
+    lines = config.getini("shutdown_native_threads_allow") or ()
+    native_allow = tuple(str(p).strip() for p in lines if str(p).strip())
+    return GuardSettings(
+        mode, grace, budget, report_path, platform, graphs_dir, long_lived, resources, native_allow
+    )
+
+
+def resource_kinds(config: pytest.Config) -> tuple[str, ...] | None:
+    """``--shutdown-resources``, else ini ``shutdown_resources``: a comma-separated list of
+    resource kind names, or ``all`` (the default); None means all of them."""
+    option = config.getoption("shutdown_resources", default=None)
+    source = "--shutdown-resources"
+    value = "" if option is None else str(option)
+    if option is None:
+        value = str(config.getini("shutdown_resources") or "")
+        source = "shutdown_resources (ini)"
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    accepted = f"accepted: a comma-separated list of {', '.join(kind_names())}, or all"
+    if not names:
+        if option is not None:
+            raise pytest.UsageError(f"{source}: {value!r} is not accepted; {accepted}")
+        return None
+    if "all" in names:
+        if len(names) > 1:
+            raise pytest.UsageError(f"{source}: 'all' cannot be combined with kind names")
+        return None
+    unknown = [n for n in names if n not in kind_names()]
+    if unknown:
+        raise pytest.UsageError(
+            f"{source}: unknown resource kind(s) {', '.join(map(repr, unknown))}; {accepted}"
+        )
+    return tuple(dict.fromkeys(names))
 
 
 def _long_lived(config: pytest.Config) -> str:
@@ -195,38 +234,53 @@ def _writable_folder(folder: Path, option: str) -> None:
 class AllowLeaks:
     """What ``@pytest.mark.allow_leaks`` permits one test to leave behind.
 
-    ``threads`` is True (any thread), False, or thread-name glob patterns.
+    ``threads`` is True (any thread), False, or thread-name glob patterns; ``others`` holds the
+    other kinds' keywords (``allow_key`` of each resource kind) given a true value.
     """
 
     threads: bool | tuple[str, ...]
     processes: bool
     gc_freeze: bool
     reason: str
+    others: frozenset[str] = frozenset()
+
+    def allowance(self, key: str) -> bool | tuple[str, ...] | None:
+        """What the marker allows for the kind whose ``allow_key`` is ``key``: True (all),
+        glob patterns, or None (nothing)."""
+        value: object = {
+            "threads": self.threads,
+            "processes": self.processes,
+            "gc_freeze": self.gc_freeze,
+        }.get(key, key in self.others)
+        if value is True or isinstance(value, tuple):
+            return value  # type: ignore[return-value]
+        return None
 
 
 def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:
     """Parse the closest ``allow_leaks`` marker of ``item``; a bad one is a UsageError.
 
-    ``allow_leaks(reason=...)`` alone allows every kind; with any of ``threads``, ``processes``,
-    ``gc_freeze`` given, only the kinds given a true value are allowed. ``threads`` may also be
-    a list of thread-name glob patterns.
+    ``allow_leaks(reason=...)`` alone allows every kind; with any kind's keyword given (see
+    :data:`ALLOW_LEAKS_KINDS`), only the kinds given a true value are allowed. ``threads`` may
+    also be a list of thread-name glob patterns.
     """
     marker = item.get_closest_marker("allow_leaks")
     if marker is None:
         return None
+    keys = allow_keys()
     where = f"{item.nodeid}: @pytest.mark.allow_leaks"
-    accepted = f"accepted: {', '.join(ALLOW_LEAKS_KINDS)}, reason"
+    accepted = f"accepted: {', '.join(keys)}, reason"
     if marker.args:
         raise pytest.UsageError(f"{where} takes keyword arguments only; {accepted}")
-    unknown = sorted(set(marker.kwargs) - {*ALLOW_LEAKS_KINDS, "reason"})
+    unknown = sorted(set(marker.kwargs) - {*keys, "reason"})
     if unknown:
         raise pytest.UsageError(f"{where}: unknown argument(s) {', '.join(unknown)}; {accepted}")
     reason = marker.kwargs.get("reason")
     if not isinstance(reason, str) or not reason.strip():
         raise pytest.UsageError(f"{where} needs reason='why these leaks are expected'")
-    given = {kind: marker.kwargs[kind] for kind in ALLOW_LEAKS_KINDS if kind in marker.kwargs}
+    given = {kind: marker.kwargs[kind] for kind in keys if kind in marker.kwargs}
     if not given:
-        return AllowLeaks(True, True, True, reason)
+        return AllowLeaks(True, True, True, reason, frozenset(keys))
     threads = given.get("threads", False)
     if isinstance(threads, (list, tuple)):
         if not all(isinstance(p, str) for p in threads):
@@ -238,11 +292,16 @@ def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:
         raise pytest.UsageError(
             f"{where}: threads= takes True/False or thread-name glob patterns, got {threads!r}"
         )
-    for kind in ("processes", "gc_freeze"):
-        if not isinstance(given.get(kind, False), bool):
+    for kind in keys:
+        if kind != "threads" and not isinstance(given.get(kind, False), bool):
             raise pytest.UsageError(f"{where}: {kind}= takes True or False, got {given[kind]!r}")
+    others = frozenset(k for k, v in given.items() if k != "threads" and v is True)
     return AllowLeaks(
-        threads, bool(given.get("processes", False)), bool(given.get("gc_freeze", False)), reason
+        threads,
+        bool(given.get("processes", False)),
+        bool(given.get("gc_freeze", False)),
+        reason,
+        others,
     )
 
 

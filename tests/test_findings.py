@@ -28,6 +28,9 @@ def test_the_codes_of_the_design() -> None:
             "gc-freeze-policy",
             "orphan-process",
             "exit-hang",
+            "global-state",
+            "atexit-holds-object",
+            "collateral-kill",
         ]
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import gc
 import math
 import os
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from pytest_shutdown import atexit_calls
 from pytest_shutdown.checks.backrefs import (
     GRAPHS,
     backref_chain,
@@ -29,6 +31,7 @@ from pytest_shutdown.checks.cleanups import (
 )
 from pytest_shutdown.checks.report import CheckReport, describe
 from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.origins import render_origin
 
 #: Seconds between two collections while waiting for a dropped object to go.
 POLL_INTERVAL_S = 0.05
@@ -131,6 +134,33 @@ def assert_finalizes_on_gc(
     started = time.perf_counter()
     timings: dict[str, float] = {}
 
+    with atexit_calls.recording():  # an atexit hold is invisible to gc.get_referrers
+        explicit, counter, subject, findings = _build_drop_and_diagnose(
+            factory, method, watch, timeout, graphs_dir, timings
+        )
+    raise_if_any(findings)
+    table = counter.table()
+    return CheckReport(
+        check="finalizes-on-gc",
+        subject=subject,
+        duration_s=time.perf_counter() - started,
+        cleanups={
+            label: {"explicit": int(explicit is not None and label in explicit), **counts}
+            for label, counts in table.items()
+        },
+        timings=timings,
+        details={"method": method, "explicit_cleanups": explicit or []},
+    )
+
+
+def _build_drop_and_diagnose(
+    factory: Callable[[], Any],
+    method: str,
+    watch: tuple[Any, ...],
+    timeout: float,
+    graphs_dir: str | os.PathLike[str] | None,
+    timings: dict[str, float],
+) -> tuple[list[str] | None, CleanupCounter, str, list[Finding]]:
     explicit: list[str] | None = None
     twin = factory()
     if isinstance(method, str) and callable(getattr(twin, method, None)):
@@ -170,19 +200,7 @@ def assert_finalizes_on_gc(
             for label in explicit
             if label not in collected
         ]
-    raise_if_any(findings)
-    table = counter.table()
-    return CheckReport(
-        check="finalizes-on-gc",
-        subject=subject,
-        duration_s=time.perf_counter() - started,
-        cleanups={
-            label: {"explicit": int(explicit is not None and label in explicit), **counts}
-            for label, counts in table.items()
-        },
-        timings=timings,
-        details={"method": method, "explicit_cleanups": explicit or []},
-    )
+    return explicit, counter, subject, findings
 
 
 def _wait_collected(ref: weakref.ref[Any], timeout: float) -> bool:
@@ -210,7 +228,11 @@ def _dispose(ref: weakref.ref[Any], method: str) -> None:
         return
     shutdown = getattr(target, method, None) if isinstance(method, str) else None
     finalizers = pending_finalizers(target)
+    holders = atexit_calls.holders_of(target)
     del target
+    for holder in holders:  # the helper built it: its exit hook goes with it
+        atexit.unregister(holder.func)
+    del holders
     for step in ([shutdown] if callable(shutdown) else []) + finalizers:
         try:
             step()
@@ -240,14 +262,27 @@ def _diagnose(
             for f in static
         ]
     else:
-        findings = [
-            Finding(
-                "not-collected",
-                f"{subject} is still alive after its last reference was dropped and the garbage "
-                "collector ran.",
-                {"backref_chain": text, "finalizer_registry": through_registry},
+        holders = atexit_calls.holders_of(target)
+        message = (
+            f"{subject} is still alive after its last reference was dropped and the garbage "
+            "collector ran."
+        )
+        details: dict[str, Any] = {"backref_chain": text, "finalizer_registry": through_registry}
+        if holders:
+            callbacks = ", ".join(f"atexit.register({h.describe()})" for h in holders)
+            message += (
+                f" Its root is atexit: {callbacks} holds it until the interpreter exits "
+                "(a hold gc.get_referrers cannot see)."
             )
-        ]
+            details["root"] = "atexit"
+            details["atexit_callbacks"] = [
+                {
+                    "callback": h.describe(),
+                    "registered_at": render_origin(h.origin) if h.origin else "",
+                }
+                for h in holders
+            ]
+        findings = [Finding("not-collected", message, details)]
     folder = graphs_dir if graphs_dir is not None else GRAPHS.directory
     if folder is not None:
         # Drawn now, while the object is still alive; the label names the first finding.

@@ -11,8 +11,9 @@ plugin share one implementation:
 
 Cheap when nothing leaked: a snapshot is ``threading.enumerate()``, ``gc.get_freeze_count()`` and,
 for processes, one ``waitid(WNOHANG | WNOWAIT)`` system call that tells whether this process has
-any child at all. The process table is scanned (and psutil imported) only when a child exists
-and, on Linux, a pid was allocated since the last scan (``ns_last_pid``); ``gc.collect()`` runs
+any child at all. The descendants are walked only when a child exists and, on Linux, a pid was
+allocated since the last walk (``ns_last_pid``), down the children lists from this process (other
+platforms: psutil scans the process table); ``gc.collect()`` runs
 only when something is still alive after a short wait; stacks and command lines are read only
 for what is reported.
 
@@ -153,11 +154,64 @@ def _last_pid() -> bytes | None:
         os.close(fd)
 
 
+def _children_of(pid: int) -> list[int] | None:
+    """The children of ``pid`` from ``/proc/PID/task/*/children`` (each thread lists the children
+    it forked); None where the kernel has no such file."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # gone
+    found: list[int] = []
+    for tid in tids:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
+        except FileNotFoundError:
+            if tid == str(pid) and os.path.isdir(f"/proc/{pid}/task/{tid}"):
+                return None  # the kernel was built without CONFIG_PROC_CHILDREN
+            continue
+        except OSError:
+            continue
+        try:
+            data = os.read(fd, 65536)
+            while len(data) % 65536 == 0 and data:  # a very wide tree: read on
+                more = os.read(fd, 65536)
+                if not more:
+                    break
+                data += more
+        except OSError:
+            data = b""
+        finally:
+            os.close(fd)
+        found.extend(int(p) for p in data.split())
+    return found
+
+
+def _walk_descendants(pid: int) -> frozenset[int] | None:
+    """Every descendant of ``pid``, walking the children lists down from it: the cost follows
+    this process's own descendants, never the host's process table. None where the kernel does
+    not list children (the caller scans the table instead)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    seen: set[int] = set()
+    stack = [pid]
+    while stack:
+        children = _children_of(stack.pop())
+        if children is None:
+            return None
+        for child in children:
+            if child not in seen:
+                seen.add(child)
+                stack.append(child)
+    return frozenset(seen)
+
+
 def descendant_pids() -> frozenset[int]:
     """Return the pids of this process's descendants (recursive); cheap when nothing changed.
 
     No child at all: one ``waitid`` call. Children, but no pid allocated since the last scan
-    (``ns_last_pid`` unchanged): the last scan's answer. Otherwise a process-table scan.
+    (``ns_last_pid`` unchanged): the last scan's answer. Otherwise, on Linux, a walk down the
+    children lists from this process (``/proc/PID/task/TID/children``: the cost follows this
+    process's descendants, not the host); elsewhere a process-table scan (psutil).
     """
     global _scan_cache
     if not _may_have_children():
@@ -167,13 +221,16 @@ def descendant_pids() -> frozenset[int]:
     cached = _scan_cache
     if marker is not None and cached is not None and cached[:2] == (pid, marker):
         return cached[2]
-    import psutil  # noqa: PLC0415 - only paid for when a child process exists
+    walked = _walk_descendants(pid)
+    if walked is None:  # no /proc/PID/task/TID/children here: psutil scans the process table
+        import psutil  # noqa: PLC0415 - only paid for when a child process exists
 
-    try:
-        children = psutil.Process().children(recursive=True)
-    except psutil.Error:  # pragma: no cover - /proc unreadable
-        return frozenset()
-    found = frozenset(child.pid for child in children)
+        try:
+            children = psutil.Process().children(recursive=True)
+        except psutil.Error:  # pragma: no cover - /proc unreadable
+            return frozenset()
+        walked = frozenset(child.pid for child in children)
+    found = walked
     _scan_cache = (pid, marker, found) if marker is not None else None
     return found
 
@@ -386,7 +443,8 @@ def leak_findings(
     if left.threads:
         frames = sys._current_frames()
         records = [_thread_record(t, frames) for t in left.threads]
-        names = ", ".join(repr(r["name"]) for r in records)
+        blocks = " (non-daemon: it blocks the interpreter's exit)"
+        names = ", ".join(repr(r["name"]) + ("" if r["daemon"] else blocks) for r in records)
         count = len(records)
         findings.append(
             Finding(
@@ -425,6 +483,10 @@ def leak_findings(
 # --- restoring order -------------------------------------------------------------------------
 
 
+#: Pids this module killed (oldest dropped first): a death asked for is never collateral.
+KILLED_ON_PURPOSE: dict[int, None] = {}
+
+
 def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dict[str, Any]]:
     """SIGKILL each process and all its descendants; wait (one deadline) until they have ended.
 
@@ -444,11 +506,14 @@ def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dic
     killed: list[dict[str, Any]] = []
     for pid, proc in victims.items():
         record = _process_record(pid)
+        KILLED_ON_PURPOSE[pid] = None
         try:
             proc.kill()
         except psutil.Error:
             continue
         killed.append(record)
+    while len(KILLED_ON_PURPOSE) > 4096:
+        del KILLED_ON_PURPOSE[next(iter(KILLED_ON_PURPOSE))]
     deadline = time.monotonic() + timeout
     remaining = [p.pid for p in victims.values()]
     while remaining and time.monotonic() < deadline:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -367,13 +368,13 @@ def test_process_table_is_rescanned_only_when_a_pid_was_allocated(
 
     procs.append(subprocess.Popen(["sleep", "60"]))  # a child exists: waitid cannot rule it out
     scans = []
-    real_children = psutil.Process.children
+    real_walk = leaks._walk_descendants
 
-    def children(self: psutil.Process, *args: object, **kwargs: object) -> list[psutil.Process]:
+    def walk(pid: int) -> frozenset[int] | None:
         scans.append(1)
-        return real_children(self, *args, **kwargs)  # type: ignore[arg-type]
+        return real_walk(pid)
 
-    monkeypatch.setattr(psutil.Process, "children", children)
+    monkeypatch.setattr(leaks, "_walk_descendants", walk)
     last_pid = [b"100\n"]
     monkeypatch.setattr(leaks, "_last_pid", lambda: last_pid[0])
     monkeypatch.setattr(leaks, "_scan_cache", None)
@@ -389,6 +390,36 @@ def test_process_table_is_rescanned_only_when_a_pid_was_allocated(
     leaks.descendant_pids()
     leaks.descendant_pids()
     assert len(scans) == 4
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="walks /proc (Linux)")
+def test_descendants_are_walked_from_this_process_not_the_whole_process_table(
+    monkeypatch: pytest.MonkeyPatch, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    import pytest_shutdown.checks.leaks as leaks
+
+    shell = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60; wait"])
+    procs.append(shell)
+    deadline = time.monotonic() + 30
+    while len(leaks._walk_descendants(os.getpid()) or ()) < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    grandchildren = set(psutil.Process(shell.pid).children())
+    listed: list[str] = []
+    real_listdir = os.listdir
+
+    def listdir(path: str) -> list[str]:
+        listed.append(str(path))
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    found = leaks._walk_descendants(os.getpid())
+    monkeypatch.undo()
+    assert found is not None and shell.pid in found
+    assert {p.pid for p in grandchildren} <= found
+    assert "/proc" not in listed  # never the host's process table
+    assert all(path.startswith("/proc/") and path.endswith("/task") for path in listed)
+    for child in grandchildren:
+        child.kill()
 
 
 def test_the_multiprocessing_fork_server_is_not_a_leak_but_its_children_are() -> None:

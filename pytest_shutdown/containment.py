@@ -1,0 +1,238 @@
+"""Containment: nothing a test starts can hide from the guard by being re-parented.
+
+While the guard is on, the pytest process (and each xdist worker, which runs the guard itself)
+is a *child subreaper* (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): a descendant whose parent exits
+(a daemon's double fork, ``sh -c 'cmd &'``, a grandchild whose middle parent exited) is
+re-parented to pytest instead of to PID 1, so the walk down pytest's children lists
+(:func:`pytest_shutdown.checks.leaks.descendant_pids`) still finds it: the cost follows the
+session's own descendants, never the host's process table. The environment also carries
+``PYTEST_SHUTDOWN_SESSION=<token>``, inherited by every program a test executes (whatever
+session, process group or parent it moves to): the session-end sweep looks for it where the
+subreaper could not be set, and anyone can find strays with it
+(``grep -l PYTEST_SHUTDOWN_SESSION= /proc/*/environ``).
+
+A re-parented process ends as pytest's zombie: the guard reaps those no ``subprocess``/
+``multiprocessing`` object will (the ones it adopted), never a child whose owner still wants the
+exit status.
+
+Other platforms: no subreaper; re-parented descendants are not found (documented in
+docs/limits.md), the rest of the guard works as before.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from pytest_shutdown.prctl import PR_SET_CHILD_SUBREAPER, prctl
+
+__all__ = [
+    "SESSION_MARKER_ENV",
+    "Containment",
+    "first_ancestor",
+    "reap_adopted",
+    "started_in_test",
+]
+
+#: The environment variable every program a guarded session executes inherits (its value: the
+#: session's token).
+SESSION_MARKER_ENV = "PYTEST_SHUTDOWN_SESSION"
+PR_GET_CHILD_SUBREAPER = 37
+
+
+def _subreaper_now() -> bool | None:
+    import ctypes  # noqa: PLC0415
+
+    from pytest_shutdown import prctl as prctl_module  # noqa: PLC0415
+
+    libc = prctl_module._LIBC
+    if libc is None:
+        return None
+    value = ctypes.c_int(0)
+    try:
+        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) != 0:
+            return None
+    except AttributeError:
+        return None
+    return bool(value.value)
+
+
+@dataclass
+class Containment:
+    """The session's containment: subreaper flag and environment marker, put back on release."""
+
+    token: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    subreaper: bool = False
+    _was_subreaper: bool | None = None
+    _old_marker: str | None = None
+    _pid: int = field(default_factory=os.getpid)
+
+    def engage(self) -> Containment:
+        """Become a child subreaper (Linux) and mark the environment; idempotent."""
+        self._was_subreaper = _subreaper_now()
+        if self._was_subreaper:
+            self.subreaper = True  # a pytester run inside a guarded run: already one
+        elif sys.platform.startswith("linux"):
+            self.subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self._old_marker = os.environ.get(SESSION_MARKER_ENV)
+        os.environ[SESSION_MARKER_ENV] = self.token
+        return self
+
+    def release(self) -> None:
+        """Put the flag and the environment back as they were (the session is over)."""
+        if os.getpid() != self._pid:
+            return
+        if self.subreaper and self._was_subreaper is False:
+            prctl(PR_SET_CHILD_SUBREAPER, 0)
+        if os.environ.get(SESSION_MARKER_ENV) == self.token:
+            if self._old_marker is None:
+                os.environ.pop(SESSION_MARKER_ENV, None)
+            else:
+                os.environ[SESSION_MARKER_ENV] = self._old_marker
+
+    def marked(self, pid: int) -> bool:
+        """Whether ``pid`` carries this session's marker in its environment."""
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                return f"{SESSION_MARKER_ENV}={self.token}\0".encode() in f.read()
+        except OSError:
+            return False
+
+    def stray_marked(self, exclude: Iterable[int] = ()) -> list[int]:
+        """Processes carrying the marker that are no descendant of ours (the subreaper could not
+        be set, or they escaped before it was): one pass over ``/proc``, at session end only."""
+        if not sys.platform.startswith("linux"):
+            return []
+        skip = set(exclude) | {os.getpid()}
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in skip and self.marked(int(entry)):
+                found.append(int(entry))
+        return found
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    return data[data.rfind(")") + 2 :].split()
+
+
+def is_zombie(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in ("Z", "X")
+
+
+def exit_signal(pid: int) -> int | None:
+    """The signal that ended a zombie ``pid`` (``/proc/PID/stat`` field 52), None if it exited
+    normally, is still running, or is gone (reaped)."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] not in ("Z", "X") or len(fields) < 50:
+        return None
+    try:
+        status = int(fields[49])
+    except ValueError:
+        return None
+    sig = status & 0x7F
+    return sig if sig and sig != 0x7F else None
+
+
+def reap_adopted(pids: Iterable[int]) -> list[int]:
+    """Reap those of ``pids`` that are this process's zombie children and that no
+    ``subprocess.Popen`` / ``multiprocessing.Process`` object of this process owns (those owners
+    still want the exit status): the orphans the subreaper adopted. Returns the pids reaped."""
+    from pytest_shutdown import origins  # noqa: PLC0415
+
+    me = os.getpid()
+    reaped = []
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields is None or fields[0] != "Z" or int(fields[1]) != me:
+            continue
+        if origins.process_object(pid) is not None:
+            continue
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped.append(pid)
+        except ChildProcessError:
+            continue
+    return reaped
+
+
+def started_in_test(pid: int) -> str | None:
+    """The test a program was executed in, from its environment (pytest sets
+    ``PYTEST_CURRENT_TEST`` while a test runs; an executed program inherits it)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return None
+    for entry in env.split(b"\0"):
+        if entry.startswith(b"PYTEST_CURRENT_TEST="):
+            return entry.partition(b"=")[2].decode(errors="replace")
+    return None
+
+
+def first_ancestor(pid: int, test: str | None = None) -> tuple[int, str] | None:
+    """The recorded process (a ``Popen``/``Process`` started during ``test``, or during any test
+    when None) this re-parented ``pid`` most likely descends from, and how it was matched: its
+    session or process group leader, else the last one started before it. None when nothing
+    was recorded."""
+    from pytest_shutdown import origins  # noqa: PLC0415
+
+    fields = _stat_fields(pid)
+    recorded = origins.recorded_processes(test) or origins.recorded_processes(None)
+    if fields is None or not recorded:
+        return None
+    pgid, sid = int(fields[2]), int(fields[3])
+    for candidate in recorded:
+        if candidate == sid and candidate != pid:
+            return candidate, "session leader"
+        if candidate == pgid and candidate != pid:
+            return candidate, "process group leader"
+    started = _started_at(pid)
+    before = [c for c, at in recorded.items() if started is None or at <= started + 0.05]
+    before = [c for c in before if c != pid]
+    return (before[-1], "started before it") if before else None
+
+
+def _started_at(pid: int) -> float | None:
+    """The wall-clock time ``pid`` started (``time.time()`` scale)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    try:
+        ticks = int(fields[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def kill_all(pids: Iterable[int], timeout: float = 5.0) -> list[int]:
+    """SIGKILL ``pids`` and wait (one deadline) until they have ended; reap the adopted ones."""
+    from pytest_shutdown.checks.leaks import KILLED_ON_PURPOSE  # noqa: PLC0415
+
+    targets = list(pids)
+    for pid in targets:
+        KILLED_ON_PURPOSE[pid] = None
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + timeout
+    left = targets
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if _stat_fields(p) is not None and not is_zombie(p)]
+        if left:
+            time.sleep(0.01)
+    reap_adopted(targets)
+    return left

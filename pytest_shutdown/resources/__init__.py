@@ -1,0 +1,59 @@
+"""The resource kinds the guard checks after every test, and the registry that lists them.
+
+Each kind is one module of this package with one class following
+:class:`pytest_shutdown.resources.base.ResourceKind`. :data:`KINDS` names them (in the order
+their findings are reported) with the ``@pytest.mark.allow_leaks`` keyword that silences each;
+the modules are imported only when the guard is on. ``--shutdown-resources`` (ini
+``shutdown_resources``) chooses which kinds run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.resources.base import ResourceKind
+
+__all__ = ["KINDS", "allow_keys", "default_kinds", "kind_names", "load_kind"]
+
+#: kind name -> (allow_leaks keyword, "module:Class"). Order is the order of the findings.
+KINDS: dict[str, tuple[str, str]] = {
+    "threads": ("threads", "pytest_shutdown.resources.threads:ThreadKind"),
+    "native-threads": ("threads", "pytest_shutdown.resources.native_threads:NativeThreadKind"),
+    "processes": ("processes", "pytest_shutdown.resources.processes:ProcessKind"),
+    "collateral": ("collateral", "pytest_shutdown.resources.collateral:CollateralKind"),
+    "gc-freeze": ("gc_freeze", "pytest_shutdown.resources.gc_freeze:FreezeKind"),
+    "global-state": ("global_state", "pytest_shutdown.resources.global_state:GlobalStateKind"),
+    "atexit": ("atexit", "pytest_shutdown.resources.atexit_holds:AtexitKind"),
+}
+
+
+def kind_names() -> tuple[str, ...]:
+    """Every kind's name, as ``--shutdown-resources`` accepts them."""
+    return tuple(KINDS)
+
+
+def allow_keys() -> tuple[str, ...]:
+    """The ``allow_leaks`` keywords, one per kind (kinds may share one), in registry order."""
+    return tuple(dict.fromkeys(key for key, _ in KINDS.values()))
+
+
+def load_kind(name: str, **options: Any) -> ResourceKind:
+    """Import and build the kind ``name`` (``options`` go to its constructor when it takes
+    them: e.g. ``tools=`` for threads)."""
+    _, target = KINDS[name]
+    module_name, _, class_name = target.partition(":")
+    cls = getattr(importlib.import_module(module_name), class_name)
+    import inspect  # noqa: PLC0415
+
+    accepted = inspect.signature(cls).parameters
+    kind: ResourceKind = cls(**{k: v for k, v in options.items() if k in accepted})
+    return kind
+
+
+def default_kinds(names: Iterable[str] | None = None, **options: Any) -> list[ResourceKind]:
+    """The kinds the guard walks: ``names`` (validated by the settings), else every kind."""
+    chosen = set(KINDS if names is None else names)
+    return [load_kind(name, **options) for name in KINDS if name in chosen]

@@ -1,0 +1,92 @@
+"""``atexit.register`` callbacks that keep a test's objects alive until exit
+(``atexit-holds-object``).
+
+While the guard is on, :mod:`pytest_shutdown.atexit_calls` records every ``atexit.register``
+call. A registration made during a test and still registered at its end whose callback is a
+bound method of, or reaches, an object the test created (one no wider-scope fixture and no module
+global owns) holds that object, and all it holds, until the interpreter exits: SGLang's
+``Engine.__init__`` registers ``atexit.register(self.shutdown)``, so every engine a test suite
+creates stays alive. Module-level functions and callbacks that hold only plain values are never
+reported. Nothing is restored: unregistering someone's exit hook would change their exit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_shutdown import atexit_calls, origins
+from pytest_shutdown.findings import Finding
+from pytest_shutdown.resources.base import Allowance, ObjectKind
+
+__all__ = ["AtexitKind"]
+
+
+class AtexitKind(ObjectKind):
+    """Registrations (by identity) made since the snapshot and still registered."""
+
+    name = "atexit"
+    allow_key = "atexit"
+
+    def __init__(self) -> None:
+        atexit_calls.install()  # a process-lifetime recording, for the guard's session
+
+    def snapshot(self) -> int:
+        return atexit_calls.count()
+
+    def absorb(self, before: Any, start: Any, end: Any) -> Any:
+        return before  # counts: a fixture's registrations are told apart by ownership
+
+    def new_since(self, before: Any, allow: Allowance = None) -> Sequence[Any]:
+        if allow is True or atexit_calls.count() == before:
+            return ()
+        return tuple(r for r in atexit_calls.since(before) if atexit_calls.reached_objects(r))
+
+    def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
+        # The object the callback holds decides whose the registration is: a fixture's value
+        # or a module global's is not the test's.
+        found: dict[Any, object] = {}
+        for registration in items:
+            held = atexit_calls.reached_objects(registration)
+            if held:
+                found[registration] = held[0]
+        return found
+
+    def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:
+        alive = atexit_calls.registrations()
+        return tuple(r for r in items if any(r is a for a in alive))
+
+    def findings(
+        self,
+        items: Sequence[Any],
+        subject: str,
+        *,
+        grace: float,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[Finding]:
+        found = []
+        for registration in items:
+            held = atexit_calls.reached_objects(registration)
+            what = ", ".join(sorted({_type_name(o) for o in held}))
+            site = origins.render_origin(registration.origin) if registration.origin else ""
+            found.append(
+                Finding(
+                    "atexit-holds-object",
+                    f"atexit.register({registration.describe()}) in {subject} keeps "
+                    f"{what} alive until the interpreter exits (still registered at the end "
+                    "of the test; atexit's hold is invisible to gc.get_referrers).",
+                    {
+                        "callback": registration.describe(),
+                        "held": [_type_name(o) for o in held],
+                        "registered_at": site,
+                        "started_in": registration.test,
+                        **dict(extra or {}),
+                    },
+                )
+            )
+        return found
+
+
+def _type_name(obj: object) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"

@@ -1,0 +1,161 @@
+"""The resource model: what the guard walks, one kind per thing a test can leave behind.
+
+Every resource kind (threads, processes, native threads, a gc freeze, process-wide state, file
+descriptors, ports, shared memory ...) answers the same questions, so the guard has no branch
+per kind (:mod:`pytest_shutdown.guard` only iterates them):
+
+* ``snapshot()``: what exists now; cheap, taken before every test and around every wider-scope
+  fixture's set-up. Compare counts or identities first, list only when something changed.
+* ``new_since(before, allow)``: what appeared since ``before`` (an *object kind*: threads, pids,
+  descriptors) or what changed (a *state kind*: ``Change`` records), minus what ``allow``
+  permits. Cheap first.
+* ``diff(before, after)``: a state kind's changes between two snapshots (a fixture's, from
+  before its set-up to after its teardown); object kinds answer ``()``.
+* ``absorb(before, start, end)``: the test's baseline with what a wider-scope fixture did
+  between the snapshots ``start`` and ``end`` counted as already there (its set-up, its
+  teardown): that is the fixture's, checked when it is torn down.
+* ``targets(items)``: for kinds whose items an object in the heap can own, the objects the
+  ownership search (:func:`pytest_shutdown.ownership.find_owners`) explains, keyed by item.
+* ``settle(items, deadline)``: what is still there when the grace runs out (polled: a clean
+  test waits for nothing).
+* ``findings(items, subject, grace, extra)``: what is left, as :class:`Finding` data.
+* ``restore(items)``: fail mode only, after the findings: put order back for the next test
+  (kill a process tree, undo a freeze, put back a signal handler). Warn mode changes nothing.
+
+A new kind is a new module with a class of this shape and one line in
+:data:`pytest_shutdown.resources.KINDS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from pytest_shutdown.findings import Finding
+
+__all__ = ["Allowance", "Change", "ResourceKind", "after_grace"]
+
+
+#: What ``@pytest.mark.allow_leaks(<allow_key>=...)`` gave one kind: True (anything), or
+#: glob patterns matched against the item's name (threads), or None (nothing allowed).
+Allowance = bool | tuple[str, ...] | None
+
+
+@runtime_checkable
+class ResourceKind(Protocol):
+    """One kind of thing a test can leave behind. See the module docstring for the contract."""
+
+    #: The kind's name, as ``--shutdown-resources`` lists it ("threads", "processes", ...).
+    name: str
+    #: The ``@pytest.mark.allow_leaks`` keyword that silences this kind.
+    allow_key: str
+    #: True for a state kind (its items are :class:`Change` records, not objects that end).
+    stateful: bool
+
+    def snapshot(self) -> Any: ...
+
+    def new_since(self, before: Any, allow: Allowance = None) -> Sequence[Any]: ...
+
+    def absorb(self, before: Any, start: Any, end: Any) -> Any: ...
+
+    def diff(self, before: Any, after: Any) -> Sequence[Any]: ...
+
+    def targets(self, items: Sequence[Any]) -> Mapping[Any, object]: ...
+
+    def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]: ...
+
+    def findings(
+        self,
+        items: Sequence[Any],
+        subject: str,
+        *,
+        grace: float,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[Finding]: ...
+
+    def restore(self, items: Sequence[Any]) -> None: ...
+
+
+@dataclass(frozen=True)
+class Change:
+    """One piece of process-wide state a test changed: what it was, what it is now.
+
+    ``key`` names the piece (``"gc.freeze_count"``, ``"signal SIGTERM"``, ``"os.environ['X']"``);
+    ``before`` and ``after`` are the values themselves (rendered by the kind's findings);
+    ``undo`` puts ``before`` back, when that is possible (fail mode only).
+    """
+
+    key: str
+    before: Any
+    after: Any
+    undo: Callable[[], None] | None = None
+
+
+class ObjectKind:
+    """Defaults for a kind whose items are objects that end by themselves (threads, pids)."""
+
+    stateful = False
+
+    def absorb(self, before: Any, start: Any, end: Any) -> Any:
+        """Items a wider-scope fixture started between ``start`` and ``end`` are no test's."""
+        new = set(self.new_since(start)) if start is not None else set()
+        return before | frozenset(new) if new else before
+
+    def new_since(self, before: Any, allow: Allowance = None) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def diff(self, before: Any, after: Any) -> Sequence[Any]:
+        return ()
+
+    def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
+        return {}
+
+    def restore(self, items: Sequence[Any]) -> None:
+        return None
+
+
+class StateKind:
+    """Defaults for a kind whose items are :class:`Change` records of process-wide state.
+
+    Subclasses define ``snapshot()`` and ``diff(before, after)``; a change made by a wider-scope
+    fixture is absorbed into the test's baseline by :meth:`absorb` (its ``rebase``).
+    """
+
+    stateful = True
+
+    def snapshot(self) -> Any:
+        raise NotImplementedError
+
+    def diff(self, before: Any, after: Any) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def rebase(self, before: Any, start: Any, end: Any) -> Any:
+        raise NotImplementedError
+
+    def new_since(self, before: Any, allow: Allowance = None) -> Sequence[Any]:
+        if allow is True:
+            return ()
+        return self.diff(before, self.snapshot())
+
+    def absorb(self, before: Any, start: Any, end: Any) -> Any:
+        return self.rebase(before, start, end)
+
+    def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
+        return {}
+
+    def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:
+        return items  # state does not go away by waiting
+
+    def restore(self, items: Sequence[Any]) -> None:
+        for change in items:
+            if change.undo is not None:
+                try:
+                    change.undo()
+                except Exception:  # noqa: BLE001 - restoring must never break the run
+                    pass
+
+
+def after_grace(grace: float) -> str:
+    """When something was found still there: after a grace, or at once (none was given)."""
+    return f"after the {grace:g} s grace" if grace > 0 else "(no grace was given)"

@@ -1,0 +1,143 @@
+"""Processes a test did not start that died by a signal while it ran (``collateral-kill``).
+
+A shutdown that kills what it does not own (SGLang's ``Engine.shutdown()`` ends with
+``kill_process_tree(os.getpid(), include_parent=False)``: every descendant of the pytest process,
+a session fixture's server included) passes its own test and breaks every later one. The victims
+are the processes alive before the test started (a wider-scope fixture's, an earlier test's
+long-lived pool): the snapshot is the set of descendants; a victim is one that ended since and
+whose end was a signal, read from its zombie (``/proc/PID/stat``, before anyone reaps it) or
+from its ``Popen.returncode`` / ``Process.exitcode`` once its owner reaped it. Cheap first:
+nothing is read while every process of the snapshot is still a descendant and no child of pytest
+is a zombie (one ``waitid(WNOWAIT)`` call).
+
+Limits: a grandchild reaped by its own parent leaves no trace here; a process that died by a
+signal its owner sent during the test (``server.kill()``) is reported too (allow it with
+``@pytest.mark.allow_leaks(collateral=True, reason=...)``). Nothing is restored.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_shutdown import origins
+from pytest_shutdown.checks.leaks import KILLED_ON_PURPOSE, descendant_pids
+from pytest_shutdown.containment import exit_signal, is_zombie
+from pytest_shutdown.findings import Finding
+from pytest_shutdown.resources.base import Allowance, ObjectKind
+from pytest_shutdown.resources.processes import REPORTED
+
+__all__ = ["CollateralKind", "signal_name"]
+
+
+def _zombie_child_exists() -> bool:
+    try:
+        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except (ChildProcessError, OSError, AttributeError):
+        return False
+    return info is not None and info.si_pid != 0
+
+
+def signal_name(sig: int) -> str:
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return f"signal {sig}"
+
+
+def _owner_signal(pid: int) -> int | None:
+    """The signal that ended ``pid`` according to its reaped Popen/Process object."""
+    obj = origins.process_object(pid)
+    code = getattr(obj, "returncode", None)
+    if code is None:
+        code = getattr(obj, "exitcode", None)
+    return -code if isinstance(code, int) and code < 0 else None
+
+
+class CollateralKind(ObjectKind):
+    """Items: ``(pid, signal, name)`` of processes alive at the snapshot that died by a signal."""
+
+    name = "collateral"
+    allow_key = "collateral"
+
+    def __init__(self) -> None:
+        self._reported: set[tuple[int, int]] = set()
+        self._names: dict[int, str] = {}
+
+    def snapshot(self) -> frozenset[int]:
+        return descendant_pids()
+
+    def absorb(self, before: Any, start: Any, end: Any) -> Any:
+        return before | descendant_pids()  # a fixture's processes are victims from now on
+
+    def new_since(self, before: Any, allow: Allowance = None) -> Sequence[Any]:
+        if allow is True or not before:
+            return ()
+        now = descendant_pids()
+        gone = before - now
+        if not gone and not _zombie_child_exists():
+            return ()  # every earlier process is still there and none of ours is a zombie
+        victims = []
+        for pid in sorted(before):
+            if pid in gone:
+                sig = _owner_signal(pid)
+            elif is_zombie(pid):
+                sig = exit_signal(pid)
+            else:
+                continue
+            if sig is None or (pid, sig) in self._reported or pid in KILLED_ON_PURPOSE:
+                continue
+            if pid in REPORTED:  # an earlier test's reported leak: ending it is cleaning up
+                continue
+            self._reported.add((pid, sig))
+            victims.append((pid, sig, self._name(pid)))
+        return tuple(victims)
+
+    def _name(self, pid: int) -> str:
+        origin = origins.origin_of_process(pid)
+        if origin is not None and origin.what:
+            return origin.what
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as f:
+                return f.read().decode(errors="replace").strip()
+        except OSError:
+            return "?"
+
+    def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:
+        return items  # a death is final
+
+    def findings(
+        self,
+        items: Sequence[Any],
+        subject: str,
+        *,
+        grace: float,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[Finding]:
+        if not items:
+            return []
+        victims = []
+        for pid, sig, name in items:
+            origin = origins.origin_of_process(pid)
+            victims.append(
+                {
+                    "pid": pid,
+                    "name": name,
+                    "signal": signal_name(sig),
+                    "started_in": origin.test if origin is not None else None,
+                    "started_at": origins.render_origin(origin) if origin is not None else "",
+                }
+            )
+        described = ", ".join(f"{v['pid']} ({v['name']}) by {v['signal']}" for v in victims)
+        count = len(victims)
+        return [
+            Finding(
+                "collateral-kill",
+                f"{count} process{'es' if count != 1 else ''} {subject} did not start "
+                f"(alive before it, a wider-scope fixture's or an earlier test's) died by a "
+                f"signal during {subject}: {described}.",
+                {"victims": victims, "test": subject, **dict(extra or {})},
+            )
+        ]

@@ -1,0 +1,294 @@
+"""Process-wide state a test changed and did not put back (``global-state``).
+
+One state kind over what the next test silently inherits: the garbage collector (enabled,
+thresholds), the handler of every catchable signal, the ``multiprocessing`` start method when
+it was forced, ``sys.excepthook`` and ``threading.excepthook``, and ``os.environ``. Values are
+compared by identity (handlers, hooks, contexts) or equality (gc, environment); the environment
+is copied only when it changed since the last snapshot (one dict comparison otherwise).
+
+Never reported: what pytest, its plugins and pytest-shutdown change themselves (a handler or
+hook installed whose function lives in their modules; ``PYTEST_CURRENT_TEST``, ``PYTEST_XDIST_*``,
+``PYTEST_SHUTDOWN_*``). A wider-scope fixture's changes are the fixture's, checked when it is
+torn down. Fail mode puts back what it can (gc, handlers, hooks, start method, environment).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pytest_shutdown.findings import Finding
+from pytest_shutdown.resources.base import Change, StateKind
+
+__all__ = ["GlobalStateKind", "catchable_signals"]
+
+#: Modules whose handlers and hooks are the test tools' own: never reported.
+_TOOL_MODULES = frozenset(
+    {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
+)
+#: Environment variables the test tools set per test or per worker: never reported.
+_TOOL_ENV_PREFIXES = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_", "PYTEST_SHUTDOWN_")
+_MISSING = object()
+
+
+def catchable_signals() -> tuple[signal.Signals, ...]:
+    """Every signal a handler can be installed for (SIGKILL and SIGSTOP cannot be caught)."""
+    uncatchable = {getattr(signal, "SIGKILL", None), getattr(signal, "SIGSTOP", None)}
+    found = []
+    for sig in sorted(signal.valid_signals()):
+        if sig in uncatchable:
+            continue
+        try:
+            found.append(signal.Signals(sig))
+        except ValueError:
+            continue  # a real-time signal without a name: kept by number below
+    return tuple(found)
+
+
+def _is_tool_callable(value: object) -> bool:
+    func = getattr(value, "__func__", value)
+    func = getattr(func, "func", func)  # a functools.partial: what it calls
+    module = getattr(func, "__module__", None) or ""
+    return module.partition(".")[0] in _TOOL_MODULES
+
+
+_SIGNAL_DEFAULTS: tuple[object, ...] = (signal.SIG_DFL, signal.default_int_handler, None)
+
+
+def _hook_defaults() -> tuple[object, ...]:
+    return (sys.__excepthook__, getattr(threading, "__excepthook__", None))
+
+
+def _tools_own(old: object, new: object, defaults: tuple[object, ...]) -> bool:
+    """The test tools' own change: they installed ``new``, or they put the default back over
+    their own ``old`` (pytest-timeout's SIGALRM handler, removed at teardown)."""
+    if _is_tool_callable(new):
+        return True
+    return _is_tool_callable(old) and any(new is d for d in defaults)
+
+
+def _describe(value: object) -> str:
+    if value is _MISSING:
+        return "unset"
+    if value is signal.SIG_DFL:
+        return "SIG_DFL (default)"
+    if value is signal.SIG_IGN:
+        return "SIG_IGN (ignored)"
+    if value is None:
+        return "None"
+    func = getattr(value, "__func__", value)
+    func = getattr(func, "func", func)  # a functools.partial: what it calls
+    name = getattr(func, "__qualname__", None)
+    module = getattr(func, "__module__", None)
+    if name:
+        return f"{module}.{name}" if module else name
+    return repr(value)
+
+
+def _start_method_context() -> Any:
+    """The start method context ``multiprocessing`` was forced or defaulted to (None when it
+    was not decided yet, or multiprocessing is not imported)."""
+    context = sys.modules.get("multiprocessing.context")
+    default = getattr(context, "_default_context", None)
+    return getattr(default, "_actual_context", None)
+
+
+def _set_start_method_context(value: Any) -> None:
+    context = sys.modules.get("multiprocessing.context")
+    default = getattr(context, "_default_context", None)
+    if default is not None:
+        default._actual_context = value
+
+
+def _environment_equal(a: Mapping[str, str], b: Mapping[str, str]) -> bool:
+    return a is b or a == b
+
+
+class GlobalStateKind(StateKind):
+    """gc, signal handlers, the start method, the excepthooks and the environment."""
+
+    name = "global-state"
+    allow_key = "global_state"
+
+    def __init__(self) -> None:
+        self.signals = catchable_signals()
+        self._environ: dict[str, str] = dict(os.environ)
+
+    def _environment(self) -> dict[str, str]:
+        """A copy of ``os.environ``, shared between snapshots while it does not change."""
+        if os.environ != self._environ:  # one dict comparison when nothing changed
+            self._environ = dict(os.environ)
+        return self._environ
+
+    def snapshot(self) -> dict[str, Any]:
+        getsignal = signal.getsignal
+        return {
+            "gc": (gc.isenabled(), gc.get_threshold()),
+            "signals": tuple(getsignal(s) for s in self.signals),
+            "start_method": _start_method_context(),
+            "sys.excepthook": sys.excepthook,
+            "threading.excepthook": threading.excepthook,
+            "environ": self._environment(),
+        }
+
+    def diff(self, before: dict[str, Any], after: dict[str, Any]) -> Sequence[Change]:
+        changes: list[Change] = []
+        (was_on, was_thresholds), (is_on, thresholds) = before["gc"], after["gc"]
+        if was_on and not is_on:
+            changes.append(Change("gc", "enabled", "disabled", undo=gc.enable))
+        if was_thresholds != thresholds:
+            changes.append(
+                Change(
+                    "gc thresholds",
+                    was_thresholds,
+                    thresholds,
+                    undo=lambda: gc.set_threshold(*was_thresholds),
+                )
+            )
+        if before["signals"] is not after["signals"]:
+            for sig, old, new in zip(
+                self.signals, before["signals"], after["signals"], strict=True
+            ):
+                if old is new or old == new or _tools_own(old, new, _SIGNAL_DEFAULTS):
+                    continue
+                changes.append(
+                    Change(
+                        f"signal handler {sig.name}",
+                        _describe(old),
+                        _describe(new),
+                        undo=_signal_undo(sig, old),
+                    )
+                )
+        old_ctx, new_ctx = before["start_method"], after["start_method"]
+        if new_ctx is not old_ctx and new_ctx is not None:
+            default = getattr(
+                getattr(sys.modules.get("multiprocessing.context"), "_default_context", None),
+                "_default_context",
+                None,
+            )
+            if old_ctx is not None or new_ctx is not default:  # forced, not decided lazily
+                changes.append(
+                    Change(
+                        "multiprocessing start method",
+                        _start_method_name(old_ctx, default),
+                        _start_method_name(new_ctx, default),
+                        undo=lambda: _set_start_method_context(old_ctx),
+                    )
+                )
+        for hook, setter in (
+            ("sys.excepthook", lambda v: setattr(sys, "excepthook", v)),
+            ("threading.excepthook", lambda v: setattr(threading, "excepthook", v)),
+        ):
+            old, new = before[hook], after[hook]
+            if old is not new and not _tools_own(old, new, _hook_defaults()):
+                changes.append(
+                    Change(hook, _describe(old), _describe(new), undo=_bind(setter, old))
+                )
+        if not _environment_equal(before["environ"], after["environ"]):
+            changes.extend(_environment_changes(before["environ"], after["environ"]))
+        return changes
+
+    def rebase(self, before: dict[str, Any], start: dict[str, Any], end: dict[str, Any]) -> Any:
+        rebased = dict(before)
+        for key in ("gc", "start_method", "sys.excepthook", "threading.excepthook"):
+            if start[key] is not end[key] and start[key] != end[key]:
+                rebased[key] = end[key]
+        if start["signals"] != end["signals"]:
+            rebased["signals"] = tuple(
+                new if old is not new else base
+                for base, old, new in zip(
+                    before["signals"], start["signals"], end["signals"], strict=True
+                )
+            )
+        if not _environment_equal(start["environ"], end["environ"]):
+            environ = dict(before["environ"])
+            for key in set(start["environ"]) | set(end["environ"]):
+                old, new = start["environ"].get(key), end["environ"].get(key)
+                if old != new:
+                    if new is None:
+                        environ.pop(key, None)
+                    else:
+                        environ[key] = new
+            rebased["environ"] = environ
+        return rebased
+
+    def findings(
+        self,
+        items: Sequence[Change],
+        subject: str,
+        *,
+        grace: float,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[Finding]:
+        if not items:
+            return []
+        described = "; ".join(f"{c.key}: {c.after} (was {c.before})" for c in items)
+        return [
+            Finding(
+                "global-state",
+                f"{subject} left process-wide state changed: {described}.",
+                {
+                    "changes": [
+                        {"what": c.key, "before": str(c.before), "after": str(c.after)}
+                        for c in items
+                    ],
+                    **dict(extra or {}),
+                },
+            )
+        ]
+
+
+def _bind(setter: Callable[[Any], None], value: Any) -> Callable[[], None]:
+    return lambda: setter(value)
+
+
+def _signal_undo(sig: signal.Signals, handler: Any) -> Callable[[], None] | None:
+    if handler is None:  # installed outside Python: cannot be put back from here
+        return None
+
+    def undo() -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(sig, handler)
+
+    return undo
+
+
+def _start_method_name(context: Any, default: Any) -> str:
+    if context is None:
+        name = getattr(default, "_name", None)
+        return f"not set (default {name})" if name else "not set"
+    return str(getattr(context, "_name", context))
+
+
+def _environment_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[Change]:
+    changes = []
+    for key in sorted(set(before) | set(after)):
+        if key.startswith(_TOOL_ENV_PREFIXES):
+            continue
+        old, new = before.get(key, _MISSING), after.get(key, _MISSING)
+        if old == new:
+            continue
+        changes.append(
+            Change(
+                f"os.environ[{key!r}]",
+                "unset" if old is _MISSING else repr(old),
+                "unset" if new is _MISSING else repr(new),
+                undo=_environ_undo(key, old),
+            )
+        )
+    return changes
+
+
+def _environ_undo(key: str, old: object) -> Callable[[], None]:
+    def undo() -> None:
+        if old is _MISSING:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = str(old)
+
+    return undo

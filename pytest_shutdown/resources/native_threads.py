@@ -1,0 +1,207 @@
+"""Threads ``threading`` does not list (``thread-leak``): ``_thread.start_new_thread`` and
+threads started in C, found in ``/proc/self/task`` (Linux).
+
+Cheap first: a snapshot reads the thread count (``/proc/self/stat``) and lists the task folder
+only when the count moved since the last listing. A new task that is neither a
+``threading.Thread`` (by ``native_id``) nor allowed, and still there after the grace, is a
+``thread-leak`` with its tid and kernel name (``/proc/self/task/TID/comm``); when Python threads
+unknown to ``threading`` exist, their stacks are added.
+
+Lazily started, process-lifetime native pools are never blamed (:data:`DEFAULT_ALLOWED`, extended
+by the ini option ``shutdown_native_threads_allow``): glob patterns matched against the kernel
+name, plus ``@openmp``: unnamed workers (named like the thread that started them) while an
+OpenMP/MKL/TBB runtime is loaded into the process (OpenMP, MKL and torch's intra-op pool name
+no thread). Other platforms: not checked.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_shutdown.findings import Finding
+from pytest_shutdown.resources.base import Allowance, ObjectKind, after_grace
+
+__all__ = ["DEFAULT_ALLOWED", "NativeThreadKind"]
+
+#: Kernel names (``comm``, 15 characters at most) of process-lifetime native pools that
+#: libraries start lazily, once, and keep until exit. ``@openmp`` is the unnamed-worker rule.
+DEFAULT_ALLOWED: tuple[str, ...] = (
+    "@openmp",  # OpenMP / MKL / torch intra-op workers (unnamed), while such a runtime is loaded
+    "pt_*",  # torch: autograd, inter-op pool ("pt_thread_pool", "pt_autograd_0")
+    "torch_*",
+    "c10*",
+    "grpc_*",  # gRPC core: timer manager, executors, resolvers
+    "grpcpp_*",
+    "default-executo",
+    "resolver-execut",
+    "timer_manager",
+    "cuda-EvtHandlr",  # the CUDA driver's event and callback threads
+    "cuda0*",
+    "cudaEvt*",
+    "nvml*",  # NVML / DCGM helpers
+    "nv_queue",
+    "tokio-runtime-w",  # Rust runtimes in Python wheels (tokenizers, safetensors...)
+    "rayon-*",
+    "jemalloc_bg_thd",
+    "tbb*",
+    "ZMQbg/*",  # pyzmq's I/O threads
+    "gmain",  # GLib
+    "gdbus",
+)
+#: Shared libraries whose presence makes unnamed workers an OpenMP/MKL-style pool.
+_OPENMP_LIBRARIES = ("libgomp", "libiomp", "libomp", "libmkl", "libtbb", "libopenblas")
+
+_TASK = "/proc/self/task"
+
+
+def _read_thread_count() -> int | None:
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    try:
+        return int(data[data.rfind(b")") + 2 :].split()[17])
+    except (IndexError, ValueError):
+        return None
+
+
+def _comm(tid: int) -> str:
+    try:
+        with open(f"{_TASK}/{tid}/comm", "rb") as f:
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
+def _openmp_loaded() -> bool:
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return False
+    return any(lib.encode() in maps for lib in _OPENMP_LIBRARIES)
+
+
+class NativeThreadKind(ObjectKind):
+    """Tasks of this process (tids) that ``threading`` does not know."""
+
+    name = "native-threads"
+    allow_key = "threads"
+
+    def __init__(self, settings: Any = None) -> None:
+        extra = tuple(getattr(settings, "native_threads_allow", ()) or ())
+        self.allowed = DEFAULT_ALLOWED + extra
+        self.enabled = sys.platform.startswith("linux") and os.path.isdir(_TASK)
+        self._listed_count: int | None = None
+        self._listed: frozenset[int] = frozenset()
+        self._pid = os.getpid()
+
+    def _tids(self) -> frozenset[int]:
+        try:
+            return frozenset(int(t) for t in os.listdir(_TASK))
+        except OSError:
+            return frozenset()
+
+    def snapshot(self) -> tuple[int, frozenset[int]] | None:
+        if not self.enabled:
+            return None
+        count = _read_thread_count()
+        if count != self._listed_count or os.getpid() != self._pid:
+            self._listed = self._tids()
+            self._listed_count = count
+            self._pid = os.getpid()
+        return (count or 0, self._listed)
+
+    def absorb(self, before: Any, start: Any, end: Any) -> Any:
+        if before is None:
+            return before
+        new = frozenset(self.new_since(start)) if start is not None else frozenset()
+        return (before[0] + len(new), before[1] | new) if new else before
+
+    def new_since(self, before: Any, allow: Allowance = None) -> Sequence[int]:
+        if before is None or allow is True:
+            return ()
+        count = _read_thread_count()
+        if count is None or count <= before[0]:
+            return ()  # not one task more than before: the common case
+        now = self._tids()
+        self._listed, self._listed_count = now, count
+        fresh = now - before[1]
+        if not fresh:
+            return ()
+        known = {t.native_id for t in threading.enumerate()}
+        fresh = frozenset(t for t in fresh if t not in known and t != threading.get_native_id())
+        if not fresh:
+            return ()
+        patterns = [p for p in self.allowed if not p.startswith("@")]
+        if isinstance(allow, tuple):
+            patterns.extend(allow)
+        main_name = _comm(os.getpid())
+        openmp: bool | None = None if "@openmp" in self.allowed else False  # looked up lazily
+        found = []
+        for tid in sorted(fresh):
+            name = _comm(tid)
+            if any(fnmatch.fnmatchcase(name, p) for p in patterns):
+                continue
+            if name == main_name and openmp is not False:
+                if openmp is None:
+                    openmp = _openmp_loaded()
+                if openmp:
+                    continue
+            found.append(tid)
+        return tuple(found)
+
+    def settle(self, items: Sequence[int], deadline: float) -> Sequence[int]:
+        left = tuple(items)
+        while left:
+            left = tuple(t for t in left if os.path.exists(f"{_TASK}/{t}"))
+            if not left or time.monotonic() >= deadline:
+                break
+            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+        return left
+
+    def findings(
+        self,
+        items: Sequence[int],
+        subject: str,
+        *,
+        grace: float,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list[Finding]:
+        if not items:
+            return []
+        records: list[dict[str, Any]] = [
+            {"tid": tid, "name": _comm(tid), "native": True, "stack": ""} for tid in items
+        ]
+        listed = set(threading._active)  # type: ignore[attr-defined]
+        unlisted = {
+            ident: frame for ident, frame in sys._current_frames().items() if ident not in listed
+        }
+        python_stacks = [
+            "".join(traceback.format_stack(frame)[-40:]) for frame in unlisted.values()
+        ]
+        if len(records) == len(python_stacks) == 1:  # a _thread.start_new_thread thread
+            records[0]["stack"] = python_stacks[0]
+        names = ", ".join(f"{r['tid']} ({r['name']})" for r in records)
+        count = len(records)
+        return [
+            Finding(
+                "thread-leak",
+                f"{count} native thread{'s' if count != 1 else ''} (not listed by threading) "
+                f"started in {subject} still running {after_grace(grace)}: {names}.",
+                {
+                    "threads": records,
+                    "python_stacks_not_listed_by_threading": python_stacks,
+                    "grace_s": grace,
+                    **dict(extra or {}),
+                },
+            )
+        ]

@@ -1,0 +1,133 @@
+"""Processes: descendants of the pytest process a test started and left running
+(``process-leak``), however they were re-parented (see :mod:`pytest_shutdown.containment`)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_shutdown import origins
+from pytest_shutdown.checks.leaks import (
+    Started,
+    await_exit,
+    descendant_pids,
+    kill_process_trees,
+    leak_findings,
+    multiprocessing_helper_pids,
+    process_running,
+)
+from pytest_shutdown.containment import first_ancestor, reap_adopted, started_in_test
+from pytest_shutdown.resources.base import Allowance, ObjectKind
+
+__all__ = ["REPORTED", "ProcessKind", "parent_pids"]
+
+#: Pids reported as ``process-leak`` (oldest dropped first): a later test that ends one of
+#: them is cleaning up, not killing a bystander (see the collateral kind).
+REPORTED: dict[int, None] = {}
+
+
+class ProcessKind(ObjectKind):
+    """Descendant processes by pid. A snapshot is one ``waitid`` system call while this process
+    has no child, the last walk's answer while no pid was allocated on the host, else a walk
+    down this process's children lists (O(its own descendants))."""
+
+    name = "processes"
+    allow_key = "processes"
+
+    def snapshot(self) -> frozenset[int]:
+        return descendant_pids()
+
+    def new_since(self, before: Any, allow: Allowance = None) -> Sequence[int]:
+        if allow is True:
+            return ()
+        now = descendant_pids()
+        if not now or now <= before:
+            return ()
+        fresh = now - before - multiprocessing_helper_pids()
+        running = tuple(sorted(p for p in fresh if process_running(p)))
+        if len(running) < len(fresh):  # an orphan adopted by the subreaper ended: reap it
+            reap_adopted(p for p in fresh if p not in running)
+        return running
+
+    def targets(self, items: Sequence[int]) -> Mapping[Any, object]:
+        from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
+
+        return objects_of((), items, parent_pids(tuple(items)))
+
+    def settle(self, items: Sequence[int], deadline: float) -> Sequence[int]:
+        return await_exit(Started((), tuple(items)), deadline - time.monotonic()).pids
+
+    def findings(
+        self,
+        items: Sequence[int],
+        subject: str,
+        *,
+        grace: float,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list:  # type: ignore[type-arg]
+        found = leak_findings(
+            Started((), tuple(items)), grace=grace, subject=subject, extra=dict(extra or {})
+        )
+        for finding in found:
+            for record in finding.details.get("processes", ()):
+                describe_reparented(record)
+        REPORTED.update(dict.fromkeys(items))
+        while len(REPORTED) > 4096:
+            del REPORTED[next(iter(REPORTED))]
+        return found
+
+    def restore(self, items: Sequence[int]) -> None:
+        if items:
+            killed = kill_process_trees(items, timeout=5.0)
+            reap_adopted([*items, *(r["pid"] for r in killed)])
+
+
+def describe_reparented(record: dict[str, Any]) -> None:
+    """A process no ``Popen``/``Process`` object started (a daemon, a shell's background job, a
+    grandchild whose parent exited): say that it was re-parented, the test its environment names,
+    and where its first recorded ancestor was started."""
+    if record.get("started_at"):
+        return
+    pid = int(record["pid"])
+    record["reparented"] = record.get("ppid") == os.getpid()
+    test = started_in_test(pid)
+    if test is not None:
+        record["started_in"] = test.rsplit(" (", 1)[0]
+    ancestor = first_ancestor(pid, record.get("started_in"))
+    if ancestor is not None:
+        ancestor_pid, matched = ancestor
+        origin = origins.origin_of_process(ancestor_pid)
+        record["first_ancestor"] = {
+            "pid": ancestor_pid,
+            "matched_by": matched,
+            "what": origin.what if origin is not None else None,
+        }
+        if origin is not None:
+            record["started_at"] = (
+                f"(its first recorded ancestor, pid {ancestor_pid}, {matched}:)\n"
+                + origins.render_origin(origin)
+            )
+            record.setdefault("started_in", origin.test)
+
+
+def parent_pids(pids: tuple[int, ...]) -> dict[int, int]:
+    """pid -> parent pid, for the processes and their ancestors (to reach a Process object)."""
+    if not pids:
+        return {}
+    import psutil  # noqa: PLC0415 - only when a child process is alive
+
+    parents: dict[int, int] = {}
+    for pid in pids:
+        current = pid
+        for _ in range(16):
+            try:
+                parent = psutil.Process(current).ppid()
+            except psutil.Error:
+                break
+            parents[current] = parent
+            current = parent
+            if parent in parents or parent <= 1:
+                break
+    return parents

@@ -1,0 +1,96 @@
+"""Threads: ``threading.Thread`` objects a test started and left running (``thread-leak``)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pytest_shutdown.checks.leaks import (
+    Started,
+    ThreadFilter,
+    await_exit,
+    leak_findings,
+    thread_filter,
+)
+from pytest_shutdown.ownership import stdlib_helper_threads
+from pytest_shutdown.resources.base import Allowance, ObjectKind
+
+__all__ = ["TOOL_MODULES", "ThreadKind", "is_tool_thread"]
+
+#: Top-level modules whose threads belong to the test tools, never to the code under test.
+TOOL_MODULES = frozenset({"execnet", "xdist", "pytest_timeout", "_pytest", "pluggy"})
+
+
+def is_tool_thread(thread: threading.Thread) -> bool:
+    """True for the test tools' own threads (pytest-timeout's timer, execnet I/O threads)."""
+    if thread.name.startswith("pytest_timeout "):
+        return True
+    target = getattr(thread, "_target", None)
+    module = getattr(target, "__module__", None) or type(thread).__module__ or ""
+    return module.partition(".")[0] in TOOL_MODULES
+
+
+class ThreadKind(ObjectKind):
+    """Python threads (those ``threading`` lists), compared by identity (idents are reused).
+
+    ``tools`` says which threads belong to the test tools (pytest-timeout's timer, execnet's I/O
+    threads, pytest-shutdown's watchdogs): never reported. The standard library's process-lifetime
+    helper threads (``resource_sharer``) are never a test's either.
+    """
+
+    name = "threads"
+    allow_key = "threads"
+
+    def __init__(self, tools: ThreadFilter | None = None) -> None:
+        self.tools: ThreadFilter = tools or thread_filter([is_tool_thread])
+
+    def snapshot(self) -> frozenset[threading.Thread]:
+        return frozenset(threading.enumerate())
+
+    def _filter(self, allow: Allowance) -> ThreadFilter:
+        if isinstance(allow, tuple):
+            return thread_filter([self.tools, *allow])
+        return self.tools
+
+    def new_since(self, before: Any, allow: Allowance = None) -> Sequence[threading.Thread]:
+        if allow is True:
+            return ()
+        now = threading.enumerate()
+        if all(t in before for t in now):
+            return ()  # nothing new: the common case, no filter compiled
+        filt = self._filter(allow)
+        current = threading.current_thread()
+        found = tuple(
+            t
+            for t in now
+            if t not in before
+            and t is not current
+            and t.is_alive()
+            and not isinstance(t, threading._DummyThread)
+            and not filt(t)
+        )
+        if not found:
+            return found
+        helpers = stdlib_helper_threads()
+        return tuple(t for t in found if t not in helpers)
+
+    def targets(self, items: Sequence[threading.Thread]) -> Mapping[Any, object]:
+        return {thread: thread for thread in items}
+
+    def settle(self, items: Sequence[threading.Thread], deadline: float) -> Sequence[Any]:
+        import time  # noqa: PLC0415
+
+        return await_exit(Started(tuple(items)), deadline - time.monotonic()).threads
+
+    def findings(
+        self,
+        items: Sequence[threading.Thread],
+        subject: str,
+        *,
+        grace: float,
+        extra: Mapping[str, Any] | None = None,
+    ) -> list:  # type: ignore[type-arg]
+        return leak_findings(
+            Started(tuple(items)), grace=grace, subject=subject, extra=dict(extra or {})
+        )

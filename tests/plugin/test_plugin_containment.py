@@ -1,0 +1,253 @@
+"""Containment: a process a test started cannot hide from the guard by being re-parented.
+
+Each escape route runs in a real pytest process (``runpytest_subprocess``: the subreaper flag
+and the environment marker are per process). The inner test writes the escaped process's pid
+to a file; the outer test checks from outside the run that, in fail mode, it is gone once
+pytest has exited, and kills whatever is left in its ``finally``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="containment needs Linux (prctl subreaper, /proc)"
+)
+
+#: A daemonising launcher: fork, setsid, fork again, the middle parent exits at once; the
+#: daemon (the "scheduler") writes its pid and sleeps.
+DAEMONISE = """
+import os, sys, time
+pid = os.fork()
+if pid:
+    os.waitpid(pid, 0)
+    sys.exit(0)
+os.setsid()
+if os.fork():
+    os._exit(0)
+with open(sys.argv[1], "w") as f:
+    f.write(str(os.getpid()))
+os.execvp("sleep", ["sleep", "60"])
+"""
+
+#: A launcher that starts a grandchild and exits without waiting for it.
+MIDDLE_EXITS = """
+import subprocess, sys
+child = subprocess.Popen(["sleep", "60"])
+with open(sys.argv[1], "w") as f:
+    f.write(str(child.pid))
+"""
+
+ROUTES = {
+    "daemonise": 'subprocess.run([sys.executable, "-c", DAEMONISE, PIDFILE], check=True)',
+    "shell_background_job": 'subprocess.run(["sh", "-c", f"sleep 60 & echo $! > {PIDFILE}"], '
+    "check=True)",
+    "middle_parent_exited": 'subprocess.run([sys.executable, "-c", MIDDLE_EXITS, PIDFILE], '
+    "check=True)",
+    # one more: no environment at all (no marker, no PYTEST_CURRENT_TEST) and a new session
+    "empty_env_setsid": 'subprocess.run(["/usr/bin/env", "-i", "/bin/sh", "-c", '
+    'f"setsid sleep 60 & echo $! > {PIDFILE}"], check=True)',
+}
+
+
+def _suite(route: str, pidfile: Path) -> str:
+    return textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        DAEMONISE = {DAEMONISE!r}
+        MIDDLE_EXITS = {MIDDLE_EXITS!r}
+        PIDFILE = {str(pidfile)!r}
+
+        def test_{route}():
+            {ROUTES[route]}
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:  # the escaped process has written its pid
+                try:
+                    if open(PIDFILE).read().strip():
+                        break
+                except OSError:
+                    pass
+                time.sleep(0.02)
+
+        def test_next():
+            pass
+        """
+    )
+
+
+def _read_pid(path: Path) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            text = ""
+        if text:
+            return int(text)
+        time.sleep(0.02)
+    raise AssertionError(f"the escaped process never wrote its pid to {path}")
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _running(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.fixture
+def escaped() -> Iterator[list[int]]:
+    """Pids of escaped processes; whatever still runs (a `sleep`) is killed at teardown."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if "sleep" in " ".join(proc.cmdline()):
+                proc.send_signal(signal.SIGKILL)
+        except psutil.Error:
+            pass
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_an_escaped_process_is_found_named_and_killed(
+    pytester: pytest.Pytester, route: str, escaped: list[int]
+) -> None:
+    pidfile = pytester.path / f"{route}.pid"
+    pytester.makepyfile(test_escape=_suite(route, pidfile))
+    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-grace=0.2")
+    pid = _read_pid(pidfile)
+    escaped.append(pid)
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            f"*started in test_{route} still running after the 0.2 s grace: {pid} (sleep).",
+            f"  process {pid} (sleep): sleep 60 [re-parented to pytest: its parent exited]",
+            f"    started at (user frames first), during test_escape.py::test_{route}:",
+            "      (its first recorded ancestor, pid *",
+            f'      File "*test_escape.py", line 7, in test_{route}',
+            f"ERROR test_escape.py::test_{route} - shutdown guard: process-leak",
+        ]
+    )
+    assert _gone_within(pid, 15), f"pid {pid} outlived the run in fail mode"
+
+
+def test_warn_mode_lists_the_survivor_at_session_end_and_leaves_it(
+    pytester: pytest.Pytester, escaped: list[int]
+) -> None:
+    pidfile = pytester.path / "warn.pid"
+    pytester.makepyfile(test_escape=_suite("shell_background_job", pidfile))
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-guard=warn", "--shutdown-grace=0.2"
+    )
+    pid = _read_pid(pidfile)
+    escaped.append(pid)
+    result.assert_outcomes(passed=2, warnings=1)
+    result.stdout.fnmatch_lines(
+        [f"<session end>: ?process-leak? *still running at session end: {pid} (sleep)."]
+    )
+    assert _running(pid)  # warn mode changes nothing
+
+
+def test_a_process_allowed_by_its_test_is_still_killed_at_session_end_in_fail_mode(
+    pytester: pytest.Pytester, escaped: list[int]
+) -> None:
+    pidfile = pytester.path / "allowed.pid"
+    suite = _suite("daemonise", pidfile).replace(
+        "def test_daemonise",
+        "import pytest\n@pytest.mark.allow_leaks(processes=True, reason='x')\ndef test_daemonise",
+    )
+    pytester.makepyfile(test_escape=suite)
+    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-grace=0.2")
+    pid = _read_pid(pidfile)
+    escaped.append(pid)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(
+        [f"<session end>: ?process-leak? *still running at session end: {pid} (sleep); killed."]
+    )
+    assert _gone_within(pid, 15)
+
+
+def test_adopted_zombies_are_reaped(pytester: pytest.Pytester) -> None:
+    """An orphan adopted by the subreaper that ends is reaped, not left as pytest's zombie."""
+    pytester.makepyfile(
+        test_zombie=textwrap.dedent(
+            """
+            import os, subprocess, sys, time
+            import psutil
+
+            def test_orphan_ends():
+                # the middle parent exits at once; its child ends 0.3 s later, adopted by us
+                subprocess.run(
+                    ["sh", "-c", "sleep 0.3 & echo $! > orphan.pid"], check=True
+                )
+                time.sleep(1.0)
+
+            def test_no_zombie_left():
+                pid = int(open("orphan.pid").read())
+                try:
+                    proc = psutil.Process(pid)
+                except psutil.NoSuchProcess:
+                    return
+                assert proc.ppid() != os.getpid() or proc.status() != psutil.STATUS_ZOMBIE
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-grace=0.2")
+    result.assert_outcomes(passed=2)
+
+
+def test_the_environment_marker_and_subreaper_are_set_and_put_back(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        test_marker=textwrap.dedent(
+            """
+            import os, subprocess
+
+            def test_marked():
+                token = os.environ["PYTEST_SHUTDOWN_SESSION"]
+                out = subprocess.run(["sh", "-c", "echo $PYTEST_SHUTDOWN_SESSION"],
+                                     capture_output=True, text=True, check=True).stdout
+                assert out.strip() == token
+                with open(f"/proc/{os.getpid()}/status") as f:
+                    pass
+                from pytest_shutdown.containment import _subreaper_now
+                assert _subreaper_now() is True
+            """
+        )
+    )
+    pytester.makeconftest(
+        """
+        import os
+        def pytest_unconfigure(config):
+            from pytest_shutdown.containment import _subreaper_now
+            print("AFTER", os.environ.get("PYTEST_SHUTDOWN_SESSION"), _subreaper_now())
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", "-s")
+    result.assert_outcomes(passed=1)
+    plain = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    plain.assert_outcomes(failed=1)  # without the guard: no marker, no subreaper
+
+
+def test_os_environ_is_untouched_without_the_guard() -> None:
+    assert "PYTEST_SHUTDOWN_SESSION" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER")

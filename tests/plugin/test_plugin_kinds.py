@@ -1,0 +1,234 @@
+"""The guard's newer kinds on real pytest runs: native threads, atexit holders, collateral
+kills (caught on buggy code, silent on correct code)."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc/self/task (Linux)"
+)
+
+NATIVE = textwrap.dedent(
+    """
+    import _thread, ctypes, threading, time
+
+    libc = ctypes.CDLL(None)
+    START = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+    _keep = []
+
+    def pthread(seconds, name=None, join=False):
+        # a thread started in C: libc's sleep() as the start routine, no Python at all
+        routine = ctypes.cast(libc.sleep, START)
+        tid = ctypes.c_ulong()
+        assert libc.pthread_create(ctypes.byref(tid), None, routine, ctypes.c_void_p(seconds)) == 0
+        if name:
+            libc.pthread_setname_np(tid, name.encode())
+        if join:
+            libc.pthread_join(tid, None)
+        _keep.append(tid)
+
+    LOCK = _thread.allocate_lock()
+    LOCK.acquire()
+
+    def test_start_new_thread():
+        _thread.start_new_thread(LOCK.acquire, ())
+
+    def test_c_thread():
+        pthread(60)
+
+    def test_c_thread_of_a_known_pool():
+        pthread(60, "grpc_global_tim")
+
+    def test_c_thread_allowed_by_ini():
+        pthread(60, "mypool-1")
+
+    def test_c_thread_joined():
+        pthread(0, join=True)
+
+    def test_python_thread_joined():
+        t = threading.Thread(target=time.sleep, args=(0.01,))
+        t.start()
+        t.join()
+    """
+)
+
+
+@linux_only
+def test_native_threads_are_found_with_tid_and_kernel_name(pytester: pytest.Pytester) -> None:
+    pytester.makeini("[pytest]\nshutdown_native_threads_allow =\n    mypool-*\n")
+    pytester.makepyfile(test_native=NATIVE)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-grace=0.2", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=6, errors=2)
+    for test in ("test_start_new_thread", "test_c_thread"):
+        result.stdout.fnmatch_lines(
+            [
+                f"*::{test}: ?thread-leak? 1 native thread (not listed by threading) started "
+                f"in {test} still running after the 0.2 s grace: * (*)."
+            ]
+        )
+    out = result.stdout.str()
+    assert "  native thread " in out and "(tid " in out
+    assert "LOCK.acquire" not in out or "test_native.py" in out  # a Python stack when known
+    for clean in ("known_pool", "allowed_by_ini", "joined"):
+        assert f"test_c_thread_{clean}: [" not in out
+
+
+def test_allow_leaks_threads_also_covers_native_threads(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(
+        test_native=NATIVE.replace(
+            "def test_c_thread():",
+            "import pytest\n@pytest.mark.allow_leaks(threads=True, reason='a C pool')\n"
+            "def test_c_thread():",
+        )
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-grace=0.2", "-k", "test_c_thread and not pool and not ini"
+    )
+    result.assert_outcomes(passed=2, deselected=4)
+
+
+ATEXIT = textwrap.dedent(
+    """
+    import atexit
+    import pytest
+
+    class Engine:
+        def __init__(self):
+            atexit.register(self.shutdown)  # SGLang's Engine.__init__
+
+        def shutdown(self):
+            pass
+
+    class TidyEngine:
+        def __init__(self):
+            atexit.register(self.shutdown)
+
+        def shutdown(self):
+            atexit.unregister(self.shutdown)
+
+    def _close_all():
+        pass
+
+    GLOBAL_ENGINE = None
+
+    def test_bound_method_of_the_tests_engine():
+        Engine()
+
+    def test_module_function():
+        atexit.register(_close_all)
+        atexit.register(print, "bye")
+
+    def test_unregistered_at_shutdown():
+        TidyEngine().shutdown()
+
+    def test_engine_of_a_module_global():
+        global GLOBAL_ENGINE
+        GLOBAL_ENGINE = Engine()
+
+    @pytest.fixture(scope="module")
+    def engine():
+        return Engine()
+
+    def test_uses_module_engine(engine):
+        pass
+
+    def test_last():
+        pass
+    """
+)
+
+
+def test_atexit_holding_a_tests_object_is_reported(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_atexit=ATEXIT)
+    result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly")
+    result.assert_outcomes(passed=6, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_bound_method_of_the_tests_engine: ?atexit-holds-object? "
+            "atexit.register(test_atexit.Engine.shutdown) in "
+            "test_bound_method_of_the_tests_engine keeps test_atexit.Engine alive until the "
+            "interpreter exits*",
+            "*test_last: ?atexit-holds-object? atexit.register(test_atexit.Engine.shutdown) in "
+            "fixture 'engine' (module scope) keeps test_atexit.Engine alive*",
+        ]
+    )
+    out = result.stdout.str()
+    for clean in ("module_function", "unregistered_at_shutdown", "engine_of_a_module_global"):
+        assert f"test_{clean}: [" not in out
+
+
+def test_not_collected_names_atexit_as_the_root() -> None:
+    import atexit
+
+    from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc
+
+    class Held:
+        def __init__(self) -> None:
+            atexit.register(self.shutdown)
+
+        def shutdown(self) -> None:
+            pass
+
+    with pytest.raises(ShutdownContractError) as caught:
+        assert_finalizes_on_gc(Held, timeout=0.5)
+    (finding,) = [f for f in caught.value.findings if f.code == "not-collected"]
+    assert finding.details["root"] == "atexit"
+    assert "Its root is atexit: atexit.register(" in finding.message
+    assert "Held.shutdown) holds it until the interpreter exits" in finding.message
+    assert "test_plugin_kinds.py" in finding.details["atexit_callbacks"][0]["registered_at"]
+
+
+COLLATERAL = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys
+    import psutil, pytest
+
+    SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    @pytest.fixture(scope="session")
+    def server():
+        proc = subprocess.Popen(SLEEP)
+        yield proc
+        proc.kill()
+        proc.wait(10)
+
+    def test_starts_server(server):
+        assert server.poll() is None
+
+    def test_shutdown_kills_every_child(server):
+        own = subprocess.Popen(SLEEP)
+        # SGLang's Engine.shutdown(): kill_process_tree(os.getpid(), include_parent=False)
+        for child in psutil.Process(os.getpid()).children(recursive=True):
+            child.send_signal(signal.SIGKILL)
+        own.wait(10)
+
+    def test_tidy_shutdown():
+        own = subprocess.Popen(SLEEP)
+        own.kill()
+        own.wait(10)
+    """
+)
+
+
+@linux_only
+def test_a_wider_fixtures_process_killed_during_a_test_is_collateral(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_collateral=COLLATERAL)
+    result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly")
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_shutdown_kills_every_child: ?collateral-kill? 1 process "
+            "test_shutdown_kills_every_child did not start (alive before it, a wider-scope "
+            "fixture's or an earlier test's) died by a signal during "
+            "test_shutdown_kills_every_child: * (*) by SIGKILL.",
+        ]
+    )
+    assert "test_tidy_shutdown: [" not in result.stdout.str()

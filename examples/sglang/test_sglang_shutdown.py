@@ -13,9 +13,11 @@ from __future__ import annotations
 import gc
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
@@ -34,17 +36,9 @@ from pytest_shutdown import (  # noqa: E402
     ShutdownContractError,
     assert_finalizes_on_gc,
     assert_idempotent_shutdown,
+    assert_no_collateral,
 )
 
-try:  # issue 19 ("Nothing escapes the guard") adds it
-    from pytest_shutdown import assert_no_collateral
-except ImportError:  # pragma: no cover - only before issue 19 is merged
-    assert_no_collateral = None
-
-needs_collateral = pytest.mark.skipif(
-    assert_no_collateral is None,
-    reason="pytest_shutdown.assert_no_collateral is not importable (issue 19 not merged yet)",
-)
 HERE = Path(__file__).parent
 UPSTREAM = "sglang 0.5.23 python/sglang/srt/entrypoints/engine.py"
 #: Every test that builds an Engine leaves what Engine.__init__ does to the process (the forced
@@ -62,7 +56,7 @@ ENGINE_LEAVES = pytest.mark.allow_leaks(
 # -- sglang/srt/utils/common.py: kill_process_tree ------------------------------------------------
 
 
-@needs_collateral
+@ENGINE_LEAVES  # the resource tracker it kills was alive before the test: checked here instead
 @pytest.mark.exercises("sglang.srt.utils.kill_process_tree(os.getpid(), include_parent=False)")
 @pytest.mark.xfail(
     strict=True,
@@ -71,22 +65,26 @@ ENGINE_LEAVES = pytest.mark.allow_leaks(
     "SIGKILLs every child of the process, not only the engine's",
 )
 def test_the_blanket_kill_takes_everything_with_it() -> None:
+    tracker = running_resource_tracker()
     try:
         assert_no_collateral(kill_process_tree, os.getpid(), include_parent=False)
     except ShutdownContractError as error:
         assert error.codes == ["collateral-kill"], error.codes
-        victims = str(error)
-        assert "resource_tracker" in victims or "resource tracker" in victims, victims
+        message = error.findings[0].message
+        for sentinel in ("plain child", "multiprocessing child", "grandchild"):
+            assert sentinel in message, message
+        assert killed_by(tracker) == signal.SIGKILL, "the resource tracker survived"
         raise
 
 
-@needs_collateral
 @ENGINE_LEAVES
 @pytest.mark.exercises("sglang.srt.entrypoints.engine.Engine.shutdown (scoped kill)")
 def test_a_shutdown_scoped_to_the_engines_children_kills_nothing_else() -> None:
     engine = make_engine()
+    tracker = running_resource_tracker()
     assert_no_collateral(shutdown_scoped, engine)
     assert all(not _alive(pid) for pid in engine.get_all_child_pids())
+    assert killed_by(tracker) is None, "the scoped shutdown killed the resource tracker"
 
 
 # -- sglang/srt/entrypoints/engine.py: Engine -----------------------------------------------------
@@ -153,6 +151,22 @@ def test_the_guard_sees_a_test_that_builds_an_engine_leave_the_process_clean(
         assert "global-state" in out, out[-4000:]
         assert "start method" in out and "SIGQUIT" in out, out[-4000:]
         raise GuardReported(out[-2000:])
+
+
+def running_resource_tracker() -> int:
+    """The pid of multiprocessing's resource tracker, a child of this process (started here)."""
+    resource_tracker.ensure_running()
+    pid = resource_tracker._resource_tracker._pid
+    assert pid is not None
+    return int(pid)
+
+
+def killed_by(pid: int) -> int | None:
+    """The signal that ended child ``pid`` (left unreaped for its owner), None if it runs."""
+    info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    if info is None or info.si_pid == 0:
+        return None
+    return info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else 0
 
 
 def _alive(pid: int) -> bool:

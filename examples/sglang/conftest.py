@@ -9,7 +9,9 @@ the only model is ``tiny_model/config.json``.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,17 @@ _OUTCOMES: dict[str, tuple[str, str]] = {}
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def reap_finished_workers() -> Iterator[None]:
+    """Reaps the engine workers a test's ``Engine.shutdown()`` killed, before the guard looks.
+
+    SGLang's shutdown SIGKILLs them but never joins its ``multiprocessing`` processes: they stay
+    zombies until multiprocessing next looks, and the next test's guard would find them.
+    """
+    yield
+    multiprocessing.active_children()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -136,17 +137,18 @@ class GuardReported(AssertionError):
     "signal.signal(SIGQUIT, ...) for the whole process, never put back; Engine.__init__: "
     "atexit.register(self.shutdown)",
 )
-def test_the_guard_sees_a_test_that_builds_an_engine_leave_the_process_clean(
-    tmp_path: Path,
-) -> None:
-    (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER_TEST), encoding="utf-8")
+def test_the_guard_sees_a_test_that_builds_an_engine_leave_the_process_clean() -> None:
     path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-p", "shutdown", "-p", "no:cacheprovider",
-         "-p", "no:randomly", "-q", "-W", "ignore", "test_inner.py"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )
+    # a plain temporary folder: pytest's session-scoped tmp_path_factory, set up inside this
+    # test, would own (and be blamed for) what earlier tests left behind
+    with tempfile.TemporaryDirectory(prefix="sglang-guard-") as folder:
+        Path(folder, "test_inner.py").write_text(textwrap.dedent(INNER_TEST), encoding="utf-8")
+        result = subprocess.run(
+            [sys.executable, "-m", "pytest", "-p", "shutdown", "-p", "no:cacheprovider",
+             "-p", "no:randomly", "-q", "-W", "ignore", "test_inner.py"],
+            cwd=folder, env=env, capture_output=True, text=True, timeout=600,
+        )
     out = result.stdout + result.stderr
     if result.returncode != 0:
         assert "global-state" in out, out[-4000:]

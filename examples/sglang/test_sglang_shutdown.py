@@ -129,6 +129,9 @@ class GuardReported(AssertionError):
     """The guard's findings on the inner run, as the strict xfail's reason."""
 
 
+# the resource tracker an earlier test's Engine.shutdown() SIGKILLed is still a zombie child of
+# this process when this test starts (nobody reaps it): the guard would blame this test
+@pytest.mark.allow_leaks(collateral=True, reason="an earlier Engine.shutdown()'s victim")
 @pytest.mark.exercises("sglang.srt.entrypoints.engine.Engine.__init__ (under the guard)")
 @pytest.mark.xfail(
     strict=True,

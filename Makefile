@@ -10,6 +10,9 @@
 #                                 venv, .venv-vllm, with the vllm 0.33.0 wheel; not part of test
 #   make ray-check                the engine's DP ranks as Ray actors on a local two-node cluster
 #                                 (tests/on_ray, examples/on_ray) in a side venv, .venv-ray; not in test
+#   make sglang-check             the checks on SGLang's own shutdown code (examples/sglang) in
+#                                 a side venv, .venv-sglang, with the sglang 0.5.23 wheel; not
+#                                 part of test
 PYTHON ?= python3
 VENV ?= .venv
 USE_SYSTEM_TORCH ?= 0
@@ -19,7 +22,7 @@ PYTEST_ARGS ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo docs lint clean vllm-check ray-check
+.PHONY: venv test demo docs lint clean vllm-check ray-check sglang-check
 
 venv: $(STAMP)
 
@@ -43,9 +46,12 @@ vllm-check:
 ray-check:
 	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/ray-check
 
+sglang-check:
+	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/sglang-check
+
 lint: $(STAMP)
 	$(BIN)/ruff check pytest_shutdown tests examples
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-ray site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm .venv-ray .venv-sglang .venv-third-party site .pytest_cache .mypy_cache .ruff_cache

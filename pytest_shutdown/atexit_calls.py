@@ -17,6 +17,7 @@ register``) is not seen. A forked child never inherits the wrappers.
 from __future__ import annotations
 
 import atexit
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -80,6 +81,8 @@ def install() -> None:
         try:
             from pytest_shutdown import origins  # noqa: PLC0415
 
+            if origins.is_tool_file(sys._getframe(1).f_code.co_filename):
+                return result  # pytest's own (tmp_path's cleanup) and the tools' are never a test's
             _seq += 1
             _registrations.append(
                 Registration(

@@ -130,6 +130,11 @@ def _is_tool(filename: str) -> bool:
     return cached
 
 
+def is_tool_file(filename: str) -> bool:
+    """Whether ``filename`` belongs to pytest, pluggy, xdist, pytest-timeout or this plugin."""
+    return _is_tool(filename)
+
+
 def capture_here() -> Origin:
     """The creation site of whatever the caller's caller is doing now (e.g. an
     ``atexit.register`` call seen by a wrapper)."""

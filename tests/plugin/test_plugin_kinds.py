@@ -163,6 +163,25 @@ def test_atexit_holding_a_tests_object_is_reported(pytester: pytest.Pytester) ->
         assert f"test_{clean}: [" not in out
 
 
+def test_pytests_own_atexit_registrations_are_never_a_tests(pytester: pytest.Pytester) -> None:
+    """tmp_path's first use makes pytest register its own atexit cleanup (an ExitStack's close)
+    during a test: pytest's registrations are not the test's."""
+    pytester.makepyfile(
+        test_tmp=textwrap.dedent(
+            """
+            def test_first_use(tmp_path):
+                (tmp_path / "a").write_text("1")
+
+            def test_second_use(tmp_path):
+                (tmp_path / "b").write_text("1")
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    assert "atexit-holds-object" not in result.stdout.str()
+
+
 def test_not_collected_names_atexit_as_the_root() -> None:
     import atexit
 

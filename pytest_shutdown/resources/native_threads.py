@@ -57,7 +57,8 @@ DEFAULT_ALLOWED: tuple[str, ...] = (
     "gdbus",
 )
 #: Shared libraries whose presence makes unnamed workers an OpenMP/MKL-style pool.
-_OPENMP_LIBRARIES = ("libgomp", "libiomp", "libomp", "libmkl", "libtbb", "libopenblas")
+#: ``openblas`` also matches numpy/scipy wheels' ``libscipy_openblas64_``.
+_OPENMP_LIBRARIES = ("libgomp", "libiomp", "libomp", "libmkl", "libtbb", "openblas", "libblis")
 
 _TASK = "/proc/self/task"
 

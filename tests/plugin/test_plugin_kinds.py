@@ -93,6 +93,26 @@ def test_allow_leaks_threads_also_covers_native_threads(pytester: pytest.Pyteste
     result.assert_outcomes(passed=2, deselected=4)
 
 
+def test_numpys_openblas_pool_is_a_process_lifetime_pool(pytester: pytest.Pytester) -> None:
+    """numpy's wheels ship OpenBLAS as ``libscipy_openblas64_``: its worker pool, started by a
+    test's first matrix product and kept until exit, is never that test's leak."""
+    pytest.importorskip("numpy")
+    pytester.makepyfile(
+        test_blas=textwrap.dedent(
+            """
+            import numpy as np
+
+            def test_first_product():
+                a = np.ones((300, 300))
+                assert (a @ a)[0, 0] == 300
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-grace=0.2")
+    result.assert_outcomes(passed=1)
+    assert "thread-leak" not in result.stdout.str()
+
+
 ATEXIT = textwrap.dedent(
     """
     import atexit

@@ -55,7 +55,7 @@ class WholeTreeLoading:
 #: The phases of the reference tree as ``matrix_config()`` builds it (tp=2, dp=2: 4 workers).
 REFERENCE_PHASES = {"starting": WholeTreeLoading(4)}
 #: Every phase the frontend reports (declared to the test: an unknown one fails at once).
-FRONTEND_PHASES = ("starting", "ready", "busy", "shutting_down")
+FRONTEND_PHASES = ("starting", "ready", "busy", "shutting_down", "in_collective")
 #: How often the serving loop looks at its engines.
 SERVE_POLL_S = 0.02
 #: Requests kept in flight per EngineCore in the ``busy`` phase, and their length.

@@ -32,8 +32,12 @@ _TOOL_MODULES = frozenset(
     {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
 )
 #: Handlers and hooks libraries install once, for the process's lifetime, on first use (torch's
-#: DataLoader chains a SIGCHLD handler to notice dead workers): never a test's change.
-PROCESS_LIFETIME_HANDLERS = ("torch.utils.data._utils.signal_handling",)
+#: DataLoader chains a SIGCHLD handler to notice dead workers; ``init_process_group`` chains a
+#: ``sys.excepthook`` that prefixes the rank): never a test's change.
+PROCESS_LIFETIME_HANDLERS = (
+    "torch.utils.data._utils.signal_handling",
+    "torch.distributed.distributed_c10d",
+)
 #: Environment variables the test tools set per test or per worker: never reported.
 _TOOL_ENV_PREFIXES = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_", "PYTEST_SHUTDOWN_")
 _MISSING = object()

@@ -34,11 +34,14 @@ def test_the_guard_fails_the_test_that_left_a_group_and_only_it(pytester: pytest
                                            "no:randomly")
     result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines([
-        "ERROR test_groups.py::test_leaves_its_group - shutdown guard: process-group-left",
+        "test_groups.py::test_leaves_its_group: [[]process-group-left[]] the default process group*",
+        "ERROR test_groups.py::test_leaves_its_group - shutdown guard: *",
     ])
     out = result.stdout.str()
     assert "the default process group" in out and "destroy_process_group()" in out
     assert "test_destroys_its_group - shutdown guard" not in out
+    # init_process_group's own sys.excepthook is torch's, for the process: never global-state
+    assert "global-state" not in out
 
 
 def test_without_the_guard_a_left_group_changes_nothing(pytester: pytest.Pytester) -> None:

@@ -325,11 +325,12 @@ def _owners_through_starters(
 ) -> dict[Any, Owner]:
     """Unowned threads started by a thread that is not a target: their starter's owner."""
     starters: dict[Any, threading.Thread] = {}
-    for key in targets:
-        if key in answers or not _is_a(key, threading.Thread):
+    explained = {id(obj) for obj in targets.values()}  # keys may be (kind, item) pairs
+    for key, target in targets.items():
+        if key in answers or not _is_a(target, threading.Thread):
             continue
-        starter = origins.starter_of(key)
-        if starter is not None and starter not in targets and starter.is_alive():
+        starter = origins.starter_of(target)
+        if starter is not None and id(starter) not in explained and starter.is_alive():
             starters[key] = starter
     if not starters:
         return {}

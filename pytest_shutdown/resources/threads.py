@@ -37,6 +37,16 @@ def is_tool_thread(thread: threading.Thread) -> bool:
     return module.partition(".")[0] in TOOL_MODULES
 
 
+def _alive_or_starting(thread: threading.Thread) -> bool:
+    """Alive, or started and not yet running its bootstrap (``threading`` lists it already, in
+    its ``_limbo``, while ``is_alive()`` still says False: a busy GIL can keep it there past
+    the end of the test that started it)."""
+    if thread.is_alive():
+        return True
+    limbo = getattr(threading, "_limbo", None) or {}
+    return thread in limbo and not getattr(thread, "_is_stopped", False)
+
+
 class ThreadKind(ObjectKind):
     """Python threads (those ``threading`` lists), compared by identity (idents are reused).
 
@@ -72,7 +82,7 @@ class ThreadKind(ObjectKind):
             for t in now
             if t not in before
             and t is not current
-            and t.is_alive()
+            and _alive_or_starting(t)
             and not isinstance(t, threading._DummyThread)
             and not filt(t)
         )

@@ -43,6 +43,8 @@ MAX_FIRES = 2
 #: How long the watchdog lets the main thread take the budget's signal (and kill the test's
 #: children in its handler) before it kills them itself: the main thread is stuck in C.
 HANDOFF_S = 1.0
+#: How long a hung process waits for its report and record log to be written before it ends.
+HANG_HANDLERS_S = 5.0
 #: The exit code of a process ended because a teardown did not return within a second budget
 #: after its shutdown budget fired (pytest's own codes are 0 to 5).
 HUNG_TEARDOWN_EXIT_CODE = 70
@@ -310,11 +312,26 @@ class TeardownBudget:
         self.outcome.hung = True
         self.outcome.elapsed_s = time.monotonic() - self._start
         self.outcome.threads = all_stacks()
-        for handler in list(HANG_HANDLERS):
+        handled = threading.Event()
+
+        def run_handlers() -> None:
             try:
-                handler(self.label, self.outcome)
-            except Exception as exc:  # noqa: BLE001 - the process ends whatever happens
-                sys.stderr.write(f"pytest-shutdown: a hang handler failed: {exc!r}\n")
+                for handler in list(HANG_HANDLERS):
+                    try:
+                        handler(self.label, self.outcome)
+                    except Exception as exc:  # noqa: BLE001 - the process ends whatever happens
+                        sys.stderr.write(f"pytest-shutdown: a hang handler failed: {exc!r}\n")
+            finally:
+                handled.set()
+
+        # In a thread of its own, with a deadline: a handler that needs a lock the hung thread
+        # holds (the record log's, the report's) must not keep the process from ending.
+        start_new_thread(run_handlers, ())
+        if not handled.wait(HANG_HANDLERS_S):
+            sys.stderr.write(
+                f"pytest-shutdown: the report was not written within {HANG_HANDLERS_S:g} s of "
+                "the hang; ending without it\n"
+            )
         stream = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
         try:
             stream.write(

@@ -329,7 +329,7 @@ def _owners_through_starters(
     for key, target in targets.items():
         if key in answers or not _is_a(target, threading.Thread):
             continue
-        starter = origins.starter_of(target)
+        starter = origins.starter_of(target)  # type: ignore[arg-type]
         if starter is not None and id(starter) not in explained and starter.is_alive():
             starters[key] = starter
     if not starters:

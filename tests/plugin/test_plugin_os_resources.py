@@ -86,8 +86,12 @@ def test_each_code_is_caught_and_a_clean_test_passes(resource_suite: pytest.Pyte
     assert f"_plugin_test_{os.getpid()}" in seg["name"] and seg["size"] == 4096
     (child,) = found["test_descendant_shm_leak"][0]["details"]["segments"]
     assert f"_from_child_{os.getpid()}" in child["name"] and child["holders"] == []
-    # fail mode puts order back: the unheld segments were unlinked for the next test
-    assert _ours() == []
+    # fail mode reports segments and never unlinks them (a library may still open one by name:
+    # loky's reusable executor deadlocked when its semaphore was unlinked); cleaned here
+    left = _ours()
+    for name in left:
+        os.unlink(f"/dev/shm/{name}")
+    assert any("_plugin_test_" in n for n in left)
 
 
 def test_warn_mode_reports_and_changes_nothing(resource_suite: pytest.Pytester) -> None:

@@ -34,7 +34,7 @@ def test_the_guard_fails_the_test_that_left_a_group_and_only_it(pytester: pytest
                                            "no:randomly")
     result.assert_outcomes(passed=3, errors=1)
     result.stdout.fnmatch_lines([
-        "test_groups.py::test_leaves_its_group: [[]process-group-left[]] the default process group*",
+        "test_groups.py::test_leaves_its_group: [[]process-group-left[]] the default process*",
         "ERROR test_groups.py::test_leaves_its_group - shutdown guard: *",
     ])
     out = result.stdout.str()

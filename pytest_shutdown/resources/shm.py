@@ -38,8 +38,10 @@ __all__ = [
     "take_shm_snapshot",
 ]
 
-#: Segments that are never a test's: torch's shared-memory manager frees its own.
-NEVER_BLAMED: tuple[str, ...] = ("torch_*",)
+#: Segments that are never a test's: torch's shared-memory manager frees its own; loky's (and
+#: joblib's) named semaphores belong to its reusable executor, a process-lifetime singleton, and
+#: loky's resource tracker unlinks them.
+NEVER_BLAMED: tuple[str, ...] = ("torch_*", "sem.loky-*")
 #: The reference engine's segment names carry their creator's pid.
 _CREATOR = re.compile(r"^psd_(\d+)_")
 

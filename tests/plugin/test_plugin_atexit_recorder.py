@@ -12,6 +12,20 @@ import pytest
 from pytest_shutdown import atexit_calls
 
 
+@pytest.fixture(autouse=True)
+def _atexits_own_functions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests need atexit's own functions in place. An in-process pytester run earlier in
+    this worker can still hold a recording (seen under a shuffled order; which run is not yet
+    known): set it aside for the test, and put it back after."""
+    if not atexit_calls._originals:
+        return
+    for name, (original, _wrapper) in atexit_calls._originals.items():
+        monkeypatch.setattr(atexit, name, original)
+    monkeypatch.setattr(atexit_calls, "_originals", {})
+    monkeypatch.setattr(atexit_calls, "_installs", 0)
+    monkeypatch.setattr(atexit_calls, "_registrations", [])
+
+
 def test_recording_wraps_and_unwraps_atexit_register() -> None:
     original = atexit.register
     with atexit_calls.recording():

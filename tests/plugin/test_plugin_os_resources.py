@@ -3,6 +3,7 @@ code, owned resources never blamed, a descendant's segment, allow_leaks for the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
@@ -87,11 +88,11 @@ def test_each_code_is_caught_and_a_clean_test_passes(resource_suite: pytest.Pyte
     (child,) = found["test_descendant_shm_leak"][0]["details"]["segments"]
     assert f"_from_child_{os.getpid()}" in child["name"] and child["holders"] == []
     # fail mode reports segments and never unlinks them (a library may still open one by name:
-    # loky's reusable executor deadlocked when its semaphore was unlinked); cleaned here
-    left = _ours()
-    for name in left:
-        os.unlink(f"/dev/shm/{name}")
-    assert any("_plugin_test_" in n for n in left)
+    # loky's reusable executor deadlocked when its semaphore was unlinked); what the inner run's
+    # resource tracker did not unlink at its exit is cleaned here
+    for name in _ours():
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/dev/shm/{name}")
 
 
 def test_warn_mode_reports_and_changes_nothing(resource_suite: pytest.Pytester) -> None:

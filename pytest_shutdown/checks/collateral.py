@@ -82,8 +82,12 @@ class _Sentinels:
         )
         self.grandchild = _read_pid(self.middle, SENTINEL_START_TIMEOUT_S)
 
-    def look(self) -> None:
-        """Record the sentinels that ended (each once)."""
+    def look(self, final: bool = False) -> None:
+        """Record the sentinels that ended (each once).
+
+        A dead grandchild is recorded once its waiting parent has told how it died (the parent
+        reaps it a moment later); only the last look records it without that, as ``ended``.
+        """
         if self.plain is not None and "plain child" not in self.died:
             how = _ended_how(self.plain.poll())
             if how:
@@ -95,6 +99,8 @@ class _Sentinels:
         if self.middle is not None and self.grandchild is not None:
             if "grandchild" not in self.died and not _running(self.grandchild):
                 code = self.middle.poll()
+                if code is None and not final:
+                    return
                 how = "ended"
                 if code is not None and code > 128:
                     how = f"killed by {_signal_name(code - 128)}"
@@ -180,8 +186,9 @@ def assert_no_collateral(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         result = fn(*args, **kwargs)
         deadline = time.monotonic() + SETTLE_S
         while True:
-            sentinels.look()
-            if not sentinels.alive_count() or time.monotonic() >= deadline:
+            out_of_time = time.monotonic() >= deadline
+            sentinels.look(final=out_of_time)
+            if not sentinels.alive_count() or out_of_time:
                 break
             time.sleep(0.02)
     finally:

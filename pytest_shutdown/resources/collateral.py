@@ -40,6 +40,15 @@ def _zombie_child_exists() -> bool:
     return info is not None and info.si_pid != 0
 
 
+def _living_descendants() -> frozenset[int]:
+    """Descendants less the zombies among them: a process already dead when the test starts
+    (killed by an earlier test, not reaped yet) died before it, whoever reaps it during it."""
+    pids = descendant_pids()
+    if not pids or not _zombie_child_exists():
+        return pids
+    return frozenset(pid for pid in pids if not is_zombie(pid))
+
+
 def signal_name(sig: int) -> str:
     try:
         return signal.Signals(sig).name
@@ -67,10 +76,10 @@ class CollateralKind(ObjectKind):
         self._names: dict[int, str] = {}
 
     def snapshot(self) -> frozenset[int]:
-        return descendant_pids()
+        return _living_descendants()
 
     def absorb(self, before: Any, start: Any, end: Any) -> Any:
-        return before | descendant_pids()  # a fixture's processes are victims from now on
+        return before | _living_descendants()  # a fixture's processes are victims from now on
 
     def new_since(self, before: Any, allow: Allowance = None) -> Sequence[Any]:
         if allow is True or not before:

@@ -277,3 +277,42 @@ def test_a_wider_fixtures_process_killed_during_a_test_is_collateral(
         ]
     )
     assert "test_tidy_shutdown: [" not in result.stdout.str()
+
+
+ZOMBIE_REAPED_LATER = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def server():
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        yield proc
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(10)
+
+    @pytest.mark.allow_leaks(collateral=True, reason="kills the server on purpose")
+    def test_kills_the_server_and_leaves_it_unreaped(server):
+        os.kill(server.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with open(f"/proc/{server.pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+            time.sleep(0.01)
+
+    def test_reaps_the_dead_server(server):
+        assert server.wait(10) == -signal.SIGKILL
+    """
+)
+
+
+@linux_only
+def test_reaping_a_process_that_died_before_the_test_is_not_collateral(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_zombie=ZOMBIE_REAPED_LATER)
+    result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly")
+    result.assert_outcomes(passed=2)
+    assert "collateral-kill" not in result.stdout.str()

@@ -25,10 +25,12 @@ from pytest_shutdown.cycles import check_engine_cycles
 from pytest_shutdown.findings import Finding, ShutdownContractError, raise_if_any
 from pytest_shutdown.matrix import MARKER as MATRIX_MARKER
 from pytest_shutdown.matrix import ShutdownTimeouts, cells_from_marker
+from pytest_shutdown.orphan_matrix import MARKER as ORPHAN_MATRIX_MARKER
 from pytest_shutdown.orphan_matrix import MARKER_HELP as ORPHAN_MATRIX_HELP
 from pytest_shutdown.orphan_matrix import kill_tree, orphan_cell, tree_launcher  # noqa: F401
 from pytest_shutdown.orphan_matrix import parametrize as parametrize_orphan_matrix
 from pytest_shutdown.ray_cluster import ray_cluster  # noqa: F401
+from pytest_shutdown.settings import marker_names
 
 if TYPE_CHECKING:
     from pytest_shutdown.engine.config import EngineConfig
@@ -72,7 +74,13 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 # -- collection: markers become parametrizations, bad arguments collection errors ----------
+#: The markers that parametrize a test (or whose arguments collection checks).
+_PARAMETRIZING_MARKERS = frozenset({"engine", ORPHAN_MATRIX_MARKER, MATRIX_MARKER})
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if not marker_names(metafunc.definition) & _PARAMETRIZING_MARKERS:
+        return
     for mark in metafunc.definition.iter_markers("engine"):
         _validate_engine_fields(mark.args, mark.kwargs)
     parametrize_orphan_matrix(metafunc)

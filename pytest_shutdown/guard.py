@@ -40,6 +40,7 @@ from pytest_shutdown.checks.leaks import Started, descendant_pids, thread_name
 from pytest_shutdown.checks.process_groups import group_names, process_group_findings
 from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings import Finding, ShutdownContractError
+from pytest_shutdown.moments import one_moment
 from pytest_shutdown.ownership import Owner, find_owners
 from pytest_shutdown.report import (
     ShutdownReport,
@@ -56,6 +57,7 @@ from pytest_shutdown.settings import (
     GuardSettings,
     allow_leaks_of,
     budget_of,
+    marker_names,
     shows_details,
 )
 
@@ -179,6 +181,9 @@ class ShutdownGuard:
         where a usage error would only crash the worker, the test errors in setup instead."""
         on_worker = hasattr(self.config, "workerinput")
         for item in items:
+            names = marker_names(item)
+            if "allow_leaks" not in names and "shutdown_budget" not in names:
+                continue  # the defaults: setup reads them when the stash has nothing
             try:
                 item.stash[_ALLOW_KEY] = allow_leaks_of(item)
                 item.stash[_BUDGET_KEY] = budget_of(item, self.settings.budget_s)
@@ -341,7 +346,8 @@ class ShutdownGuard:
 
     @staticmethod
     def _snapshot(kinds: list[ResourceKind]) -> Snapshot:
-        return {kind.name: kind.snapshot() for kind in kinds}
+        with one_moment():  # the kinds share their readings (descendants, fd count ...)
+            return {kind.name: kind.snapshot() for kind in kinds}
 
     @staticmethod
     def _allowance(allow: AllowLeaks | None, kind: ResourceKind) -> Allowance:
@@ -465,14 +471,15 @@ class ShutdownGuard:
     def _check(self, watch: _Watch) -> list[Finding]:
         found: Found = {}
         allowed: set[str] = set()
-        for kind in self.kinds:
-            allowance = self._allowance(watch.allow, kind)
-            if allowance is True:
-                allowed.add(kind.name)
-                continue
-            items = tuple(kind.new_since(watch.before[kind.name], allowance))
-            if items:
-                found[kind.name] = items
+        with one_moment():
+            for kind in self.kinds:
+                allowance = self._allowance(watch.allow, kind)
+                if allowance is True:
+                    allowed.add(kind.name)
+                    continue
+                items = tuple(kind.new_since(watch.before[kind.name], allowance))
+                if items:
+                    found[kind.name] = items
         if not found and not watch.finished:
             return []  # the common case: nothing to wait for, nothing to report
         live_owned: dict[str, set[Any]] = {}

@@ -214,6 +214,7 @@ class ShutdownReport:
         self.worker: str | None = getattr(config, "workerinput", {}).get("workerid")
         #: Entries accepted here (controller or single process), in record-log order.
         self.entries: list[dict[str, Any]] = []
+        self._folded_at: tuple[int, dict[str, Any]] | None = None
         #: Entries of the running test, sent with its teardown report.
         self._pending: list[dict[str, Any]] = []
         self.log: RecordLog | None = None
@@ -274,21 +275,29 @@ class ShutdownReport:
             "pid": os.getpid(),
         }
 
+    def _folded(self) -> dict[str, Any]:
+        """``collect`` of the entries accepted so far, folded once per new entry (the summary
+        reads it several times at session end)."""
+        count = len(self.entries)
+        if self._folded_at is None or self._folded_at[0] != count:
+            self._folded_at = (count, collect(self.entries))
+        return self._folded_at[1]
+
     @property
     def records(self) -> list[TestRecord]:
-        return [TestRecord.from_plain(r) for r in collect(self.entries)["records"]]
+        return [TestRecord.from_plain(r) for r in self._folded()["records"]]
 
     @property
     def durations(self) -> list[float]:
-        return list(collect(self.entries)["durations"])
+        return list(self._folded()["durations"])
 
     @property
     def lost_workers(self) -> list[dict[str, Any]]:
-        return list(collect(self.entries)["lost_workers"])
+        return list(self._folded()["lost_workers"])
 
     @property
     def guard_times(self) -> list[float]:
-        return list(collect(self.entries)["guard_times"])
+        return list(self._folded()["guard_times"])
 
     @property
     def long_lived(self) -> list[dict[str, Any]]:

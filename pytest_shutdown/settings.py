@@ -17,6 +17,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -289,6 +290,23 @@ class AllowLeaks:
         return None
 
 
+_MARKER_NAMES_KEY = pytest.StashKey[frozenset[str]]()
+#: The markers of this plugin whose arguments ``validate_markers`` checks.
+GUARD_MARKERS = frozenset(
+    {"allow_leaks", "shutdown_budget", "expect_force_kill", "shutdown_cycles"}
+)
+
+
+def marker_names(node: Any) -> frozenset[str]:
+    """The names of every marker on ``node`` and its parents: one walk up the tree, kept in
+    the node's stash, so that a test without this plugin's markers costs no further lookup."""
+    names = node.stash.get(_MARKER_NAMES_KEY, None)
+    if names is None:
+        names = frozenset(mark.name for mark in node.iter_markers())
+        node.stash[_MARKER_NAMES_KEY] = names
+    return names
+
+
 def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:
     """Parse the closest ``allow_leaks`` marker of ``item``; a bad one is a UsageError.
 
@@ -358,6 +376,8 @@ def expect_force_kill_of(item: pytest.Item) -> bool:
 
 def validate_markers(item: pytest.Item) -> None:
     """Check the arguments of every marker of this plugin on ``item``; raise UsageError."""
+    if not marker_names(item) & GUARD_MARKERS:
+        return
     allow_leaks_of(item)
     budget_of(item, DEFAULT_BUDGET_S)
     expect_force_kill_of(item)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_shutdown import origins
 from pytest_shutdown.checks.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown.findings import Finding, ShutdownContractError
+from pytest_shutdown.moments import reading
 
 if TYPE_CHECKING:  # pragma: no cover
     import psutil
@@ -212,8 +213,13 @@ def descendant_pids() -> frozenset[int]:
     No child at all: one ``waitid`` call. Children, but no pid allocated since the last scan
     (``ns_last_pid`` unchanged): the last scan's answer. Otherwise, on Linux, a walk down the
     children lists from this process (``/proc/PID/task/TID/children``: the cost follows this
-    process's descendants, not the host); elsewhere a process-table scan (psutil).
+    process's descendants, not the host); elsewhere a process-table scan (psutil). Inside
+    :func:`pytest_shutdown.moments.one_moment`, read once.
     """
+    return reading("descendant_pids", _read_descendant_pids)
+
+
+def _read_descendant_pids() -> frozenset[int]:
     global _scan_cache
     if not _may_have_children():
         return frozenset()

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import threading
 
+from pytest_shutdown.moments import reading
+
 __all__ = ["FD_DIR", "SHM_DIR", "fd_count", "shm_state"]
 
 FD_DIR = "/proc/self/fd"
@@ -63,6 +65,10 @@ def own_handles() -> frozenset[int]:
 
 def fd_count() -> int | None:
     """Open descriptors of this process now; None where the kernel does not count them."""
+    return reading("fd_count", _read_fd_count)
+
+
+def _read_fd_count() -> int | None:
     fd = _handle(FD_DIR)
     if fd is None:
         return None
@@ -75,6 +81,10 @@ def fd_count() -> int | None:
 
 def shm_state() -> tuple[int, int] | None:
     """(mtime_ns, size) of ``/dev/shm``; None where it does not exist."""
+    return reading("shm_state", _read_shm_state)
+
+
+def _read_shm_state() -> tuple[int, int] | None:
     fd = _handle(SHM_DIR)
     if fd is None:
         return None

@@ -41,6 +41,8 @@ PROCESS_LIFETIME_HANDLERS = (
 #: Environment variables the test tools set per test or per worker: never reported.
 _TOOL_ENV_PREFIXES = ("PYTEST_CURRENT_TEST", "PYTEST_XDIST_", "PYTEST_SHUTDOWN_")
 _MISSING = object()
+#: pytest's per-phase variable, as ``os.environ``'s raw dict holds it (bytes on POSIX)
+_CURRENT_TEST_KEYS = (b"PYTEST_CURRENT_TEST", "PYTEST_CURRENT_TEST")
 
 
 def catchable_signals() -> tuple[signal.Signals, ...]:
@@ -148,15 +150,19 @@ class GlobalStateKind(StateKind):
     def __init__(self) -> None:
         self.signals = catchable_signals()
         self._numbers = tuple(int(s) for s in self.signals)
-        self._raw: dict[Any, Any] = dict(_raw_environ())
-        self._environ: dict[str, str] = dict(os.environ)
+        self._raw: dict[Any, Any] = {}
+        self._environ: dict[str, str] = {}
+        self._environment()
 
     def _environment(self) -> dict[str, str]:
         """A copy of ``os.environ``, shared between snapshots while it does not change (one
-        C-level comparison of the raw environment when nothing changed)."""
-        raw = _raw_environ()
+        C-level comparison of the raw environment; pytest's ``PYTEST_CURRENT_TEST``, which it
+        sets for every phase of every test, does not count as a change)."""
+        raw = dict(_raw_environ())
+        for key in _CURRENT_TEST_KEYS:
+            raw.pop(key, None)
         if raw != self._raw:
-            self._raw = dict(raw)
+            self._raw = raw
             self._environ = dict(os.environ)
         return self._environ
 
@@ -172,6 +178,11 @@ class GlobalStateKind(StateKind):
         }
 
     def diff(self, before: dict[str, Any], after: dict[str, Any]) -> Sequence[Change]:
+        try:
+            if before == after:  # one comparison in C (identity first): the common case
+                return ()
+        except Exception:  # noqa: BLE001 - a hostile __eq__: compare piece by piece below
+            pass
         changes: list[Change] = []
         (was_on, was_thresholds), (is_on, thresholds) = before["gc"], after["gc"]
         if was_on and not is_on:

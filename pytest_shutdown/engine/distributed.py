@@ -26,12 +26,12 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from pytest_shutdown.engine.config import PROCESS_GROUP_CHOICES
+from pytest_shutdown.engine.config import PROCESS_GROUP_CHOICES, EngineConfig
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
@@ -58,6 +58,15 @@ class GroupDeadlines:
                 0 < value < 1e7
             ):
                 raise ValueError(f"GroupDeadlines.{name}: expected seconds > 0, got {value!r}")
+
+
+def group_deadlines(config: EngineConfig) -> GroupDeadlines:
+    """A process group's deadlines from the engine's config (TP and DP groups alike)."""
+    return GroupDeadlines(
+        store_timeout_s=config.store_timeout_s,
+        collective_timeout_s=config.collective_timeout_s,
+        barrier_timeout_s=config.barrier_timeout_s,
+    )
 
 
 def select_backend(
@@ -181,6 +190,23 @@ class RankGroup:
         self.steps += 1
         return int(one.item())
 
+    def sum_over_ranks(self, values: Sequence[int]) -> list[int]:
+        """One collective: each of ``values`` summed over the ranks (an ``all_reduce``).
+
+        Bounded by the group's collective timeout; raises ``RuntimeError`` when a peer is gone.
+        """
+        import torch  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        tensor = torch.tensor(list(values), dtype=torch.int64, device=self.device)
+        self.in_collective.set()
+        try:
+            dist.all_reduce(tensor)
+        finally:
+            self.in_collective.clear()
+        self.steps += 1
+        return [int(v) for v in tensor.tolist()]
+
     def shutdown(self, *, peer_gone: bool = False) -> str:
         """Barrier with a deadline, then destroy; abort when a peer is gone or the barrier fails."""
         with self._lock:
@@ -250,7 +276,8 @@ class CollectiveWatchdog:
     blocked in a collective or a store wait never runs it, and never reads its death pipe. This
     thread reads the signal wake-up fd (``signal_fd``, forwarding each byte through
     ``on_signal``) and watches ``getppid()``. Once the rank is told to stop, a collective it is
-    inside (or enters) gets ``grace_s`` to finish; then ``on_stuck`` runs (abort the group where
+    inside (or enters) gets ``grace_s`` to finish (a rank whose collectives keep completing is
+    not stuck: the grace starts again with each one); then ``on_stuck`` runs (abort the group where
     that can unblock it) and ``exit_process(code)`` ends the process: the main thread cannot be
     unwound from inside the C++ call.
     """
@@ -294,12 +321,17 @@ class CollectiveWatchdog:
 
     def _run(self) -> None:
         stuck_since: float | None = None
+        last_steps = getattr(self.group, "steps", 0)
         while not self._done.is_set():
             self._poll_signals()
             if self._parent_pid is not None and os.getppid() != self._parent_pid:
                 self.stop(self._parent_gone_code)
-            if self._code is None or not self.group.in_collective.is_set():
+            steps = getattr(self.group, "steps", 0)
+            if self._code is None or not self.group.in_collective.is_set() or steps != last_steps:
+                # Not stopped, not inside a collective, or collectives still complete (a rank
+                # draining in lockstep with its peers): nothing is stuck.
                 stuck_since = None
+                last_steps = steps
                 continue
             now = time.monotonic()
             if stuck_since is None:

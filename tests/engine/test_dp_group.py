@@ -117,9 +117,8 @@ def test_the_dp_ranks_form_a_group_step_in_it_and_destroy_it_on_shutdown(log: st
             if output.finished:
                 finished.add(output.request_id)
         assert finished == {"a", "b"}
-        store = manager._shared.dp_store
-        assert store is not None
-        port = store.port
+        assert manager._shared.dp_store is not None
+        port = manager._shared.dp_store.port  # no reference kept: it would keep the store open
     finally:
         outcome = manager.shutdown(5)
     assert outcome is not None and outcome.exitcodes == {"EngineCore_DP0": 0, "EngineCore_DP1": 0}

@@ -530,6 +530,7 @@ def run_engine_core(
         if faults.startup_delay_s:
             time.sleep(faults.startup_delay_s)
         if dp_rank in faults.fail_startup_ranks:
+            time.sleep(faults.fail_startup_after_s)
             raise RuntimeError(f"injected startup failure in EngineCore_DP{dp_rank}")
 
         placed = place_rank(config, dp_rank)

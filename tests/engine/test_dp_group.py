@@ -18,7 +18,8 @@ from engine_proc_testing import events, fast_config, wait_for
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.distributed import STORE_HOST, CollectiveWatchdog
 from pytest_shutdown.engine.dp_group import dp_group_spec
-from pytest_shutdown.engine.processes import EngineProcManager
+from pytest_shutdown.engine.faults import ChildFaults
+from pytest_shutdown.engine.processes import EngineProcManager, EngineStartupError
 
 #: Far beyond every deadline of ``dp_config()``: reaching it means a rank hung.
 HANG_S = 30.0
@@ -176,5 +177,19 @@ def test_a_rank_blocked_in_the_dp_collective_gets_out_when_told_to_stop(
     finally:
         os.kill(rank1.pid, signal.SIGCONT)
     assert rank0.exitcode == 0, "EngineCore_DP0 stayed blocked in the DP all-reduce"
+    (abandoned,) = events(log, "dp_collective_abandoned")
+    assert abandoned["dp_rank"] == 0
+
+
+def test_a_rank_waiting_in_init_for_a_peer_that_failed_to_start_gets_out(log: str) -> None:
+    """Rank 1 fails (0.5 s late) before it joins; rank 0 waits in ``init_process_group`` (20 s
+    deadline) until the manager's SIGTERM, which its watchdog turns into an exit after the grace.
+    """
+    config = dp_config(store_timeout_s=20.0, collective_timeout_s=20.0)
+    started = time.monotonic()
+    with pytest.raises(EngineStartupError, match="injected startup failure in EngineCore_DP1"):
+        faults = ChildFaults(fail_startup_ranks=(1,), fail_startup_after_s=0.5)
+        EngineProcManager(config, lifecycle_log=log, faults=faults)
+    assert time.monotonic() - started < 20.0, "rank 0 sat out its init deadline"
     (abandoned,) = events(log, "dp_collective_abandoned")
     assert abandoned["dp_rank"] == 0

@@ -16,6 +16,7 @@ import pytest
 from engine_proc_testing import events, fast_config, wait_for
 
 from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.core import FinishReason
 from pytest_shutdown.engine.distributed import STORE_HOST, CollectiveWatchdog
 from pytest_shutdown.engine.dp_group import dp_group_spec
 from pytest_shutdown.engine.faults import ChildFaults
@@ -193,3 +194,24 @@ def test_a_rank_waiting_in_init_for_a_peer_that_failed_to_start_gets_out(log: st
     assert time.monotonic() - started < 20.0, "rank 0 sat out its init deadline"
     (abandoned,) = events(log, "dp_collective_abandoned")
     assert abandoned["dp_rank"] == 0
+
+
+def test_a_drain_runs_in_lockstep_and_the_idle_rank_is_not_taken_for_stuck(log: str) -> None:
+    """Rank 1 is done at once; it stays in one all-reduce after another while rank 0 drains its
+    request (about 0.7 s, over twice the abort grace): the drain completes, the group is destroyed.
+    """
+    config = dp_config(shutdown_timeout=HANG_S, step_delay_s=0.05)
+    manager = EngineProcManager(config, lifecycle_log=log)
+    try:
+        manager.add_request("long", [1, 2], 14, rank=0)
+        manager.outputs.get(timeout=HANG_S)
+    finally:
+        outcome = manager.shutdown(HANG_S)
+    assert outcome is not None and outcome.exitcodes == {"EngineCore_DP0": 0, "EngineCore_DP1": 0}
+    outputs = []
+    while not manager.outputs.empty():
+        outputs.append(manager.outputs.get_nowait())
+    assert outputs and outputs[-1].finish_reason == FinishReason.LENGTH  # drained, not aborted
+    assert events(log, "dp_collective_abandoned") == []
+    left = by_rank(log, "dp_group_left")
+    assert {rank: e["ending"] for rank, e in left.items()} == {0: "destroyed", 1: "destroyed"}

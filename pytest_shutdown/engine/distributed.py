@@ -118,9 +118,11 @@ def host_store(port: int, world_size: int, deadlines: GroupDeadlines) -> Any:
 class RankGroup:
     """One rank's membership in a process group: join, a collective per step, teardown.
 
-    ``shutdown()`` returns how the group ended: ``"destroyed"`` (barrier, then destroy),
-    ``"aborted"`` (nccl's abort), ``"abandoned"`` (gloo with a peer gone: no destroy, the exit
-    releases it) or ``"not-joined"``. Idempotent.
+    ``hosts_store``: this rank serves the group's ``TCPStore`` on ``port`` itself (its peers
+    connect to it), as vLLM's DP rank 0 does; otherwise the store is hosted elsewhere
+    (``host_store``). ``shutdown()`` returns how the group ended: ``"destroyed"`` (barrier,
+    then destroy), ``"aborted"`` (nccl's abort), ``"abandoned"`` (gloo with a peer gone: no
+    destroy, the exit releases it) or ``"not-joined"``. Idempotent.
     """
 
     def __init__(
@@ -132,6 +134,7 @@ class RankGroup:
         backend: str = "gloo",
         device: str = "cpu",
         deadlines: GroupDeadlines | None = None,
+        hosts_store: bool = False,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -143,6 +146,8 @@ class RankGroup:
         self.backend = backend
         self.device = device
         self.deadlines = deadlines if deadlines is not None else GroupDeadlines()
+        #: This rank hosts the group's store itself (vLLM's DP rank 0) instead of connecting.
+        self.hosts_store = hosts_store
         self.steps = 0
         self.ending: str | None = None
         #: True while this rank is inside a collective (the watchdog reads it).
@@ -160,15 +165,18 @@ class RankGroup:
         return self._store is not None and self.ending is None
 
     def join(self) -> None:
-        """Connect to the store and ``init_process_group``, both against their deadlines."""
+        """Connect to (or host) the store and ``init_process_group``, both against deadlines."""
         import torch.distributed as dist  # noqa: PLC0415
 
         self.in_collective.set()  # blocked in C++ as in a collective: the watchdog covers it
         try:
-            self._store = dist.TCPStore(
-                STORE_HOST, self.port, self.world_size + 1, is_master=False,
-                timeout=timedelta(seconds=self.deadlines.store_timeout_s),
-            )
+            if self.hosts_store:
+                self._store = host_store(self.port, self.world_size, self.deadlines)
+            else:
+                self._store = dist.TCPStore(
+                    STORE_HOST, self.port, self.world_size + 1, is_master=False,
+                    timeout=timedelta(seconds=self.deadlines.store_timeout_s),
+                )
             dist.init_process_group(
                 self.backend, store=self._store, rank=self.rank, world_size=self.world_size,
                 timeout=timedelta(seconds=self.deadlines.collective_timeout_s),

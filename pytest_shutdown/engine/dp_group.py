@@ -11,9 +11,11 @@ aborts it instead.
 
 The group is the EngineCore's *default* group: an EngineCore process is never a TP rank (its
 TP workers are processes of their own, each with its own default group), so nothing else in it
-holds one, and ``RankGroup`` serves as it is. The store is hosted by the process manager, as the
-TP workers' store is hosted by their EngineCore: it outlives every rank, and the owner of the
-processes frees its port when it stops them.
+holds one, and ``RankGroup`` serves as it is. Rank 0 hosts the group's ``TCPStore`` on the port
+the manager picked (vLLM's DP rank 0 does the same): the manager runs in the user's process
+(a test's), which then never loads ``torch.distributed`` nor keeps the pipe pair its first
+store leaves for the process's lifetime; a peer of a rank 0 that dies while they join fails at
+once instead of waiting out the store deadline.
 
 Every wait has a deadline: the store connect and ``init_process_group`` (``store_timeout_s``,
 ``collective_timeout_s``), each all-reduce (``collective_timeout_s``), the teardown barrier
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.distributed import (
@@ -34,7 +35,6 @@ from pytest_shutdown.engine.distributed import (
     RankGroup,
     free_port,
     group_deadlines,
-    host_store,
     select_backend,
 )
 
@@ -78,11 +78,6 @@ def dp_group_spec(
     return DPGroupSpec(backend, free_port())
 
 
-def host_dp_store(spec: DPGroupSpec, config: EngineConfig) -> Any:
-    """The DP group's ``TCPStore`` server (the manager's; drop the reference to close it)."""
-    return host_store(spec.port, config.data_parallel_size, group_deadlines(config))
-
-
 class DataParallelGroup:
     """One EngineCore's membership in the DP group: join, one all-reduce per step, leave."""
 
@@ -97,7 +92,7 @@ class DataParallelGroup:
         self.world_size = config.data_parallel_size
         self.group = RankGroup(
             dp_rank, self.world_size, spec.port, backend=spec.backend, device=config.device,
-            deadlines=group_deadlines(config),
+            deadlines=group_deadlines(config), hosts_store=dp_rank == 0,
         )
         self._grace_s = config.collective_abort_grace_s
         self._exit_process = exit_process

@@ -6,8 +6,8 @@ below, in ``engine/stopping.py``, shared with the TP workers' group; it is re-ex
 ``EngineProcManager`` starts ``data_parallel_size`` EngineCore processes, talks to them, watches
 them, and stops them with ``get_engine_process_shutdown_timeout``: the request-drain budget
 and the process cleanup budget are separate, and a ROCm engine told to abort at once (0/0)
-still gets its cleanup grace. With ``dp_process_group`` on (and dp > 1) it hosts the DP group's
-store for its EngineCores (``engine/dp_group.py``) and closes it once they are stopped.
+still gets its cleanup grace. With ``dp_process_group`` on (and dp > 1) it picks the DP group's
+backend and port for its EngineCores (``engine/dp_group.py``; rank 0 hosts the store).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from pytest_shutdown.engine.core_proc import (
     ChildFaults,
     engine_process_main,
 )
-from pytest_shutdown.engine.dp_group import dp_group_spec, host_dp_store
+from pytest_shutdown.engine.dp_group import DPGroupSpec, dp_group_spec
 from pytest_shutdown.engine.shm_ring import ShmRing, segment_name, unlink_segment
 from pytest_shutdown.engine.start import engine_context, pdeathsig_safe, serialize_exit_polling
 from pytest_shutdown.engine.stopping import ShutdownOutcome as ShutdownOutcome  # re-exported
@@ -94,8 +94,6 @@ class _Shared:
     #: False only for the #51579 regression: a dead child's segment is never unlinked.
     unlink_rings: bool = True
     ring_lock: threading.Lock = field(default_factory=threading.Lock)
-    #: The DP group's store server (dp > 1 with ``dp_process_group`` on); None closes it.
-    dp_store: Any = None
 
     def attach_ring(self, index: int) -> None:
         """Attach to engine ``index``'s ring (after its ready: the child has created it)."""
@@ -124,7 +122,6 @@ class _Shared:
                 unlink_segment(name)
         for conn in self.connections:
             conn.close()
-        self.dp_store = None  # the DP group's store goes once its ranks are stopped
         for call_id in list(self.utility_calls):
             future = self.utility_calls.pop(call_id, None)
             if future is not None and not future.done():
@@ -191,6 +188,8 @@ class EngineProcManager:
             self, _reap_on_gc, self._shared, self._wake_w, gc_timeout
         )
         self._monitor: threading.Thread | None = None
+        #: The DP group its EngineCores form (``dp_process_group`` on, dp > 1), else None.
+        self.dp_group: DPGroupSpec | None = None
         try:
             self._start_processes(lifecycle_log, faults, interrupt)
         except BaseException:
@@ -221,7 +220,7 @@ class EngineProcManager:
         ctx = engine_context(self.config)
         pdeathsig = pdeathsig_safe(self.config.start_method)
         deadline = time.monotonic() + self.config.startup_timeout_s
-        dp_group = dp_group_spec(self.config)
+        dp_group = self.dp_group = dp_group_spec(self.config)
         for rank in range(self.config.data_parallel_size):
             parent_conn, child_conn = ctx.Pipe(duplex=True)
             ring_name = segment_name(f"ec{rank}")
@@ -243,9 +242,6 @@ class EngineProcManager:
                 serialize_exit_polling(proc)
             finally:
                 child_conn.close()
-        if dp_group is not None:
-            # After the starts: a forked EngineCore must not inherit the listening socket.
-            self._shared.dp_store = host_dp_store(dp_group, self.config)
         for proc, conn in zip(self.processes, self._shared.connections, strict=True):
             self._wait_ready(proc, conn, deadline, interrupt)
 

@@ -119,8 +119,8 @@ def test_the_dp_ranks_form_a_group_step_in_it_and_destroy_it_on_shutdown(log: st
             if output.finished:
                 finished.add(output.request_id)
         assert finished == {"a", "b"}
-        assert manager._shared.dp_store is not None
-        port = manager._shared.dp_store.port  # no reference kept: it would keep the store open
+        assert manager.dp_group is not None
+        port = manager.dp_group.port
     finally:
         outcome = manager.shutdown(5)
     assert outcome is not None and outcome.exitcodes == {"EngineCore_DP0": 0, "EngineCore_DP1": 0}
@@ -130,8 +130,7 @@ def test_the_dp_ranks_form_a_group_step_in_it_and_destroy_it_on_shutdown(log: st
     assert {rank: e["ending"] for rank, e in left.items()} == {0: "destroyed", 1: "destroyed"}
     # Lockstep: both ranks ran the same all-reduces, at least one per step of the longer request.
     assert left[0]["steps"] == left[1]["steps"] >= 4
-    assert manager._shared.dp_store is None
-    with socket.socket() as sock:  # the manager closed the store: nothing listens on its port
+    with socket.socket() as sock:  # rank 0's store is gone with it: nothing listens on its port
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((STORE_HOST, port))
 
@@ -150,18 +149,22 @@ def test_a_stop_told_to_one_rank_stops_the_group_and_it_is_destroyed(
     assert {rank: e["ending"] for rank, e in left.items()} == {0: "destroyed", 1: "destroyed"}
 
 
+@pytest.mark.parametrize("killed", [0, 1], ids=["store-host-rank0", "rank1"])
 def test_a_sigkilled_dp_rank_makes_its_peer_leave_the_collective_and_exit(
-    busy_pair: EngineProcManager, log: str
+    busy_pair: EngineProcManager, log: str, killed: int
 ) -> None:
-    rank0, rank1 = busy_pair.processes
-    assert rank1.pid is not None
-    os.kill(rank1.pid, signal.SIGKILL)
-    rank0.join(HANG_S)
-    assert rank0.exitcode is not None, "EngineCore_DP0 hung after its DP peer was SIGKILLed"
+    victim = busy_pair.processes[killed]
+    survivor_rank = 1 - killed
+    survivor = busy_pair.processes[survivor_rank]
+    assert victim.pid is not None
+    os.kill(victim.pid, signal.SIGKILL)
+    survivor.join(HANG_S)
+    assert survivor.exitcode is not None, f"{survivor.name} hung after its DP peer was SIGKILLed"
     (failed,) = events(log, "dp_collective_failed")
-    assert failed["dp_rank"] == 0  # the all-reduce failed at once: gloo saw the peer's socket close
+    # The all-reduce failed at once: gloo saw the peer's sockets close.
+    assert failed["dp_rank"] == survivor_rank
     left = by_rank(log, "dp_group_left")
-    assert left[0]["ending"] == "aborted"  # a peer gone: abort, never the collective destroy
+    assert left[survivor_rank]["ending"] == "aborted"  # a peer gone: abort, never the destroy
 
 
 def test_a_rank_blocked_in_the_dp_collective_gets_out_when_told_to_stop(

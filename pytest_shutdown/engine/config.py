@@ -84,6 +84,11 @@ class EngineConfig:
     #: The TP workers of each EngineCore form a ``torch.distributed`` group ("off": none; "auto":
     #: nccl on a CUDA device, else gloo) and run one collective per engine step.
     process_group: str = "off"
+    #: The EngineCores ``EngineCore_DP{i}`` form a ``torch.distributed`` group of their own when
+    #: ``data_parallel_size`` > 1 ("off": none; choices and "auto" as ``process_group``): every
+    #: busy-loop step all-reduces whether a rank has unfinished requests, and the ranks stop
+    #: together (vLLM's ``DPEngineCoreProc``). The deadlines below apply to it too.
+    dp_process_group: str = "off"
     #: Connecting to the group's store (hosted by the EngineCore) and waiting in it.
     store_timeout_s: float = 30.0
     #: ``init_process_group``'s timeout; gloo bounds every collective by it too.
@@ -109,11 +114,12 @@ class EngineConfig:
                 f"EngineConfig.start_method: unknown value {self.start_method!r}; "
                 f"accepted: {', '.join(START_METHODS)}"
             )
-        if self.process_group not in PROCESS_GROUP_CHOICES:
-            raise ValueError(
-                f"EngineConfig.process_group: unknown value {self.process_group!r}; "
-                f"accepted: {', '.join(PROCESS_GROUP_CHOICES)}"
-            )
+        for name in ("process_group", "dp_process_group"):
+            if getattr(self, name) not in PROCESS_GROUP_CHOICES:
+                raise ValueError(
+                    f"EngineConfig.{name}: unknown value {getattr(self, name)!r}; "
+                    f"accepted: {', '.join(PROCESS_GROUP_CHOICES)}"
+                )
         for name in _NON_NEGATIVE:
             _check_non_negative(name, getattr(self, name))
         for name in _POSITIVE:

@@ -58,6 +58,7 @@ from pytest_shutdown.engine.core import (
     EngineShutdownState,
     FinishReason,
 )
+from pytest_shutdown.engine.dp_group import DP_IDLE_WAKE_S, DataParallelGroup, DPGroupSpec
 from pytest_shutdown.engine.faults import ChildFaults
 from pytest_shutdown.engine.lifecycle import LifecycleLog
 from pytest_shutdown.engine.lifeline import (
@@ -181,6 +182,8 @@ class EngineCoreProc:
         self.graceful = True
         #: The outputs' shared-memory ring (None: outputs go over ``conn``).
         self.ring: ShmRing | None = None
+        #: The DP group (dp > 1 with ``dp_process_group`` on): the busy loop runs in lockstep.
+        self.dp_group: DataParallelGroup | None = None
 
     # -- IO threads ------------------------------------------------------------------------
     def start_io_threads(self) -> None:
@@ -237,10 +240,15 @@ class EngineCoreProc:
             self.waker.trigger()
 
     def wake(self) -> None:
+        """A signal arrived (the helper thread runs this even while the main thread is blocked)."""
+        if self.dp_group is not None:
+            self.dp_group.stop(0)  # blocked in a DP collective: the watchdog ends it after grace
         self.input_queue.put(_WAKE)
 
     def on_parent_gone(self) -> None:
         self.parent_gone_seen.set()
+        if self.dp_group is not None:
+            self.dp_group.stop(EXIT_PARENT_GONE)
         self.input_queue.put(_PARENT_GONE)
 
     def on_worker_died(self, name: str, pid: int | None, exitcode: int | None) -> None:
@@ -262,9 +270,12 @@ class EngineCoreProc:
     # -- busy loop -------------------------------------------------------------------------
     def run_busy_loop(self) -> None:
         """Serve until a requested shutdown has no work left, then raise SystemExit."""
-        while self._handle_shutdown():
-            self._process_input_queue()
-            self._process_engine_step()
+        if self.dp_group is not None:
+            self._run_dp_busy_loop(self.dp_group)
+        else:
+            while self._handle_shutdown():
+                self._process_input_queue()
+                self._process_engine_step()
         core = self._core
         if self.faults.leave_work:
             core.add_request("left-behind", [1], 1)
@@ -272,6 +283,42 @@ class EngineCoreProc:
             setattr(core, "has_work", _raise_has_work)  # noqa: B010
         code = self.exit_code if self.faults.exit_code is None else self.faults.exit_code
         raise SystemExit(code)
+
+    def _run_dp_busy_loop(self, group: DataParallelGroup) -> None:
+        """vLLM's ``DPEngineCoreProc`` loop: one all-reduce of the ranks' state per iteration.
+
+        Every rank runs the all-reduce every iteration (an idle rank too, after at most
+        ``DP_IDLE_WAKE_S``), so the ranks stay in step; a stop told to any rank stops them all,
+        and they return here at the same iteration. A failed all-reduce means a peer is gone:
+        a rank told to stop already just ends; otherwise its engine is dead (it raises).
+        """
+        core = self._core
+        globally_unfinished = False
+        while True:
+            running = self._handle_shutdown()
+            self._process_input_queue(0.0 if globally_unfinished else DP_IDLE_WAKE_S)
+            if running:
+                self._process_engine_step()
+            try:
+                state = group.sync(
+                    unfinished=core.has_work(), stop_requested=self.shutdown_requested,
+                    done=not running,
+                )
+            except RuntimeError as exc:
+                self.log.event("dp_collective_failed", dp_rank=group.dp_rank, error=str(exc)[:500])
+                if self.shutdown_requested:
+                    core.abort_requests(None)
+                    return
+                raise RuntimeError(
+                    f"EngineCore_DP{group.dp_rank}: a data-parallel peer is gone: {exc}"
+                ) from exc
+            if state.stop_requested and not self.shutdown_requested:
+                self.log.event("dp_stop_from_peer", dp_rank=group.dp_rank)
+                self.shutdown_requested = True  # a peer was told to stop: the group stops
+            if state.all_done:
+                group.left_together = True
+                return
+            globally_unfinished = state.unfinished
 
     @property
     def _core(self) -> EngineCore:
@@ -310,16 +357,17 @@ class EngineCoreProc:
             self.log.event("drain_cut_short", aborted=len(aborted), parent_gone=self.parent_gone)
         return core.has_work()
 
-    def _process_input_queue(self) -> None:
+    def _process_input_queue(self, idle_wait_s: float = IDLE_WAKE_S) -> None:
         core = self._core
         idle = (
-            core.shutdown_state == EngineShutdownState.RUNNING
+            idle_wait_s > 0
+            and core.shutdown_state == EngineShutdownState.RUNNING
             and not self.shutdown_requested
             and not core.has_work()
         )
         try:
             if idle:
-                msg = self.input_queue.get(timeout=IDLE_WAKE_S)
+                msg = self.input_queue.get(timeout=idle_wait_s)
             else:
                 msg = self.input_queue.get_nowait()
         except queue.Empty:
@@ -422,6 +470,7 @@ def run_engine_core(
     pdeathsig: bool = False,
     exiting: bool = False,
     ring_name: str | None = None,
+    dp_group: DPGroupSpec | None = None,
 ) -> None:
     """Run one EngineCore in this (child) process until it is told to stop; ends in SystemExit.
 
@@ -435,6 +484,8 @@ def run_engine_core(
     the kernel for a SIGTERM when the forking thread exits (see ``start.pdeathsig_safe``).
     ``ring_name``: the outputs go through a shared-memory ring of that name (created here,
     unlinked here at the end; the parent unlinks it when this process dies uncleanly).
+    ``dp_group``: join the DP group once loaded (see ``engine/dp_group.py``); it is left first
+    thing in the cleanup, so the ranks that left the loop together meet at its barrier.
     Must run in the main thread of the process (it installs signal handlers).
     """
     faults = faults if faults is not None else ChildFaults()
@@ -479,9 +530,17 @@ def run_engine_core(
         if faults.startup_delay_s:
             time.sleep(faults.startup_delay_s)
         if dp_rank in faults.fail_startup_ranks:
+            time.sleep(faults.fail_startup_after_s)
             raise RuntimeError(f"injected startup failure in EngineCore_DP{dp_rank}")
 
-        engine_core = EngineCore(place_rank(config, dp_rank))
+        placed = place_rank(config, dp_rank)
+        if dp_group is not None and not proc.startup_interrupted():
+            proc.dp_group = DataParallelGroup(
+                dp_rank, dp_group, placed, lambda code: _exit_stuck(log, dp_rank, code)
+            )
+            proc.dp_group.join()
+            log.event("dp_group_joined", dp_rank=dp_rank, backend=dp_group.backend)
+        engine_core = EngineCore(placed)
         proc.engine_core = engine_core
         if workers is not None:
             proc.workers = workers
@@ -506,6 +565,8 @@ def run_engine_core(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         log.event("cleanup_started")
+        if proc.dp_group is not None:
+            _leave_dp_group(proc.dp_group, log)
         if proc.waker is not None:
             proc.waker.stop()
         proc.flush_outputs()
@@ -535,6 +596,20 @@ def run_engine_core(
                 log.event("gc_frozen", freeze_count=gc.get_freeze_count())
 
 
+def _leave_dp_group(group: DataParallelGroup, log: LifecycleLog) -> None:
+    try:
+        ending = group.leave()
+    except Exception as exc:  # noqa: BLE001 - the cleanup must go on
+        ending = f"failed: {exc}"
+    log.event("dp_group_left", dp_rank=group.dp_rank, ending=ending, steps=group.group.steps)
+
+
+def _exit_stuck(log: LifecycleLog, dp_rank: int, code: int) -> None:
+    """The DP watchdog's way out: the main thread is stuck in a DP collective after a stop."""
+    log.event("dp_collective_abandoned", dp_rank=dp_rank, code=code)
+    os._exit(code)
+
+
 def engine_process_main(
     config: EngineConfig,
     conn: Connection,
@@ -544,6 +619,7 @@ def engine_process_main(
     faults: ChildFaults | None,
     pdeathsig: bool,
     ring_name: str | None = None,
+    dp_group: DPGroupSpec | None = None,
 ) -> None:
     """Target of every engine process: ``run_engine_core``, then record how the life ended.
 
@@ -559,7 +635,7 @@ def engine_process_main(
         run_engine_core(
             config, conn, dp_rank=dp_rank, parent_pid=parent_pid,
             lifecycle_log=lifecycle_log, faults=faults, pdeathsig=pdeathsig, exiting=True,
-            ring_name=ring_name,
+            ring_name=ring_name, dp_group=dp_group,
         )
     except SystemExit as exc:
         code = exc.code

@@ -26,12 +26,12 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from pytest_shutdown.engine.config import PROCESS_GROUP_CHOICES
+from pytest_shutdown.engine.config import PROCESS_GROUP_CHOICES, EngineConfig
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
@@ -58,6 +58,15 @@ class GroupDeadlines:
                 0 < value < 1e7
             ):
                 raise ValueError(f"GroupDeadlines.{name}: expected seconds > 0, got {value!r}")
+
+
+def group_deadlines(config: EngineConfig) -> GroupDeadlines:
+    """A process group's deadlines from the engine's config (TP and DP groups alike)."""
+    return GroupDeadlines(
+        store_timeout_s=config.store_timeout_s,
+        collective_timeout_s=config.collective_timeout_s,
+        barrier_timeout_s=config.barrier_timeout_s,
+    )
 
 
 def select_backend(
@@ -109,9 +118,11 @@ def host_store(port: int, world_size: int, deadlines: GroupDeadlines) -> Any:
 class RankGroup:
     """One rank's membership in a process group: join, a collective per step, teardown.
 
-    ``shutdown()`` returns how the group ended: ``"destroyed"`` (barrier, then destroy),
-    ``"aborted"`` (nccl's abort), ``"abandoned"`` (gloo with a peer gone: no destroy, the exit
-    releases it) or ``"not-joined"``. Idempotent.
+    ``hosts_store``: this rank serves the group's ``TCPStore`` on ``port`` itself (its peers
+    connect to it), as vLLM's DP rank 0 does; otherwise the store is hosted elsewhere
+    (``host_store``). ``shutdown()`` returns how the group ended: ``"destroyed"`` (barrier,
+    then destroy), ``"aborted"`` (nccl's abort), ``"abandoned"`` (gloo with a peer gone: no
+    destroy, the exit releases it) or ``"not-joined"``. Idempotent.
     """
 
     def __init__(
@@ -123,6 +134,7 @@ class RankGroup:
         backend: str = "gloo",
         device: str = "cpu",
         deadlines: GroupDeadlines | None = None,
+        hosts_store: bool = False,
     ) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
@@ -134,6 +146,8 @@ class RankGroup:
         self.backend = backend
         self.device = device
         self.deadlines = deadlines if deadlines is not None else GroupDeadlines()
+        #: This rank hosts the group's store itself (vLLM's DP rank 0) instead of connecting.
+        self.hosts_store = hosts_store
         self.steps = 0
         self.ending: str | None = None
         #: True while this rank is inside a collective (the watchdog reads it).
@@ -151,15 +165,18 @@ class RankGroup:
         return self._store is not None and self.ending is None
 
     def join(self) -> None:
-        """Connect to the store and ``init_process_group``, both against their deadlines."""
+        """Connect to (or host) the store and ``init_process_group``, both against deadlines."""
         import torch.distributed as dist  # noqa: PLC0415
 
         self.in_collective.set()  # blocked in C++ as in a collective: the watchdog covers it
         try:
-            self._store = dist.TCPStore(
-                STORE_HOST, self.port, self.world_size + 1, is_master=False,
-                timeout=timedelta(seconds=self.deadlines.store_timeout_s),
-            )
+            if self.hosts_store:
+                self._store = host_store(self.port, self.world_size, self.deadlines)
+            else:
+                self._store = dist.TCPStore(
+                    STORE_HOST, self.port, self.world_size + 1, is_master=False,
+                    timeout=timedelta(seconds=self.deadlines.store_timeout_s),
+                )
             dist.init_process_group(
                 self.backend, store=self._store, rank=self.rank, world_size=self.world_size,
                 timeout=timedelta(seconds=self.deadlines.collective_timeout_s),
@@ -180,6 +197,23 @@ class RankGroup:
             self.in_collective.clear()
         self.steps += 1
         return int(one.item())
+
+    def sum_over_ranks(self, values: Sequence[int]) -> list[int]:
+        """One collective: each of ``values`` summed over the ranks (an ``all_reduce``).
+
+        Bounded by the group's collective timeout; raises ``RuntimeError`` when a peer is gone.
+        """
+        import torch  # noqa: PLC0415
+        import torch.distributed as dist  # noqa: PLC0415
+
+        tensor = torch.tensor(list(values), dtype=torch.int64, device=self.device)
+        self.in_collective.set()
+        try:
+            dist.all_reduce(tensor)
+        finally:
+            self.in_collective.clear()
+        self.steps += 1
+        return [int(v) for v in tensor.tolist()]
 
     def shutdown(self, *, peer_gone: bool = False) -> str:
         """Barrier with a deadline, then destroy; abort when a peer is gone or the barrier fails."""
@@ -250,7 +284,8 @@ class CollectiveWatchdog:
     blocked in a collective or a store wait never runs it, and never reads its death pipe. This
     thread reads the signal wake-up fd (``signal_fd``, forwarding each byte through
     ``on_signal``) and watches ``getppid()``. Once the rank is told to stop, a collective it is
-    inside (or enters) gets ``grace_s`` to finish; then ``on_stuck`` runs (abort the group where
+    inside (or enters) gets ``grace_s`` to finish (a rank whose collectives keep completing is
+    not stuck: the grace starts again with each one); then ``on_stuck`` runs (abort the group where
     that can unblock it) and ``exit_process(code)`` ends the process: the main thread cannot be
     unwound from inside the C++ call.
     """
@@ -294,12 +329,17 @@ class CollectiveWatchdog:
 
     def _run(self) -> None:
         stuck_since: float | None = None
+        last_steps = getattr(self.group, "steps", 0)
         while not self._done.is_set():
             self._poll_signals()
             if self._parent_pid is not None and os.getppid() != self._parent_pid:
                 self.stop(self._parent_gone_code)
-            if self._code is None or not self.group.in_collective.is_set():
+            steps = getattr(self.group, "steps", 0)
+            if self._code is None or not self.group.in_collective.is_set() or steps != last_steps:
+                # Not stopped, not inside a collective, or collectives still complete (a rank
+                # draining in lockstep with its peers): nothing is stuck.
                 stuck_since = None
+                last_steps = steps
                 continue
             now = time.monotonic()
             if stuck_since is None:

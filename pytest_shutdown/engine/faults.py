@@ -24,6 +24,9 @@ class ChildFaults:
     startup_delay_s: float = 0.0
     #: Ranks whose startup raises (a failed start).
     fail_startup_ranks: tuple[int, ...] = ()
+    #: How long a rank of ``fail_startup_ranks`` waits before it fails (its peers go ahead: into
+    #: the DP group's ``init_process_group``, where they wait for it).
+    fail_startup_after_s: float = 0.0
     #: The busy loop ends with ``SystemExit(exit_code)`` instead of 0.
     exit_code: int | None = None
     #: The busy loop ends with ``SystemExit(0)`` as soon as the shutdown is requested, leaving

@@ -6,7 +6,8 @@ below, in ``engine/stopping.py``, shared with the TP workers' group; it is re-ex
 ``EngineProcManager`` starts ``data_parallel_size`` EngineCore processes, talks to them, watches
 them, and stops them with ``get_engine_process_shutdown_timeout``: the request-drain budget
 and the process cleanup budget are separate, and a ROCm engine told to abort at once (0/0)
-still gets its cleanup grace.
+still gets its cleanup grace. With ``dp_process_group`` on (and dp > 1) it picks the DP group's
+backend and port for its EngineCores (``engine/dp_group.py``; rank 0 hosts the store).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pytest_shutdown.engine.core_proc import (
     ChildFaults,
     engine_process_main,
 )
+from pytest_shutdown.engine.dp_group import DPGroupSpec, dp_group_spec
 from pytest_shutdown.engine.shm_ring import ShmRing, segment_name, unlink_segment
 from pytest_shutdown.engine.start import engine_context, pdeathsig_safe, serialize_exit_polling
 from pytest_shutdown.engine.stopping import ShutdownOutcome as ShutdownOutcome  # re-exported
@@ -186,6 +188,8 @@ class EngineProcManager:
             self, _reap_on_gc, self._shared, self._wake_w, gc_timeout
         )
         self._monitor: threading.Thread | None = None
+        #: The DP group its EngineCores form (``dp_process_group`` on, dp > 1), else None.
+        self.dp_group: DPGroupSpec | None = None
         try:
             self._start_processes(lifecycle_log, faults, interrupt)
         except BaseException:
@@ -216,6 +220,7 @@ class EngineProcManager:
         ctx = engine_context(self.config)
         pdeathsig = pdeathsig_safe(self.config.start_method)
         deadline = time.monotonic() + self.config.startup_timeout_s
+        dp_group = self.dp_group = dp_group_spec(self.config)
         for rank in range(self.config.data_parallel_size):
             parent_conn, child_conn = ctx.Pipe(duplex=True)
             ring_name = segment_name(f"ec{rank}")
@@ -227,7 +232,7 @@ class EngineProcManager:
                 name=f"EngineCore_DP{rank}",
                 args=(
                     self.config, child_conn, rank, os.getpid(), lifecycle_log, faults, pdeathsig,
-                    ring_name,
+                    ring_name, dp_group,
                 ),
                 daemon=True,
             )

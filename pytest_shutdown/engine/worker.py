@@ -40,9 +40,9 @@ from pytest_shutdown.checks.phases import report_phase, wanted_phase
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.distributed import (
     CollectiveWatchdog,
-    GroupDeadlines,
     RankGroup,
     free_port,
+    group_deadlines,
     host_store,
     select_backend,
 )
@@ -475,15 +475,6 @@ class WorkerGroup:
             except OSError:
                 pass
         return outcome
-
-
-def group_deadlines(config: EngineConfig) -> GroupDeadlines:
-    """The process group's deadlines from the engine's config."""
-    return GroupDeadlines(
-        store_timeout_s=config.store_timeout_s,
-        collective_timeout_s=config.collective_timeout_s,
-        barrier_timeout_s=config.barrier_timeout_s,
-    )
 
 
 def _forward(fd: int, data: bytes) -> None:

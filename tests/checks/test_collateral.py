@@ -12,7 +12,7 @@ import textwrap
 import psutil
 import pytest
 
-from pytest_shutdown import ShutdownContractError, assert_no_collateral
+from pytest_shutdown import assert_no_collateral
 from pytest_shutdown.checks.leaks import multiprocessing_helper_pids
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")

@@ -49,11 +49,17 @@ def load_kind(name: str, **options: Any) -> ResourceKind:
     _, target = KINDS[name]
     module_name, _, class_name = target.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
-    import inspect  # noqa: PLC0415
-
-    accepted = inspect.signature(cls).parameters
-    kind: ResourceKind = cls(**{k: v for k, v in options.items() if k in accepted})
+    kind: ResourceKind = cls(**{k: v for k, v in options.items() if k in _parameters(cls)})
     return kind
+
+
+def _parameters(cls: type) -> tuple[str, ...]:
+    """The names ``cls(...)`` takes (read from its ``__init__``'s code: ``inspect.signature``
+    costs milliseconds per class at every session start)."""
+    code = getattr(cls.__init__, "__code__", None)
+    if code is None:  # object.__init__: no options
+        return ()
+    return tuple(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])
 
 
 def default_kinds(names: Iterable[str] | None = None, **options: Any) -> list[ResourceKind]:

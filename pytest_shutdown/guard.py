@@ -471,6 +471,8 @@ class ShutdownGuard:
     def _check(self, watch: _Watch) -> list[Finding]:
         found: Found = {}
         allowed: set[str] = set()
+        # One moment up to the grace: the kinds share their readings (the fd kind its heap
+        # scan for the descriptors' wrappers, between new_since and the ownership search).
         with one_moment():
             for kind in self.kinds:
                 allowance = self._allowance(watch.allow, kind)
@@ -480,19 +482,19 @@ class ShutdownGuard:
                 items = tuple(kind.new_since(watch.before[kind.name], allowance))
                 if items:
                     found[kind.name] = items
-        if not found and not watch.finished:
-            return []  # the common case: nothing to wait for, nothing to report
-        live_owned: dict[str, set[Any]] = {}
-        for owned in self._owned.values():
-            for name, items in owned.started.items():
-                live_owned.setdefault(name, set()).update(items)
-        for kind in self._objects:
-            if kind.name in found and kind.name in live_owned:
-                found[kind.name] = tuple(
-                    i for i in found[kind.name] if i not in live_owned[kind.name]
-                )
-        # Whose is it? Decided before any wait, so that what others own costs no grace.
-        found = self._without_owned(found, watch.item.nodeid)
+            if not found and not watch.finished:
+                return []  # the common case: nothing to wait for, nothing to report
+            live_owned: dict[str, set[Any]] = {}
+            for owned in self._owned.values():
+                for name, items in owned.started.items():
+                    live_owned.setdefault(name, set()).update(items)
+            for kind in self._objects:
+                if kind.name in found and kind.name in live_owned:
+                    found[kind.name] = tuple(
+                        i for i in found[kind.name] if i not in live_owned[kind.name]
+                    )
+            # Whose is it? Decided before any wait, so that what others own costs no grace.
+            found = self._without_owned(found, watch.item.nodeid)
         fixtures: Found = {}
         for owned, _ in watch.finished:
             for name, items in owned.started.items():

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown.findings import Finding
+from pytest_shutdown.moments import reading
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, socket_inode
 
@@ -375,29 +376,41 @@ def wrappers_of(fds: Iterable[int]) -> dict[int, list[object]]:
     found: dict[int, list[object]] = {}
     if not wanted:
         return found
-    for obj in gc.get_objects():
+    objects = gc.get_objects()
+    # Decide per type, not per object: the heap has tens of thousands of objects of a few
+    # hundred types, and only instances of the wrapper types are asked for their number.
+    wrapper_types = {kind for kind in set(map(type, objects)) if _is_wrapper_type(kind)}
+    for obj in [obj for obj in objects if type(obj) in wrapper_types]:
         number = _fileno(obj)
         if number is not None and number in wanted:
             found.setdefault(number, []).append(obj)
+    del objects
     return found
 
 
-def held_by_tool(wrappers: Iterable[object]) -> str | None:
-    """The test tool holding one of ``wrappers`` directly (pytest's capture, its logging
-    handlers, execnet): its type's module, or None."""
+def held_by_tools(wrapped: Mapping[int, Sequence[object]]) -> set[int]:
+    """The descriptors (keys of ``wrapped``) one of whose wrappers a test tool holds directly
+    (pytest's capture, its logging handlers, execnet). Two passes over the heap in all (the
+    wrappers' referrers, then the instances owning the dicts among them), however many."""
     from pytest_shutdown.ownership import _is_tool_object  # noqa: PLC0415
 
-    for obj in wrappers:
-        for ref in gc.get_referrers(obj):
-            holder: object = ref
-            if isinstance(ref, dict):  # an instance's __dict__: find the instance
-                for owner in gc.get_referrers(ref):
-                    if getattr(owner, "__dict__", None) is ref:
-                        holder = owner
-                        break
-            if _is_tool_object(holder):
-                return type(holder).__module__
-    return None
+    fd_of = {id(obj): fd for fd, objs in wrapped.items() for obj in objs}
+    if not fd_of:
+        return set()
+    referrers = gc.get_referrers(*(obj for objs in wrapped.values() for obj in objs))
+    dicts = {id(ref): ref for ref in referrers if isinstance(ref, dict)}
+    instance_of: dict[int, object] = {}
+    if dicts:
+        for owner in gc.get_referrers(*dicts.values()):
+            namespace = getattr(owner, "__dict__", None)
+            if namespace is not None and id(namespace) in dicts:
+                instance_of[id(namespace)] = owner  # an instance's __dict__: the instance
+    held: set[int] = set()
+    for ref in referrers:
+        holder = instance_of.get(id(ref), ref) if isinstance(ref, dict) else ref
+        if _is_tool_object(holder):
+            held.update(fd_of[id(t)] for t in gc.get_referents(ref) if id(t) in fd_of)
+    return held
 
 
 def _python_name(obj: object) -> str:
@@ -471,11 +484,12 @@ class FdKind:
         items = [item for item in items if item.fd not in skip]
         if not items:
             return items
-        wrapped = wrappers_of(item.fd for item in items)
+        wrapped = self._wrappers(item.fd for item in items)
         self._types.update(
             {fd: sorted(_python_name(o) for o in objs) for fd, objs in wrapped.items()}
         )
-        mine = [item for item in items if held_by_tool(wrapped.get(item.fd, ())) is None]
+        tools = held_by_tools({item.fd: wrapped[item.fd] for item in items if item.fd in wrapped})
+        mine = [item for item in items if item.fd not in tools]
         del wrapped
         return mine
 
@@ -496,8 +510,18 @@ class FdKind:
     def diff(self, before: object, after: object) -> tuple[()]:
         return ()
 
+    @staticmethod
+    def _wrappers(fds: Iterable[int]) -> dict[int, list[object]]:
+        """``wrappers_of(fds)``; inside one moment the heap is scanned once (the wrappers are
+        held until the moment ends, before any grace)."""
+        wanted = frozenset(fds)
+        scanned, wrapped = reading("fd_wrappers", lambda: (wanted, wrappers_of(wanted)))
+        if not wanted <= scanned:
+            return wrappers_of(wanted)
+        return {fd: objs for fd, objs in wrapped.items() if fd in wanted}
+
     def targets(self, items: Sequence[FdItem]) -> dict[FdItem, object]:
-        wrapped = wrappers_of(item.fd for item in items)
+        wrapped = self._wrappers(item.fd for item in items)
         return {item: _innermost(wrapped[item.fd]) for item in items if wrapped.get(item.fd)}
 
     def settle(self, items: Sequence[FdItem], deadline: float) -> list[FdItem]:

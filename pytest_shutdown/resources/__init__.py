@@ -56,7 +56,7 @@ def load_kind(name: str, **options: Any) -> ResourceKind:
 def _parameters(cls: type) -> tuple[str, ...]:
     """The names ``cls(...)`` takes (read from its ``__init__``'s code: ``inspect.signature``
     costs milliseconds per class at every session start)."""
-    code = getattr(cls.__init__, "__code__", None)
+    code = getattr(getattr(cls, "__init__", None), "__code__", None)
     if code is None:  # object.__init__: no options
         return ()
     return tuple(code.co_varnames[1 : code.co_argcount + code.co_kwonlyargcount])

@@ -717,7 +717,9 @@ class ShutdownGuard:
         if pids:  # a pool a fixture value or a global reaches is not the test's to kill
             from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
 
-            others = find_owners(objects_of((), pids, parent_pids(pids)), self._fixture_roots())
+            others = find_owners(  # bounded: it runs in the signal handler, the budget over
+                objects_of((), pids, parent_pids(pids)), self._fixture_roots(), max_seconds=1.0
+            )
             pids = tuple(p for p in pids if p not in others)
         return kill_process_trees(pids, timeout=2.0) if pids else []
 

@@ -150,9 +150,12 @@ def test_killing_one_child_of_a_correct_tree_leaves_the_root_running_until_the_d
         subjects.lifelined_tree, level="child", levels={"child": "tree_child*"},
         signal="SIGKILL", deadline_s=SHORT_DEADLINE_S, launcher=launcher,
     )
-    assert record.victim_name == "tree_child0"
+    # the first child by name, among those named when the phase came (the other may still be
+    # taking its name on a busy machine): the other one is the orphan
+    children = {"tree_child0", "tree_child1"}
+    assert record.victim_name in children
     assert [f.code for f in record.findings] == ["exit-hang", "orphan-process"]
-    assert record.findings[1].details["name"] == "tree_child1"
+    assert record.findings[1].details["name"] == (children - {record.victim_name}).pop()
     assert nothing_left(launcher)
 
 

@@ -470,7 +470,13 @@ def test_an_in_process_engine_cut_short_by_the_budget_is_not_said_to_have_raised
         "--shutdown-report=r.json",
         timeout=120,
     )
-    result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines(["*ShutdownBudgetExceeded: shutdown budget of 5 s exceeded*"])
+    if result.ret == 70:
+        # The documented fallback (seen on a loaded machine): the budget's signal handler did
+        # not get to run in the main thread, so the second budget ended the process with the
+        # hung test's record written. Either way the shutdown is not said to have raised.
+        assert "did not return within 5 s after its 5 s shutdown budget" in result.stderr.str()
+    else:
+        result.assert_outcomes(passed=1, errors=1)
+        result.stdout.fnmatch_lines(["*ShutdownBudgetExceeded: shutdown budget of 5 s exceeded*"])
     (record,) = json.loads((pytester.path / "r.json").read_text())["tests"]
     assert [f["code"] for f in record["findings"]] == ["shutdown-budget"]

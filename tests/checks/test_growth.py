@@ -240,7 +240,10 @@ def test_resident_memory_kept_is_growth() -> None:
     finally:
         kept.clear()
     assert metrics(info.value) == ["rss"]
-    assert "MiB per cycle (5 cycles)" in info.value.findings[0].message
+    message = info.value.findings[0].message
+    # +16 MiB in every cycle, or (when the allocator reuses pages in one of them under load) the
+    # net growth past the threshold derived from the largest single cycle: growth either way
+    assert "MiB per cycle (5 cycles)" in message or "MiB over 5 cycles" in message, message
 
 
 def test_resident_memory_freed_is_not_growth() -> None:

@@ -11,12 +11,18 @@ closes its copies at once (a fork inherits nothing of the plugin).
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from pytest_shutdown.moments import reading
 
-__all__ = ["FD_DIR", "SHM_DIR", "fd_count", "shm_state"]
+__all__ = ["FD_DIR", "SHM_DIR", "fd_count", "settle_left", "shm_state"]
+
+T = TypeVar("T")
 
 FD_DIR = "/proc/self/fd"
 SHM_DIR = "/dev/shm"
@@ -93,3 +99,21 @@ def _read_shm_state() -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size)
+
+
+def settle_left(
+    items: Sequence[T], still_there: Callable[[Sequence[T]], list[T]], deadline: float
+) -> list[T]:
+    """What ``still_there`` still finds at ``deadline``: a dropped object releases its resource
+    when collected, so one ``gc.collect()`` when something is left, then short polls."""
+    left = still_there(items)
+    if not left:
+        return left
+    gc.collect()
+    left = still_there(left)
+    delay = 0.005
+    while left and time.monotonic() < deadline:
+        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+        delay = min(delay * 2, 0.05)
+        left = still_there(left)
+    return left

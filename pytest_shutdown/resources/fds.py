@@ -25,7 +25,6 @@ import select
 import socket
 import stat
 import sys
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -235,17 +234,7 @@ def still_open(items: Iterable[FdItem]) -> list[FdItem]:
 def settle(items: Sequence[FdItem], deadline: float) -> list[FdItem]:
     """What is still open; a dropped socket or file closes when collected: one
     ``gc.collect()`` when something is left, then short polls until ``deadline``."""
-    left = still_open(items)
-    if not left:
-        return left
-    gc.collect()
-    left = still_open(left)
-    delay = 0.005
-    while left and time.monotonic() < deadline:
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.05)
-        left = still_open(left)
-    return left
+    return _cheap.settle_left(items, still_open, deadline)
 
 
 # --- describing --------------------------------------------------------------------------------

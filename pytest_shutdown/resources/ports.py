@@ -12,14 +12,13 @@ test (a session fixture's server) are not looked at.
 
 from __future__ import annotations
 
-import gc
 import os
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown.findings import Finding
+from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources.fds import FdSnapshot, new_fds, take_fd_snapshot
 from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, socket_inode
 
@@ -146,17 +145,7 @@ def still_bound(items: Iterable[PortItem]) -> list[PortItem]:
 
 
 def settle(items: Sequence[PortItem], deadline: float) -> list[PortItem]:
-    left = still_bound(items)
-    if not left:
-        return left
-    gc.collect()
-    left = still_bound(left)
-    delay = 0.005
-    while left and time.monotonic() < deadline:
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.05)
-        left = still_bound(left)
-    return left
+    return _cheap.settle_left(items, still_bound, deadline)
 
 
 def port_findings(

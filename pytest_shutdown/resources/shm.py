@@ -19,7 +19,6 @@ import fnmatch
 import gc
 import os
 import re
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -141,17 +140,7 @@ def still_present(items: Iterable[ShmItem]) -> list[ShmItem]:
 def settle(items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
     """What is still there; a dropped ``SharedMemory`` is unlinked by its finalizer or its
     owner's cleanup: one ``gc.collect()``, then short polls until ``deadline``."""
-    left = still_present(items)
-    if not left:
-        return left
-    gc.collect()
-    left = still_present(left)
-    delay = 0.005
-    while left and time.monotonic() < deadline:
-        time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-        delay = min(delay * 2, 0.05)
-        left = still_present(left)
-    return left
+    return _cheap.settle_left(items, still_present, deadline)
 
 
 # --- who holds it ------------------------------------------------------------------------------

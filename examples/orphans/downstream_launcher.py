@@ -29,10 +29,31 @@ WORKER_STOP_TIMEOUT_S = 5.0
 EXIT_PARENT_GONE = 3
 
 
-def stop_on_signals() -> threading.Event:
-    stop = threading.Event()
+class Stop:
+    """A stop request set by a signal handler. Not a threading.Event: its set() takes the event's
+    lock, which the main thread may hold inside wait() when the handler runs: a deadlock."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def is_set(self) -> bool:
+        return self.requested
+
+    def wait(self, timeout: float | None = None) -> bool:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.requested and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.01)
+        return self.requested
+
+
+def stop_on_signals() -> Stop:
+    stop = Stop()
+
+    def request(signum: int, frame: object) -> None:
+        stop.requested = True
+
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, request)
     return stop
 
 
@@ -73,7 +94,7 @@ def serve_launcher(count: int, death_pipe: bool) -> int:
 
 
 def wait_ready(workers: list[subprocess.Popen[bytes]], deadline: float,
-               stop: threading.Event) -> bool:
+               stop: Stop) -> bool:
     pending = {w.stdout.fileno(): w for w in workers if w.stdout is not None}
     while pending and not stop.is_set():
         remaining = deadline - time.monotonic()

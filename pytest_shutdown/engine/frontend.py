@@ -10,8 +10,9 @@ shutdown by itself. It is what the tree-death helper and the ``orphan_matrix`` m
 the reference engine (``REFERENCE_LEVELS`` names its levels).
 
 SIGTERM or SIGINT during start-up abort the start (the manager reaps what it started); later
-they ask for a graceful stop. The handlers only set an event: an exception raised from a handler
-can land in a fork hook or a ``finally`` and be swallowed (the matrix found exactly that).
+they ask for a graceful stop. The handlers only set a flag (a ``SignalStop``: a
+``threading.Event`` set in a handler can deadlock); an exception raised from a handler can land
+in a fork hook or a ``finally`` and be swallowed (the matrix found exactly that).
 ``exit_hang_bug`` puts back vLLM PR #38779 / vllm-rbln PR #639: a non-daemon output thread
 nobody stops, which the interpreter's exit waits for forever.
 """
@@ -29,6 +30,7 @@ from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.faults import ChildFaults
 from pytest_shutdown.engine.lifeline import set_process_name
 from pytest_shutdown.engine.processes import EngineProcManager, StartupInterrupted
+from pytest_shutdown.engine.stop_flag import SignalStop
 
 #: The levels of the reference tree, for the tree-death helper: the root, and name patterns.
 REFERENCE_LEVELS = {"frontend": "root", "engine_core": "EngineCore_DP*", "worker": "Worker_TP*"}
@@ -129,7 +131,7 @@ def serve_frontend(
             collective_straggle_s=max(config.collective_straggle_s, in_collective_straggle_s)
         )
     set_process_name("Frontend")
-    stop = threading.Event()
+    stop = SignalStop()  # not a threading.Event: its set() in a handler can deadlock
 
     def on_signal(signum: int, frame: object) -> None:
         stop.set()  # never raise from a handler: it may run inside a fork hook or a finally

@@ -45,6 +45,7 @@ from pytest_shutdown.engine.core_proc import (
 from pytest_shutdown.engine.dp_group import DPGroupSpec, dp_group_spec
 from pytest_shutdown.engine.shm_ring import ShmRing, segment_name, unlink_segment
 from pytest_shutdown.engine.start import engine_context, pdeathsig_safe, serialize_exit_polling
+from pytest_shutdown.engine.stop_flag import SignalStop
 from pytest_shutdown.engine.stopping import ShutdownOutcome as ShutdownOutcome  # re-exported
 from pytest_shutdown.engine.stopping import kill_process_tree as kill_process_tree  # re-exported
 from pytest_shutdown.engine.stopping import shutdown_processes, validate_timeout
@@ -162,7 +163,7 @@ class EngineProcManager:
         *,
         lifecycle_log: str | None = None,
         faults: ChildFaults | None = None,
-        interrupt: threading.Event | None = None,
+        interrupt: threading.Event | SignalStop | None = None,
     ) -> None:
         self.config = config if config is not None else EngineConfig()
         self._shared = _Shared(
@@ -215,7 +216,7 @@ class EngineProcManager:
         self,
         lifecycle_log: str | None,
         faults: ChildFaults | None,
-        interrupt: threading.Event | None,
+        interrupt: threading.Event | SignalStop | None,
     ) -> None:
         ctx = engine_context(self.config)
         pdeathsig = pdeathsig_safe(self.config.start_method)
@@ -250,7 +251,7 @@ class EngineProcManager:
         proc: BaseProcess,
         conn: Connection,
         deadline: float,
-        interrupt: threading.Event | None,
+        interrupt: threading.Event | SignalStop | None,
     ) -> None:
         """Wait for ``proc``'s ready; any engine process that dies meanwhile fails the start."""
         others = {p.sentinel: p for p in self.processes if p is not proc}

@@ -27,7 +27,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
@@ -48,6 +47,7 @@ from pytest_shutdown.engine.lifeline import (
     set_parent_death_signal,
     set_process_name,
 )
+from pytest_shutdown.engine.stop_flag import SignalStop
 
 #: The levels of the head's tree for ``kill_tree_at``.
 RANK_LEVELS = {"head": "root", "rank0": "Rank0", "rank1": "Rank1"}
@@ -149,7 +149,7 @@ class _Rank:
         self.world_size = world_size
         self.faults = faults
         self.head_pid = head_pid
-        self.stop = threading.Event()
+        self.stop = SignalStop()  # set by a signal handler: no threading.Event
         self.wait_timeout = UNTIMED if faults.untimed_waits else timedelta(
             seconds=deadlines.store_timeout_s
         )

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 import time
 
 from pytest_shutdown.checks.phases import report_phase
 from pytest_shutdown.engine.lifeline import set_process_name
 from pytest_shutdown.engine.shm_ring import ShmRing, segment_name, unlink_segment
+from pytest_shutdown.engine.stop_flag import SignalStop
 
 LIFETIME_S = 60.0
 
@@ -48,7 +48,7 @@ def segment_child_tree(parent_unlinks: bool) -> int:
 def socket_file_tree(path: str, remove: bool) -> int:
     """A root listening on a unix socket file; on SIGTERM it closes it and removes the file
     only if ``remove``."""
-    stop = threading.Event()
+    stop = SignalStop()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)

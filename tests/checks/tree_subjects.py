@@ -16,13 +16,14 @@ import time
 
 from pytest_shutdown.checks.phases import report_phase
 from pytest_shutdown.engine.lifeline import set_process_name
+from pytest_shutdown.engine.stop_flag import SignalStop
 
 #: How long a subject waits for the test's signal before giving up by itself.
 SUBJECT_LIFETIME_S = 60.0
 
 
-def _stop_on_sigterm() -> threading.Event:
-    stop = threading.Event()
+def _stop_on_sigterm() -> SignalStop:
+    stop = SignalStop()
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     return stop
 

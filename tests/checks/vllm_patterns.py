@@ -22,6 +22,8 @@ from multiprocessing import get_context
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from pytest_shutdown.engine.stop_flag import SignalStop
+
 ROCM_ENGINE_PROCESS_SHUTDOWN_TIMEOUT_S = 15.0
 CHILD_EXIT_GRACE_S = 5.0
 DEFAULT_TIMEOUT_S = 5.0
@@ -98,7 +100,7 @@ def shutdown(procs: list[BaseProcess], timeout: float | None = None) -> None:
 
 def engine_main(ignore_sigterm: bool, ready: Any) -> None:
     """A child that exits on SIGTERM, or (a hung teardown) ignores it."""
-    stop = threading.Event()
+    stop = SignalStop()
     if ignore_sigterm:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     else:

@@ -138,11 +138,12 @@ def test_a_phase_that_can_never_match_fails_collection(pytester: pytest.Pytester
 
 TREE = textwrap.dedent(
     """
-    import signal, threading
+    import signal
     from pytest_shutdown.checks.phases import report_phase
+    from pytest_shutdown.engine.stop_flag import SignalStop
 
     def tree():
-        stop = threading.Event()
+        stop = SignalStop()
         signal.signal(signal.SIGTERM, lambda *a: stop.set())
         report_phase("starting")
         report_phase("ready")

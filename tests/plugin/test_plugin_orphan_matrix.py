@@ -9,11 +9,12 @@ import pytest
 #: A torch-free tree for a suite: the root and one child; the child has a lifeline or not.
 TREE_MODULE = textwrap.dedent(
     """
-    import os, signal, threading, time
+    import os, signal, time
     from pytest_shutdown.checks.phases import report_phase
+    from pytest_shutdown.engine.stop_flag import SignalStop
 
     def tree(child_lifeline=True):
-        stop = threading.Event()
+        stop = SignalStop()
         signal.signal(signal.SIGTERM, lambda *a: stop.set())
         root = os.getpid()
         if os.fork() == 0:

@@ -190,14 +190,15 @@ def _all_pids() -> list[int]:
         return []
 
 
-_PID_TOKEN = re.compile(r"\d+")
+_NAME_PARTS = re.compile(r"[_.\-]")
 
 
 def named_by(name: str, pids: Iterable[int]) -> bool:
-    """Whether the segment's name carries one of ``pids`` (``psd_<pid>_...``,
-    ``sem.loky-<pid>-...``): the convention that ties a segment to its process."""
+    """Whether the segment's name carries one of ``pids`` as a whole part between separators
+    (``psd_<pid>_...``, ``sem.loky-<pid>-...``): the convention that ties a segment to its
+    process. Digits inside a random suffix (``..._d38f1e7c``) are no pid."""
     wanted = {str(pid) for pid in pids}
-    return any(token in wanted for token in _PID_TOKEN.findall(name))
+    return any(part in wanted for part in _NAME_PARTS.split(name))
 
 
 def attribute(

@@ -10,7 +10,14 @@ import weakref
 from pathlib import Path
 
 import pytest
-from engine_proc_testing import GRACE_S, assert_gone, events, fast_config, wait_for
+from engine_proc_testing import (
+    GRACE_S,
+    assert_gone,
+    descendants,
+    events,
+    fast_config,
+    wait_for,
+)
 
 from pytest_shutdown.engine.core import FinishReason
 from pytest_shutdown.engine.core_proc import ChildFaults
@@ -141,8 +148,9 @@ def test_a_failed_start_reaps_the_started_processes_and_raises_the_original_erro
         EngineProcManager(fast_config(data_parallel_size=2), lifecycle_log=log, faults=faults)
 
     started = events(log, "started")
-    assert sorted(e["dp_rank"] for e in started) == [0, 1]
+    assert 1 in [e["dp_rank"] for e in started]  # DP0 may be reaped before it logs its start
     assert_gone([e["pid"] for e in started], what="engine processes of the failed start")
+    wait_for(lambda: not descendants(), GRACE_S, "every engine process of the failed start to go")
 
 
 def test_a_start_slower_than_startup_timeout_raises_a_timeout_naming_the_setting(

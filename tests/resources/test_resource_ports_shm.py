@@ -202,3 +202,11 @@ def test_the_ring_keeps_order_and_refuses_what_does_not_fit() -> None:
         assert ring.unlink() and not ring.unlink()
     with pytest.raises(ValueError, match="slots/slot_bytes"):
         ShmRing.create(segment_name("bad"), slots=0)
+
+
+def test_a_pid_ties_a_segment_only_as_a_whole_part_of_its_name() -> None:
+    assert shm_kind.named_by("psd_22844_outside_d38f1e7c", [22844])
+    assert shm_kind.named_by("sem.loky-4242-x1", [4242])
+    # the digits of a random suffix are no pid: "1" and "38" are in d38f1e7c
+    assert not shm_kind.named_by("psd_22844_outside_d38f1e7c", [1, 38, 7])
+    assert not shm_kind.named_by("psd_122844_ring", [22844])

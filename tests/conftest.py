@@ -15,3 +15,21 @@ def _inner_runs_keep_their_order(request: pytest.FixtureRequest) -> None:
     request.getfixturevalue("pytester")
     monkeypatch = request.getfixturevalue("monkeypatch")
     monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "long_running(seconds): a test of about 8 s or more, and how long it takes here; the "
+        "longest run first, so that xdist starts them early instead of finishing the run with "
+        "one alone on a worker",
+    )
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-randomly's shuffle, which it keeps otherwise
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def expected_seconds(item: pytest.Item) -> float:
+        marker = item.get_closest_marker("long_running")
+        return float(marker.args[0]) if marker is not None else 0.0
+
+    items.sort(key=expected_seconds, reverse=True)  # stable: the rest keeps its order

@@ -64,6 +64,7 @@ def test_the_groups_run_every_example_file_once() -> None:
 
 
 # Each run is bounded at 600 s below; the suite-wide 120 s would cut it short on a loaded machine.
+@pytest.mark.long_running(30)
 @pytest.mark.timeout(660)
 @pytest.mark.parametrize("group", sorted(GROUPS))
 def test_the_examples_pass_under_the_guard_and_run_every_quoted_test(group: str) -> None:

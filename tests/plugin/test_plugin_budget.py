@@ -398,6 +398,7 @@ def test_a_teardown_that_never_returns_ends_the_process_after_a_second_budget(
                for t in hung["budget"]["threads"])
 
 
+@pytest.mark.long_running(10)
 def test_an_engine_shutdown_cut_short_by_the_budget_is_shutdown_budget_not_raised(
     pytester: pytest.Pytester,
 ) -> None:
@@ -452,6 +453,7 @@ def test_a_leak_after_a_pytest_timeout_is_not_said_to_have_had_a_grace(
     assert "grace:" not in finding["message"] and finding["details"]["grace_s"] == 0.0
 
 
+@pytest.mark.long_running(10)
 def test_an_in_process_engine_cut_short_by_the_budget_is_not_said_to_have_raised(
     pytester: pytest.Pytester,
 ) -> None:

@@ -21,6 +21,7 @@ def test_every_registered_kind_follows_the_protocol() -> None:
         assert list(kind.new_since(before)) == []  # nothing happened in between
 
 
+@pytest.mark.long_running(10)
 def test_resources_option_runs_only_the_chosen_kinds(leaky_suite: pytest.Pytester) -> None:
     result = leaky_suite.runpytest_subprocess("-p", "shutdown", "--shutdown-resources=threads")
     result.assert_outcomes(passed=4, errors=1)

@@ -6,6 +6,7 @@
 #   make test USE_SYSTEM_TORCH=1  reuse the torch of the Python that builds the venv
 #                                 (the venv is created with --system-site-packages)
 #   make test PYTEST_ARGS="-k renderer -x"
+#   make test TEST_WORKERS=2       xdist workers (default 3)
 #   make vllm-check               the helpers on vLLM's own classes (examples/vllm) in a side
 #                                 venv, .venv-vllm, with the vllm 0.33.0 wheel; not part of test
 #   make ray-check                the engine's DP ranks as Ray actors on a local two-node cluster
@@ -18,6 +19,8 @@ VENV ?= .venv
 USE_SYSTEM_TORCH ?= 0
 CPU_TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Three workers on two cores: much of the suite waits (deadlines, child processes), not computes.
+TEST_WORKERS ?= 3
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -35,7 +38,7 @@ $(STAMP): pyproject.toml scripts/setup-venv
 # (PYTHONDONTWRITEBYTECODE): hundreds of the tests' pytest subprocesses would each compile the
 # plugin's modules (and pytest its assertion rewrites) afresh.
 test: $(STAMP)
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n 2 -o console_output_style=count $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(TEST_WORKERS) -o console_output_style=count $(PYTEST_ARGS)
 
 demo: $(STAMP)
 	$(BIN)/python -m pytest -p shutdown examples/ -v $(PYTEST_ARGS)

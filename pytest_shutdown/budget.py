@@ -32,11 +32,12 @@ import sys
 import threading
 import time
 import traceback
-from _thread import start_new_thread  # the plugin's own threads: never a patched Thread.start
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import FrameType, TracebackType
 from typing import Any
+
+from pytest_shutdown.own_threads import start_own_thread
 
 #: How often a teardown that keeps hanging is interrupted (at 1 and 1.5 budgets).
 MAX_FIRES = 2
@@ -245,7 +246,7 @@ class TeardownBudget:
                 return self  # pytest-timeout governs
         self._armed = True
         self._watchdog_done = threading.Event()
-        start_new_thread(self._watch_then_say_done, (self._watchdog_done,))
+        start_own_thread(self._watch_then_say_done, (self._watchdog_done,))
         return self
 
     def __exit__(
@@ -326,7 +327,7 @@ class TeardownBudget:
 
         # In a thread of its own, with a deadline: a handler that needs a lock the hung thread
         # holds (the record log's, the report's) must not keep the process from ending.
-        start_new_thread(run_handlers, ())
+        start_own_thread(run_handlers, ())
         if not handled.wait(HANG_HANDLERS_S):
             sys.stderr.write(
                 f"pytest-shutdown: the report was not written within {HANG_HANDLERS_S:g} s of "

@@ -34,7 +34,6 @@ import signal
 import sys
 import threading
 import time
-from _thread import start_new_thread  # the plugin's own threads: never a patched Thread.start
 from collections.abc import Callable
 from types import FrameType
 from typing import IO, Any
@@ -42,6 +41,7 @@ from typing import IO, Any
 import pytest
 
 from pytest_shutdown.forks import forget_in_child, undo_in_forked_child
+from pytest_shutdown.own_threads import start_own_thread
 
 #: Seconds the main thread has to take a SIGTERM or SIGINT before the process ends at once.
 TAKE_SIGNAL_S = 5.0
@@ -146,7 +146,7 @@ class _SignalWatch:
         except BaseException:
             self.stop()
             raise
-        start_new_thread(self._run, ())
+        start_own_thread(self._run, ())
 
     def _main_position(self) -> tuple[int, int] | None:
         frame = sys._current_frames().get(threading.main_thread().ident or 0)

@@ -89,6 +89,8 @@ class _Shared:
     outputs: queue.Queue[EngineCoreOutput] = field(default_factory=queue.Queue)
     utility_calls: dict[int, Future[Any]] = field(default_factory=dict)
     failures: list[ProcessFailure] = field(default_factory=list)
+    #: Set once a shutdown (``shutdown()`` or the GC fallback) has done all of its work.
+    shut_down: threading.Event = field(default_factory=threading.Event)
     #: Each engine's output ring: its name (chosen here), and the reader once it is attached.
     ring_names: list[str] = field(default_factory=list)
     rings: dict[int, ShmRing] = field(default_factory=dict)
@@ -137,6 +139,7 @@ def _reap_on_gc(shared: _Shared, wake_w: Connection, timeout: float | None) -> N
         shared.processes, timeout, default_timeout=shared.config.default_process_timeout_s
     )
     shared.close_connections()
+    shared.shut_down.set()
 
 
 def _close_quietly(conn: Connection) -> None:
@@ -202,6 +205,7 @@ class EngineProcManager:
             self._shared.close_connections()
             _close_quietly(self._wake_w)
             _close_quietly(self._wake_r)
+            self._shared.shut_down.set()
             raise
         self._monitor = threading.Thread(
             target=_monitor_loop,
@@ -363,11 +367,14 @@ class EngineProcManager:
                     monitor.join(MONITOR_POLL_S + 1.0)
                 self._shared.close_connections()
                 _close_quietly(self._wake_r)
+                self._shared.shut_down.set()
         return self.last_outcome
 
     @property
     def is_shut_down(self) -> bool:
-        return not self._finalizer.alive
+        """Whether a shutdown has finished: processes stopped, connections closed, rings
+        unlinked (False while one still runs, e.g. in the monitor after an engine died)."""
+        return self._shared.shut_down.is_set()
 
     def __enter__(self) -> EngineProcManager:
         return self

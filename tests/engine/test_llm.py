@@ -6,6 +6,7 @@ import gc
 import logging
 import os
 import signal
+import threading
 import weakref
 from pathlib import Path
 
@@ -167,6 +168,22 @@ def test_a_start_slower_than_startup_timeout_raises_a_timeout_naming_the_setting
         EngineProcManager(config, lifecycle_log=log, faults=ChildFaults(startup_delay_s=5.0))
 
     assert_gone([e["pid"] for e in events(log, "started")], what="the slow engine process")
+
+
+def test_the_manager_is_shut_down_only_once_its_shutdown_has_finished() -> None:
+    # The monitor shuts the manager down in its own thread after an engine dies: a caller that
+    # sees is_shut_down must find the processes gone and the rings unlinked, not half of it.
+    manager = EngineProcManager(fast_config(teardown_delay_s=1.0))
+    done = threading.Event()
+    stopper = threading.Thread(target=lambda: (manager.shutdown(), done.set()))
+    stopper.start()
+    try:
+        wait_for(manager.manager_stopped.is_set, 5, "the shutdown to begin")
+        assert not manager.is_shut_down  # the engine is still in its 1 s teardown
+        assert done.wait(30)
+        assert manager.is_shut_down
+    finally:
+        stopper.join(30)
 
 
 def test_manager_rejects_a_bad_shutdown_timeout() -> None:

@@ -14,7 +14,6 @@ import pytest
 from pytest_shutdown import kill_tree_at
 from pytest_shutdown.engine import REFERENCE_LEVELS, REFERENCE_PHASES, serve_frontend
 
-
 #: The process each level's signal goes to.
 VICTIMS = {"frontend": "Frontend", "engine_core": "EngineCore_DP0", "worker": "Worker_TP0"}
 

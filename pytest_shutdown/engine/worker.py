@@ -210,8 +210,8 @@ class _Worker:
             signal.set_wakeup_fd(-1)
             os.close(wake_r)
             os.close(wake_w)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            # Left ignored: the process ends right after; the EngineCore's SIGTERM that follows
+            # its stop message must not turn this clean exit into death by signal.
 
     def _parent_gone(self) -> int:
         self.peer_gone = True  # the EngineCore is gone, and its ranks with it: no barrier

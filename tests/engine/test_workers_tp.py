@@ -51,6 +51,35 @@ def test_each_engine_core_starts_its_workers_and_stops_them_with_itself(
     assert exits == [0, 0, 0, 0]  # stopped by their EngineCore, not left to die
 
 
+def test_a_sigterm_on_top_of_the_stop_never_turns_a_workers_clean_exit_into_death(
+    managers: list[EngineProcManager], log: str
+) -> None:
+    # The EngineCore sends its workers the stop and then SIGTERM; a worker that had put back the
+    # default handler before its last line died of that SIGTERM (-15), its exit never logged.
+    manager = EngineProcManager(fast_config(tensor_parallel_size=2), lifecycle_log=log)
+    managers.append(manager)
+    workers = [w.pid for w in workers_of(manager)]
+    stop = threading.Event()
+
+    def sigterm_storm() -> None:
+        while not stop.is_set():
+            for pid in workers:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.0005)
+
+    storm = threading.Thread(target=sigterm_storm)
+    storm.start()
+    try:
+        assert_gone(workers, what="workers")
+    finally:
+        stop.set()
+        storm.join(5.0)
+    assert sorted(e["code"] for e in events(log, "worker_exited")) == [0, 0]
+
+
 def test_a_worker_that_dies_takes_its_engine_core_down(
     managers: list[EngineProcManager],
 ) -> None:
@@ -80,12 +109,21 @@ def test_workers_exit_when_their_engine_core_dies(
 def test_a_slow_model_load_is_abandoned_at_once_on_interrupt(log: str) -> None:
     interrupt = threading.Event()
     config = fast_config(tensor_parallel_size=2, startup_delay_s=60.0)
-    threading.Timer(0.5, interrupt.set).start()
+
+    def interrupt_once_both_load() -> None:  # not after a fixed time: a busy machine is slow
+        try:
+            wait_for(lambda: len(events(log, "worker_started")) == 2, 30.0, "two loading workers")
+        finally:
+            interrupt.set()
+
+    interrupter = threading.Thread(target=interrupt_once_both_load)
+    interrupter.start()
     t0 = time.monotonic()
     with pytest.raises(StartupInterrupted, match="start-up interrupted"):
         EngineProcManager(config, lifecycle_log=log, interrupt=interrupt)
     elapsed = time.monotonic() - t0
-    assert elapsed < 30.0, elapsed  # a real hang would take the whole 60 s load
+    interrupter.join(5.0)
+    assert elapsed < 45.0, elapsed  # a real hang would take the whole 60 s load
     workers = [e["pid"] for e in events(log, "worker_started")]
     assert len(workers) == 2
     assert_gone(workers, what="loading workers")

@@ -177,7 +177,7 @@ class TreeResources:
 
     def record(self, pids: Iterable[int]) -> None:
         from pytest_shutdown.resources.ports import bound_sockets_of  # noqa: PLC0415
-        from pytest_shutdown.resources.shm import holders_of, segments  # noqa: PLC0415
+        from pytest_shutdown.resources.shm import holders_of, named_by, segments  # noqa: PLC0415
 
         pids = sorted(set(pids))
         new = {
@@ -185,10 +185,8 @@ class TreeResources:
             if self.shm_before.get(name) != inode
         }
         held = holders_of(new, pids)
-        tree = {str(pid) for pid in pids}
         for name, inode in new.items():
-            named_by_tree = name.startswith("psd_") and name.split("_")[1] in tree
-            if held[name] or named_by_tree:
+            if held[name] or named_by(name, pids):  # the shm kind's rule, one convention
                 self.segments[name] = inode
         for item in bound_sockets_of(pids):
             info = item.info

@@ -20,15 +20,16 @@ import atexit
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from pytest_shutdown.forks import forget_in_child, undo_in_forked_child
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 __all__ = ["Registration", "holders_of", "install", "recording", "registrations", "uninstall"]
 
 
-@dataclass(eq=False)
+@lazy_dataclass(eq=False)
 class Registration:
     """One ``atexit.register(func, *args, **kwargs)`` call still registered."""
 

@@ -33,10 +33,11 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from types import FrameType, TracebackType
 from typing import Any
 
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.own_threads import start_own_thread
 
 #: How often a teardown that keeps hanging is interrupted (at 1 and 1.5 budgets).
@@ -140,7 +141,7 @@ def all_stacks() -> list[dict[str, Any]]:
     return stacks
 
 
-@dataclass
+@lazy_dataclass
 class BudgetOutcome:
     """What happened under one budget: whether it fired, when, and what was seen and killed."""
 

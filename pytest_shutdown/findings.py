@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 from pytest_shutdown.finding_text import key_fact_lines
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 #: The stable finding codes users can match on, with what each one means.
 FINDING_CODES: Mapping[str, str] = {
@@ -47,7 +48,7 @@ FINDING_CODES: Mapping[str, str] = {
 }
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class Finding:
     """One broken shutdown contract.
 

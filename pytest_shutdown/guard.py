@@ -30,7 +30,7 @@ import time
 import types
 import warnings
 from collections.abc import Generator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import pytest
@@ -40,6 +40,7 @@ from pytest_shutdown.checks.leaks import Started, descendant_pids, thread_name
 from pytest_shutdown.checks.process_groups import group_names, process_group_findings
 from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings import Finding, ShutdownContractError
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import one_moment
 from pytest_shutdown.ownership import Owner, find_owners
 from pytest_shutdown.report import (
@@ -88,7 +89,7 @@ def _is_pytest_timeout(exc: BaseException | None) -> bool:
     return exc is not None and _PYTEST_TIMEOUT_MARK in str(exc)
 
 
-@dataclass
+@lazy_dataclass
 class _Owned:
     """What a wider-scope fixture's setup started (object kinds) and the state before it (state
     kinds): checked, and blamed on the fixture, when it is torn down."""
@@ -113,7 +114,7 @@ class _Owned:
         self.started[kind] = self.started.get(kind, ()) + items
 
 
-@dataclass
+@lazy_dataclass
 class _Watch:
     """The guard's state for the test being run. ``before`` is each kind's baseline, with what
     wider-scope fixtures did during the test's set-up and teardown absorbed into it."""

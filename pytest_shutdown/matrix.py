@@ -9,10 +9,10 @@ becomes one parametrization of the ``shutdown_timeouts`` fixture, with ids like
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown.checks.timeouts import TimeoutCell, timeout_matrix
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 MARKER = "shutdown_matrix"
 #: Marker keyword → timeout_matrix keyword, with the defaults of timeout_matrix.
@@ -24,7 +24,7 @@ ACCEPTED_KEYS: Mapping[str, str] = {
 }
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class ShutdownTimeouts:
     """One cell of a shutdown matrix, as the ``shutdown_timeouts`` fixture hands it to a test.
 

@@ -24,10 +24,10 @@ import types
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown.forks import forget_in_child, undo_in_forked_child
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 __all__ = [
     "Origin",
@@ -56,7 +56,7 @@ _TOOL_PACKAGES = frozenset(
 _THIS_FILE = os.path.normcase(os.path.realpath(__file__))
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class Origin:
     """Where and when a thread or process was started.
 

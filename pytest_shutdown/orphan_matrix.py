@@ -14,10 +14,11 @@ process group are levels too (``DISTRIBUTED_LEVELS``: ``rank0``, ``rank1``; phas
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 # checks.orphans (and through it the tree launcher, multiprocessing.connection, ctypes) is
 # imported where a matrix is built or run: loading the plugin registers these fixtures in every
@@ -39,7 +40,7 @@ MARKER_HELP = (
 )
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class OrphanCell:
     """One cell of an orphan matrix: which level gets which signal in which phase."""
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
 import pytest
+
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 #: Ray binds every node to the loopback in this mode, even on Linux.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -26,7 +28,7 @@ SKIP_REASON = (
 )
 
 
-@dataclass
+@lazy_dataclass
 class RayCluster:
     """A started local cluster: its ``address``, the driver's ``baseline`` resources."""
 

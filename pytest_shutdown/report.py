@@ -16,7 +16,7 @@ import sys
 import tempfile
 from collections import Counter
 from collections.abc import Generator, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ import pytest_shutdown
 from pytest_shutdown.budget import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE, BudgetOutcome
 from pytest_shutdown.finding_text import finding_lines
 from pytest_shutdown.findings import Finding
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
     SLOW_GUARD_S,
@@ -73,7 +74,7 @@ def _claim(log: RecordLog) -> None:
         ) from None
 
 
-@dataclass
+@lazy_dataclass
 class TestRecord:
     """What the guard saw for one test: findings (as dicts), teardown time, budget events.
 

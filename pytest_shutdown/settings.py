@@ -15,13 +15,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pytest_shutdown.cycles import cycles_of
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.records import record_log_path, refusal_of_target
 from pytest_shutdown.resources import allow_keys, kind_names
 
@@ -45,7 +45,7 @@ MAX_SECONDS = 86400.0
 ALLOW_LEAKS_KINDS: tuple[str, ...] = allow_keys()
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class GuardSettings:
     """The validated settings of one run. ``budget_s == 0`` means no teardown budget."""
 
@@ -263,7 +263,7 @@ def _writable_folder(folder: Path, option: str) -> None:
 # --- markers ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class AllowLeaks:
     """What ``@pytest.mark.allow_leaks`` permits one test to leave behind.
 

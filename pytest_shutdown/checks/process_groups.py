@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class GroupInfo:
     """One initialised process group of this process."""
 

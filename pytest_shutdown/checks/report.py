@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
-@dataclass(frozen=True)
+
+@lazy_dataclass(frozen=True)
 class CheckReport:
     """What a passing check observed, for tests that want to look closer.
 

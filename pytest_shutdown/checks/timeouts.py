@@ -20,11 +20,11 @@ import inspect
 import math
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown.checks.report import CheckReport
 from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 #: The platforms a cell may name.
 PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")
@@ -46,7 +46,7 @@ def _fmt(value: float | None) -> str:
     return f"{value:g}"
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class TimeoutCell:
     """One cell: the inputs of the policy and the process timeout it must return."""
 

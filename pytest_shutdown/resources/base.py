@@ -32,10 +32,10 @@ A new kind is a new module with a class of this shape and one line in
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_shutdown.findings import Finding
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 __all__ = ["Allowance", "Change", "ResourceKind", "after_grace"]
 
@@ -80,7 +80,7 @@ class ResourceKind(Protocol):
     def restore(self, items: Sequence[Any]) -> None: ...
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class Change:
     """One piece of process-wide state a test changed: what it was, what it is now.
 

@@ -32,36 +32,33 @@ DETAILS_SECTION = "shutdown finding details"
 CODES_ATTR = "shutdown_codes"
 
 
-class ContractErrorsReported:
-    """The pytest plugin object (``pytest-shutdown-contract-errors``)."""
+def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: Any) -> None:
+    """A phase's report, once made: the codes and findings of its ShutdownContractError (if it
+    raised one) go on the report, the test's user properties and the shutdown report."""
+    error = call.excinfo.value if call.excinfo is not None else None
+    if not isinstance(error, ShutdownContractError):
+        return
+    setattr(report, CODES_ATTR, ", ".join(dict.fromkeys(error.codes)))
+    if shows_details(item.config):
+        # -vv / --shutdown-details: every fact of every finding, as the JSON report has it
+        text = "\n".join(
+            line for f in error.findings for line in finding_lines(f.to_dict(), details=True)
+        )
+        report.sections.append((DETAILS_SECTION, text))
+    recorded = {(name, value) for name, value in item.user_properties}
+    new = [f for f in error.findings if (f"shutdown:{f.code}", f.message) not in recorded]
+    for finding in new:
+        prop = (f"shutdown:{finding.code}", finding.message)
+        item.user_properties.append(prop)
+        report.user_properties.append(prop)
+    shutdown_report = item.config.pluginmanager.get_plugin("pytest-shutdown-report")
+    if new and shutdown_report is not None:
+        shutdown_report.add_findings(item.nodeid, [f.to_dict() for f in new])
 
-    @pytest.hookimpl(wrapper=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        report = yield
-        error = call.excinfo.value if call.excinfo is not None else None
-        if not isinstance(error, ShutdownContractError):
-            return report
-        setattr(report, CODES_ATTR, ", ".join(dict.fromkeys(error.codes)))
-        if shows_details(item.config):
-            # -vv / --shutdown-details: every fact of every finding, as the JSON report has it
-            text = "\n".join(
-                line for f in error.findings for line in finding_lines(f.to_dict(), details=True)
-            )
-            report.sections.append((DETAILS_SECTION, text))
-        recorded = {(name, value) for name, value in item.user_properties}
-        new = [
-            f for f in error.findings if (f"shutdown:{f.code}", f.message) not in recorded
-        ]
-        for finding in new:
-            prop = (f"shutdown:{finding.code}", finding.message)
-            item.user_properties.append(prop)
-            report.user_properties.append(prop)
-        shutdown_report = item.config.pluginmanager.get_plugin("pytest-shutdown-report")
-        if new and shutdown_report is not None:
-            shutdown_report.add_findings(item.nodeid, [f.to_dict() for f in new])
-        return report
+
+class ContractErrorsOnStatusLine:
+    """The status-line half (``pytest-shutdown-contract-errors`` with the guard on, whose
+    report wrapper calls :func:`note_contract_error` itself: one wrapper per phase, not two)."""
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_report_teststatus(
@@ -78,3 +75,15 @@ class ContractErrorsReported:
         if report.failed:
             return "failed", "F", (f"FAILED [{codes}]", {"red": True})
         return None
+
+
+class ContractErrorsReported(ContractErrorsOnStatusLine):
+    """The pytest plugin object (``pytest-shutdown-contract-errors``) with the guard off."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        note_contract_error(item, call, report)
+        return report

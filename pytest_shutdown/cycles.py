@@ -22,6 +22,8 @@ from typing import Any
 
 import pytest
 
+from pytest_shutdown.node_markers import marker_names
+
 MARKER = "shutdown_cycles"
 MARKER_HELP = (
     "shutdown_cycles(n, warmup=2): run this test's call phase warmup + n times in one process "
@@ -65,6 +67,8 @@ def cycles_of(item: pytest.Item) -> tuple[int, int] | None:
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Under ``shutdown_cycles``: call the test function through the other implementations of
     this hook (pytest's own, pytest-asyncio's, ...) once per cycle, and check for growth."""
+    if MARKER not in marker_names(pyfuncitem):  # known since collection: no marker lookup
+        return None
     cycles = cycles_of(pyfuncitem)
     if cycles is None:
         return None

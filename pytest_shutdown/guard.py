@@ -39,6 +39,7 @@ from pytest_shutdown import origins
 from pytest_shutdown.checks.leaks import Started, descendant_pids, thread_name
 from pytest_shutdown.checks.process_groups import group_names, process_group_findings
 from pytest_shutdown.containment import Containment
+from pytest_shutdown.contract_errors import note_contract_error
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import one_moment
@@ -209,24 +210,35 @@ class ShutdownGuard:
             pytest.fail(marker_error, pytrace=False)
         return result
 
-    @pytest.hookimpl(wrapper=True)
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """The one report wrapper of the plugin with the guard on: a failure noted, the
+        guard's own error shown as findings, a ShutdownContractError's codes and findings
+        recorded (:mod:`pytest_shutdown.contract_errors`), then the test's records attached to
+        its teardown report (:meth:`ShutdownReport.attach_pending`)."""
         report = yield
+        if call.excinfo is not None:
+            note_contract_error(item, call, report)
+            self._note_failure(item, call.when, call.excinfo.value, report)
+        if call.when == "teardown":
+            self.report.attach_pending(report)
+        return report
+
+    def _note_failure(
+        self, item: pytest.Item, when: str, error: BaseException, report: pytest.TestReport
+    ) -> None:
         watch = self._watch
-        if call.excinfo is None:
-            return report
-        if watch is not None and watch.item is item and call.when != "teardown" and report.failed:
+        if watch is not None and watch.item is item and when != "teardown" and report.failed:
             watch.failed = True
-        if watch is not None and _is_pytest_timeout(call.excinfo.value):
+        if watch is not None and _is_pytest_timeout(error):
             watch.timed_out = True
-        plain = getattr(call.excinfo.value, _GUARD_ATTR, None)
-        if call.when == "teardown" and plain is not None:
+        plain = getattr(error, _GUARD_ATTR, None)
+        if when == "teardown" and plain is not None:
             # The guard's own error: show the findings, not the guard's source.
             codes = ", ".join(dict.fromkeys(f["code"] for f in plain))
             report.longrepr = f"{_GUARD_ERROR_TITLE}: {codes}\n{self._render(plain)}"
-        return report
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(
@@ -314,6 +326,7 @@ class ShutdownGuard:
         the xdist controller, where the reports arrive one by one). A failed call needs none:
         pytest prints the teardown sections after each failure itself, and the section would
         then be printed twice."""
+        self.report.accept_reported(report)
         if report.when != "teardown":
             if report.failed and report.when == "setup":
                 self._failed_reports[report.nodeid] = report

@@ -206,10 +206,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not config.pluginmanager.is_registered(cycles):
         config.pluginmanager.register(cycles, "pytest-shutdown-cycles")
-    # Every ShutdownContractError of a test: codes on the status line, findings in the reports.
-    from pytest_shutdown.contract_errors import ContractErrorsReported
+    # Every ShutdownContractError of a test: codes on the status line, findings in the reports
+    # (with the guard on, its report wrapper notes them: one wrapper per phase, not three).
+    from pytest_shutdown.contract_errors import ContractErrorsOnStatusLine, ContractErrorsReported
 
-    config.pluginmanager.register(ContractErrorsReported(), "pytest-shutdown-contract-errors")
+    contract_errors = ContractErrorsOnStatusLine() if settings.enabled else ContractErrorsReported()
+    config.pluginmanager.register(contract_errors, "pytest-shutdown-contract-errors")
 
     if settings.graphs_dir is not None:
         from pytest_shutdown.report import GraphsRecorder
@@ -233,6 +235,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
             guard = ShutdownGuard(config, settings, report)
             config.pluginmanager.register(guard, "pytest-shutdown-guard")
+        else:
+            from pytest_shutdown.report import RecordsTravelWithReports
+
+            carrier = RecordsTravelWithReports(report)
+            config.pluginmanager.register(carrier, "pytest-shutdown-report-records")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

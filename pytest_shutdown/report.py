@@ -447,19 +447,13 @@ class ShutdownReport:
         entry = {"type": "record", "record": record.to_plain(), "timed": True}
         self.write_before_exit([entry], HUNG_TEARDOWN_EXIT_CODE)
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_makereport(
-        self, item: pytest.Item, call: pytest.CallInfo[None]
-    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """The teardown report carries the test's records (to the controller under xdist)."""
-        report = yield
-        if call.when == "teardown" and self._pending:
+    def attach_pending(self, report: pytest.TestReport) -> None:
+        """A test's teardown report carries its records (to the controller under xdist)."""
+        if self._pending:
             setattr(report, REPORT_ATTR, self._pending)
             self._pending = []
-        return report
 
-    @pytest.hookimpl
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+    def accept_reported(self, report: pytest.TestReport) -> None:
         """Controller (or single process): accept a finished test's records, log them now."""
         if self.worker is not None:
             return
@@ -625,6 +619,28 @@ class ShutdownReport:
 
 #: The key under ``config.workeroutput`` that carries a worker's backref pictures.
 GRAPHS_WORKEROUTPUT_KEY = "pytest_shutdown_graphs"
+
+
+class RecordsTravelWithReports:
+    """The report's per-test hooks when the guard is off (``--shutdown-report`` alone): each
+    teardown report carries the test's records, the controller accepts them. With the guard on,
+    its own report wrapper does this (one wrapper per phase, not two)."""
+
+    def __init__(self, report: ShutdownReport) -> None:
+        self.report = report
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        report = yield
+        if call.when == "teardown":
+            self.report.attach_pending(report)
+        return report
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.report.accept_reported(report)
 
 
 class GraphsRecorder:

@@ -16,12 +16,12 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pytest_shutdown.cycles import cycles_of
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.node_markers import marker_names
 from pytest_shutdown.records import record_log_path, refusal_of_target
 from pytest_shutdown.resources import allow_keys, kind_names
 
@@ -290,21 +290,10 @@ class AllowLeaks:
         return None
 
 
-_MARKER_NAMES_KEY = pytest.StashKey[frozenset[str]]()
 #: The markers of this plugin whose arguments ``validate_markers`` checks.
 GUARD_MARKERS = frozenset(
     {"allow_leaks", "shutdown_budget", "expect_force_kill", "shutdown_cycles"}
 )
-
-
-def marker_names(node: Any) -> frozenset[str]:
-    """The names of every marker on ``node`` and its parents: one walk up the tree, kept in
-    the node's stash, so that a test without this plugin's markers costs no further lookup."""
-    names = node.stash.get(_MARKER_NAMES_KEY, None)
-    if names is None:
-        names = frozenset(mark.name for mark in node.iter_markers())
-        node.stash[_MARKER_NAMES_KEY] = names
-    return names
 
 
 def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:

@@ -157,12 +157,18 @@ class GlobalStateKind(StateKind):
     def _environment(self) -> dict[str, str]:
         """A copy of ``os.environ``, shared between snapshots while it does not change (one
         C-level comparison of the raw environment; pytest's ``PYTEST_CURRENT_TEST``, which it
-        sets for every phase of every test, does not count as a change)."""
-        raw = dict(_raw_environ())
+        sets for every phase of every test, does not count as a change: the last copy takes
+        its current value before the comparison, so nothing is copied when nothing changed)."""
+        raw = _raw_environ()
+        last = self._raw
         for key in _CURRENT_TEST_KEYS:
-            raw.pop(key, None)
-        if raw != self._raw:
-            self._raw = raw
+            value = raw.get(key, _MISSING)
+            if value is _MISSING:
+                last.pop(key, None)
+            else:
+                last[key] = value
+        if raw != last:
+            self._raw = dict(raw)
             self._environ = dict(os.environ)
         return self._environ
 

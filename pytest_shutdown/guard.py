@@ -31,7 +31,7 @@ import types
 import warnings
 from collections.abc import Generator
 from dataclasses import field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -43,7 +43,6 @@ from pytest_shutdown.contract_errors import note_contract_error
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import one_moment
-from pytest_shutdown.ownership import Owner, find_owners
 from pytest_shutdown.report import (
     ShutdownReport,
     TestRecord,
@@ -62,6 +61,9 @@ from pytest_shutdown.settings import (
     marker_names,
     shows_details,
 )
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.ownership import Owner
 
 __all__ = ["TOOL_MODULES", "ShutdownGuard", "ShutdownLeakWarning", "is_tool_thread"]
 
@@ -590,6 +592,8 @@ class ShutdownGuard:
                     targets[(kind.name, item)] = obj
         if not targets:
             return found
+        from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when found
+
         owners = find_owners(targets, self._fixture_roots())
         if not owners:
             return found
@@ -729,7 +733,7 @@ class ShutdownGuard:
         owned.update(item for name, item in self._long_lived if name == "processes")
         pids = tuple(p for p in started if p not in owned)
         if pids:  # a pool a fixture value or a global reaches is not the test's to kill
-            from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
+            from pytest_shutdown.ownership import find_owners, objects_of  # noqa: PLC0415
 
             others = find_owners(  # bounded: it runs in the signal handler, the budget over
                 objects_of((), pids, parent_pids(pids)), self._fixture_roots(), max_seconds=1.0

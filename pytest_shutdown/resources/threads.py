@@ -15,7 +15,6 @@ from pytest_shutdown.checks.leaks import (
     thread_filter,
     thread_name,
 )
-from pytest_shutdown.ownership import stdlib_helper_threads
 from pytest_shutdown.resources.base import Allowance, ObjectKind
 
 __all__ = ["REPORTED", "TOOL_MODULES", "ThreadKind", "is_tool_thread"]
@@ -88,6 +87,8 @@ class ThreadKind(ObjectKind):
         )
         if not found:
             return found
+        from pytest_shutdown.ownership import stdlib_helper_threads  # noqa: PLC0415 - when found
+
         helpers = stdlib_helper_threads()
         return tuple(t for t in found if t not in helpers)
 

@@ -13,10 +13,13 @@ import json
 import pytest
 
 #: Imported only when a feature needs them: the device readers (a platform is detected), the
-#: orphan matrix's checks and tree launcher (a matrix is built or run), multiprocessing's
-#: connection layer (the launcher), sysconfig (the first creation site recorded).
+#: orphan matrix's checks and tree launcher (a matrix is built or run), multiprocessing (its
+#: Process.start is wrapped when something imports it), sysconfig (the first creation site
+#: recorded), the ownership search (something was left).
 LAZY = (
     "pytest_shutdown.devices",
+    "pytest_shutdown.ownership",
+    "multiprocessing",
     "pytest_shutdown.gpu.readers",
     "pytest_shutdown.checks.orphans",
     "pytest_shutdown.checks.tree_launcher",

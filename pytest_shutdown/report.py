@@ -74,6 +74,31 @@ def _claim(log: RecordLog) -> None:
         ) from None
 
 
+def plain_record(
+    nodeid: str,
+    worker: str | None,
+    teardown_s: float,
+    guard_s: float = 0.0,
+    findings: list[dict[str, Any]] | None = None,
+    budget: dict[str, Any] | None = None,
+    reported: bool = True,
+    guard_error: str | None = None,
+) -> dict[str, Any]:
+    """A test's record as the log, the JSON report and xdist carry it."""
+    plain = {
+        "nodeid": nodeid,
+        "worker": worker,
+        "teardown_s": round(teardown_s, 6),
+        "guard_s": round(guard_s, 6),
+        "findings": findings if findings is not None else [],
+        "budget": budget,
+        "reported": reported,
+    }
+    if guard_error is not None:
+        plain["guard_error"] = guard_error
+    return plain
+
+
 @lazy_dataclass
 class TestRecord:
     """What the guard saw for one test: findings (as dicts), teardown time, budget events.
@@ -94,18 +119,16 @@ class TestRecord:
     guard_error: str | None = None
 
     def to_plain(self) -> dict[str, Any]:
-        plain = {
-            "nodeid": self.nodeid,
-            "worker": self.worker,
-            "teardown_s": round(self.teardown_s, 6),
-            "guard_s": round(self.guard_s, 6),
-            "findings": self.findings,
-            "budget": self.budget,
-            "reported": self.reported,
-        }
-        if self.guard_error is not None:
-            plain["guard_error"] = self.guard_error
-        return plain
+        return plain_record(
+            self.nodeid,
+            self.worker,
+            self.teardown_s,
+            self.guard_s,
+            self.findings,
+            self.budget,
+            self.reported,
+            self.guard_error,
+        )
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> TestRecord:
@@ -236,6 +259,12 @@ class ShutdownReport:
     def add(self, record: TestRecord) -> None:
         """Add one test's outcome (its teardown duration counts); sent when the test ends."""
         self._pending.append({"type": "record", "record": record.to_plain(), "timed": True})
+
+    def add_clean(self, nodeid: str, teardown_s: float, guard_s: float, reported: bool) -> None:
+        """:meth:`add` for a test the guard found nothing on (the common case: no record
+        object is made for it)."""
+        record = plain_record(nodeid, self.worker, teardown_s, guard_s, reported=reported)
+        self._pending.append({"type": "record", "record": record, "timed": True})
 
     def add_long_lived(self, record: dict[str, Any]) -> None:
         """A thread or process owned by a module global or class attribute, alive at the end."""

@@ -22,9 +22,9 @@ threads, now part of the next baseline, are not blamed again.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
+import sys
 import threading
 import time
 import types
@@ -51,7 +51,7 @@ from pytest_shutdown.report import (
     render_findings,
 )
 from pytest_shutdown.resources import default_kinds
-from pytest_shutdown.resources.base import Allowance, ResourceKind
+from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.threads import TOOL_MODULES, is_tool_thread
 from pytest_shutdown.settings import (
     AllowLeaks,
@@ -82,6 +82,8 @@ _BUDGET_KEY = pytest.StashKey[float]()
 _MARKER_ERROR_KEY = pytest.StashKey[str]()
 
 _PYTEST_TIMEOUT_MARK = "from pytest-timeout"
+#: Process groups exist only once torch.distributed is loaded: no lookup per test before.
+_C10D = "torch.distributed.distributed_c10d"
 _GUARD_ATTR = "_pytest_shutdown_findings"
 _GUARD_ERROR_TITLE = "shutdown guard"
 #: The report section that carries the guard's findings of a test that already failed.
@@ -214,7 +216,11 @@ class ShutdownGuard:
         allow = item.stash.get(_ALLOW_KEY, None)
         budget = item.stash.get(_BUDGET_KEY, self.settings.budget_s)
         self._watch = _Watch(
-            item, self._snapshot(self.kinds), allow, budget, groups_before=group_names()
+            item,
+            self._snapshot(self.kinds),
+            allow,
+            budget,
+            groups_before=group_names() if _C10D in sys.modules else frozenset(),
         )
         origins.set_current_test(item.nodeid)
         result = yield
@@ -271,8 +277,11 @@ class ShutdownGuard:
         error: BaseException | None = None
         result: object = None
         try:
-            with budget if budget is not None else contextlib.nullcontext():
+            if budget is None:
                 result = yield
+            else:
+                with budget:
+                    result = yield
         except (KeyboardInterrupt, SystemExit, pytest.exit.Exception):
             self._watch = None
             raise
@@ -280,14 +289,15 @@ class ShutdownGuard:
             error = exc
         self._watch = None
         origins.set_current_test(None)
-        if _is_pytest_timeout(error):
+        if error is not None and _is_pytest_timeout(error):
             watch.timed_out = True
         fired = budget.outcome if budget is not None and budget.outcome.fired else None
         guard_start = time.monotonic()
         guard_error = None
         try:
             findings = self._check(watch)
-            findings += process_group_findings(f"test {item.name}", watch.groups_before)
+            if watch.groups_before or _C10D in sys.modules:
+                findings += process_group_findings(f"test {item.name}", watch.groups_before)
         except Exception as exc:  # noqa: BLE001 - the guard's own failure is not the test's
             findings, guard_error = [], describe_guard_error(exc)
         guard_s = time.monotonic() - guard_start
@@ -380,10 +390,6 @@ class ShutdownGuard:
     def _snapshot(kinds: list[ResourceKind]) -> Snapshot:
         with one_moment():  # the kinds share their readings (descendants, fd count ...)
             return {kind.name: kind.snapshot() for kind in kinds}
-
-    @staticmethod
-    def _allowance(allow: AllowLeaks | None, kind: ResourceKind) -> Allowance:
-        return allow.allowance(kind.allow_key) if allow is not None else None
 
     # --- wider-scope fixtures own what their setup started ---
 
@@ -505,15 +511,17 @@ class ShutdownGuard:
         allowed: set[str] = set()
         # One moment up to the grace: the kinds share their readings (the fd kind its heap
         # scan for the descriptors' wrappers, between new_since and the ownership search).
+        allow = watch.allow
+        before = watch.before
         with one_moment():
             for kind in self.kinds:
-                allowance = self._allowance(watch.allow, kind)
+                allowance = allow.allowance(kind.allow_key) if allow is not None else None
                 if allowance is True:
                     allowed.add(kind.name)
                     continue
-                items = tuple(kind.new_since(watch.before[kind.name], allowance))
+                items = kind.new_since(before[kind.name], allowance)
                 if items:
-                    found[kind.name] = items
+                    found[kind.name] = tuple(items)
             if not found and not watch.finished:
                 return []  # the common case: nothing to wait for, nothing to report
             live_owned: dict[str, set[Any]] = {}

@@ -23,8 +23,7 @@ import pytest
 
 from pytest_shutdown.cycles import check_engine_cycles
 from pytest_shutdown.findings import Finding, ShutdownContractError, raise_if_any
-from pytest_shutdown.matrix import MARKER as MATRIX_MARKER
-from pytest_shutdown.matrix import ShutdownTimeouts, cells_from_marker
+from pytest_shutdown.node_markers import SHUTDOWN_MATRIX as MATRIX_MARKER
 from pytest_shutdown.orphan_matrix import MARKER as ORPHAN_MATRIX_MARKER
 from pytest_shutdown.orphan_matrix import MARKER_HELP as ORPHAN_MATRIX_HELP
 from pytest_shutdown.orphan_matrix import kill_tree, orphan_cell, tree_launcher  # noqa: F401
@@ -39,6 +38,7 @@ if TYPE_CHECKING:
     from pytest_shutdown.engine.processes import EngineProcManager, ShutdownOutcome
     from pytest_shutdown.engine.renderer import ReferenceRenderer
     from pytest_shutdown.engine.supervisor import DPSupervisor
+    from pytest_shutdown.matrix import ShutdownTimeouts
 
 #: Graces in tests are this fraction of production (15 s → 1.5 s): the same decisions, cheaper.
 TEST_GRACE_SCALE = 0.1
@@ -87,6 +87,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     marks = list(metafunc.definition.iter_markers(MATRIX_MARKER))
     if not marks:
         return
+    from pytest_shutdown.matrix import cells_from_marker  # noqa: PLC0415 - a matrix is used
+
     try:
         cells = cells_from_marker(marks[0].args, marks[0].kwargs)
     except ValueError as exc:
@@ -159,6 +161,10 @@ def current_cell(request: pytest.FixtureRequest) -> ShutdownTimeouts | None:
     """The matrix cell of the running test, if it is parametrized by a shutdown matrix."""
     callspec = getattr(request.node, "callspec", None)
     cell = callspec.params.get("shutdown_timeouts") if callspec is not None else None
+    if cell is None:
+        return None
+    from pytest_shutdown.matrix import ShutdownTimeouts  # noqa: PLC0415 - made by a matrix
+
     return cell if isinstance(cell, ShutdownTimeouts) else None
 
 

@@ -13,8 +13,9 @@ from typing import Any
 
 from pytest_shutdown.checks.timeouts import TimeoutCell, timeout_matrix
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.node_markers import SHUTDOWN_MATRIX
 
-MARKER = "shutdown_matrix"
+MARKER = SHUTDOWN_MATRIX
 #: Marker keyword → timeout_matrix keyword, with the defaults of timeout_matrix.
 ACCEPTED_KEYS: Mapping[str, str] = {
     "request": "request",

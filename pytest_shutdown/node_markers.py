@@ -7,7 +7,11 @@ from typing import Any
 
 import pytest
 
-__all__ = ["marker_names"]
+__all__ = ["SHUTDOWN_MATRIX", "marker_names"]
+
+#: The timeout matrix's marker (:mod:`pytest_shutdown.matrix`), named here so that the fixtures
+#: module can check for it without importing the matrix.
+SHUTDOWN_MATRIX = "shutdown_matrix"
 
 _MARKER_NAMES_KEY = pytest.StashKey[frozenset[str]]()
 

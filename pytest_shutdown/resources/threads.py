@@ -72,7 +72,9 @@ class ThreadKind(ObjectKind):
         if allow is True:
             return ()
         now = threading.enumerate()
-        if all(t in before for t in now):
+        if not isinstance(before, (set, frozenset)):
+            before = frozenset(before)
+        if before.issuperset(now):
             return ()  # nothing new: the common case, no filter compiled
         filt = self._filter(allow)
         current = threading.current_thread()

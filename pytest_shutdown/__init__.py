@@ -11,11 +11,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from pytest_shutdown.findings import FINDING_CODES, Finding, ShutdownContractError
-
 __version__ = "0.2.0"
 
 _LAZY: dict[str, str] = {
+    "FINDING_CODES": "pytest_shutdown.findings",
+    "Finding": "pytest_shutdown.findings",
+    "ShutdownContractError": "pytest_shutdown.findings",
     "assert_idempotent_shutdown": "pytest_shutdown.checks.idempotence",
     "NothingCountedError": "pytest_shutdown.checks.idempotence",
     "assert_finalizes_on_gc": "pytest_shutdown.checks.finalization",
@@ -71,7 +72,7 @@ _LAZY: dict[str, str] = {
     "ShutdownCheck": "pytest_shutdown.fixtures",
 }
 
-__all__ = ["FINDING_CODES", "Finding", "ShutdownContractError", "__version__", *_LAZY]
+__all__ = ["__version__", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:
@@ -139,6 +140,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.checks.tree import TreeProcess
     from pytest_shutdown.checks.tree_launcher import TreeLauncher
     from pytest_shutdown.devices import detect_platform, memory_reader
+    from pytest_shutdown.findings import FINDING_CODES, Finding, ShutdownContractError
     from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
     from pytest_shutdown.guard import ShutdownLeakWarning
     from pytest_shutdown.matrix import ShutdownTimeouts

@@ -10,8 +10,8 @@ clean session never instantiates, and they were a quarter of the guard's fixed c
 a ``__new__`` that runs ``dataclass(**options)`` on the class (once, under a lock) and then
 becomes a plain ``object.__new__`` call (0.3 us more per instance). Every way an instance comes
 to be passes through ``__new__`` (a call, ``copy``, unpickling), so no instance ever exists
-before the class is complete. What does not
-work before the first instance: ``dataclasses.fields(cls)`` on the class itself, and
+before the class is complete; ``inspect.signature(cls)`` completes it too. What does
+not work before the first instance: ``dataclasses.fields(cls)`` on the class itself, and
 subclassing (a subclass would not see the fields); the decorator refuses neither, so use it on
 leaf records only.
 """
@@ -56,9 +56,27 @@ def lazy_dataclass(
     def defer(cls: _T) -> _T:
         setattr(cls, _PENDING, {"frozen": frozen, "eq": eq})
         cls.__new__ = staticmethod(_complete_then_new)  # type: ignore[assignment]
+        cls.__signature__ = _SIGNATURE_OF_INIT  # type: ignore[attr-defined]
         return cls
 
     return defer(cls) if cls is not None else defer
+
+
+class _SignatureOfInit:
+    """``inspect.signature(cls)`` is the generated ``__init__``'s (the class is completed for
+    it), not the ``(*args, **kwargs)`` of the ``__new__`` that completes it."""
+
+    def __get__(self, instance: object, owner: type) -> Any:
+        if instance is not None:
+            raise AttributeError("__signature__")
+        import inspect  # noqa: PLC0415 - introspection only
+
+        complete(owner)
+        signature = inspect.signature(owner.__init__)  # type: ignore[misc]
+        return signature.replace(parameters=list(signature.parameters.values())[1:])
+
+
+_SIGNATURE_OF_INIT = _SignatureOfInit()
 
 
 def _complete_then_new(cls: type, *args: Any, **kwargs: Any) -> Any:

@@ -100,3 +100,16 @@ def test_the_first_instances_made_at_once_by_many_threads_share_one_class() -> N
     assert errors == []
     assert sorted(r.a for r in made) == list(range(16))
     assert Raced(1) == Raced(1)
+
+
+def test_the_signature_is_the_fields_not_the_deferring_constructor() -> None:
+    import inspect
+
+    @lazy_dataclass(frozen=True)
+    class Signed:
+        a: int
+        b: str = "x"
+
+    assert str(inspect.signature(Signed)) == "(a: 'int', b: 'str' = 'x') -> None"
+    assert Signed(1) == Signed(1, "x")
+    assert list(inspect.signature(Frozen).parameters) == ["name", "items", "extra"]

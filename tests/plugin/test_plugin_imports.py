@@ -88,3 +88,33 @@ def test_the_platform_choices_are_the_device_platforms() -> None:
     from pytest_shutdown.settings import PLATFORM_CHOICES
 
     assert PLATFORM_CHOICES == ("auto", *PLATFORMS)
+
+
+LOADERS = """
+import json, sys
+
+def pytest_sessionfinish(session):
+    loaders = {
+        name: type(module.__loader__).__name__
+        for name, module in list(sys.modules.items())
+        if name.startswith("pytest_shutdown") and module is not None
+    }
+    with open("loaders.json", "w") as out:
+        json.dump(loaders, out)
+"""
+
+
+def test_the_package_is_loaded_by_python_not_by_the_assert_rewriter(
+    pytester: pytest.Pytester,
+) -> None:
+    """pytest rewrites an installed plugin's modules on import (its hook is slower than
+    Python's); the plugin takes its package off that list before importing the rest of it: only
+    the entry point module (and the package's near-empty __init__) go through the rewriter."""
+    pytester.makeconftest(LOADERS)
+    pytester.makepyfile(test_trivial=TRIVIAL_TEST)
+    result = pytester.runpytest_subprocess("-p", "shutdown")
+    result.assert_outcomes(passed=1)
+    loaders = json.loads((pytester.path / "loaders.json").read_text())
+    assert "pytest_shutdown.guard" in loaders and "pytest_shutdown.settings" in loaders
+    rewritten = sorted(name for name, kind in loaders.items() if kind == "AssertionRewritingHook")
+    assert set(rewritten) <= {"pytest_shutdown", "pytest_shutdown.plugin"}, rewritten

@@ -42,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     figures: list[Figure] = []
     if "trivial" not in skip:
         print(f"== trivial tests (load {load_average()})", flush=True)
-        figures += guard_overhead.measure(args.rounds, fixed_rounds=5)
+        figures += guard_overhead.measure(args.rounds, fixed_rounds=11)
     if "third_party" not in skip:
         print(f"== real suites (load {load_average()})", flush=True)
         suites = [third_party.SUITES[n.strip()] for n in args.suites.split(",") if n.strip()]

@@ -26,12 +26,30 @@ import signal
 import threading
 from collections.abc import Callable, Iterable
 
-__all__ = ["forget_in_child", "undo_in_forked_child"]
+__all__ = ["forget_in_child", "this_pid", "undo_in_forked_child"]
 
 _undos: dict[str, Callable[[], None]] = {}
 _held: dict[str, frozenset[int]] = {}
 _hooked = False
 _fork_state = threading.local()  # the forking thread's mask, kept across the fork
+_pid = os.getpid()
+
+
+def this_pid() -> int:
+    """``os.getpid()`` without a system call per question (the per-test checks ask it a dozen
+    times): kept current in every child forked through ``os.fork`` (multiprocessing's fork and
+    forkserver, ``subprocess`` with a ``preexec_fn``: all run the fork hooks before the child's
+    first Python code)."""
+    return _pid
+
+
+def _refresh_pid() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_refresh_pid)
 
 
 def undo_in_forked_child(

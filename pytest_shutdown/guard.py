@@ -77,9 +77,10 @@ class ShutdownLeakWarning(pytest.PytestWarning):
     """Emitted by ``pytest -p shutdown --shutdown-guard=warn`` for each test that leaked."""
 
 
-_ALLOW_KEY = pytest.StashKey["AllowLeaks | None"]()
-_BUDGET_KEY = pytest.StashKey[float]()
-_MARKER_ERROR_KEY = pytest.StashKey[str]()
+#: A test's allow_leaks, its budget, and its markers' error (on a worker): only for a test with
+#: the markers (one stash lookup per test otherwise).
+_MARKS_KEY = pytest.StashKey["tuple[AllowLeaks | None, float | None, str | None]"]()
+_NO_MARKS: tuple[AllowLeaks | None, float | None, str | None] = (None, None, None)
 
 _PYTEST_TIMEOUT_MARK = "from pytest-timeout"
 #: Process groups exist only once torch.distributed is loaded: no lookup per test before.
@@ -201,30 +202,29 @@ class ShutdownGuard:
             names = marker_names(item)
             if "allow_leaks" not in names and "shutdown_budget" not in names:
                 continue  # the defaults: setup reads them when the stash has nothing
+            marks: tuple[AllowLeaks | None, float | None, str | None]
             try:
-                item.stash[_ALLOW_KEY] = allow_leaks_of(item)
-                item.stash[_BUDGET_KEY] = budget_of(item, self.settings.budget_s)
+                marks = (allow_leaks_of(item), budget_of(item, self.settings.budget_s), None)
             except pytest.UsageError as exc:
                 if not on_worker:
                     raise
-                item.stash[_MARKER_ERROR_KEY] = str(exc)
+                marks = (None, None, str(exc))
+            item.stash[_MARKS_KEY] = marks
 
     # --- the test ---
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, object, object]:
-        allow = item.stash.get(_ALLOW_KEY, None)
-        budget = item.stash.get(_BUDGET_KEY, self.settings.budget_s)
+        allow, budget, marker_error = item.stash.get(_MARKS_KEY, _NO_MARKS)
         self._watch = _Watch(
             item,
             self._snapshot(self.kinds),
             allow,
-            budget,
+            self.settings.budget_s if budget is None else budget,
             groups_before=group_names() if _C10D in sys.modules else frozenset(),
         )
         origins.set_current_test(item.nodeid)
         result = yield
-        marker_error = item.stash.get(_MARKER_ERROR_KEY, None)
         if marker_error is not None:  # after setup, so that teardown finds a consistent state
             pytest.fail(marker_error, pytrace=False)
         return result

@@ -26,6 +26,7 @@ import pytest_shutdown
 from pytest_shutdown.budget import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE, BudgetOutcome
 from pytest_shutdown.finding_text import finding_lines
 from pytest_shutdown.findings import Finding
+from pytest_shutdown.forks import this_pid
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
@@ -288,7 +289,7 @@ class ShutdownReport:
         ]
 
     def _accept(self, entry: dict[str, Any]) -> None:
-        if os.getpid() != self._pid:
+        if this_pid() != self._pid:
             return  # a forked child that runs on: only the session's own process records
         self.entries.append(entry)
         if self.log is not None:

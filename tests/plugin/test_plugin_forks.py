@@ -129,3 +129,24 @@ def test_the_parent_keeps_its_handler_after_a_fork(pytester: pytest.Pytester) ->
     )
     result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly", timeout=60)
     result.assert_outcomes(passed=1)
+
+
+def test_this_pid_follows_a_fork() -> None:
+    import os
+
+    from pytest_shutdown.forks import this_pid
+
+    assert this_pid() == os.getpid()
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        os.close(read)
+        os.write(write, b"1" if this_pid() == os.getpid() != os.getppid() else b"0")
+        os._exit(0)
+    os.close(write)
+    try:
+        assert os.read(read, 1) == b"1"
+    finally:
+        os.close(read)
+        os.waitpid(child, 0)
+    assert this_pid() == os.getpid()

@@ -91,6 +91,15 @@ _GUARD_ERROR_TITLE = "shutdown guard"
 GUARD_SECTION = "Captured shutdown guard teardown"
 
 
+def _same(marks: list[Any], others: list[Any]) -> bool:
+    """Two lists of fingerprints are equal (identity first, in C); a value whose ``__eq__``
+    raises counts as moved."""
+    try:
+        return bool(marks == others)
+    except Exception:  # noqa: BLE001 - a hostile __eq__ in process-wide state
+        return False
+
+
 def _is_pytest_timeout(exc: BaseException | None) -> bool:
     return exc is not None and _PYTEST_TIMEOUT_MARK in str(exc)
 
@@ -125,8 +134,8 @@ class _Watch:
     wider-scope fixtures did during the test's set-up and teardown absorbed into it. (A plain
     class: one is made per test, and a dataclass's generated methods cost 0.5 ms to make.)"""
 
-    __slots__ = ("item", "before", "allow", "budget_s", "finished", "timed_out", "failed",
-                 "groups_before")
+    __slots__ = ("item", "before", "marks", "allow", "budget_s", "finished", "timed_out",
+                 "failed", "groups_before")
 
     def __init__(
         self,
@@ -135,9 +144,13 @@ class _Watch:
         allow: AllowLeaks | None,
         budget_s: float,
         groups_before: frozenset[str] = frozenset(),
+        marks: list[Any] | None = None,
     ) -> None:
         self.item = item
         self.before = before
+        #: Each kind's fingerprint when ``before`` was taken; None once a wider-scope fixture's
+        #: doing was absorbed into ``before`` (then the check asks every kind).
+        self.marks = marks
         self.allow = allow
         self.budget_s = budget_s
         self.finished: list[tuple[_Owned, Snapshot]] = []
@@ -162,6 +175,9 @@ class ShutdownGuard:
         self._states = [k for k in self.kinds if k.stateful]
         self._by_name = {k.name: k for k in self.kinds}
         self._watch: _Watch | None = None
+        #: The last clean test's fingerprints (after its teardown) and baseline: the next test
+        #: starts from that baseline when its fingerprints have not moved since.
+        self._clean: tuple[list[Any], Snapshot] | None = None
         self._owned: dict[Any, _Owned] = {}
         #: (kind, item) owned by a module global or class attribute -> what the report says.
         self._long_lived: dict[Any, dict[str, Any]] = {}
@@ -216,12 +232,20 @@ class ShutdownGuard:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, object, object]:
         allow, budget, marker_error = item.stash.get(_MARKS_KEY, _NO_MARKS)
+        with one_moment():  # the kinds share their readings (descendants, fd count ...)
+            marks = [kind.fingerprint() for kind in self.kinds]
+            clean = self._clean
+            if clean is not None and _same(clean[0], marks):
+                before = dict(clean[1])  # nothing moved since the last clean test ended
+            else:
+                before = {kind.name: kind.snapshot() for kind in self.kinds}
         self._watch = _Watch(
             item,
-            self._snapshot(self.kinds),
+            before,
             allow,
             self.settings.budget_s if budget is None else budget,
             groups_before=group_names() if _C10D in sys.modules else frozenset(),
+            marks=marks,
         )
         origins.set_current_test(item.nodeid)
         result = yield
@@ -419,6 +443,7 @@ class ShutdownGuard:
             self._owned[fixturedef] = owned
             end = self._snapshot(self._states)
             owned.state_after_setup = end
+            watch.marks = None
             for kind in self.kinds:  # what its set-up started or changed is not the test's
                 if watch.before.get(kind.name) is not None:
                     watch.before[kind.name] = kind.absorb(
@@ -443,6 +468,7 @@ class ShutdownGuard:
             self._finish_orphan(owned, now)
             return
         # Whatever the fixture's teardown changed is the fixture's.
+        watch.marks = None
         at_teardown = owned.state_at_teardown if owned.state_at_teardown is not None else now
         for kind in self._states:
             watch.before[kind.name] = kind.absorb(
@@ -513,7 +539,13 @@ class ShutdownGuard:
         # scan for the descriptors' wrappers, between new_since and the ownership search).
         allow = watch.allow
         before = watch.before
+        self._clean = None
         with one_moment():
+            if watch.marks is not None:
+                marks = [kind.fingerprint() for kind in self.kinds]
+                if _same(marks, watch.marks):  # the common case: not one reading moved
+                    self._clean = (marks, before)
+                    return []
             for kind in self.kinds:
                 allowance = allow.allowance(kind.allow_key) if allow is not None else None
                 if allowance is True:

@@ -3,14 +3,15 @@ descendants, its open descriptor count, ``/dev/shm``) is taken once per snapshot
 
 The guard wraps each snapshot of every kind, and each first pass of its check, in
 :func:`one_moment`; inside it :func:`reading` answers a reading it already took. Outside a
-moment (the grace's polling, the helpers) every call reads afresh.
+moment (the grace's polling, the helpers) every call reads afresh. A forked child starts
+outside any moment (its parent's readings are not its own).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from types import TracebackType
 from typing import Any, TypeVar
 
 __all__ = ["one_moment", "reading"]
@@ -18,27 +19,49 @@ __all__ = ["one_moment", "reading"]
 T = TypeVar("T")
 
 _readings: dict[str, Any] | None = None
-_pid = 0
 
 
-@contextlib.contextmanager
-def one_moment() -> Iterator[None]:
+def _forget_in_child() -> None:
+    global _readings
+    _readings = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class _Moment:
+    """The context manager :func:`one_moment` returns (a class: the guard enters two moments
+    per test, and a generator-based one costs several times as much)."""
+
+    __slots__ = ("_outer",)
+
+    def __enter__(self) -> None:
+        global _readings
+        self._outer = _readings is None
+        if self._outer:
+            _readings = {}
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        global _readings
+        if self._outer:
+            _readings = None
+
+
+def one_moment() -> _Moment:
     """Readings taken inside the block are taken once (nested blocks share the outer one)."""
-    global _readings, _pid
-    if _readings is not None and _pid == os.getpid():
-        yield
-        return
-    _readings, _pid = {}, os.getpid()
-    try:
-        yield
-    finally:
-        _readings = None
+    return _Moment()
 
 
 def reading(name: str, read: Callable[[], T]) -> T:
     """``read()``, or inside a moment the value it gave the first time in that moment."""
     readings = _readings
-    if readings is None or _pid != os.getpid():
+    if readings is None:
         return read()
     if name in readings:
         return readings[name]  # type: ignore[no-any-return]

@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Any
 from pytest_shutdown import origins
 from pytest_shutdown.checks.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown.findings import Finding, ShutdownContractError
+from pytest_shutdown.forks import this_pid
+from pytest_shutdown.held_open import read_held
 from pytest_shutdown.moments import reading
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -122,18 +124,29 @@ class Started:
 # --- snapshots -------------------------------------------------------------------------------
 
 
-def _may_have_children() -> bool:
-    """Return False only when this process certainly has no child process (one system call)."""
+def child_state() -> int | None:
+    """One ``waitid(WNOHANG | WNOWAIT)``: None when this process has no child at all, 0 when it
+    has children and none has ended, else the pid of an ended child not reaped yet (a zombie).
+    Inside :func:`pytest_shutdown.moments.one_moment`, read once."""
+    return reading("child_state", _read_child_state)
+
+
+def _read_child_state() -> int | None:
     waitid = getattr(os, "waitid", None)
     if waitid is None:  # pragma: no cover - not Unix
-        return True
+        return 0
     try:
-        waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        info = waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
-        return False
+        return None
     except OSError:  # pragma: no cover - e.g. EINTR; be safe and look
-        return True
-    return True
+        return 0
+    return info.si_pid if info is not None else 0
+
+
+def _may_have_children() -> bool:
+    """Return False only when this process certainly has no child process (one system call)."""
+    return child_state() is not None
 
 
 #: The last pid the kernel allocated in this pid namespace (Linux). While it has not moved, no
@@ -143,17 +156,15 @@ _LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
 _scan_cache: tuple[int, bytes, frozenset[int]] | None = None
 
 
+def last_pid() -> bytes | None:
+    """The last pid (or tid) the kernel allocated in this pid namespace; None where it cannot be
+    read. Inside :func:`pytest_shutdown.moments.one_moment`, read once."""
+    return reading("ns_last_pid", _last_pid)
+
+
 def _last_pid() -> bytes | None:
-    try:
-        fd = os.open(_LAST_PID_PATH, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        return os.read(fd, 32)
-    except OSError:  # pragma: no cover
-        return None
-    finally:
-        os.close(fd)
+    """``ns_last_pid`` now: one ``pread`` of the file held open."""
+    return read_held(_LAST_PID_PATH, 32)
 
 
 def _children_of(pid: int) -> list[int] | None:
@@ -221,12 +232,16 @@ def descendant_pids() -> frozenset[int]:
 
 def _read_descendant_pids() -> frozenset[int]:
     global _scan_cache
-    if not _may_have_children():
-        return frozenset()
-    pid = os.getpid()
-    marker = _last_pid()  # read before scanning: a process created during the scan moves it
+    pid = this_pid()
+    marker = last_pid()  # read before scanning: a process created during the scan moves it
     cached = _scan_cache
-    if marker is not None and cached is not None and cached[:2] == (pid, marker):
+    unmoved = marker is not None and cached is not None and cached[:2] == (pid, marker)
+    if unmoved and cached is not None and not cached[2]:
+        return cached[2]  # no child then, and no pid allocated anywhere since: none now
+    if not _may_have_children():
+        _scan_cache = (pid, marker, frozenset()) if marker is not None else None
+        return frozenset()
+    if unmoved and cached is not None:
         return cached[2]
     walked = _walk_descendants(pid)
     if walked is None:  # no /proc/PID/task/TID/children here: psutil scans the process table

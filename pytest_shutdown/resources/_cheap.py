@@ -1,72 +1,43 @@
-"""Cheap change detectors shared by the OS-resource kinds (one ``fstat`` each).
+"""Cheap change detectors shared by the resource kinds (one system call each).
 
 * the number of open file descriptors of this process: ``st_size`` of ``/proc/self/fd``
   (Linux >= 6.2; older kernels report 0 and the fd kind lists the folder instead);
 * the state of ``/dev/shm``: its modification time and size (tmpfs counts its entries in a
   folder's size; a create or an unlink changes both).
 
-Both folders are kept open (close-on-exec) so that a check is one ``fstat``; a forked child
-closes its copies at once (a fork inherits nothing of the plugin).
+Each is an ``fstat`` of a folder held open by :mod:`pytest_shutdown.held_open`; inside
+:func:`pytest_shutdown.moments.one_moment` each is read once.
 """
 
 from __future__ import annotations
 
 import gc
 import os
-import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from pytest_shutdown.held_open import held_open, held_open_fds
 from pytest_shutdown.moments import reading
 
-__all__ = ["FD_DIR", "SHM_DIR", "fd_count", "settle_left", "shm_state"]
+__all__ = [
+    "FD_DIR",
+    "SHM_DIR",
+    "fd_count",
+    "own_handles",
+    "settle_left",
+    "shm_state",
+]
 
 T = TypeVar("T")
 
 FD_DIR = "/proc/self/fd"
 SHM_DIR = "/dev/shm"
 
-_lock = threading.Lock()
-_handles: dict[str, int] = {}
-_pid = 0
-
-
-def _close_all_in_child() -> None:
-    for fd in list(_handles.values()):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _handles.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_close_all_in_child)
-
-
-def _handle(path: str) -> int | None:
-    global _pid
-    fd = _handles.get(path)
-    if fd is not None and _pid == os.getpid():
-        return fd
-    with _lock:
-        if _pid != os.getpid():
-            _handles.clear()
-            _pid = os.getpid()
-        fd = _handles.get(path)
-        if fd is None:
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            except OSError:
-                return None
-            _handles[path] = fd
-    return fd
-
 
 def own_handles() -> frozenset[int]:
-    """The descriptors this module holds (never a test's)."""
-    return frozenset(_handles.values()) if _pid == os.getpid() else frozenset()
+    """The descriptors held open for these readings (never a test's)."""
+    return held_open_fds()
 
 
 def fd_count() -> int | None:
@@ -75,7 +46,7 @@ def fd_count() -> int | None:
 
 
 def _read_fd_count() -> int | None:
-    fd = _handle(FD_DIR)
+    fd = held_open(FD_DIR)
     if fd is None:
         return None
     try:
@@ -91,7 +62,7 @@ def shm_state() -> tuple[int, int] | None:
 
 
 def _read_shm_state() -> tuple[int, int] | None:
-    fd = _handle(SHM_DIR)
+    fd = held_open(SHM_DIR)
     if fd is None:
         return None
     try:

@@ -4,8 +4,15 @@ Every resource kind (threads, processes, native threads, a gc freeze, process-wi
 descriptors, ports, shared memory ...) answers the same questions, so the guard has no branch
 per kind (:mod:`pytest_shutdown.guard` only iterates them):
 
-* ``snapshot()``: what exists now; cheap, taken before every test and around every wider-scope
-  fixture's set-up. Compare counts or identities first, list only when something changed.
+* ``fingerprint()``: the cheapest reading that moves whenever ``new_since`` could find something
+  or ``snapshot`` would answer otherwise (a count, an identity, the set itself when that is
+  cheap). The guard compares a test's fingerprints after its teardown with those before its
+  set-up: all equal, no kind is asked anything more; and it starts the next test from the last
+  clean test's snapshots when the fingerprints have not moved in between. Inside one moment
+  (:mod:`pytest_shutdown.moments`) the kinds share their readings.
+* ``snapshot()``: what exists now; cheap, taken before a test whose fingerprints moved and around
+  every wider-scope fixture's set-up. Compare counts or identities first, list only when
+  something changed.
 * ``new_since(before, allow)``: what appeared since ``before`` (an *object kind*: threads, pids,
   descriptors) or what changed (a *state kind*: ``Change`` records), minus what ``allow``
   permits. Cheap first.
@@ -56,6 +63,8 @@ class ResourceKind(Protocol):
     #: True for a state kind (its items are :class:`Change` records, not objects that end).
     stateful: bool
 
+    def fingerprint(self) -> Any: ...
+
     def snapshot(self) -> Any: ...
 
     def new_since(self, before: Any, allow: Allowance = None) -> Sequence[Any]: ...
@@ -100,6 +109,12 @@ class ObjectKind:
 
     stateful = False
 
+    def fingerprint(self) -> Any:
+        return self.snapshot()
+
+    def snapshot(self) -> Any:
+        raise NotImplementedError
+
     def absorb(self, before: Any, start: Any, end: Any) -> Any:
         """Items a wider-scope fixture started between ``start`` and ``end`` are no test's."""
         new = set(self.new_since(start)) if start is not None else set()
@@ -126,6 +141,9 @@ class StateKind:
     """
 
     stateful = True
+
+    def fingerprint(self) -> Any:
+        return self.snapshot()  # state is compared as it is: by identity, then equality
 
     def snapshot(self) -> Any:
         raise NotImplementedError

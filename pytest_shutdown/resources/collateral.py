@@ -17,13 +17,12 @@ signal its owner sent during the test (``server.kill()``) is reported too (allow
 
 from __future__ import annotations
 
-import os
 import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown import origins
-from pytest_shutdown.checks.leaks import KILLED_ON_PURPOSE, descendant_pids
+from pytest_shutdown.checks.leaks import KILLED_ON_PURPOSE, child_state, descendant_pids
 from pytest_shutdown.containment import exit_signal, is_zombie
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.resources.base import Allowance, ObjectKind
@@ -33,11 +32,7 @@ __all__ = ["CollateralKind", "signal_name"]
 
 
 def _zombie_child_exists() -> bool:
-    try:
-        info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except (ChildProcessError, OSError, AttributeError):
-        return False
-    return info is not None and info.si_pid != 0
+    return bool(child_state())
 
 
 def _living_descendants() -> frozenset[int]:
@@ -74,6 +69,12 @@ class CollateralKind(ObjectKind):
     def __init__(self) -> None:
         self._reported: set[tuple[int, int]] = set()
         self._names: dict[int, str] = {}
+
+    def fingerprint(self) -> frozenset[int] | tuple[frozenset[int], bool]:
+        pids = descendant_pids()
+        if not pids:
+            return pids  # no child: none can have died
+        return (_living_descendants(), _zombie_child_exists())
 
     def snapshot(self) -> frozenset[int]:
         return _living_descendants()

@@ -118,6 +118,13 @@ def _listed(count: int | None) -> frozenset[int]:
     return fds
 
 
+def fd_fingerprint() -> int | frozenset[int]:
+    """The descriptor count (one ``fstat``), or where the kernel does not count them the
+    numbers themselves (what :func:`new_fds` compares)."""
+    count = _cheap.fd_count()
+    return count if count is not None else open_fds()
+
+
 def take_fd_snapshot() -> FdSnapshot:
     """The open descriptors now; one ``fstat`` when the count did not move."""
     count = _cheap.fd_count()
@@ -459,6 +466,9 @@ class FdKind:
         #: fd -> the types of the Python objects wrapping it (names only: holding the objects
         #: would keep a dropped socket from being collected and closed)
         self._types: dict[int, list[str]] = {}
+
+    def fingerprint(self) -> int | frozenset[int]:
+        return fd_fingerprint()
 
     def snapshot(self) -> FdSnapshot:
         return take_fd_snapshot()

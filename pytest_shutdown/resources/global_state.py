@@ -183,6 +183,8 @@ class GlobalStateKind(StateKind):
             "environ": self._environment(),
         }
 
+    fingerprint = snapshot  # compared as it is
+
     def diff(self, before: dict[str, Any], after: dict[str, Any]) -> Sequence[Change]:
         try:
             if before == after:  # one comparison in C (identity first): the common case

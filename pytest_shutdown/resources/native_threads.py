@@ -1,9 +1,9 @@
 """Threads ``threading`` does not list (``thread-leak``): ``_thread.start_new_thread`` and
 threads started in C, found in ``/proc/self/task`` (Linux).
 
-Cheap first: a snapshot reads the thread count (one ``stat`` of ``/proc/self/task``: its link
-count) and lists the task folder
-only when the count moved since the last listing. A new task that is neither a
+Cheap first: no task (thread or process) is created anywhere in this pid namespace without moving
+``ns_last_pid``, which the process kind reads anyway (one ``pread``): the task folder is listed
+only when it moved since the last listing. A new task that is neither a
 ``threading.Thread`` (by ``native_id``) nor allowed, and still there after the grace, is a
 ``thread-leak`` with its tid and kernel name (``/proc/self/task/TID/comm``); when Python threads
 unknown to ``threading`` exist, their stacks are added.
@@ -26,7 +26,9 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_shutdown.checks.leaks import last_pid
 from pytest_shutdown.findings import Finding
+from pytest_shutdown.forks import this_pid
 from pytest_shutdown.resources.base import Allowance, ObjectKind, after_grace
 
 __all__ = ["DEFAULT_ALLOWED", "NativeThreadKind"]
@@ -63,21 +65,12 @@ _OPENMP_LIBRARIES = ("libgomp", "libiomp", "libomp", "libmkl", "libtbb", "openbl
 _TASK = "/proc/self/task"
 
 
-def _read_thread_count() -> int | None:
-    """This process's thread count: ``/proc/self/task``'s link count is its entries + 2 (one
-    ``stat`` call, no file to open and read)."""
-    try:
-        return os.stat(_TASK).st_nlink - 2
-    except OSError:
-        return None
-
-
-def _comm(tid: int) -> str:
+def _comm(tid: int, missing: str | None = "?") -> str | None:
     try:
         with open(f"{_TASK}/{tid}/comm", "rb") as f:
             return f.read().decode(errors="replace").strip()
     except OSError:
-        return "?"
+        return missing
 
 
 def _openmp_loaded() -> bool:
@@ -99,9 +92,11 @@ class NativeThreadKind(ObjectKind):
         extra = tuple(getattr(settings, "native_threads_allow", ()) or ())
         self.allowed = DEFAULT_ALLOWED + extra
         self.enabled = sys.platform.startswith("linux") and os.path.isdir(_TASK)
-        self._listed_count: int | None = None
+        #: ns_last_pid at the last listing, and that listing (dead tids in it are harmless:
+        #: a tid is reused only after the kernel's pids wrapped around, which moves the marker)
+        self._listed_marker: bytes | None = None
         self._listed: frozenset[int] = frozenset()
-        self._pid = os.getpid()
+        self._pid = this_pid()
 
     def _tids(self) -> frozenset[int]:
         try:
@@ -109,30 +104,36 @@ class NativeThreadKind(ObjectKind):
         except OSError:
             return frozenset()
 
-    def snapshot(self) -> tuple[int, frozenset[int]] | None:
+    def fingerprint(self) -> bytes | frozenset[int] | None:
         if not self.enabled:
             return None
-        count = _read_thread_count()
-        if count != self._listed_count or os.getpid() != self._pid:
+        marker = last_pid()  # no task was created anywhere while it does not move
+        return marker if marker is not None else self._tids()
+
+    def snapshot(self) -> tuple[bytes | None, frozenset[int]] | None:
+        if not self.enabled:
+            return None
+        marker = last_pid()  # read before listing: a task created meanwhile moves it
+        if marker is None or marker != self._listed_marker or this_pid() != self._pid:
             self._listed = self._tids()
-            self._listed_count = count
-            self._pid = os.getpid()
-        return (count or 0, self._listed)
+            self._listed_marker = marker
+            self._pid = this_pid()
+        return (marker, self._listed)
 
     def absorb(self, before: Any, start: Any, end: Any) -> Any:
         if before is None:
             return before
         new = frozenset(self.new_since(start)) if start is not None else frozenset()
-        return (before[0] + len(new), before[1] | new) if new else before
+        return (before[0], before[1] | new) if new else before
 
     def new_since(self, before: Any, allow: Allowance = None) -> Sequence[int]:
         if before is None or allow is True:
             return ()
-        count = _read_thread_count()
-        if count is None or count <= before[0]:
-            return ()  # not one task more than before: the common case
+        marker = last_pid()
+        if marker is not None and marker == before[0]:
+            return ()  # no task created anywhere since: the common case, no listing
         now = self._tids()
-        self._listed, self._listed_count = now, count
+        self._listed, self._listed_marker, self._pid = now, marker, this_pid()
         fresh = now - before[1]
         if not fresh:
             return ()
@@ -147,7 +148,9 @@ class NativeThreadKind(ObjectKind):
         openmp: bool | None = None if "@openmp" in self.allowed else False  # looked up lazily
         found = []
         for tid in sorted(fresh):
-            name = _comm(tid)
+            name = _comm(tid, None)
+            if name is None:
+                continue  # ended since the listing (a joined thread's task lingers a moment)
             if any(fnmatch.fnmatchcase(name, p) for p in patterns):
                 continue
             if name == main_name and openmp is not False:

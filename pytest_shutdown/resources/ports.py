@@ -17,9 +17,16 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_shutdown.checks.leaks import descendant_pids, multiprocessing_helper_pids
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.resources import _cheap
-from pytest_shutdown.resources.fds import FdSnapshot, new_fds, take_fd_snapshot
+from pytest_shutdown.resources.fds import (
+    FdKind,
+    FdSnapshot,
+    fd_fingerprint,
+    new_fds,
+    take_fd_snapshot,
+)
 from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, socket_inode
 
 __all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of", "port_findings"]
@@ -99,19 +106,12 @@ def bound_sockets_of(pids: Iterable[int]) -> list[PortItem]:
 
 
 def take_port_snapshot() -> PortSnapshot:
-    from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
-
     return PortSnapshot(take_fd_snapshot(), descendant_pids())
 
 
 def new_ports(before: PortSnapshot) -> list[PortItem]:
     """Bound sockets opened since ``before`` in this process, and those of processes started
     since ``before``."""
-    from pytest_shutdown.checks.leaks import (  # noqa: PLC0415
-        descendant_pids,
-        multiprocessing_helper_pids,
-    )
-
     own = [item for item in new_fds(before.fds) if item.target.startswith("socket:[")]
     items: list[PortItem] = []
     if own:
@@ -183,6 +183,9 @@ class PortKind:
     allow_key = "ports"
     stateful = False
 
+    def fingerprint(self) -> tuple[int | frozenset[int], frozenset[int]]:
+        return (fd_fingerprint(), descendant_pids())
+
     def snapshot(self) -> PortSnapshot:
         return take_port_snapshot()
 
@@ -198,9 +201,6 @@ class PortKind:
         None) is no test's (its descendants are left out of the test's check)."""
         if start is None:
             return before
-        from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
-        from pytest_shutdown.resources.fds import FdKind  # noqa: PLC0415
-
         fds = FdKind().absorb(before.fds, start.fds, end.fds if end is not None else None)
         pids = end.pids if end is not None else descendant_pids()
         return PortSnapshot(fds, before.pids | (pids - start.pids))

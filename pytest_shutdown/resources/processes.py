@@ -36,6 +36,9 @@ class ProcessKind(ObjectKind):
     name = "processes"
     allow_key = "processes"
 
+    def fingerprint(self) -> frozenset[int]:
+        return descendant_pids()
+
     def snapshot(self) -> frozenset[int]:
         return descendant_pids()
 

@@ -320,6 +320,9 @@ class ShmKind:
     def __init__(self) -> None:
         self._holders: dict[str, list[int]] = {}
 
+    def fingerprint(self) -> tuple[int, int] | None:
+        return _cheap.shm_state()  # None: no /dev/shm here, nothing to find
+
     def snapshot(self) -> ShmSnapshot:
         return take_shm_snapshot()
 

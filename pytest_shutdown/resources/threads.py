@@ -60,6 +60,9 @@ class ThreadKind(ObjectKind):
     def __init__(self, tools: ThreadFilter | None = None) -> None:
         self.tools: ThreadFilter = tools or thread_filter([is_tool_thread])
 
+    def fingerprint(self) -> list[threading.Thread]:
+        return threading.enumerate()  # the same threads in the same order: nothing new
+
     def snapshot(self) -> frozenset[threading.Thread]:
         return frozenset(threading.enumerate())
 

@@ -27,9 +27,15 @@ import sys
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import field
 
-from pytest_shutdown.prctl import PR_SET_CHILD_SUBREAPER, prctl
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.prctl import (
+    PR_GET_CHILD_SUBREAPER,
+    PR_SET_CHILD_SUBREAPER,
+    prctl,
+    prctl_get_int,
+)
 
 __all__ = [
     "SESSION_MARKER_ENV",
@@ -42,27 +48,14 @@ __all__ = [
 #: The environment variable every program a guarded session executes inherits (its value: the
 #: session's token).
 SESSION_MARKER_ENV = "PYTEST_SHUTDOWN_SESSION"
-PR_GET_CHILD_SUBREAPER = 37
 
 
 def _subreaper_now() -> bool | None:
-    import ctypes  # noqa: PLC0415
-
-    from pytest_shutdown import prctl as prctl_module  # noqa: PLC0415
-
-    libc = prctl_module._LIBC
-    if libc is None:
-        return None
-    value = ctypes.c_int(0)
-    try:
-        if libc.prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(value), 0, 0, 0) != 0:
-            return None
-    except AttributeError:
-        return None
-    return bool(value.value)
+    value = prctl_get_int(PR_GET_CHILD_SUBREAPER)
+    return None if value is None else bool(value)
 
 
-@dataclass
+@lazy_dataclass
 class Containment:
     """The session's containment: subreaper flag and environment marker, put back on release."""
 

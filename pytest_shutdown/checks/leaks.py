@@ -32,7 +32,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown import origins
@@ -40,6 +40,7 @@ from pytest_shutdown.checks.hidden import contextmanager  # no contextlib frame 
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.forks import this_pid
 from pytest_shutdown.held_open import read_held
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,7 +85,7 @@ _COLLECT_AFTER_S = 0.05
 _PROCESS_STATES_ENDED = frozenset({"zombie", "dead"})
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class LeakSnapshot:
     """What existed when the snapshot was taken.
 
@@ -99,7 +100,7 @@ class LeakSnapshot:
     taken_at: float = field(default_factory=time.monotonic, compare=False)
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class Started:
     """Threads and processes started after a snapshot that are still running."""
 

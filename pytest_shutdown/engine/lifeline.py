@@ -15,7 +15,6 @@ Two mechanisms, because neither is enough alone:
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
@@ -45,7 +44,7 @@ def set_process_name(name: str) -> bool:
     Tools outside Python (and the tree-death helper's level patterns) tell the levels of an
     engine apart by it: ``EngineCore_DP0``, ``Worker_TP1``. Linux only; False elsewhere.
     """
-    return prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]))
+    return prctl(PR_SET_NAME, name.encode()[:15])
 
 
 def process_is_alive(proc: psutil.Process) -> bool:

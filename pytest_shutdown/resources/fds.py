@@ -26,10 +26,10 @@ import socket
 import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown.findings import Finding
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, socket_inode
@@ -61,7 +61,7 @@ PROCESS_LIFETIME_TARGETS: tuple[str, ...] = (
 _listing: tuple[int | None, frozenset[int]] | None = None
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class FdSnapshot:
     """Open descriptors when the snapshot was taken: their count, and their numbers."""
 
@@ -69,7 +69,7 @@ class FdSnapshot:
     fds: frozenset[int]
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class FdItem:
     """One descriptor opened after a snapshot: its number, link target and identity."""
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown.checks.leaks import descendant_pids, multiprocessing_helper_pids
 from pytest_shutdown.findings import Finding
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources.fds import (
     FdKind,
@@ -32,13 +32,13 @@ from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, soc
 __all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of", "port_findings"]
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class PortSnapshot:
     fds: FdSnapshot
     pids: frozenset[int]
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class PortItem:
     """A bound socket: who holds it (pid, and fd in the pytest process) and what it is."""
 

@@ -20,10 +20,10 @@ import gc
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown.findings import Finding
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.resources import _cheap
 
 __all__ = [
@@ -47,13 +47,13 @@ _CREATOR = re.compile(r"^psd_(\d+)_")
 _listing: tuple[tuple[int, int] | None, Mapping[str, int]] | None = None
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class ShmSnapshot:
     state: tuple[int, int] | None
     entries: Mapping[str, int]  # name -> inode
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class ShmItem:
     name: str
     inode: int

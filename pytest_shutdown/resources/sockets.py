@@ -11,7 +11,8 @@ import ipaddress
 import os
 import socket
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 __all__ = ["SocketInfo", "read_socket_table", "socket_inode"]
 
@@ -23,7 +24,7 @@ _UNIX_ACCEPTCON = 0x10000
 _UNIX_TYPES = {1: "stream", 2: "dgram", 5: "seqpacket"}
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class SocketInfo:
     """One socket as the kernel's tables show it."""
 

@@ -186,6 +186,9 @@ class ShutdownGuard:
         origins.install()
         #: Subreaper + environment marker: nothing a test starts hides by being re-parented.
         self.containment = Containment().engage()
+        with one_moment():  # opens the readings' handles now, not inside the first test
+            for kind in self.kinds:
+                kind.fingerprint()
         #: What was running before any test: never swept at session end.
         self._session_start_pids = descendant_pids()
         self._session_start_threads = set(threading.enumerate())

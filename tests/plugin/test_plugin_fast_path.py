@@ -1,0 +1,85 @@
+"""The guard's fast path on real runs: a clean test costs one fingerprint pass before and one
+after, and the next test starts from the last clean baseline only when nothing moved in between.
+Both sides: what happens between two tests is neither test's, and a leak right after a row of
+clean tests (each starting from the reused baseline) is still found, on the right test."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+GRACE = "--shutdown-grace=0.3"
+
+BETWEEN_TESTS = textwrap.dedent(
+    """
+    import os, threading
+
+    import pytest
+
+    _stop = threading.Event()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logfinish(nodeid):
+        # Between two tests (after the guard's check of one, before the next one's set-up):
+        # a thread and a descriptor nobody holds, neither test's doing.
+        if nodeid.endswith("test_clean_first"):
+            threading.Thread(target=_stop.wait, args=(30,), name="between", daemon=True).start()
+            os.open(__file__, os.O_RDONLY)
+
+    def pytest_unconfigure(config):
+        _stop.set()
+    """
+)
+
+SUITE = textwrap.dedent(
+    """
+    import os, threading
+
+    _stop = threading.Event()
+
+    def test_clean_first():
+        pass
+
+    def test_clean_after_the_gap():
+        # moves the fingerprints (a pid allocated), so every kind is asked against the baseline
+        t = threading.Thread(target=len, args=((),))
+        t.start()
+        t.join()
+
+    def test_clean_again():
+        pass
+
+    def test_leaks_a_thread_and_a_descriptor():
+        threading.Thread(target=_stop.wait, args=(30,), name="mine", daemon=True).start()
+        os.open(__file__, os.O_RDONLY)
+
+    def test_clean_last():
+        _stop.set()
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["fail", "warn"])
+def test_what_starts_between_tests_is_no_tests_and_a_later_leak_is_found(
+    pytester: pytest.Pytester, mode: str
+) -> None:
+    pytester.makeconftest(BETWEEN_TESTS)
+    pytester.makepyfile(test_gap=SUITE)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", f"--shutdown-guard={mode}", GRACE, "-p", "no:randomly", "-v"
+    )
+    out = result.stdout.str()
+    if mode == "fail":
+        result.assert_outcomes(passed=5, errors=1)
+        result.stdout.fnmatch_lines(
+            ["ERROR test_gap.py::test_leaks_a_thread_and_a_descriptor - shutdown guard: *"]
+        )
+    else:
+        result.assert_outcomes(passed=5, warnings=1)
+    assert "thread-leak" in out and "fd-leak" in out
+    assert "'mine'" in out
+    for clean in ("test_clean_first", "test_clean_after_the_gap", "test_clean_again"):
+        assert f"ERROR at teardown of {clean}" not in out
+        assert f"{clean} - shutdown guard" not in out
+    assert "findings in 1 of 5 tests" in out or "1 of 5 tests" in out

@@ -1,0 +1,205 @@
+"""Fingerprints: the guard asks a kind nothing more when its fingerprint did not move, so every
+change a kind's ``new_since`` would report must move it (the bug side), and nothing must move it
+when nothing changed (the cost side: a clean test stays on the fast path)."""
+
+from __future__ import annotations
+
+import _thread
+import atexit
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pytest_shutdown.moments import one_moment
+from pytest_shutdown.prctl import PR_SET_NAME, prctl
+from pytest_shutdown.resources import default_kinds
+from pytest_shutdown.resources.base import ResourceKind
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+
+
+def _kind(name: str) -> ResourceKind:
+    (kind,) = default_kinds([name])
+    return kind
+
+
+def _fingerprint(kind: ResourceKind) -> object:
+    with one_moment():  # as the guard reads them
+        return kind.fingerprint()
+
+
+def _moves_and_is_found(name: str, change: Callable[[], object]) -> None:
+    """``change`` makes something ``name``'s new_since reports: the fingerprint moved."""
+    kind = _kind(name)
+    with one_moment():
+        marks, before = kind.fingerprint(), kind.snapshot()
+    change()
+    with one_moment():
+        assert kind.fingerprint() != marks
+        assert kind.new_since(before), f"{name}: the change was not one new_since reports"
+
+
+@pytest.fixture
+def undo() -> Iterator[list[Callable[[], object]]]:
+    undos: list[Callable[[], object]] = []
+    yield undos
+    for step in reversed(undos):
+        step()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["threads", "native-threads", "processes", "collateral", "gc-freeze", "fds", "ports", "shm",
+     "global-state", "atexit"],
+)
+def test_nothing_changed_nothing_moves(name: str) -> None:
+    kind = _kind(name)
+    first = _fingerprint(kind)
+    for _ in range(3):
+        assert _fingerprint(kind) == first
+
+
+def test_a_thread_started_moves_the_threads_fingerprint(undo: list[Callable[[], object]]) -> None:
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, args=(10,))
+    undo.append(lambda: (stop.set(), thread.join(5)))
+    _moves_and_is_found("threads", thread.start)
+
+
+@linux_only
+def test_a_native_thread_moves_the_native_fingerprint(undo: list[Callable[[], object]]) -> None:
+    lock = _thread.allocate_lock()
+    lock.acquire()
+    undo.append(lock.release)
+    named = threading.Event()
+
+    def run() -> None:  # named, so that no rule for unnamed pool workers (OpenMP) applies
+        prctl(PR_SET_NAME, b"fingerprinted")
+        named.set()
+        lock.acquire()
+
+    def start() -> None:
+        _thread.start_new_thread(run, ())
+        assert named.wait(10)
+
+    _moves_and_is_found("native-threads", start)
+
+
+def test_a_child_process_moves_the_processes_fingerprint(
+    undo: list[Callable[[], object]],
+) -> None:
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start() -> None:
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+
+    undo.append(lambda: [(p.kill(), p.wait(10)) for p in procs])
+    _moves_and_is_found("processes", start)
+
+
+def test_a_killed_bystander_moves_the_collateral_fingerprint(
+    undo: list[Callable[[], object]],
+) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    undo.append(lambda: (proc.kill(), proc.wait(10)))
+    deadline = time.monotonic() + 10
+    while _kind("collateral").snapshot() == frozenset() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    def kill() -> None:
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"/proc/{proc.pid}") or _state(proc.pid) != "Z":
+            if time.monotonic() > deadline:
+                raise AssertionError("the bystander did not become a zombie")
+            time.sleep(0.01)
+
+    _moves_and_is_found("collateral", kill)
+
+
+def _state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def test_a_freeze_moves_the_freeze_fingerprint(undo: list[Callable[[], object]]) -> None:
+    undo.append(gc.unfreeze)
+    _moves_and_is_found("gc-freeze", gc.freeze)
+
+
+@linux_only
+def test_an_open_file_moves_the_fd_fingerprint(
+    tmp_path: Path, undo: list[Callable[[], object]]
+) -> None:
+    fds: list[int] = []
+    undo.append(lambda: [os.close(fd) for fd in fds])
+    _moves_and_is_found("fds", lambda: fds.append(os.open(tmp_path / "f", os.O_CREAT | os.O_RDWR)))
+
+
+@linux_only
+def test_a_listening_socket_moves_the_ports_fingerprint(
+    undo: list[Callable[[], object]],
+) -> None:
+    sockets: list[socket.socket] = []
+
+    def listen() -> None:
+        server = socket.socket()
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        sockets.append(server)
+
+    undo.append(lambda: [s.close() for s in sockets])
+    _moves_and_is_found("ports", listen)
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm here")
+def test_a_segment_moves_the_shm_fingerprint(undo: list[Callable[[], object]]) -> None:
+    path = Path("/dev/shm") / f"psd_fingerprint_{uuid.uuid4().hex[:8]}"
+    undo.append(lambda: path.unlink(missing_ok=True))
+    handle: list[int] = []
+    undo.append(lambda: [os.close(fd) for fd in handle])
+    _moves_and_is_found("shm", lambda: handle.append(os.open(path, os.O_CREAT | os.O_RDWR)))
+
+
+@pytest.mark.parametrize("what", ["signal", "environ", "excepthook"])
+def test_process_wide_state_moves_the_global_state_fingerprint(
+    what: str, undo: list[Callable[[], object]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if what == "signal":
+        previous = signal.getsignal(signal.SIGUSR1)
+        undo.append(lambda: signal.signal(signal.SIGUSR1, previous))
+        change: Callable[[], object] = lambda: signal.signal(signal.SIGUSR1, lambda *a: None)  # noqa: E731
+    elif what == "environ":
+        change = lambda: monkeypatch.setenv("FINGERPRINT_CHECK_X", "1")  # noqa: E731
+    else:
+        change = lambda: monkeypatch.setattr(sys, "excepthook", lambda *a: None)  # noqa: E731
+    _moves_and_is_found("global-state", change)
+
+
+def test_an_atexit_registration_moves_the_atexit_fingerprint(
+    undo: list[Callable[[], object]],
+) -> None:
+    class Held:
+        def close(self) -> None:
+            pass
+
+    held = Held()
+    undo.append(lambda: atexit.unregister(held.close))
+    kind = _kind("atexit")  # installs the recorder, as the guard does
+    undo.append(kind.close)
+    with one_moment():
+        marks, before = kind.fingerprint(), kind.snapshot()
+    atexit.register(held.close)
+    with one_moment():
+        assert kind.fingerprint() != marks
+        assert kind.new_since(before)

@@ -36,6 +36,7 @@ __all__ = [
     "origin_of_process",
     "origin_of_thread",
     "process_object",
+    "python_thread_tid",
     "recorded_processes",
     "set_current_test",
     "starter_of",
@@ -84,6 +85,11 @@ _starters: weakref.WeakKeyDictionary[threading.Thread, weakref.ref[threading.Thr
     weakref.WeakKeyDictionary()
 )
 _processes: OrderedDict[int, tuple[Callable[[], Any], Origin]] = OrderedDict()
+#: Kernel thread ids (``native_id``) of the ``threading.Thread`` objects started while recording
+#: (newest last, bounded): a joined thread's task can still be listed a moment after ``join()``
+#: returned, when ``threading`` no longer knows it; it is no native thread of anyone's.
+_python_tids: dict[int, None] = {}
+PYTHON_TID_LIMIT = 4096
 _originals: dict[str, Any] = {}
 _installs = 0
 _is_library_cache: dict[str, bool] = {}
@@ -256,7 +262,13 @@ def install() -> None:
                 _starters[self] = weakref.ref(current)
         except Exception:  # pragma: no cover - recording must never break a start
             pass
-        return thread_start(self, *args, **kwargs)
+        result = thread_start(self, *args, **kwargs)
+        tid = getattr(self, "native_id", None)  # set by the thread before start() returns
+        if tid is not None:
+            _python_tids[tid] = None
+            if len(_python_tids) > PYTHON_TID_LIMIT:
+                del _python_tids[next(iter(_python_tids))]
+        return result
 
     def popen(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
         origin = None
@@ -381,6 +393,12 @@ def uninstall() -> None:
 
 def origin_of_thread(thread: threading.Thread) -> Origin | None:
     return _threads.get(thread)
+
+
+def python_thread_tid(tid: int) -> bool:
+    """Whether ``tid`` was the kernel thread id of a ``threading.Thread`` started while
+    recording (a task that ``threading`` no longer lists, e.g. one just joined)."""
+    return tid in _python_tids
 
 
 def starter_of(thread: threading.Thread) -> threading.Thread | None:

@@ -29,6 +29,7 @@ from typing import Any
 from pytest_shutdown.checks.leaks import last_pid
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.forks import this_pid
+from pytest_shutdown.origins import python_thread_tid
 from pytest_shutdown.resources.base import Allowance, ObjectKind, after_grace
 
 __all__ = ["DEFAULT_ALLOWED", "NativeThreadKind"]
@@ -73,13 +74,27 @@ def _comm(tid: int, missing: str | None = "?") -> str | None:
         return missing
 
 
+#: (len(sys.modules) when /proc/self/maps was read, whether a runtime was loaded then)
+_openmp_seen: tuple[int, bool] | None = None
+
+
 def _openmp_loaded() -> bool:
+    """Whether an OpenMP-style runtime is loaded. Once loaded, one stays (it is never
+    unloaded); while none is, the maps (large with torch loaded) are read again only after
+    another module was imported, which is how such a runtime comes in."""
+    global _openmp_seen
+    modules = len(sys.modules)
+    seen = _openmp_seen
+    if seen is not None and (seen[1] or seen[0] == modules):
+        return seen[1]
     try:
         with open("/proc/self/maps", "rb") as f:
             maps = f.read()
     except OSError:
         return False
-    return any(lib.encode() in maps for lib in _OPENMP_LIBRARIES)
+    loaded = any(lib.encode() in maps for lib in _OPENMP_LIBRARIES)
+    _openmp_seen = (modules, loaded)
+    return loaded
 
 
 class NativeThreadKind(ObjectKind):
@@ -138,7 +153,8 @@ class NativeThreadKind(ObjectKind):
         if not fresh:
             return ()
         known = {t.native_id for t in threading.enumerate()}
-        fresh = frozenset(t for t in fresh if t not in known and t != threading.get_native_id())
+        known.add(threading.get_native_id())
+        fresh = frozenset(t for t in fresh if t not in known and not python_thread_tid(t))
         if not fresh:
             return ()
         patterns = [p for p in self.allowed if not p.startswith("@")]
@@ -163,11 +179,13 @@ class NativeThreadKind(ObjectKind):
 
     def settle(self, items: Sequence[int], deadline: float) -> Sequence[int]:
         left = tuple(items)
+        delay = 0.001  # a joined thread's task ends a moment after join() returned
         while left:
             left = tuple(t for t in left if os.path.exists(f"{_TASK}/{t}"))
             if not left or time.monotonic() >= deadline:
                 break
-            time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            delay = min(delay * 2, 0.02)
         if left:
             # A Python thread caught before its bootstrap set its native id is threading's now:
             # the threads kind answers for it.

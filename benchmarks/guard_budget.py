@@ -5,7 +5,10 @@
 2. the ratio guarded/plain per real suite, in warn and in fail mode, and whether any test's
    outcome differs between the modes (:mod:`third_party`; the side folder is built on first use,
    which needs PyPI);
-3. the ratio under host pid churn (:mod:`churn`).
+3. the ratio under host pid churn (:mod:`churn`);
+4. the same per-test slope and fixed cost counted, not timed: instructions (callgrind) and
+   system calls (strace), turned into time with this machine's rates (:mod:`counted`; skipped
+   where valgrind or strace is missing), which the load of a shared machine does not move.
 
 Each figure is printed with its target (``NOT MET`` when missed) and the load average at the
 time; wall-time figures come with CPU-time twins, which the load of a shared machine moves less.
@@ -19,12 +22,13 @@ import argparse
 from collections.abc import Sequence
 
 import churn
+import counted
 import guard_overhead
 import third_party
 from figures import Figure, write_json
 from runs import load_average
 
-PARTS = ("trivial", "third_party", "churn")
+PARTS = ("trivial", "third_party", "churn", "counted")
 
 
 def main(argv: Sequence[str] | None = None) -> list[Figure]:
@@ -50,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     if "churn" not in skip:
         print(f"== host pid churn (load {load_average()})", flush=True)
         figures += churn.measure(2000, 300, args.rounds)
+    if "counted" not in skip:
+        print(f"== counted: instructions and system calls (load {load_average()})", flush=True)
+        figures += counted.measure()
     if args.json:
         write_json(args.json, figures)
     return figures

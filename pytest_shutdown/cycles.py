@@ -63,6 +63,14 @@ def cycles_of(item: pytest.Item) -> tuple[int, int] | None:
     return int(args[0]), int(warmup)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """No collected test has the marker: this module's per-test hook goes (one hook call fewer
+    for every test of the session; the marker is read from collection time anyway)."""
+    if not any(MARKER in marker_names(item) for item in items):
+        config.pluginmanager.unregister(sys.modules[__name__])
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     """Under ``shutdown_cycles``: call the test function through the other implementations of

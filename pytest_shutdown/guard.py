@@ -160,6 +160,23 @@ class _Watch:
         self.groups_before = groups_before
 
 
+class _ReportsFromWorkers:
+    """The xdist controller's per-report hook: accept the records a worker's teardown report
+    carries, attach the guard's section of a teardown to the setup error it follows."""
+
+    def __init__(self, guard: ShutdownGuard) -> None:
+        self.guard = guard
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        guard = self.guard
+        guard.report.accept_reported(report)
+        if report.when == "teardown":
+            guard._attach_to_failed_setup(report)
+        elif report.failed and report.when == "setup":
+            guard._failed_reports[report.nodeid] = report
+
+
 class ShutdownGuard:
     """The pytest plugin object registered when the guard is on (by the plugin module)."""
 
@@ -175,6 +192,8 @@ class ShutdownGuard:
         self._states = [k for k in self.kinds if k.stateful]
         self._by_name = {k.name: k for k in self.kinds}
         self._watch: _Watch | None = None
+        #: The xdist worker's id, None in the session's own process (or on the controller).
+        self._worker = self.report.worker
         #: The last clean test's fingerprints (after its teardown) and baseline: the next test
         #: starts from that baseline when its fingerprints have not moved since.
         self._clean: tuple[list[Any], Snapshot] | None = None
@@ -270,6 +289,11 @@ class ShutdownGuard:
             self._note_failure(item, call.when, call.excinfo.value, report)
         if call.when == "teardown":
             self.report.attach_pending(report)
+            if self._worker is None:  # the records are this process's own to accept now
+                self.report.accept_reported(report)
+                self._attach_to_failed_setup(report)
+        elif report.failed and call.when == "setup" and self._worker is None:
+            self._failed_reports[report.nodeid] = report
         return report
 
     def _note_failure(
@@ -375,21 +399,24 @@ class ShutdownGuard:
             self._complain(item, findings, plain)
         return result
 
-    @pytest.hookimpl
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        """Attach the guard's section of a test's teardown to its setup error report (also on
-        the xdist controller, where the reports arrive one by one). A failed call needs none:
-        pytest prints the teardown sections after each failure itself, and the section would
-        then be printed twice."""
-        self.report.accept_reported(report)
-        if report.when != "teardown":
-            if report.failed and report.when == "setup":
-                self._failed_reports[report.nodeid] = report
-            return
+    def _attach_to_failed_setup(self, report: pytest.TestReport) -> None:
+        """Attach the guard's section of a test's teardown to its setup error report. A failed
+        call needs none: pytest prints the teardown sections after each failure itself, and
+        the section would then be printed twice."""
         failed = self._failed_reports.pop(report.nodeid, None)
         if failed is not None:
             failed.sections.extend(
                 (name, text) for name, text in report.sections if name == GUARD_SECTION
+            )
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """On the xdist controller the reports arrive one by one, with the workers' records:
+        a per-report hook there only (elsewhere the teardown report wrapper does its work,
+        one hook call per phase fewer)."""
+        if self._worker is None and self.config.pluginmanager.hasplugin("dsession"):
+            self.config.pluginmanager.register(
+                _ReportsFromWorkers(self), "pytest-shutdown-reports-from-workers"
             )
 
     def _render(self, plain: list[Any]) -> str:

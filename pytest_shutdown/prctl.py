@@ -46,10 +46,10 @@ def _load_prctl() -> tuple[Any, Any] | None:
         _restype_ = CInt
 
     class Libc:  # what CFuncPtr((name, library)) reads: the library's handle
-        _handle = _ctypes.dlopen(None, os.RTLD_LOCAL)  # type: ignore[attr-defined]
+        _handle = _ctypes.dlopen(None, os.RTLD_LOCAL)  # type: ignore[arg-type]
 
     try:
-        return CFunction(("prctl", Libc())), CInt
+        return CFunction(("prctl", Libc())), CInt  # type: ignore[arg-type]
     except (AttributeError, OSError):
         return None
 

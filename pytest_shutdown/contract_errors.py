@@ -30,6 +30,8 @@ from pytest_shutdown.settings import shows_details
 DETAILS_SECTION = "shutdown finding details"
 #: The attribute of a ``TestReport`` that holds the codes of its ShutdownContractError.
 CODES_ATTR = "shutdown_codes"
+#: The name this module's plugin object is registered under.
+PLUGIN_NAME = "pytest-shutdown-contract-errors"
 
 
 def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: Any) -> None:
@@ -39,6 +41,7 @@ def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: 
     if not isinstance(error, ShutdownContractError):
         return
     setattr(report, CODES_ATTR, ", ".join(dict.fromkeys(error.codes)))
+    show_codes_on_status_line(item.config)
     if shows_details(item.config):
         # -vv / --shutdown-details: every fact of every finding, as the JSON report has it
         text = "\n".join(
@@ -87,3 +90,11 @@ class ContractErrorsReported(ContractErrorsOnStatusLine):
         report = yield
         note_contract_error(item, call, report)
         return report
+
+
+def show_codes_on_status_line(config: pytest.Config) -> None:
+    """Register the status-line hook (with the guard on, it is registered at start-up only on
+    an xdist controller, where the workers' reports arrive; elsewhere with the first code, so
+    that a session without contract errors pays no hook call per report for it)."""
+    if not config.pluginmanager.has_plugin(PLUGIN_NAME):
+        config.pluginmanager.register(ContractErrorsOnStatusLine(), PLUGIN_NAME)

@@ -231,11 +231,16 @@ def pytest_configure(config: pytest.Config) -> None:
     if not config.pluginmanager.is_registered(cycles):
         config.pluginmanager.register(cycles, "pytest-shutdown-cycles")
     # Every ShutdownContractError of a test: codes on the status line, findings in the reports
-    # (with the guard on, its report wrapper notes them: one wrapper per phase, not three).
-    from pytest_shutdown.contract_errors import ContractErrorsOnStatusLine, ContractErrorsReported
+    # (with the guard on, its report wrapper notes them: one wrapper per phase, not three; the
+    # status-line hook comes with the first code, or now on an xdist controller).
+    from pytest_shutdown import contract_errors
 
-    contract_errors = ContractErrorsOnStatusLine() if settings.enabled else ContractErrorsReported()
-    config.pluginmanager.register(contract_errors, "pytest-shutdown-contract-errors")
+    if not settings.enabled:
+        config.pluginmanager.register(
+            contract_errors.ContractErrorsReported(), contract_errors.PLUGIN_NAME
+        )
+    elif not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no":
+        contract_errors.show_codes_on_status_line(config)
 
     if settings.graphs_dir is not None:
         from pytest_shutdown.report import GraphsRecorder

@@ -169,12 +169,7 @@ class _ReportsFromWorkers:
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        guard = self.guard
-        guard.report.accept_reported(report)
-        if report.when == "teardown":
-            guard._attach_to_failed_setup(report)
-        elif report.failed and report.when == "setup":
-            guard._failed_reports[report.nodeid] = report
+        self.guard._take_report(report)
 
 
 class ShutdownGuard:
@@ -289,11 +284,8 @@ class ShutdownGuard:
             self._note_failure(item, call.when, call.excinfo.value, report)
         if call.when == "teardown":
             self.report.attach_pending(report)
-            if self._worker is None:  # the records are this process's own to accept now
-                self.report.accept_reported(report)
-                self._attach_to_failed_setup(report)
-        elif report.failed and call.when == "setup" and self._worker is None:
-            self._failed_reports[report.nodeid] = report
+        if self._worker is None:  # the records are this process's own to accept now
+            self._take_report(report)
         return report
 
     def _note_failure(
@@ -399,10 +391,19 @@ class ShutdownGuard:
             self._complain(item, findings, plain)
         return result
 
-    def _attach_to_failed_setup(self, report: pytest.TestReport) -> None:
-        """Attach the guard's section of a test's teardown to its setup error report. A failed
-        call needs none: pytest prints the teardown sections after each failure itself, and
-        the section would then be printed twice."""
+    def _take_report(self, report: pytest.TestReport) -> None:
+        """A finished phase's report (this process's own, or a worker's on the controller):
+        accept the records its teardown report carries, and attach the guard's section of a
+        teardown to the setup error it follows. A failed call needs none: pytest prints the
+        teardown sections after each failure itself, and the section would then be printed
+        twice."""
+        self.report.accept_reported(report)
+        if report.when == "setup":
+            if report.failed:
+                self._failed_reports[report.nodeid] = report
+            return
+        if report.when != "teardown":
+            return
         failed = self._failed_reports.pop(report.nodeid, None)
         if failed is not None:
             failed.sections.extend(

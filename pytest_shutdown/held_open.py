@@ -1,8 +1,8 @@
 """Files of ``/proc`` (and ``/dev/shm``) held open, so that a reading is one system call.
 
 The guard reads a few counters before and after every test: this process's open descriptors
-(``fstat`` of ``/proc/self/fd``), its threads (``fstat`` of ``/proc/self/task``: its link count),
-``/dev/shm``'s state, the last pid the kernel allocated (``pread`` of ``ns_last_pid``). Opening
+(``fstat`` of ``/proc/self/fd``), ``/dev/shm``'s state (its ``fstat``), the last pid the kernel
+allocated (``pread`` of ``ns_last_pid``). Opening
 and closing each file per reading would cost three system calls instead of one. The handles are
 close-on-exec, left out of the fd kind's findings (:func:`held_open_fds`), and a forked child
 closes its copies at once: they name the parent's ``/proc/self``, and a fork inherits nothing

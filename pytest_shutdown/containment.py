@@ -25,11 +25,8 @@ import os
 import signal
 import sys
 import time
-import uuid
 from collections.abc import Iterable
-from dataclasses import field
 
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.prctl import (
     PR_GET_CHILD_SUBREAPER,
     PR_SET_CHILD_SUBREAPER,
@@ -55,15 +52,23 @@ def _subreaper_now() -> bool | None:
     return None if value is None else bool(value)
 
 
-@lazy_dataclass
 class Containment:
-    """The session's containment: subreaper flag and environment marker, put back on release."""
+    """The session's containment: subreaper flag and environment marker, put back on release.
 
-    token: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
-    subreaper: bool = False
-    _was_subreaper: bool | None = None
-    _old_marker: str | None = None
-    _pid: int = field(default_factory=os.getpid)
+    (A plain class: made once per session, where a dataclass's generated methods would be
+    compiled for it.)"""
+
+    __slots__ = ("token", "subreaper", "_was_subreaper", "_old_marker", "_pid")
+
+    def __init__(self, token: str | None = None) -> None:
+        self.token = token if token is not None else os.urandom(8).hex()
+        self.subreaper = False
+        self._was_subreaper: bool | None = None
+        self._old_marker: str | None = None
+        self._pid = os.getpid()
+
+    def __repr__(self) -> str:
+        return f"Containment(token={self.token!r}, subreaper={self.subreaper!r})"
 
     def engage(self) -> Containment:
         """Become a child subreaper (Linux) and mark the environment; idempotent."""

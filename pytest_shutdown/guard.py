@@ -29,7 +29,7 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Generator
+from collections.abc import Generator, Mapping
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
@@ -98,6 +98,13 @@ def _same(marks: list[Any], others: list[Any]) -> bool:
         return bool(marks == others)
     except Exception:  # noqa: BLE001 - a hostile __eq__ in process-wide state
         return False
+
+
+def _fingerprinted_by_others(kind: ResourceKind, on: Mapping[str, ResourceKind]) -> bool:
+    """Whether the kinds ``kind`` names in ``fingerprinted_by`` are all on (their fingerprints
+    then move whenever its own would)."""
+    others = getattr(kind, "fingerprinted_by", ())
+    return bool(others) and all(name in on for name in others)
 
 
 def _is_pytest_timeout(exc: BaseException | None) -> bool:
@@ -186,6 +193,11 @@ class ShutdownGuard:
         self._objects = [k for k in self.kinds if not k.stateful]
         self._states = [k for k in self.kinds if k.stateful]
         self._by_name = {k.name: k for k in self.kinds}
+        #: The kinds whose fingerprints the fast path compares: not one whose fingerprint is
+        #: made of readings other kinds on this run compare already.
+        self._fingerprinted = [
+            k for k in self.kinds if not _fingerprinted_by_others(k, self._by_name)
+        ]
         self._watch: _Watch | None = None
         #: The xdist worker's id, None in the session's own process (or on the controller).
         self._worker = self.report.worker
@@ -250,7 +262,7 @@ class ShutdownGuard:
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, object, object]:
         allow, budget, marker_error = item.stash.get(_MARKS_KEY, _NO_MARKS)
         with one_moment():  # the kinds share their readings (descendants, fd count ...)
-            marks = [kind.fingerprint() for kind in self.kinds]
+            marks = [kind.fingerprint() for kind in self._fingerprinted]
             clean = self._clean
             if clean is not None and _same(clean[0], marks):
                 before = dict(clean[1])  # nothing moved since the last clean test ended
@@ -282,6 +294,8 @@ class ShutdownGuard:
         if call.excinfo is not None:
             note_contract_error(item, call, report)
             self._note_failure(item, call.when, call.excinfo.value, report)
+        elif call.when != "teardown":
+            return report  # a passed set-up or call: no records, nothing to attach
         if call.when == "teardown":
             self.report.attach_pending(report)
         if self._worker is None:  # the records are this process's own to accept now
@@ -573,7 +587,7 @@ class ShutdownGuard:
         self._clean = None
         with one_moment():
             if watch.marks is not None:
-                marks = [kind.fingerprint() for kind in self.kinds]
+                marks = [kind.fingerprint() for kind in self._fingerprinted]
                 if _same(marks, watch.marks):  # the common case: not one reading moved
                     self._clean = (marks, before)
                     return []

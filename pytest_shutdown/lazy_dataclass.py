@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-__all__ = ["lazy_dataclass"]
+__all__ = ["FrozenRecord", "lazy_dataclass"]
 
 _T = TypeVar("_T", bound=type)
 _lock = threading.RLock()
@@ -95,9 +95,51 @@ def complete(cls: type) -> type:
         options = cls.__dict__.get(_PENDING)
         if options is None:
             return cls
+        delattr(cls, _PENDING)  # dataclass() asks inspect.signature(cls): done, for it
+        # The methods before the lock-free __new__: another thread's first instance that meets
+        # that __new__ must find the generated __init__ already in place.
+        dataclasses.dataclass(cls, **options)
         # Not ``del``: a class whose __new__ was ever assigned keeps CPython's slot for it, and
         # would then reach object.__new__ with the constructor's arguments (a TypeError).
         cls.__new__ = staticmethod(_new)  # type: ignore[assignment]
-        delattr(cls, _PENDING)
-        dataclasses.dataclass(cls, **options)
     return cls
+
+
+class FrozenRecord:
+    """An immutable record whose fields are its ``__slots__``, for the few records every guarded
+    session makes (the first snapshots): equality, hashing and ``repr`` read the slots, so
+    nothing is compiled when the class is made or first used (a frozen dataclass's six
+    generated methods are). A subclass names its fields in ``__slots__`` and passes their
+    values, in that order, to ``FrozenRecord.__init__`` from a typed ``__init__`` of its own."""
+
+    __slots__: tuple[str, ...] = ()
+
+    def __init__(self, *values: Any) -> None:
+        if len(values) != len(self.__slots__):
+            raise TypeError(f"{type(self).__name__} takes {len(self.__slots__)} values")
+        for name, value in zip(self.__slots__, values, strict=True):
+            object.__setattr__(self, name, value)
+
+    def _values(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:  # copy and pickle through __init__
+        return (type(self), self._values())
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pytest_shutdown.cycles import cycles_of
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.node_markers import marker_names
 from pytest_shutdown.records import record_log_path, refusal_of_target
 from pytest_shutdown.resources import allow_keys, kind_names
@@ -45,22 +45,42 @@ MAX_SECONDS = 86400.0
 ALLOW_LEAKS_KINDS: tuple[str, ...] = allow_keys()
 
 
-@lazy_dataclass(frozen=True)
-class GuardSettings:
+class GuardSettings(FrozenRecord):
     """The validated settings of one run. ``budget_s == 0`` means no teardown budget."""
 
+    __slots__ = (
+        "mode", "grace_s", "budget_s", "report_path", "platform", "graphs_dir", "long_lived",
+        "resources", "native_threads_allow",
+    )
     mode: str
     grace_s: float
     budget_s: float
     report_path: Path | None
     platform: str
-    graphs_dir: Path | None = None
-    long_lived: str = "list"
+    graphs_dir: Path | None
+    long_lived: str
     #: The resource kinds the guard checks (``--shutdown-resources``); None: all of them.
-    resources: tuple[str, ...] | None = None
+    resources: tuple[str, ...] | None
     #: Kernel-name globs of native threads never blamed, beyond the built-in list (ini
     #: ``shutdown_native_threads_allow``).
-    native_threads_allow: tuple[str, ...] = ()
+    native_threads_allow: tuple[str, ...]
+
+    def __init__(
+        self,
+        mode: str,
+        grace_s: float,
+        budget_s: float,
+        report_path: Path | None,
+        platform: str,
+        graphs_dir: Path | None = None,
+        long_lived: str = "list",
+        resources: tuple[str, ...] | None = None,
+        native_threads_allow: tuple[str, ...] = (),
+    ) -> None:
+        super().__init__(
+            mode, grace_s, budget_s, report_path, platform, graphs_dir, long_lived, resources,
+            native_threads_allow,
+        )
 
     @property
     def enabled(self) -> bool:

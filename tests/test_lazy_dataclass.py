@@ -113,3 +113,33 @@ def test_the_signature_is_the_fields_not_the_deferring_constructor() -> None:
     assert str(inspect.signature(Signed)) == "(a: 'int', b: 'str' = 'x') -> None"
     assert Signed(1) == Signed(1, "x")
     assert list(inspect.signature(Frozen).parameters) == ["name", "items", "extra"]
+
+
+def test_an_instance_made_while_another_thread_completes_the_class_has_its_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second thread's first instance, made while the first thread is generating the class's
+    methods, waits for them: it never gets the bare ``object.__init__`` (an instance without
+    its fields: CI's ``'Registration' object has no attribute 'func'``)."""
+
+    @lazy_dataclass(eq=False)
+    class Raced:
+        func: str
+
+    made: list[Raced] = []
+    others: list[threading.Thread] = []
+    generate = dataclasses.dataclass
+
+    def generate_while_another_thread_makes_one(cls: type, **options: object) -> object:
+        other = threading.Thread(target=lambda: made.append(Raced("second")))
+        others.append(other)
+        other.start()
+        other.join(0.3)  # blocked on the class's lock (correct) or done at once (the bug)
+        return generate(cls, **options)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(dataclasses, "dataclass", generate_while_another_thread_makes_one)
+    first = Raced("first")
+    monkeypatch.undo()
+    others[0].join(5)
+    assert first.func == "first"
+    assert [r.func for r in made] == ["second"]

@@ -10,6 +10,9 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   set-up: all equal, no kind is asked anything more; and it starts the next test from the last
   clean test's snapshots when the fingerprints have not moved in between. Inside one moment
   (:mod:`pytest_shutdown.moments`) the kinds share their readings.
+  A kind whose fingerprint is made of other kinds' readings names them in
+  ``fingerprinted_by`` (the ports kind: the fd count and the descendants): while those kinds
+  are on, the guard compares theirs and does not read it twice.
 * ``snapshot()``: what exists now; cheap, taken before a test whose fingerprints moved and around
   every wider-scope fixture's set-up. Compare counts or identities first, list only when
   something changed.

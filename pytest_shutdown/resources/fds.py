@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown.findings import Finding
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.moments import reading
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, socket_inode
@@ -61,12 +61,15 @@ PROCESS_LIFETIME_TARGETS: tuple[str, ...] = (
 _listing: tuple[int | None, frozenset[int]] | None = None
 
 
-@lazy_dataclass(frozen=True)
-class FdSnapshot:
+class FdSnapshot(FrozenRecord):
     """Open descriptors when the snapshot was taken: their count, and their numbers."""
 
+    __slots__ = ("count", "fds")
     count: int | None
     fds: frozenset[int]
+
+    def __init__(self, count: int | None, fds: frozenset[int]) -> None:
+        super().__init__(count, fds)
 
 
 @lazy_dataclass(frozen=True)

@@ -18,7 +18,7 @@ from typing import Any
 
 from pytest_shutdown.checks.leaks import descendant_pids, multiprocessing_helper_pids
 from pytest_shutdown.findings import Finding
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources.fds import (
     FdKind,
@@ -32,10 +32,15 @@ from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, soc
 __all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of", "port_findings"]
 
 
-@lazy_dataclass(frozen=True)
-class PortSnapshot:
+class PortSnapshot(FrozenRecord):
+    """This process's descriptors, and its descendants, when the snapshot was taken."""
+
+    __slots__ = ("fds", "pids")
     fds: FdSnapshot
     pids: frozenset[int]
+
+    def __init__(self, fds: FdSnapshot, pids: frozenset[int]) -> None:
+        super().__init__(fds, pids)
 
 
 @lazy_dataclass(frozen=True)
@@ -182,6 +187,8 @@ class PortKind:
     name = "ports"
     allow_key = "ports"
     stateful = False
+    #: The fd count and the descendants: what :meth:`fingerprint` reads (see base).
+    fingerprinted_by = ("fds", "processes")
 
     def fingerprint(self) -> tuple[int | frozenset[int], frozenset[int]]:
         return (fd_fingerprint(), descendant_pids())

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown.findings import Finding
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.resources import _cheap
 
 __all__ = [
@@ -47,10 +47,15 @@ _CREATOR = re.compile(r"^psd_(\d+)_")
 _listing: tuple[tuple[int, int] | None, Mapping[str, int]] | None = None
 
 
-@lazy_dataclass(frozen=True)
-class ShmSnapshot:
+class ShmSnapshot(FrozenRecord):
+    """``/dev/shm``'s state reading and its entries (name -> inode) when it was taken."""
+
+    __slots__ = ("state", "entries")
     state: tuple[int, int] | None
-    entries: Mapping[str, int]  # name -> inode
+    entries: Mapping[str, int]
+
+    def __init__(self, state: tuple[int, int] | None, entries: Mapping[str, int]) -> None:
+        super().__init__(state, entries)
 
 
 @lazy_dataclass(frozen=True)

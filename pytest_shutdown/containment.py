@@ -60,8 +60,8 @@ class Containment:
 
     __slots__ = ("token", "subreaper", "_was_subreaper", "_old_marker", "_pid")
 
-    def __init__(self, token: str | None = None) -> None:
-        self.token = token if token is not None else os.urandom(8).hex()
+    def __init__(self) -> None:
+        self.token = os.urandom(8).hex()
         self.subreaper = False
         self._was_subreaper: bool | None = None
         self._old_marker: str | None = None

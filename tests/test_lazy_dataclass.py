@@ -10,7 +10,7 @@ from dataclasses import field
 
 import pytest
 
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 
 
 @lazy_dataclass(frozen=True)
@@ -143,3 +143,30 @@ def test_an_instance_made_while_another_thread_completes_the_class_has_its_field
     others[0].join(5)
     assert first.func == "first"
     assert [r.func for r in made] == ["second"]
+
+
+class Pair(FrozenRecord):
+    __slots__ = ("a", "b")
+    a: int
+    b: tuple[int, ...]
+
+    def __init__(self, a: int, b: tuple[int, ...]) -> None:
+        super().__init__(a, b)
+
+
+def test_a_frozen_record_compares_hashes_and_copies_by_its_fields() -> None:
+    record = Pair(1, (2,))
+    assert record == Pair(1, (2,)) and hash(record) == hash(Pair(1, (2,)))
+    assert record != Pair(1, (3,)) and record != (1, (2,))
+    assert copy.copy(record) == record == pickle.loads(pickle.dumps(record))
+    assert repr(record) == "Pair(a=1, b=(2,))"
+
+
+def test_a_frozen_record_refuses_changes_and_a_wrong_count() -> None:
+    record = Pair(1, (2,))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        record.a = 2  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        del record.b
+    with pytest.raises(TypeError, match="Pair takes 2 values"):
+        FrozenRecord.__init__(record, 1)

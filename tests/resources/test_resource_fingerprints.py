@@ -86,6 +86,15 @@ def test_nothing_changed_nothing_moves(name: str) -> None:
     raise AssertionError(f"{name}: the fingerprint moved with nothing changed: {readings}")
 
 
+def test_the_ports_fingerprint_is_the_fds_and_processes_fingerprints() -> None:
+    """The guard skips the ports kind's fingerprint while the kinds it names in
+    ``fingerprinted_by`` are on: that holds only while it is made of their readings."""
+    ports = _kind("ports")
+    assert ports.fingerprinted_by == ("fds", "processes")  # type: ignore[attr-defined]
+    with one_moment():
+        assert ports.fingerprint() == (_kind("fds").fingerprint(), _kind("processes").fingerprint())
+
+
 def test_a_thread_started_moves_the_threads_fingerprint(undo: list[Callable[[], object]]) -> None:
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait, args=(10,))

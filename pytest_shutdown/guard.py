@@ -52,6 +52,7 @@ from pytest_shutdown.report import (
 )
 from pytest_shutdown.resources import default_kinds
 from pytest_shutdown.resources.base import ResourceKind
+from pytest_shutdown.resources.marks import FingerprintPass
 from pytest_shutdown.resources.threads import TOOL_MODULES, is_tool_thread
 from pytest_shutdown.settings import (
     AllowLeaks,
@@ -195,9 +196,9 @@ class ShutdownGuard:
         self._by_name = {k.name: k for k in self.kinds}
         #: The kinds whose fingerprints the fast path compares: not one whose fingerprint is
         #: made of readings other kinds on this run compare already.
-        self._fingerprinted = [
-            k for k in self.kinds if not _fingerprinted_by_others(k, self._by_name)
-        ]
+        self._marks = FingerprintPass(
+            [k for k in self.kinds if not _fingerprinted_by_others(k, self._by_name)]
+        )
         self._watch: _Watch | None = None
         #: The xdist worker's id, None in the session's own process (or on the controller).
         self._worker = self.report.worker
@@ -261,13 +262,12 @@ class ShutdownGuard:
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, object, object]:
         allow, budget, marker_error = item.stash.get(_MARKS_KEY, _NO_MARKS)
-        with one_moment():  # the kinds share their readings (descendants, fd count ...)
-            marks = [kind.fingerprint() for kind in self._fingerprinted]
-            clean = self._clean
-            if clean is not None and _same(clean[0], marks):
-                before = dict(clean[1])  # nothing moved since the last clean test ended
-            else:
-                before = {kind.name: kind.snapshot() for kind in self.kinds}
+        marks = self._marks.read()
+        clean = self._clean
+        if clean is not None and _same(clean[0], marks):
+            before = dict(clean[1])  # nothing moved since the last clean test ended
+        else:
+            before = self._snapshot(self.kinds)
         self._watch = _Watch(
             item,
             before,
@@ -585,12 +585,12 @@ class ShutdownGuard:
         allow = watch.allow
         before = watch.before
         self._clean = None
+        if watch.marks is not None:
+            marks = self._marks.read()
+            if _same(marks, watch.marks):  # the common case: not one reading moved
+                self._clean = (marks, before)
+                return []
         with one_moment():
-            if watch.marks is not None:
-                marks = [kind.fingerprint() for kind in self._fingerprinted]
-                if _same(marks, watch.marks):  # the common case: not one reading moved
-                    self._clean = (marks, before)
-                    return []
             for kind in self.kinds:
                 allowance = allow.allowance(kind.allow_key) if allow is not None else None
                 if allowance is True:

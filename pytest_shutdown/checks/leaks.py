@@ -231,6 +231,15 @@ def descendant_pids() -> frozenset[int]:
     return reading("descendant_pids", _read_descendant_pids)
 
 
+def cached_descendants(marker: bytes) -> frozenset[int] | None:
+    """This process's descendants as the last scan at ``ns_last_pid`` == ``marker`` found them
+    (nothing was created since, so none is new); None when no scan was made at ``marker``."""
+    cached = _scan_cache
+    if cached is None or cached[1] != marker or cached[0] != this_pid():
+        return None
+    return cached[2]
+
+
 def _read_descendant_pids() -> frozenset[int]:
     global _scan_cache
     pid = this_pid()

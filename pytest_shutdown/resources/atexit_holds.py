@@ -27,6 +27,7 @@ class AtexitKind(ObjectKind):
 
     name = "atexit"
     allow_key = "atexit"
+    mark = "atexit_count"  # the guard's one-pass reading (resources.marks)
 
     def __init__(self) -> None:
         atexit_calls.install()  # a process-lifetime recording, for the guard's session

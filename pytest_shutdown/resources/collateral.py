@@ -65,6 +65,7 @@ class CollateralKind(ObjectKind):
 
     name = "collateral"
     allow_key = "collateral"
+    mark = "childless"  # the guard's one-pass reading (resources.marks)
 
     def __init__(self) -> None:
         self._reported: set[tuple[int, int]] = set()

@@ -463,6 +463,7 @@ class FdKind:
 
     name = "fds"
     allow_key = "fds"
+    mark = "fd_count"  # the guard's one-pass reading (resources.marks)
     stateful = False
 
     def __init__(self) -> None:

@@ -25,6 +25,7 @@ class FreezeKind(StateKind):
 
     name = "gc-freeze"
     allow_key = "gc_freeze"
+    mark = "freeze_count"  # the guard's one-pass reading (resources.marks)
 
     def snapshot(self) -> int:
         return gc.get_freeze_count()

@@ -102,6 +102,7 @@ class NativeThreadKind(ObjectKind):
 
     name = "native-threads"
     allow_key = "threads"
+    mark = "last_pid"  # the guard's one-pass reading (resources.marks)
 
     def __init__(self, settings: Any = None) -> None:
         extra = tuple(getattr(settings, "native_threads_allow", ()) or ())

@@ -35,6 +35,7 @@ class ProcessKind(ObjectKind):
 
     name = "processes"
     allow_key = "processes"
+    mark = "last_pid"  # the guard's one-pass reading (resources.marks)
 
     def fingerprint(self) -> frozenset[int]:
         return descendant_pids()

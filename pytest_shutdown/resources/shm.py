@@ -320,6 +320,7 @@ class ShmKind:
 
     name = "shm"
     allow_key = "shm"
+    mark = "shm_state"  # the guard's one-pass reading (resources.marks)
     stateful = False
 
     def __init__(self) -> None:

@@ -56,6 +56,7 @@ class ThreadKind(ObjectKind):
 
     name = "threads"
     allow_key = "threads"
+    mark = "threads"  # the guard's one-pass reading (resources.marks)
 
     def __init__(self, tools: ThreadFilter | None = None) -> None:
         self.tools: ThreadFilter = tools or thread_filter([is_tool_thread])

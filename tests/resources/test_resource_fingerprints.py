@@ -24,6 +24,7 @@ from pytest_shutdown.moments import one_moment
 from pytest_shutdown.prctl import PR_SET_NAME, prctl
 from pytest_shutdown.resources import default_kinds
 from pytest_shutdown.resources.base import ResourceKind
+from pytest_shutdown.resources.marks import MARKS, FingerprintPass
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
 
@@ -46,10 +47,13 @@ def _moves_and_is_found(name: str, change: Callable[[], object], attempts: int =
     end on their own): ``attempts`` repeats the change then, the fingerprint having to move
     every time."""
     kind = _kind(name)
+    one_pass = FingerprintPass([kind])  # as the guard reads it: the kind's mark, if it has one
     for _ in range(attempts):
+        passed = one_pass.read()
         with one_moment():
             marks, before = kind.fingerprint(), kind.snapshot()
         change()
+        assert one_pass.read() != passed
         with one_moment():
             assert kind.fingerprint() != marks
             if kind.new_since(before):
@@ -84,6 +88,71 @@ def test_nothing_changed_nothing_moves(name: str) -> None:
         time.sleep(0.01)
         readings.append(_fingerprint(kind))
     raise AssertionError(f"{name}: the fingerprint moved with nothing changed: {readings}")
+
+
+def test_nothing_changed_nothing_moves_the_one_pass_reading() -> None:
+    """The guard's one-pass reading of every kind, as in the test above."""
+    one_pass = FingerprintPass(default_kinds())
+    readings = [one_pass.read() for _ in range(4)]
+    for _ in range(20):
+        if all(reading == readings[-1] for reading in readings[-4:]):
+            return
+        time.sleep(0.01)
+        readings.append(one_pass.read())
+    raise AssertionError(f"the one-pass reading moved with nothing changed: {readings}")
+
+
+class _MarkedOnly:
+    """A kind whose fingerprint must not be asked: its mark stands for it."""
+
+    def __init__(self, mark: str) -> None:
+        self.mark = mark
+
+    def fingerprint(self) -> object:
+        raise AssertionError(f"asked for the fingerprint its mark {self.mark!r} stands for")
+
+
+@pytest.mark.parametrize("mark", [m for m in MARKS if m != "childless"])
+def test_a_marked_kind_is_not_asked_for_its_fingerprint(mark: str) -> None:
+    if mark in ("last_pid", "fd_count") and not sys.platform.startswith("linux"):
+        pytest.skip("reads /proc (Linux)")  # elsewhere the kind's own fingerprint is asked
+    assert len(FingerprintPass([_MarkedOnly(mark)]).read()) >= 1
+
+
+def test_a_kind_without_a_mark_is_asked() -> None:
+    kind = _kind("global-state")
+    assert getattr(kind, "mark", None) is None
+    assert FingerprintPass([kind]).read() == [kind.fingerprint()]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reads_its_own_descriptors() -> None:
+    """The pass's held files are the parent's: a forked child closes them and must open its
+    own, not read whatever descriptor took their numbers (here: the root folder, whose size
+    does not move when the child opens a file)."""
+    one_pass = FingerprintPass(default_kinds(["fds", "native-threads"]))
+    one_pass.read()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read_end)
+            for _ in range(32):  # the lowest numbers, the parent's closed ones among them
+                os.open("/", os.O_RDONLY)
+            first = one_pass.read()
+            handle = os.open(os.devnull, os.O_RDONLY)
+            moved = one_pass.read() != first
+            os.close(handle)
+            os.write(write_end, b"moved" if moved else b"still")
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    try:
+        answer = os.read(read_end, 16)
+    finally:
+        os.close(read_end)
+        os.waitpid(pid, 0)
+    assert answer == b"moved"
 
 
 def test_the_ports_fingerprint_is_the_fds_and_processes_fingerprints() -> None:

@@ -1,0 +1,160 @@
+"""Every kind's fingerprint in one pass: what the guard compares around each test.
+
+Asking each kind for its ``fingerprint()`` costs a chain of Python calls per kind (the kind, its
+shared reading, the moment that shares it, the held file that answers it): about 66 k
+instructions for the ten kinds, twice per test. Most fingerprints are one shared reading the
+kind names in its ``mark`` attribute; :class:`FingerprintPass` takes each of those readings
+once, with the system call inline, and asks only the other kinds for theirs:
+
+==================  =======================================================================
+``mark``            the reading, and why it moves whenever the kind's fingerprint would
+==================  =======================================================================
+``"threads"``       ``threading``'s tables of started and starting threads (their copies:
+                    what ``threading.enumerate()`` lists, without the lock and the list)
+``"last_pid"``      ``ns_last_pid``: no process or thread is created anywhere without
+                    moving it (the native threads; the descendants, which are rescanned
+                    only when it moved)
+``"childless"``     while the last scan at this ``ns_last_pid`` found no descendant, the
+                    fingerprint is that empty set (no process to die); else the kind's own
+``"freeze_count"``  ``gc.get_freeze_count()``
+``"fd_count"``      ``st_size`` of ``/proc/self/fd`` (where the kernel counts: else the
+                    kind's own fingerprint, the listing)
+``"shm_state"``     ``/dev/shm``'s modification time and size
+``"atexit_count"``  the registrations recorded so far
+==================  =======================================================================
+
+The pass's marks are only compared with another pass's marks: equal means no kind's
+fingerprint moved. They may move when no fingerprint did (a reading unreadable once, a kind
+that had a descendant and has none now): the guard then asks every kind, which costs time,
+never a finding. A forked child reads afresh: its copies of the held files are closed.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from pytest_shutdown import atexit_calls
+from pytest_shutdown.checks.leaks import cached_descendants
+from pytest_shutdown.held_open import held_open
+from pytest_shutdown.moments import one_moment
+from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR
+
+__all__ = ["MARKS", "FingerprintPass"]
+
+MARKS = (
+    "threads",
+    "last_pid",
+    "childless",
+    "freeze_count",
+    "fd_count",
+    "shm_state",
+    "atexit_count",
+)
+_LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
+#: Bumped in a forked child: the pass's held descriptors are the parent's, closed there.
+_forks = 0
+
+
+def _count_fork() -> None:
+    global _forks
+    _forks += 1
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_count_fork)
+
+
+def _thread_tables() -> tuple[dict[Any, Any], dict[Any, Any]] | None:
+    active, limbo = getattr(threading, "_active", None), getattr(threading, "_limbo", None)
+    if isinstance(active, dict) and isinstance(limbo, dict):
+        return active, limbo
+    return None  # another threading: the kind's own fingerprint (enumerate)
+
+
+class FingerprintPass:
+    """The fingerprints of ``kinds`` as one list, read in one call (see the module docstring)."""
+
+    def __init__(self, kinds: Sequence[Any]) -> None:
+        self.kinds = list(kinds)
+        self._open()
+
+    def _open(self) -> None:
+        self._forks = _forks
+        by_mark: dict[str, list[Any]] = {}
+        for kind in self.kinds:
+            mark = getattr(kind, "mark", None)
+            by_mark.setdefault(mark if mark in MARKS else "", []).append(kind)
+        tables = _thread_tables() if "threads" in by_mark else None
+        self._threads = tables
+        last_pid_fd = held_open(_LAST_PID_PATH, directory=False)
+        self._last_pid_fd = last_pid_fd
+        self._fd_fd = held_open(FD_DIR) if "fd_count" in by_mark else None
+        self._shm_fd = held_open(SHM_DIR) if "shm_state" in by_mark else None
+        self._freeze = "freeze_count" in by_mark
+        self._atexit = "atexit_count" in by_mark
+        self._childless = by_mark.get("childless", [])
+        #: Kinds read through ns_last_pid, asked themselves when it cannot be read.
+        self._by_last_pid = by_mark.get("last_pid", []) + self._childless
+        self._fds = by_mark.get("fd_count", [])
+        self._shm = by_mark.get("shm_state", [])
+        own = by_mark.get("", [])
+        if tables is None:
+            own += by_mark.get("threads", [])
+        if last_pid_fd is None:
+            own += self._by_last_pid
+            self._by_last_pid = []
+        if self._fd_fd is None:
+            own += self._fds
+            self._fds = []
+        if self._shm_fd is None:
+            own += self._shm  # no /dev/shm here: the kind's fingerprint says so
+            self._shm = []
+        self._own = own
+
+    def read(self) -> list[Any]:
+        """The marks now; equal to another reading's when no kind's fingerprint moved."""
+        if self._forks != _forks:
+            self._open()
+        marks: list[Any] = []
+        if self._threads is not None:
+            active, limbo = self._threads
+            marks.append(active.copy())
+            marks.append(limbo.copy())
+        if self._by_last_pid:
+            try:
+                marker: bytes | None = os.pread(self._last_pid_fd, 32, 0)  # type: ignore[arg-type]
+            except OSError:
+                marker = None
+            marks.append(marker)
+            if marker is None:
+                marks.extend(self._fingerprints(self._by_last_pid))
+            elif self._childless and cached_descendants(marker) != frozenset():
+                marks.extend(self._fingerprints(self._childless))
+        if self._freeze:
+            marks.append(gc.get_freeze_count())
+        if self._fds:
+            try:
+                count = os.fstat(self._fd_fd).st_size  # type: ignore[arg-type]
+            except OSError:
+                count = 0
+            marks.append(count if count > 0 else self._fingerprints(self._fds))
+        if self._shm:
+            try:
+                st = os.fstat(self._shm_fd)  # type: ignore[arg-type]
+                marks.append((st.st_mtime_ns, st.st_size))
+            except OSError:
+                marks.append(None)
+        if self._atexit:
+            marks.append(atexit_calls.count())
+        if self._own:
+            marks.extend(self._fingerprints(self._own))
+        return marks
+
+    @staticmethod
+    def _fingerprints(kinds: list[Any]) -> list[Any]:
+        with one_moment():  # the kinds share their readings (descendants, child state ...)
+            return [kind.fingerprint() for kind in kinds]

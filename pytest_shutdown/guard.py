@@ -585,12 +585,11 @@ class ShutdownGuard:
         allow = watch.allow
         before = watch.before
         self._clean = None
-        if watch.marks is not None:
-            marks = self._marks.read()
-            if _same(marks, watch.marks):  # the common case: not one reading moved
-                self._clean = (marks, before)
-                return []
         with one_moment():
+            marks = self._marks.read()
+            if watch.marks is not None and _same(marks, watch.marks):
+                self._clean = (marks, before)  # the common case: not one reading moved
+                return []
             for kind in self.kinds:
                 allowance = allow.allowance(kind.allow_key) if allow is not None else None
                 if allowance is True:
@@ -600,7 +599,11 @@ class ShutdownGuard:
                 if items:
                     found[kind.name] = tuple(items)
             if not found and not watch.finished:
-                return []  # the common case: nothing to wait for, nothing to report
+                # Nothing new (a thread started and joined, a pid allocated on the host): the
+                # next test starts from what is here now while the marks, read before these
+                # snapshots, have not moved; the snapshots share this moment's readings.
+                self._clean = (marks, {kind.name: kind.snapshot() for kind in self.kinds})
+                return []
             live_owned: dict[str, set[Any]] = {}
             for owned in self._owned.values():
                 for name, items in owned.started.items():

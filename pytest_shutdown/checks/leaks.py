@@ -168,11 +168,25 @@ def _last_pid() -> bytes | None:
     return read_held(_LAST_PID_PATH, 32)
 
 
-def _children_of(pid: int) -> list[int] | None:
-    """The children of ``pid`` from ``/proc/PID/task/*/children`` (each thread lists the children
-    it forked); None where the kernel has no such file."""
+def own_tasks() -> list[str]:
+    """The tids of this process's tasks (the names in ``/proc/self/task``; none where it cannot
+    be listed). Inside :func:`pytest_shutdown.moments.one_moment`, listed once: the descendants'
+    walk and the native threads kind both read it."""
+    return reading("own_tasks", _list_own_tasks)
+
+
+def _list_own_tasks() -> list[str]:
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
+        return os.listdir("/proc/self/task")
+    except OSError:
+        return []
+
+
+def _children_of(pid: int, own: bool = False) -> list[int] | None:
+    """The children of ``pid`` (this process's when ``own``) from ``/proc/PID/task/*/children``
+    (each thread lists the children it forked); None where the kernel has no such file."""
+    try:
+        tids = own_tasks() if own else os.listdir(f"/proc/{pid}/task")
     except OSError:
         return []  # gone
     found: list[int] = []
@@ -209,7 +223,8 @@ def _walk_descendants(pid: int) -> frozenset[int] | None:
     seen: set[int] = set()
     stack = [pid]
     while stack:
-        children = _children_of(stack.pop())
+        parent = stack.pop()
+        children = _children_of(parent, own=parent == pid and pid == this_pid())
         if children is None:
             return None
         for child in children:

@@ -14,8 +14,9 @@ once, with the system call inline, and asks only the other kinds for theirs:
 ``"last_pid"``      ``ns_last_pid``: no process or thread is created anywhere without
                     moving it (the native threads; the descendants, which are rescanned
                     only when it moved)
-``"childless"``     while the last scan at this ``ns_last_pid`` found no descendant, the
-                    fingerprint is that empty set (no process to die); else the kind's own
+``"childless"``     while the last scan at this ``ns_last_pid`` found no descendant, that
+                    empty set, which is what the kind's fingerprint answers then (no process
+                    to die); else the kind's own
 ``"freeze_count"``  ``gc.get_freeze_count()``
 ``"fd_count"``      ``st_size`` of ``/proc/self/fd`` (where the kernel counts: else the
                     kind's own fingerprint, the listing)
@@ -132,8 +133,12 @@ class FingerprintPass:
             marks.append(marker)
             if marker is None:
                 marks.extend(self._fingerprints(self._by_last_pid))
-            elif self._childless and cached_descendants(marker) != frozenset():
-                marks.extend(self._fingerprints(self._childless))
+            elif self._childless:
+                known = cached_descendants(marker)
+                if known is not None and not known:
+                    marks.extend(known for _ in self._childless)  # what each would answer
+                else:
+                    marks.extend(self._fingerprints(self._childless))
         if self._freeze:
             marks.append(gc.get_freeze_count())
         if self._fds:

@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_shutdown.checks.leaks import last_pid
+from pytest_shutdown.checks.leaks import last_pid, own_tasks
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.forks import this_pid
 from pytest_shutdown.origins import python_thread_tid
@@ -115,10 +115,7 @@ class NativeThreadKind(ObjectKind):
         self._pid = this_pid()
 
     def _tids(self) -> frozenset[int]:
-        try:
-            return frozenset(int(t) for t in os.listdir(_TASK))
-        except OSError:
-            return frozenset()
+        return frozenset(int(t) for t in own_tasks())
 
     def fingerprint(self) -> bytes | frozenset[int] | None:
         if not self.enabled:

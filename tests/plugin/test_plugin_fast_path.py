@@ -23,9 +23,14 @@ BETWEEN_TESTS = textwrap.dedent(
     def pytest_runtest_logfinish(nodeid):
         # Between two tests (after the guard's check of one, before the next one's set-up):
         # a thread and a descriptor nobody holds, neither test's doing.
-        if nodeid.endswith("test_clean_first"):
-            threading.Thread(target=_stop.wait, args=(30,), name="between", daemon=True).start()
-            os.open(__file__, os.O_RDONLY)
+        # After a test that moved nothing, and after one whose check had to ask every kind
+        # (its baseline for the next test then taken at the end of that check).
+        for name in ("test_clean_first", "test_clean_after_the_gap"):
+            if nodeid.endswith(name):
+                threading.Thread(
+                    target=_stop.wait, args=(30,), name=f"between-{name}", daemon=True
+                ).start()
+                os.open(__file__, os.O_RDONLY)
 
     def pytest_unconfigure(config):
         _stop.set()
@@ -83,3 +88,41 @@ def test_what_starts_between_tests_is_no_tests_and_a_later_leak_is_found(
         assert f"ERROR at teardown of {clean}" not in out
         assert f"{clean} - shutdown guard" not in out
     assert "findings in 1 of 5 tests" in out or "1 of 5 tests" in out
+
+
+ALLOWED_THEN_CLEAN = textwrap.dedent(
+    """
+    import threading
+
+    import pytest
+
+    _stop = threading.Event()
+
+    @pytest.mark.allow_leaks(threads=True, reason="kept on purpose")
+    def test_allowed_to_leave_a_thread():
+        threading.Thread(target=_stop.wait, args=(30,), name="allowed", daemon=True).start()
+
+    def test_clean_next():
+        # moves the fingerprints: every kind is asked against the baseline it started from
+        t = threading.Thread(target=len, args=((),))
+        t.start()
+        t.join()
+
+    def test_clean_last():
+        _stop.set()
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["fail", "warn"])
+def test_what_an_allowed_test_left_is_in_the_next_tests_baseline(
+    pytester: pytest.Pytester, mode: str
+) -> None:
+    """A check that had to ask every kind and found nothing to report (an allowed leak) is the
+    next test's baseline: taken then, with what the allowed test left in it."""
+    pytester.makepyfile(test_allowed=ALLOWED_THEN_CLEAN)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", f"--shutdown-guard={mode}", GRACE, "-p", "no:randomly", "-v"
+    )
+    result.assert_outcomes(passed=3)
+    assert "thread-leak" not in result.stdout.str()

@@ -102,6 +102,22 @@ def test_nothing_changed_nothing_moves_the_one_pass_reading() -> None:
     raise AssertionError(f"the one-pass reading moved with nothing changed: {readings}")
 
 
+def test_a_scan_of_the_descendants_does_not_move_the_one_pass_reading() -> None:
+    """The collateral kind's mark is read from the last scan of the descendants when there was
+    one at this ``ns_last_pid``, else asked of the kind (which scans): both must give the same
+    marks, or every check that had to scan would make the next test take a fresh baseline."""
+    one_pass = FingerprintPass(default_kinds())
+    for _ in range(20):
+        thread = threading.Thread(target=len, args=((),))
+        thread.start()  # a tid allocated: the last scan is no longer at this ns_last_pid
+        thread.join()
+        first = one_pass.read()  # asks the kind (a scan)
+        if one_pass.read() == first:  # read from that scan
+            return
+        time.sleep(0.01)  # something of the worker's own moved it meanwhile: again
+    raise AssertionError("a scan of the descendants moved the one-pass reading")
+
+
 class _MarkedOnly:
     """A kind whose fingerprint must not be asked: its mark stands for it."""
 

@@ -585,11 +585,11 @@ class ShutdownGuard:
         allow = watch.allow
         before = watch.before
         self._clean = None
+        marks = self._marks.read()
+        if watch.marks is not None and _same(marks, watch.marks):
+            self._clean = (marks, before)  # the common case: not one reading moved
+            return []
         with one_moment():
-            marks = self._marks.read()
-            if watch.marks is not None and _same(marks, watch.marks):
-                self._clean = (marks, before)  # the common case: not one reading moved
-                return []
             for kind in self.kinds:
                 allowance = allow.allowance(kind.allow_key) if allow is not None else None
                 if allowance is True:

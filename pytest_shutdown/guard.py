@@ -199,6 +199,12 @@ class ShutdownGuard:
         self._marks = FingerprintPass(
             [k for k in self.kinds if not _fingerprinted_by_others(k, self._by_name)]
         )
+        #: kind -> the kinds whose fingerprints stand for its own (the ports kind's)
+        self._covered = {
+            k.name: tuple(getattr(k, "fingerprinted_by", ()))
+            for k in self.kinds
+            if _fingerprinted_by_others(k, self._by_name)
+        }
         self._watch: _Watch | None = None
         #: The xdist worker's id, None in the session's own process (or on the controller).
         self._worker = self.report.worker
@@ -589,8 +595,12 @@ class ShutdownGuard:
         if watch.marks is not None and _same(marks, watch.marks):
             self._clean = (marks, before)  # the common case: not one reading moved
             return []
+        # A kind whose fingerprint did not move has nothing new: only the others are asked.
+        moved = self._moved(watch.marks, marks)
         with one_moment():
             for kind in self.kinds:
+                if moved is not None and kind.name not in moved:
+                    continue
                 allowance = allow.allowance(kind.allow_key) if allow is not None else None
                 if allowance is True:
                     allowed.add(kind.name)
@@ -602,7 +612,15 @@ class ShutdownGuard:
                 # Nothing new (a thread started and joined, a pid allocated on the host): the
                 # next test starts from what is here now while the marks, read before these
                 # snapshots, have not moved; the snapshots share this moment's readings.
-                self._clean = (marks, {kind.name: kind.snapshot() for kind in self.kinds})
+                self._clean = (
+                    marks,
+                    {
+                        kind.name: kind.snapshot()
+                        if moved is None or kind.name in moved
+                        else before[kind.name]
+                        for kind in self.kinds
+                    },
+                )
                 return []
             live_owned: dict[str, set[Any]] = {}
             for owned in self._owned.values():
@@ -655,7 +673,7 @@ class ShutdownGuard:
                 )
         restore: list[tuple[ResourceKind, tuple[Any, ...]]] = []
         for kind in self.kinds:
-            if kind.name in allowed:
+            if kind.name in allowed or (moved is not None and kind.name not in moved):
                 continue
             if kind.stateful:
                 items = tuple(kind.new_since(watch.before[kind.name]))
@@ -668,6 +686,18 @@ class ShutdownGuard:
             for kind, items in restore:
                 kind.restore(items)
         return findings
+
+    def _moved(self, before: list[Any] | None, after: list[Any]) -> set[str] | None:
+        """The kinds whose fingerprints moved between two readings (None: every kind may have,
+        or a wider-scope fixture's doing was absorbed into the baseline)."""
+        if before is None:
+            return None
+        moved = self._marks.moved(before, after)
+        if moved is not None:
+            for name, others in self._covered.items():
+                if any(other in moved for other in others):
+                    moved.add(name)
+        return moved
 
     def _fixture_roots(self) -> dict[int, tuple[Any, str, object]]:
         """``id`` of each live wider-scope fixture's value (and suspended generator) -> owner."""

@@ -115,6 +115,51 @@ class FingerprintPass:
             own += self._shm  # no /dev/shm here: the kind's fingerprint says so
             self._shm = []
         self._own = own
+        self._owners = self._positions(by_mark)
+
+    def _positions(self, by_mark: dict[str, list[Any]]) -> list[tuple[str, ...]]:
+        """The names of the kinds each position of :meth:`read`'s list stands for, in the shape
+        it has while ``ns_last_pid`` can be read; ``_marker_at`` is that reading's position."""
+        def names(kinds: list[Any]) -> tuple[str, ...]:
+            return tuple(kind.name for kind in kinds)
+
+        owners: list[tuple[str, ...]] = []
+        self._marker_at: int | None = None
+        if self._threads is not None:
+            owners += [names(by_mark["threads"])] * 2
+        if self._by_last_pid:
+            self._marker_at = len(owners)
+            owners.append(names(self._by_last_pid))
+            owners += [(kind.name,) for kind in self._childless]
+        if self._freeze:
+            owners.append(names(by_mark["freeze_count"]))
+        if self._fds:
+            owners.append(names(self._fds))
+        if self._shm:
+            owners.append(names(self._shm))
+        if self._atexit:
+            owners.append(names(by_mark["atexit_count"]))
+        owners += [(kind.name,) for kind in self._own]
+        return owners
+
+    def moved(self, before: list[Any], after: list[Any]) -> set[str] | None:
+        """The names of the kinds whose fingerprints may have moved between two readings;
+        None when the readings cannot be told apart by kind (then every kind may have)."""
+        owners = self._owners
+        if len(before) != len(owners) or len(after) != len(owners):
+            return None
+        at = self._marker_at
+        if at is not None and (before[at] is None or after[at] is None):
+            return None  # ns_last_pid unreadable: the kinds behind it were asked instead
+        moved: set[str] = set()
+        for names, old, new in zip(owners, before, after, strict=True):
+            try:
+                same = old is new or bool(old == new)
+            except Exception:  # noqa: BLE001 - a hostile __eq__ in process-wide state
+                same = False
+            if not same:
+                moved.update(names)
+        return moved
 
     def read(self) -> list[Any]:
         """The marks now; equal to another reading's when no kind's fingerprint moved."""

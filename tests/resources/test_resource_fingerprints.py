@@ -118,8 +118,48 @@ def test_a_scan_of_the_descendants_does_not_move_the_one_pass_reading() -> None:
     raise AssertionError("a scan of the descendants moved the one-pass reading")
 
 
+def _moved_by(change: Callable[[], object]) -> set[str] | None:
+    one_pass = FingerprintPass(default_kinds())
+    for _ in range(20):
+        quiet = one_pass.read()
+        if one_pass.read() == quiet:
+            break
+        time.sleep(0.01)  # something of the worker's own moved it: wait for a quiet moment
+    change()
+    return one_pass.moved(quiet, one_pass.read())
+
+
+def test_moved_names_the_kinds_behind_the_readings_that_moved(
+    undo: list[Callable[[], object]],
+) -> None:
+    """The guard asks only the kinds whose readings moved: a freeze is the gc-freeze kind's
+    alone, a thread the threads kind's (and, its task allocated, those read through
+    ns_last_pid); nothing moved, no kind."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, args=(10,))
+    undo.append(lambda: (stop.set(), thread.join(5)))
+    moved = _moved_by(thread.start)
+    assert moved is not None and "threads" in moved and "gc-freeze" not in moved
+    if sys.platform.startswith("linux"):
+        assert {"native-threads", "processes"} <= moved
+    undo.append(gc.unfreeze)
+    moved = _moved_by(gc.freeze)
+    assert moved is not None and "gc-freeze" in moved and "threads" not in moved
+    # Nothing changed: no kind, once no other process of the host allocated a pid meanwhile.
+    assert any(_moved_by(lambda: None) == set() for _ in range(20))
+
+
+def test_moved_is_every_kind_when_the_readings_differ_in_shape() -> None:
+    one_pass = FingerprintPass(default_kinds())
+    marks = one_pass.read()
+    assert one_pass.moved(marks, marks[:-1]) is None
+    assert one_pass.moved(marks, list(marks)) == set()
+
+
 class _MarkedOnly:
     """A kind whose fingerprint must not be asked: its mark stands for it."""
+
+    name = "marked-only"
 
     def __init__(self, mark: str) -> None:
         self.mark = mark

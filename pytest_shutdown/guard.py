@@ -78,9 +78,8 @@ class ShutdownLeakWarning(pytest.PytestWarning):
     """Emitted by ``pytest -p shutdown --shutdown-guard=warn`` for each test that leaked."""
 
 
-#: A test's allow_leaks, its budget, and its markers' error (on a worker): only for a test with
-#: the markers (one stash lookup per test otherwise).
-_MARKS_KEY = pytest.StashKey["tuple[AllowLeaks | None, float | None, str | None]"]()
+#: A test's allow_leaks, its budget, and its markers' error (on a worker), for a test without
+#: the markers.
 _NO_MARKS: tuple[AllowLeaks | None, float | None, str | None] = (None, None, None)
 
 _PYTEST_TIMEOUT_MARK = "from pytest-timeout"
@@ -206,6 +205,9 @@ class ShutdownGuard:
             if _fingerprinted_by_others(k, self._by_name)
         }
         self._watch: _Watch | None = None
+        #: id(item) -> its allow_leaks, budget and markers' error, for the tests with markers
+        #: (the collected items live as long as the session: their ids are theirs)
+        self._marked: dict[int, tuple[AllowLeaks | None, float | None, str | None]] = {}
         #: The xdist worker's id, None in the session's own process (or on the controller).
         self._worker = self.report.worker
         #: The last clean test's fingerprints (after its teardown) and baseline: the next test
@@ -253,7 +255,7 @@ class ShutdownGuard:
         for item in items:
             names = marker_names(item)
             if "allow_leaks" not in names and "shutdown_budget" not in names:
-                continue  # the defaults: setup reads them when the stash has nothing
+                continue  # the defaults: set-up takes them when nothing is kept for it
             marks: tuple[AllowLeaks | None, float | None, str | None]
             try:
                 marks = (allow_leaks_of(item), budget_of(item, self.settings.budget_s), None)
@@ -261,13 +263,15 @@ class ShutdownGuard:
                 if not on_worker:
                     raise
                 marks = (None, None, str(exc))
-            item.stash[_MARKS_KEY] = marks
+            self._marked[id(item)] = marks
 
     # --- the test ---
 
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_setup(self, item: pytest.Item) -> Generator[None, object, object]:
-        allow, budget, marker_error = item.stash.get(_MARKS_KEY, _NO_MARKS)
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        allow, budget, marker_error = (
+            self._marked.get(id(item), _NO_MARKS) if self._marked else _NO_MARKS
+        )
         marks = self._marks.read()
         clean = self._clean
         if clean is not None and _same(clean[0], marks):
@@ -283,10 +287,8 @@ class ShutdownGuard:
             marks=marks,
         )
         origins.set_current_test(item.nodeid)
-        result = yield
-        if marker_error is not None:  # after setup, so that teardown finds a consistent state
+        if marker_error is not None:  # the watch is set: its teardown finds what it expects
             pytest.fail(marker_error, pytrace=False)
-        return result
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_makereport(

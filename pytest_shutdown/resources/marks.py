@@ -181,7 +181,7 @@ class FingerprintPass:
             elif self._childless:
                 known = cached_descendants(marker)
                 if known is not None and not known:
-                    marks.extend(known for _ in self._childless)  # what each would answer
+                    marks += [known] * len(self._childless)  # what each would answer
                 else:
                     marks.extend(self._fingerprints(self._childless))
         if self._freeze:

@@ -593,13 +593,13 @@ class ShutdownGuard:
         allow = watch.allow
         before = watch.before
         self._clean = None
-        marks = self._marks.read()
-        if watch.marks is not None and _same(marks, watch.marks):
-            self._clean = (marks, before)  # the common case: not one reading moved
-            return []
-        # A kind whose fingerprint did not move has nothing new: only the others are asked.
-        moved = self._moved(watch.marks, marks)
-        with one_moment():
+        with one_moment():  # the marks share their readings with the kinds asked below
+            marks = self._marks.read()
+            if watch.marks is not None and _same(marks, watch.marks):
+                self._clean = (marks, before)  # the common case: not one reading moved
+                return []
+            # A kind whose fingerprint did not move has nothing new: only the others are asked.
+            moved = self._moved(watch.marks, marks)
             for kind in self.kinds:
                 if moved is not None and kind.name not in moved:
                     continue

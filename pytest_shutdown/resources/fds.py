@@ -333,6 +333,10 @@ _EXTRA_WRAPPERS = ("epoll", "devpoll", "kqueue")
 
 #: type -> whether its instances can wrap a descriptor (decided once per type).
 _WRAPPER_TYPES: dict[type, bool] = {}
+#: The C base of every file object, ``io.IOBase`` and its subclasses included. Not the ``io``
+#: ABCs: asked about every type of the heap, they would each cache an answer per type (some
+#: five thousand weak references kept for the session, which every full collection then walks).
+_IO_BASE: type = getattr(sys.modules.get("_io"), "_IOBase", io.IOBase)
 
 
 def _is_wrapper_type(kind: type) -> bool:
@@ -340,7 +344,7 @@ def _is_wrapper_type(kind: type) -> bool:
     if known is None:
         try:
             known = (
-                issubclass(kind, (io.IOBase, socket.socket))
+                issubclass(kind, (_IO_BASE, socket.socket))
                 or (kind.__name__ in _EXTRA_WRAPPERS and kind.__module__ == select.__name__)
                 or (kind.__name__ == "Connection"
                     and kind.__module__ == "multiprocessing.connection")

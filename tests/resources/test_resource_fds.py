@@ -199,3 +199,27 @@ def test_owners_name_a_module_global() -> None:
         module.SOCK.close()  # type: ignore[attr-defined]
         loose.close()
         del sys.modules[module.__name__]
+
+
+class _NotAFile:
+    """A type the heap scan sees for the first time."""
+
+
+def test_the_heap_scan_finds_file_objects_and_leaves_the_io_abcs_caches_alone(tmp_path) -> None:  # noqa: ANN001
+    """Every type of the heap is asked whether it wraps a descriptor: asked through the ``io``
+    ABCs, each would cache a weak reference per type for the rest of the session (thousands,
+    walked by every full collection)."""
+    import abc
+    import io
+
+    from pytest_shutdown.resources.fds import wrappers_of
+
+    strangers = [_NotAFile() for _ in range(3)]
+    with open(tmp_path / "f", "wb") as handle, socket.socket() as sock:
+        found = wrappers_of({handle.fileno(), sock.fileno()})
+        assert any(obj is handle for obj in found[handle.fileno()])
+        assert any(obj is sock for obj in found[sock.fileno()])
+    for base in (io.IOBase, io.RawIOBase, io.BufferedIOBase, io.TextIOBase):
+        cached = {ref() for part in abc._get_dump(base)[1:3] for ref in part}  # type: ignore[attr-defined]
+        assert _NotAFile not in cached, base
+    del strangers

@@ -14,9 +14,10 @@ once, with the system call inline, and asks only the other kinds for theirs:
 ``"last_pid"``      ``ns_last_pid``: no process or thread is created anywhere without
                     moving it (the native threads; the descendants, which are rescanned
                     only when it moved)
-``"childless"``     while the last scan at this ``ns_last_pid`` found no descendant, that
-                    empty set, which is what the kind's fingerprint answers then (no process
-                    to die); else the kind's own
+``"childless"``     while the last scan at this ``ns_last_pid`` is current: the empty set
+                    when it found no descendant (no process to die), else those descendants
+                    and ``False`` while no child has ended (one ``waitid``): what the
+                    collateral kind's fingerprint answers then; else the kind's own
 ``"freeze_count"``  ``gc.get_freeze_count()``
 ``"fd_count"``      ``st_size`` of ``/proc/self/fd`` (where the kernel counts: else the
                     kind's own fingerprint, the listing)
@@ -67,6 +68,16 @@ def _count_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_count_fork)
+
+
+def _a_child_ended() -> bool:
+    """Whether a child of this process has ended and is not reaped yet (a zombie)."""
+    try:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return False
+    except (AttributeError, OSError):  # no waitid here: the kind is asked
+        return True
 
 
 def _thread_tables() -> tuple[dict[Any, Any], dict[Any, Any]] | None:
@@ -182,6 +193,8 @@ class FingerprintPass:
                 known = cached_descendants(marker)
                 if known is not None and not known:
                     marks += [known] * len(self._childless)  # what each would answer
+                elif known is not None and not _a_child_ended():
+                    marks += [(known, False)] * len(self._childless)  # the same
                 else:
                     marks.extend(self._fingerprints(self._childless))
         if self._freeze:

@@ -118,6 +118,25 @@ def test_a_scan_of_the_descendants_does_not_move_the_one_pass_reading() -> None:
     raise AssertionError("a scan of the descendants moved the one-pass reading")
 
 
+@linux_only
+def test_the_collateral_mark_with_a_child_is_what_the_kind_answers(
+    undo: list[Callable[[], object]],
+) -> None:
+    """With descendants, the pass reads the collateral kind's mark from the last scan and one
+    ``waitid`` instead of asking the kind: it must be the very value the kind answers."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    undo.append(lambda: (child.kill(), child.wait()))
+    kind = _kind("collateral")
+    one_pass = FingerprintPass([kind])
+    for _ in range(20):
+        with one_moment():
+            expected = kind.fingerprint()  # a scan at this ns_last_pid, the child in it
+        if one_pass.read()[1:] == [expected]:
+            return
+        time.sleep(0.01)  # another process of the host allocated a pid meanwhile: again
+    raise AssertionError("the collateral mark is not what the kind answers")
+
+
 def _moved_by(change: Callable[[], object]) -> set[str] | None:
     one_pass = FingerprintPass(default_kinds())
     for _ in range(20):

@@ -18,15 +18,15 @@ from collections import Counter
 from collections.abc import Generator, Iterable, Mapping
 from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import pytest_shutdown
-from pytest_shutdown.budget import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE, BudgetOutcome
 from pytest_shutdown.finding_text import finding_lines
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.forks import this_pid
+from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
@@ -42,6 +42,9 @@ from pytest_shutdown.records import (
     write_report,
 )
 from pytest_shutdown.settings import GuardSettings, shows_details
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.budget import BudgetOutcome
 
 __all__ = ["SCHEMA_VERSION", "ShutdownReport", "TestRecord", "durations_summary"]
 

@@ -64,11 +64,13 @@ MARKERS = (
 )
 
 
+@pytest.hookimpl
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
 
 
+@pytest.hookimpl
 def pytest_report_header(config: pytest.Config) -> str | None:
     """With ``--shutdown-gpu-per-worker``: how the xdist workers spread over the GPUs."""
     if hasattr(config, "workerinput"):
@@ -83,6 +85,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 _PARAMETRIZING_MARKERS = frozenset({"engine", ORPHAN_MATRIX_MARKER, MATRIX_MARKER})
 
 
+@pytest.hookimpl
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not marker_names(metafunc.definition) & _PARAMETRIZING_MARKERS:
         return

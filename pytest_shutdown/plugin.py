@@ -39,7 +39,9 @@ def _not_rewritten(package: str = "pytest_shutdown") -> None:
 _not_rewritten()
 
 import pytest_shutdown  # noqa: E402 - after the rewrite list is changed
+from pytest_shutdown.cycles import MARKER as CYCLES_MARKER  # noqa: E402
 from pytest_shutdown.cycles import MARKER_HELP as CYCLES_MARKER_HELP  # noqa: E402
+from pytest_shutdown.node_markers import marker_names  # noqa: E402
 from pytest_shutdown.settings import (  # noqa: E402
     ALLOW_LEAKS_KINDS,
     SETTINGS_KEY,
@@ -86,11 +88,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "pytest-shutdown-fixtures")
-    # @pytest.mark.shutdown_cycles(n): the call phase repeated under the growth check.
-    from pytest_shutdown import cycles
-
-    if not config.pluginmanager.is_registered(cycles):
-        config.pluginmanager.register(cycles, "pytest-shutdown-cycles")
     # Every ShutdownContractError of a test: codes on the status line, findings in the reports
     # (with the guard on, its report wrapper notes them: one wrapper per phase, not three; the
     # status-line hook comes with the first code, or now on an xdist controller).
@@ -134,6 +131,19 @@ def pytest_configure(config: pytest.Config) -> None:
             config.pluginmanager.register(carrier, "pytest-shutdown-report-records")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.shutdown_cycles(n)``, the call phase repeated under the growth check: its
+    per-test hook (:mod:`pytest_shutdown.cycles`) is registered only when a collected test has
+    the marker, so that other sessions pay neither its registration nor a hook call per test."""
+    if any(CYCLES_MARKER in marker_names(item) for item in items):
+        from pytest_shutdown import cycles
+
+        if not config.pluginmanager.is_registered(cycles):
+            config.pluginmanager.register(cycles, "pytest-shutdown-cycles")
+
+
+@pytest.hookimpl
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """One rule for bad marker arguments: a collection error naming the test and the marker."""
     try:
@@ -145,6 +155,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     pytest.fail(error, pytrace=False)
 
 
+@pytest.hookimpl
 def pytest_report_header(config: pytest.Config) -> str:
     """One header line: version and guard mode."""
     line = f"shutdown: pytest-shutdown {pytest_shutdown.__version__}"

@@ -619,6 +619,7 @@ class ShutdownReport:
             return {"red": True, "bold": True}
         return {"yellow": True, "bold": True}
 
+    @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):
             return

@@ -23,7 +23,6 @@ import pytest
 from pytest_shutdown.cycles import cycles_of
 from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.node_markers import marker_names
-from pytest_shutdown.records import record_log_path, refusal_of_target
 from pytest_shutdown.resources import allow_keys, kind_names
 
 #: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
@@ -166,6 +165,8 @@ def load_settings(config: pytest.Config) -> GuardSettings:
     graphs_dir = _path_option(config, "shutdown_graphs", "--shutdown-graphs", "a folder path")
     if graphs_dir is not None:
         given = str(config.getoption("shutdown_graphs"))
+        from pytest_shutdown.records import refusal_of_target  # noqa: PLC0415 - with graphs only
+
         refusal = refusal_of_target(graphs_dir)
         if refusal is not None and "kernel interface" in refusal:
             raise pytest.UsageError(f"--shutdown-graphs: {given!r} is refused: {refusal}")
@@ -212,6 +213,8 @@ def _refuse_special_targets(report_path: Path, given: str) -> None:
     """The report and its record log are only ever written over regular files: a FIFO, a
     device node, a socket or a symbolic link there, or a path under /proc or /sys, is refused
     before the run (the plugin never replaces special files)."""
+    from pytest_shutdown.records import record_log_path, refusal_of_target  # noqa: PLC0415
+
     for target, what in (
         (report_path, "the report"),
         (record_log_path(report_path), "its record log"),

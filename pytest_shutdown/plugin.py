@@ -114,11 +114,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
         report = ShutdownReport(config, settings)
         config.pluginmanager.register(report, "pytest-shutdown-report")
-        from pytest_shutdown.interrupts import SigtermEndsSessionInOrder
-
-        # Ended at once (a SIGTERM the main thread cannot take): the report is written first.
-        sigterm = SigtermEndsSessionInOrder(report.end_at_once)
-        config.pluginmanager.register(sigterm, "pytest-shutdown-sigterm")
         if settings.enabled:
             from pytest_shutdown.guard import ShutdownGuard
 

@@ -73,7 +73,7 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl
 def pytest_report_header(config: pytest.Config) -> str | None:
     """With ``--shutdown-gpu-per-worker``: how the xdist workers spread over the GPUs."""
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or not config.getoption("shutdown_gpu_per_worker", False):
         return None
     from pytest_shutdown import workers
 

@@ -13,9 +13,10 @@ reaches Python code only.
 
 A teardown still running half a budget later is interrupted once more. A teardown that has not
 returned one whole budget after the first interrupt (it swallows every interrupt, or sits in C
-for good) would hang the session: the watchdog then calls the :data:`HANG_HANDLERS` (the report
-is written there), dumps every thread's stack to stderr and ends the process with exit code
-:data:`HUNG_TEARDOWN_EXIT_CODE`, as pytest-timeout's ``thread`` method does.
+for good) would hang the session: the watchdog then calls the
+:data:`~pytest_shutdown.hang.HANG_HANDLERS` (the report is written there), dumps every thread's
+stack to stderr and ends the process with exit code
+:data:`~pytest_shutdown.hang.HUNG_TEARDOWN_EXIT_CODE`, as pytest-timeout's ``thread`` method does.
 
 Coexistence with pytest-timeout: if its signal timer is already armed and due before the budget,
 pytest-timeout governs and the budget does not arm (one hang is never reported twice); otherwise
@@ -37,6 +38,7 @@ from dataclasses import field
 from types import FrameType, TracebackType
 from typing import Any
 
+from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.own_threads import start_own_thread
 
@@ -47,12 +49,6 @@ MAX_FIRES = 2
 HANDOFF_S = 1.0
 #: How long a hung process waits for its report and record log to be written before it ends.
 HANG_HANDLERS_S = 5.0
-#: The exit code of a process ended because a teardown did not return within a second budget
-#: after its shutdown budget fired (pytest's own codes are 0 to 5).
-HUNG_TEARDOWN_EXIT_CODE = 70
-#: Called by the watchdog, in order, just before it ends a process whose teardown hung:
-#: ``handler(label, outcome)``. The report registers one that writes the JSON report.
-HANG_HANDLERS: list[Callable[[str, BudgetOutcome], None]] = []
 
 HAVE_SIGALRM = hasattr(signal, "SIGALRM") and hasattr(signal, "setitimer")
 

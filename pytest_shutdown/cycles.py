@@ -4,7 +4,8 @@ The marker re-runs a test's call phase in the same process: ``warmup`` times, th
 under :func:`~pytest_shutdown.checks.growth.measure_growth`; the fixtures are set up once per
 run of the test, as CPython's ``-R`` does. Something that grows from call to call fails the
 test with ``growth``. It works with the guard on or off and under pytest-xdist (each worker
-runs its own tests' calls).
+runs its own tests' calls). The plugin registers this module's hook when a collected test has the
+marker.
 
 The engine fixtures take a cycle count by indirect parametrization,
 ``@pytest.mark.parametrize("reference_llm", [10], indirect=True)``: before the test gets its
@@ -61,14 +62,6 @@ def cycles_of(item: pytest.Item) -> tuple[int, int] | None:
     if not _positive(warmup, 0):
         raise pytest.UsageError(f"{where}: warmup= takes an integer >= 0, got {warmup!r}")
     return int(args[0]), int(warmup)
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """No collected test has the marker: this module's per-test hook goes (one hook call fewer
-    for every test of the session; the marker is read from collection time anyway)."""
-    if not any(MARKER in marker_names(item) for item in items):
-        config.pluginmanager.unregister(sys.modules[__name__])
 
 
 @pytest.hookimpl(tryfirst=True)

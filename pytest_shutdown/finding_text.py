@@ -28,8 +28,9 @@ LAUNCHER_MODULE = "pytest_shutdown.checks.tree_launcher"
 #: How many characters of a command line a key-fact line keeps.
 CMDLINE_CHARS = 300
 
-_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
-_THREAD_HEAD = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ ", re.IGNORECASE)
+# Patterns, compiled by ``re`` (and cached there) on first use: most sessions never read a stack.
+_FRAME = r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)'
+_THREAD_HEAD = r"(?i)^(Current thread|Thread) 0x[0-9a-f]+ "
 _OWN_FRAMES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checks") + os.sep
 
 
@@ -58,9 +59,9 @@ def first_user_frame(stacks: str) -> str:
     """The first frame of user code in a faulthandler dump (most recent call first), taking the
     threads in the order of the dump; ``""`` when there is none."""
     for line in stacks.splitlines():
-        if _THREAD_HEAD.match(line):
+        if re.match(_THREAD_HEAD, line):
             continue
-        match = _FRAME.match(line)
+        match = re.match(_FRAME, line)
         if match and is_user_frame(match.group("file")):
             return f"{match.group('file')}:{match.group('line')} in {match.group('func')}"
     return ""

@@ -1,4 +1,5 @@
-"""The fixtures the plugin registers: the reference engine, its configuration, timeout matrices.
+"""The fixtures the plugin registers: the reference engine, its configuration, timeout matrices,
+the orphan matrix's cells and tree launcher, a Ray cluster.
 
 Every engine fixture shuts its engine down in teardown and checks the engine's contracts there
 (shutdown idempotent, nothing force-killed unless the test said it expects that, nothing left
@@ -16,22 +17,22 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_shutdown.cycles import check_engine_cycles
 from pytest_shutdown.findings import Finding, ShutdownContractError, raise_if_any
+from pytest_shutdown.node_markers import ORPHAN_MATRIX as ORPHAN_MATRIX_MARKER
 from pytest_shutdown.node_markers import SHUTDOWN_MATRIX as MATRIX_MARKER
-from pytest_shutdown.orphan_matrix import MARKER as ORPHAN_MATRIX_MARKER
-from pytest_shutdown.orphan_matrix import MARKER_HELP as ORPHAN_MATRIX_HELP
-from pytest_shutdown.orphan_matrix import kill_tree, orphan_cell, tree_launcher  # noqa: F401
-from pytest_shutdown.orphan_matrix import parametrize as parametrize_orphan_matrix
-from pytest_shutdown.ray_cluster import ray_cluster  # noqa: F401
-from pytest_shutdown.settings import marker_names
+from pytest_shutdown.node_markers import marker_names
 
+# This module is a registered plugin object: pytest looks at each of its names at start-up, so
+# names used only in annotations are imported for the type checker alone.
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Iterator, Mapping
+
+    from pytest_shutdown.checks.tree_launcher import TreeLauncher
     from pytest_shutdown.engine.config import EngineConfig
     from pytest_shutdown.engine.core import EngineCore
     from pytest_shutdown.engine.llm import ReferenceLLM
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
     from pytest_shutdown.engine.renderer import ReferenceRenderer
     from pytest_shutdown.engine.supervisor import DPSupervisor
     from pytest_shutdown.matrix import ShutdownTimeouts
+    from pytest_shutdown.orphan_matrix import KillTree, OrphanCell
+    from pytest_shutdown.ray_cluster import RayCluster
 
 #: Graces in tests are this fraction of production (15 s → 1.5 s): the same decisions, cheaper.
 TEST_GRACE_SCALE = 0.1
@@ -55,18 +58,22 @@ MARKERS = (
     "shutdown_timeouts fixture (and engine_config) over a timeout matrix.",
     "expect_force_kill(reason=...): the engine fixtures' teardown expects a force kill "
     "(without it, a force-killed engine process fails the test).",
-    ORPHAN_MATRIX_HELP,
+    f"{ORPHAN_MATRIX_MARKER}(level=[...], signal=[...], phase=[...]): parametrize the orphan_cell "
+    "fixture over every level x signal x phase (ids like worker-SIGKILL-busy); kill_tree(target) "
+    "runs a cell.",
 )
 
 
+@pytest.hookimpl
 def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
 
 
+@pytest.hookimpl
 def pytest_report_header(config: pytest.Config) -> str | None:
     """With ``--shutdown-gpu-per-worker``: how the xdist workers spread over the GPUs."""
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or not config.getoption("shutdown_gpu_per_worker", False):
         return None
     from pytest_shutdown import workers
 
@@ -78,12 +85,16 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 _PARAMETRIZING_MARKERS = frozenset({"engine", ORPHAN_MATRIX_MARKER, MATRIX_MARKER})
 
 
+@pytest.hookimpl
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if not marker_names(metafunc.definition) & _PARAMETRIZING_MARKERS:
         return
     for mark in metafunc.definition.iter_markers("engine"):
         _validate_engine_fields(mark.args, mark.kwargs)
-    parametrize_orphan_matrix(metafunc)
+    if ORPHAN_MATRIX_MARKER in marker_names(metafunc.definition):
+        from pytest_shutdown.orphan_matrix import parametrize  # noqa: PLC0415 - a matrix is used
+
+        parametrize(metafunc)
     marks = list(metafunc.definition.iter_markers(MATRIX_MARKER))
     if not marks:
         return
@@ -187,6 +198,49 @@ def engine_config(request: pytest.FixtureRequest, shutdown_platform: str) -> Eng
     for mark in reversed(list(request.node.iter_markers("engine"))):
         config = config.replace(**mark.kwargs)
     return config
+
+
+# -- the orphan matrix and the Ray cluster: their modules are imported when a test uses them ---
+@pytest.fixture
+def orphan_cell(request: pytest.FixtureRequest) -> OrphanCell:
+    """One cell of ``@pytest.mark.orphan_matrix(...)``; the marker parametrizes this fixture."""
+    pytest.fail(
+        f"the orphan_cell fixture needs @pytest.mark.{ORPHAN_MATRIX_MARKER}(level=[...], "
+        "signal=[...], phase=[...]) on the test",
+        pytrace=False,
+    )
+
+
+@pytest.fixture(scope="session")
+def tree_launcher() -> Iterator[TreeLauncher]:
+    """The warm process that starts the trees under test (one per session and xdist worker)."""
+    from pytest_shutdown.checks.tree_launcher import TreeLauncher  # noqa: PLC0415
+
+    launcher = TreeLauncher()
+    yield launcher
+    launcher.close()
+
+
+@pytest.fixture
+def kill_tree(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> KillTree:
+    """``kill_tree(target, levels=..., phases=..., **options)``: run this test's matrix cell.
+
+    Raises ``ShutdownContractError`` (``orphan-process``, ``exit-hang``, ``collective-hang``) when
+    the tree did not die; returns the ``TreeDeath`` record otherwise. ``level``/``signal``/
+    ``phase`` default to the test's ``orphan_cell``; pass them to use ``kill_tree`` without the
+    marker.
+    """
+    from pytest_shutdown.orphan_matrix import kill_tree_of  # noqa: PLC0415
+
+    return kill_tree_of(request, tree_launcher)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[RayCluster]:
+    """A local two-node Ray cluster (CPU only, dashboard off, 127.0.0.1), the session's driver."""
+    from pytest_shutdown.ray_cluster import running_cluster  # noqa: PLC0415
+
+    yield from running_cluster()
 
 
 # -- expectations ----------------------------------------------------------------------------

@@ -37,9 +37,7 @@ import pytest
 
 from pytest_shutdown import origins
 from pytest_shutdown.checks.leaks import Started, descendant_pids, thread_name
-from pytest_shutdown.checks.process_groups import group_names, process_group_findings
 from pytest_shutdown.containment import Containment
-from pytest_shutdown.contract_errors import note_contract_error
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import one_moment
@@ -109,6 +107,28 @@ def _fingerprinted_by_others(kind: ResourceKind, on: Mapping[str, ResourceKind])
 
 def _is_pytest_timeout(exc: BaseException | None) -> bool:
     return exc is not None and _PYTEST_TIMEOUT_MARK in str(exc)
+
+
+# The helpers below import their modules on first use: a clean session raises no
+# ShutdownContractError and, without torch.distributed, has no process group to look at.
+def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: Any) -> None:
+    from pytest_shutdown.contract_errors import note_contract_error as note  # noqa: PLC0415
+
+    note(item, call, report)
+
+
+def group_names() -> frozenset[str]:
+    from pytest_shutdown.checks.process_groups import group_names as names  # noqa: PLC0415
+
+    return names()
+
+
+def process_group_findings(subject: str, before: frozenset[str]) -> list[Finding]:
+    from pytest_shutdown.checks.process_groups import (  # noqa: PLC0415
+        process_group_findings as findings,
+    )
+
+    return findings(subject, before)
 
 
 @lazy_dataclass

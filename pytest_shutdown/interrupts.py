@@ -54,9 +54,10 @@ class SigtermInterrupted(KeyboardInterrupt):
 
 
 class SigtermEndsSessionInOrder:
-    """A pytest plugin object: installs the SIGTERM handler and the signal watch for the
-    session's duration. ``on_abort(exitstatus)`` is called (from the watcher) just before the
-    process ends at once: it writes the report."""
+    """Installs the SIGTERM handler and the signal watch for the session's duration: the
+    report's hooks call :meth:`start` first at session start and :meth:`stop` last at
+    unconfigure. ``on_abort(exitstatus)`` is called (from the watcher) just before the process
+    ends at once: it writes the report."""
 
     def __init__(self, on_abort: Callable[[int], None] | None = None) -> None:
         self._installed = False
@@ -76,8 +77,7 @@ class SigtermEndsSessionInOrder:
             os.kill(os.getpid(), signal.SIGTERM)
         raise SigtermInterrupted("SIGTERM: the session ends in order (teardown, summary, report)")
 
-    @pytest.hookimpl(tryfirst=True)
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
+    def start(self, session: pytest.Session) -> None:
         if hasattr(session.config, "workerinput"):
             return
         if threading.current_thread() is not threading.main_thread():
@@ -108,8 +108,7 @@ class SigtermEndsSessionInOrder:
         if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    @pytest.hookimpl(trylast=True)
-    def pytest_unconfigure(self, config: pytest.Config) -> None:
+    def stop(self) -> None:
         if not self._installed:
             return
         self._installed = False

@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 
-__all__ = ["SHUTDOWN_MATRIX", "marker_names"]
+__all__ = ["ORPHAN_MATRIX", "SHUTDOWN_MATRIX", "marker_names"]
 
-#: The timeout matrix's marker (:mod:`pytest_shutdown.matrix`), named here so that the fixtures
-#: module can check for it without importing the matrix.
+#: The timeout matrix's marker (:mod:`pytest_shutdown.matrix`) and the orphan matrix's
+#: (:mod:`pytest_shutdown.orphan_matrix`), named here so that the fixtures module can check for
+#: them without importing either.
 SHUTDOWN_MATRIX = "shutdown_matrix"
+ORPHAN_MATRIX = "orphan_matrix"
 
 _MARKER_NAMES_KEY = pytest.StashKey[frozenset[str]]()
 

@@ -2,9 +2,10 @@
 
 ``orphan_matrix(level=[...], signal=[...], phase=[...])`` parametrizes the ``orphan_cell``
 fixture with one ``OrphanCell`` per combination, ids like ``worker-SIGKILL-busy``. The
-``kill_tree`` fixture runs one cell: ``kill_tree(target, levels=...)`` starts the target through
-the session's ``tree_launcher``, delivers the cell's signal to the cell's level in the cell's
-phase, and fails the test with ``orphan-process`` / ``exit-hang`` findings when anything is left,
+``kill_tree`` fixture runs one cell (both fixtures are defined in :mod:`pytest_shutdown.fixtures`):
+``kill_tree(target, levels=...)`` starts the target through the session's ``tree_launcher``,
+delivers the cell's signal to the cell's level in the cell's phase, and fails the test with
+``orphan-process`` / ``exit-hang`` findings when anything is left,
 ``collective-hang`` for a process blocked in a collective or store wait (see
 :mod:`pytest_shutdown.checks.orphans`). Levels and phases are the target's: the ranks of a
 process group are levels too (``DISTRIBUTED_LEVELS``: ``rank0``, ``rank1``; phase
@@ -13,12 +14,13 @@ process group are levels too (``DISTRIBUTED_LEVELS``: ``rank0``, ``rank1``; phas
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.node_markers import ORPHAN_MATRIX
 
 # checks.orphans (and through it the tree launcher, multiprocessing.connection, ctypes) is
 # imported where a matrix is built or run: loading the plugin registers these fixtures in every
@@ -27,17 +29,13 @@ if TYPE_CHECKING:
     from pytest_shutdown.checks.orphans import TreeDeath
     from pytest_shutdown.checks.tree_launcher import TreeLauncher
 
-MARKER = "orphan_matrix"
+MARKER = ORPHAN_MATRIX
 ACCEPTED_KEYS = ("level", "signal", "phase")
 DEFAULTS: Mapping[str, tuple[str, ...]] = {
     "level": ("root",),
     "signal": ("SIGKILL",),
     "phase": ("ready",),
 }
-MARKER_HELP = (
-    f"{MARKER}(level=[...], signal=[...], phase=[...]): parametrize the orphan_cell fixture over "
-    "every level x signal x phase (ids like worker-SIGKILL-busy); kill_tree(target) runs a cell."
-)
 
 
 @lazy_dataclass(frozen=True)
@@ -107,38 +105,11 @@ def parametrize(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("orphan_cell", cells, ids=[c.id for c in cells])
 
 
-@pytest.fixture
-def orphan_cell(request: pytest.FixtureRequest) -> OrphanCell:
-    """One cell of ``@pytest.mark.orphan_matrix(...)``; the marker parametrizes this fixture."""
-    pytest.fail(
-        f"the orphan_cell fixture needs @pytest.mark.{MARKER}(level=[...], signal=[...], "
-        "phase=[...]) on the test",
-        pytrace=False,
-    )
-
-
-@pytest.fixture(scope="session")
-def tree_launcher() -> Iterator[TreeLauncher]:
-    """The warm process that starts the trees under test (one per session and xdist worker)."""
-    from pytest_shutdown.checks.tree_launcher import TreeLauncher  # noqa: PLC0415
-
-    launcher = TreeLauncher()
-    yield launcher
-    launcher.close()
-
-
 KillTree = Callable[..., "TreeDeath"]
 
 
-@pytest.fixture
-def kill_tree(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> KillTree:
-    """``kill_tree(target, levels=..., phases=..., **options)``: run this test's matrix cell.
-
-    Raises ``ShutdownContractError`` (``orphan-process``, ``exit-hang``, ``collective-hang``) when
-    the tree did not die; returns the ``TreeDeath`` record otherwise. ``level``/``signal``/
-    ``phase`` default to the test's ``orphan_cell``; pass them to use ``kill_tree`` without the
-    marker.
-    """
+def kill_tree_of(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> KillTree:
+    """The value of the ``kill_tree`` fixture (:mod:`pytest_shutdown.fixtures`) for one test."""
     callspec = getattr(request.node, "callspec", None)
     cell = callspec.params.get("orphan_cell") if callspec is not None else None
 

@@ -83,9 +83,9 @@ def stop_cluster(started: RayCluster) -> None:
         started.cluster.shutdown()
 
 
-@pytest.fixture(scope="session")
-def ray_cluster() -> Iterator[RayCluster]:
-    """A local two-node Ray cluster (CPU only, dashboard off, 127.0.0.1), the session's driver."""
+def running_cluster() -> Iterator[RayCluster]:
+    """The ``ray_cluster`` fixture (:mod:`pytest_shutdown.fixtures`): a started cluster, stopped
+    when the generator is closed or exhausted."""
     pytest.importorskip("ray", reason=SKIP_REASON)
     started = start_cluster()
     try:

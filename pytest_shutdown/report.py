@@ -18,15 +18,16 @@ from collections import Counter
 from collections.abc import Generator, Iterable, Mapping
 from dataclasses import field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 import pytest_shutdown
-from pytest_shutdown.budget import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE, BudgetOutcome
 from pytest_shutdown.finding_text import finding_lines
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.forks import this_pid
+from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
+from pytest_shutdown.interrupts import SigtermEndsSessionInOrder
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
@@ -42,6 +43,9 @@ from pytest_shutdown.records import (
     write_report,
 )
 from pytest_shutdown.settings import GuardSettings, shows_details
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.budget import BudgetOutcome
 
 __all__ = ["SCHEMA_VERSION", "ShutdownReport", "TestRecord", "durations_summary"]
 
@@ -254,6 +258,9 @@ class ShutdownReport:
         if settings.report_path is not None and self.worker is None:
             self.log = RecordLog(record_log_path(settings.report_path))
             _claim(self.log)
+        #: Ended at once (a SIGTERM the main thread cannot take): the report is written first.
+        #: Its two hooks are this object's (one plugin object fewer to register).
+        self.sigterm = SigtermEndsSessionInOrder(self.end_at_once)
 
     # --- collecting ---
 
@@ -420,6 +427,10 @@ class ShutdownReport:
 
     # --- hooks ---
 
+    @pytest.hookimpl(tryfirst=True, specname="pytest_sessionstart")
+    def pytest_sessionstart_signals(self, session: pytest.Session) -> None:
+        self.sigterm.start(session)
+
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if self.log is not None:
@@ -434,6 +445,10 @@ class ShutdownReport:
             self.log.close()  # a run that never reached its end releases the path too
         if self._spill_dir is not None and os.getpid() == self._pid:
             shutil.rmtree(self._spill_dir, ignore_errors=True)
+
+    @pytest.hookimpl(trylast=True, specname="pytest_unconfigure")
+    def pytest_unconfigure_signals(self, config: pytest.Config) -> None:
+        self.sigterm.stop()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_keyboard_interrupt(self, excinfo: pytest.ExceptionInfo[BaseException]) -> None:
@@ -616,6 +631,7 @@ class ShutdownReport:
             return {"red": True, "bold": True}
         return {"yellow": True, "bold": True}
 
+    @pytest.hookimpl
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):
             return

@@ -1,4 +1,5 @@
-"""The guard's settings: options and ini values read, validated and stored on the config.
+"""The guard's settings: options and ini keys declared, their values read, validated and stored
+on the config.
 
 Every value is validated at configure time; a bad one is a :class:`pytest.UsageError` (exit code
 4) whose message names the option or ini key and the accepted values. The report and graphs
@@ -22,7 +23,6 @@ import pytest
 from pytest_shutdown.cycles import cycles_of
 from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.node_markers import marker_names
-from pytest_shutdown.records import record_log_path, refusal_of_target
 from pytest_shutdown.resources import allow_keys, kind_names
 
 #: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
@@ -165,6 +165,8 @@ def load_settings(config: pytest.Config) -> GuardSettings:
     graphs_dir = _path_option(config, "shutdown_graphs", "--shutdown-graphs", "a folder path")
     if graphs_dir is not None:
         given = str(config.getoption("shutdown_graphs"))
+        from pytest_shutdown.records import refusal_of_target  # noqa: PLC0415 - with graphs only
+
         refusal = refusal_of_target(graphs_dir)
         if refusal is not None and "kernel interface" in refusal:
             raise pytest.UsageError(f"--shutdown-graphs: {given!r} is refused: {refusal}")
@@ -211,6 +213,8 @@ def _refuse_special_targets(report_path: Path, given: str) -> None:
     """The report and its record log are only ever written over regular files: a FIFO, a
     device node, a socket or a symbolic link there, or a path under /proc or /sys, is refused
     before the run (the plugin never replaces special files)."""
+    from pytest_shutdown.records import record_log_path, refusal_of_target  # noqa: PLC0415
+
     for target, what in (
         (report_path, "the report"),
         (record_log_path(report_path), "its record log"),
@@ -278,6 +282,149 @@ def _writable_folder(folder: Path, option: str) -> None:
             f"{option}: the folder {str(folder)!r} is read-only; expected a path in a folder "
             "you can write to"
         )
+
+
+# --- options ---------------------------------------------------------------------------------
+
+GUARD_DESC = """
+The shutdown guard: 'fail' errors every test that leaves threads, child processes or a
+gc.freeze() behind (and enforces the teardown budget), 'warn' emits ShutdownLeakWarning instead,
+'off' checks nothing. Default: 'fail' when the plugin is requested with '-p shutdown', otherwise
+'off'. '--shutdown-guard=off' wins over '-p shutdown' and the ini key.
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+GRACE_DESC = f"""
+Seconds a thread or child process started by a test may keep running after the test's teardown
+before it is reported as a leak (polled, so clean tests do not wait). Default {DEFAULT_GRACE_S:g}.
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+BUDGET_DESC = """
+Teardown budget in seconds (0 to 86400): a test's teardown (fixture finalizers included) that
+takes longer is interrupted, every thread's stack is captured in the test's report section, the
+test's child processes are killed and the test errors; the session goes on. A teardown still not
+done one more budget later ends the process with exit code 70 (stacks dumped, report written).
+0 (the default) means no budget. A per-test value is set with @pytest.mark.shutdown_budget(seconds).
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+REPORT_DESC = """
+Write the guard's findings and shutdown durations as JSON to this path (merged over xdist
+workers). Each test's record is appended to PATH's record log (<stem>.records.jsonl) as the
+test ends; after a killed run, 'python -m pytest_shutdown.records LOG -o PATH' assembles it.
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+GRAPHS_DESC = """
+Draw a backref picture (objgraph.show_backrefs) into this folder for every not-collected and
+finalizer-* finding of assert_finalizes_on_gc: a PNG when graphviz's 'dot' is on PATH, else the
+.dot source and a note. The terminal section 'shutdown graphs' names the files.
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+GPU_PER_WORKER_DESC = """
+Under pytest-xdist, give each worker one GPU: worker gwN sees the (N mod count)-th visible device
+through CUDA_VISIBLE_DEVICES (CUDA) or HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES (ROCm), set
+before the conftests are imported, so engine fixtures fan out over a multi-GPU machine. The
+header says when workers share GPUs. Does nothing without xdist or on the CPU.
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+LONG_LIVED_DESC = """
+Threads and child processes owned by a module global or a class attribute (a singleton pool)
+are never a test's leak; the guard lists those still alive at session end under 'long-lived
+resources'. 'list' (default) only lists them; 'fail' also makes the session fail.
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+RESOURCES_DESC = f"""
+Which resource kinds the guard checks after each test: a comma-separated list of
+{', '.join(kind_names())}, or 'all' (the default).
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+NATIVE_ALLOW_DESC = """
+Kernel-name glob patterns (one a line) of native threads (not listed by threading) that the
+guard never blames: lazily started process-lifetime pools of your libraries, beyond the built-in
+list (OpenMP/MKL/torch intra-op, gRPC, CUDA, NVML, tokio, rayon...).
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+PLATFORM_DESC = """
+Device platform for the pytest-shutdown fixtures: 'auto' (default) detects it; 'cuda', 'rocm'
+or 'cpu' forces one.
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+
+DETAILS_DESC = """
+Show every fact of each finding (its JSON details: stacks, pids, command lines, the cell) in the
+failure and in the terminal section 'shutdown'; -vv does the same.
+""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+
+
+def add_options(parser: pytest.Parser) -> None:
+    """The options and ini keys of the plugin (its ``pytest_addoption``)."""
+    group = parser.getgroup("shutdown", "pytest-shutdown: leaks, frozen GC and hung teardowns")
+    group.addoption(
+        "--shutdown-guard",
+        dest="shutdown_guard",
+        metavar="|".join(GUARD_MODES),
+        default=None,
+        help=GUARD_DESC,
+    )
+    group.addoption(
+        "--shutdown-grace",
+        dest="shutdown_grace",
+        metavar="SECONDS",
+        default=None,
+        help=GRACE_DESC,
+    )
+    group.addoption(
+        "--shutdown-budget",
+        dest="shutdown_budget",
+        metavar="SECONDS",
+        default=None,
+        help=BUDGET_DESC,
+    )
+    group.addoption(
+        "--shutdown-report",
+        dest="shutdown_report",
+        metavar="PATH",
+        default=None,
+        help=REPORT_DESC,
+    )
+    group.addoption(
+        "--shutdown-graphs",
+        dest="shutdown_graphs",
+        metavar="DIR",
+        default=None,
+        help=GRAPHS_DESC,
+    )
+    group.addoption(
+        "--shutdown-platform",
+        dest="shutdown_platform",
+        metavar="|".join(PLATFORM_CHOICES),
+        default=None,
+        help=PLATFORM_DESC,
+    )
+    group.addoption(
+        "--shutdown-gpu-per-worker",
+        dest="shutdown_gpu_per_worker",
+        action="store_true",
+        default=False,
+        help=GPU_PER_WORKER_DESC,
+    )
+    group.addoption(
+        "--shutdown-long-lived",
+        dest="shutdown_long_lived",
+        metavar="|".join(LONG_LIVED_CHOICES),
+        default=None,
+        help=LONG_LIVED_DESC,
+    )
+    group.addoption(
+        "--shutdown-details",
+        dest="shutdown_details",
+        action="store_true",
+        default=False,
+        help=DETAILS_DESC,
+    )
+    group.addoption(
+        "--shutdown-resources",
+        dest="shutdown_resources",
+        metavar="KIND,...|all",
+        default=None,
+        help=RESOURCES_DESC,
+    )
+    parser.addini("shutdown_guard", GUARD_DESC, default="")
+    parser.addini("shutdown_resources", RESOURCES_DESC, default="")
+    parser.addini(
+        "shutdown_native_threads_allow", NATIVE_ALLOW_DESC, type="linelist", default=[]
+    )
+    parser.addini("shutdown_long_lived", LONG_LIVED_DESC, default="")
+    parser.addini("shutdown_grace", GRACE_DESC, default="")
+    parser.addini("shutdown_budget", BUDGET_DESC, default="")
 
 
 # --- markers ---------------------------------------------------------------------------------

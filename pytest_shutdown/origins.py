@@ -22,7 +22,7 @@ import sys
 import threading
 import types
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +90,11 @@ _processes: OrderedDict[int, tuple[Callable[[], Any], Origin]] = OrderedDict()
 #: returned, when ``threading`` no longer knows it; it is no native thread of anyone's.
 _python_tids: dict[int, None] = {}
 PYTHON_TID_LIMIT = 4096
+#: The same ids in the order their threads started (the last ones), and how many threads were
+#: started in all: what a move of ``ns_last_pid`` is made of when this process created nothing
+#: else (:func:`pytest_shutdown.checks.leaks.descendant_pids`).
+_recent_tids: deque[int] = deque(maxlen=64)
+_tids_started = 0
 _originals: dict[str, Any] = {}
 _installs = 0
 _is_library_cache: dict[str, bool] = {}
@@ -268,6 +273,9 @@ def install() -> None:
             _python_tids[tid] = None
             if len(_python_tids) > PYTHON_TID_LIMIT:
                 del _python_tids[next(iter(_python_tids))]
+            _recent_tids.append(tid)
+            global _tids_started
+            _tids_started += 1
         return result
 
     def popen(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
@@ -393,6 +401,20 @@ def uninstall() -> None:
 
 def origin_of_thread(thread: threading.Thread) -> Origin | None:
     return _threads.get(thread)
+
+
+def threads_started() -> int:
+    """How many ``threading.Thread`` objects were started while recording, so far."""
+    return _tids_started
+
+
+def tids_started_since(count: int) -> list[int] | None:
+    """The kernel thread ids of the threads started since :func:`threads_started` was
+    ``count``; None when more were started than this module keeps."""
+    new = _tids_started - count
+    if new < 0 or new > len(_recent_tids):
+        return None
+    return list(_recent_tids)[len(_recent_tids) - new :] if new else []
 
 
 def python_thread_tid(tid: int) -> bool:

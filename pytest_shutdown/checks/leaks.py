@@ -153,8 +153,9 @@ def _may_have_children() -> bool:
 #: The last pid the kernel allocated in this pid namespace (Linux). While it has not moved, no
 #: process (nor thread) was created anywhere, so no new descendant can exist.
 _LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
-#: (this process's pid, ns_last_pid at the scan, the descendants found by that scan)
-_scan_cache: tuple[int, bytes, frozenset[int]] | None = None
+#: (this process's pid, ns_last_pid at the scan, the descendants found by that scan, how many
+#: threads this process had started then)
+_scan_cache: tuple[int, bytes, frozenset[int], int] | None = None
 
 
 def last_pid() -> bytes | None:
@@ -255,16 +256,38 @@ def cached_descendants(marker: bytes) -> frozenset[int] | None:
     return cached[2]
 
 
+def _only_own_threads_since(cached: tuple[int, bytes, frozenset[int], int], marker: bytes) -> bool:
+    """Whether every pid allocated since the scan ``cached`` went to a thread this process
+    started (a test that starts and joins threads): the kernel allocates pids upwards from
+    ``ns_last_pid``, so all of them lie between the scan's marker and ``marker``; when each
+    number there is one of those threads' ids, no process was created anywhere."""
+    tids = origins.tids_started_since(cached[3])
+    if not tids:
+        return False
+    try:
+        start, end = int(cached[1]), int(marker)
+    except ValueError:
+        return False
+    if not 0 < end - start <= len(tids):
+        return False  # more allocated than this process's threads, or the pids wrapped
+    return set(range(start + 1, end + 1)) <= set(tids)
+
+
 def _read_descendant_pids() -> frozenset[int]:
     global _scan_cache
     pid = this_pid()
+    started = origins.threads_started()  # before the marker: a thread started now is not ours
     marker = last_pid()  # read before scanning: a process created during the scan moves it
     cached = _scan_cache
+    if marker is not None and cached is not None and cached[0] == pid and cached[1] != marker:
+        if _only_own_threads_since(cached, marker):
+            _scan_cache = (pid, marker, cached[2], started)  # no process was created since
+            return cached[2]
     unmoved = marker is not None and cached is not None and cached[:2] == (pid, marker)
     if unmoved and cached is not None and not cached[2]:
         return cached[2]  # no child then, and no pid allocated anywhere since: none now
     if not _may_have_children():
-        _scan_cache = (pid, marker, frozenset()) if marker is not None else None
+        _scan_cache = (pid, marker, frozenset(), started) if marker is not None else None
         return frozenset()
     if unmoved and cached is not None:
         return cached[2]
@@ -278,7 +301,7 @@ def _read_descendant_pids() -> frozenset[int]:
             return frozenset()
         walked = frozenset(child.pid for child in children)
     found = walked
-    _scan_cache = (pid, marker, found) if marker is not None else None
+    _scan_cache = (pid, marker, found, started) if marker is not None else None
     return found
 
 

@@ -451,3 +451,72 @@ def test_the_multiprocessing_fork_server_is_not_a_leak_but_its_children_are() ->
         other = ctx.Process(target=release.wait, args=(1,))
         other.start()
         other.join(5)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="walks /proc (Linux)")
+def test_pids_that_went_to_this_process_threads_need_no_walk_and_a_process_still_does(
+    monkeypatch: pytest.MonkeyPatch, procs: list[subprocess.Popen[bytes]]
+) -> None:
+    """A test that starts and joins threads moves ns_last_pid by their ids alone: the last
+    walk stands. Any other pid allocated since (a process, a thread of another process) is
+    walked for; so is a thread started while nothing records the starts."""
+    import pytest_shutdown.checks.leaks as leaks
+    from pytest_shutdown import origins
+
+    procs.append(subprocess.Popen(["sleep", "60"]))  # a child exists: waitid cannot rule it out
+    scans = []
+    real_walk = leaks._walk_descendants
+
+    def walk(pid: int) -> frozenset[int] | None:
+        scans.append(1)
+        return real_walk(pid)
+
+    def a_thread() -> None:
+        thread = threading.Thread(target=len, args=((),))
+        thread.start()
+        thread.join()
+
+    monkeypatch.setattr(leaks, "_walk_descendants", walk)
+    monkeypatch.setattr(leaks, "_scan_cache", None)
+    origins.install()
+    try:
+        for _ in range(20):  # other processes of the host allocate pids too: find a quiet run
+            first = leaks.descendant_pids()
+            scans.clear()
+            a_thread()
+            a_thread()
+            if leaks.descendant_pids() == first and not scans:
+                break
+        else:
+            raise AssertionError("every run of two threads walked again")
+        assert procs[0].pid in first
+        procs.append(subprocess.Popen(["sleep", "60"]))
+        a_thread()
+        assert procs[1].pid in leaks.descendant_pids()  # walked: a pid not of a thread of ours
+    finally:
+        origins.uninstall()
+    scans.clear()
+    a_thread()  # not recorded: the walk cannot be skipped
+    leaks.descendant_pids()
+    assert len(scans) == 1
+
+
+@pytest.mark.parametrize(
+    ("since", "marker", "own"),
+    [
+        ([101, 102], b"102\n", True),  # both pids went to this process's threads
+        ([99, 101], b"102\n", False),  # 102 did not (99 started before the scan's marker)
+        ([101], b"102\n", False),  # more pids allocated than threads started
+        ([101, 102], b"100\n", False),  # nothing moved, or the pids wrapped around
+        ([], b"101\n", False),
+        (None, b"101\n", False),  # more threads started than are kept
+    ],
+)
+def test_only_pids_of_this_process_threads_since_the_scan(
+    monkeypatch: pytest.MonkeyPatch, since: list[int] | None, marker: bytes, own: bool
+) -> None:
+    import pytest_shutdown.checks.leaks as leaks
+    from pytest_shutdown import origins
+
+    monkeypatch.setattr(origins, "tids_started_since", lambda count: since)
+    assert leaks._only_own_threads_since((os.getpid(), b"100\n", frozenset(), 0), marker) is own

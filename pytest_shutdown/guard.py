@@ -720,10 +720,16 @@ class ShutdownGuard:
         """List the long-lived resources still alive; with ``--shutdown-long-lived=fail`` (on
         the controller, after the workers' lists are merged) they fail the session."""
         now = time.monotonic()
-        for key, record in self._long_lived.items():
-            name, item = key
+        by_kind: dict[str, list[Any]] = {}
+        for name, item in self._long_lived:
+            by_kind.setdefault(name, []).append(item)
+        alive: set[tuple[str, Any]] = set()
+        for name, items in by_kind.items():  # one settle per kind: one collection, not one each
             kind = self._by_name.get(name)
-            if kind is not None and kind.settle((item,), now):
+            if kind is not None:
+                alive.update((name, item) for item in kind.settle(tuple(items), now))
+        for key, record in self._long_lived.items():
+            if key in alive:
                 self.report.add_long_lived(record)
         self._sweep_session()
         self._note_threads_blocking_exit()

@@ -533,10 +533,6 @@ class FdKind:
         wrapped = self._wrappers(item.fd for item in items)
         return {item: _innermost(wrapped[item.fd]) for item in items if wrapped.get(item.fd)}
 
-    def still_there(self, items: Sequence[FdItem]) -> list[FdItem]:
-        """The descriptors still open now (no wait, no collection)."""
-        return still_open(items)
-
     def settle(self, items: Sequence[FdItem], deadline: float) -> list[FdItem]:
         return settle(items, deadline)
 

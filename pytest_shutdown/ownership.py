@@ -313,9 +313,14 @@ def find_owners(
             break
         depth += 1
         frontier_ids = {id(n) for n in frontier}
-        referrers = gc.get_referrers(*frontier)
+        # The call's own argument tuple holds the frontier and is a (tracked) referrer of it:
+        # walked, it led to the next level's argument tuple, and so on to max_depth (every
+        # unowned target's walk took 14 heap passes). A call with an exact tuple passes that
+        # very tuple, whose id is skipped.
+        args = tuple(frontier)
+        referrers = gc.get_referrers(*args)
         next_frontier: list[object] = []
-        skip.update({id(referrers), id(next_frontier), id(frontier)})
+        skip.update({id(referrers), id(next_frontier), id(frontier), id(args)})
         for ref in referrers:
             ref_id = id(ref)
             if ref_id in skip or _is_a(ref, _NEVER_OWNERS) or _is_tool_object(ref) or _opaque(ref):

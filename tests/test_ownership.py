@@ -207,6 +207,20 @@ def test_what_a_remembered_global_does_not_reach_is_still_unowned(
         module.POOL.shutdown()
 
 
+def test_an_unowned_threads_walk_ends_where_its_referrers_end(heap_passes: list[int]) -> None:
+    """The walk's own argument tuple (a referrer of the frontier it holds) is not climbed:
+    an unowned thread's walk took every level to max_depth, one heap pass each."""
+    from pytest_shutdown.ownership import MAX_DEPTH
+
+    loose = _Executor()
+    try:
+        thread = loose.spawn()
+        assert find_owners({thread: thread}, {}) == {}
+        assert len(heap_passes) < MAX_DEPTH // 2
+    finally:
+        loose.shutdown()
+
+
 def test_a_fixture_reaching_a_remembered_globals_worker_owns_it(
     module: types.ModuleType, heap_passes: list[int]
 ) -> None:

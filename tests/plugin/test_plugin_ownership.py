@@ -575,8 +575,8 @@ def test_a_thread_ending_just_after_the_test_costs_no_ownership_walk(
     )
     by_id = {t["nodeid"]: t for t in _report(pytester)["tests"]}
     assert sorted(by_id) == ["test_queue.py::test_queue_running_past_the_grace"]
-    codes = [f["code"] for f in by_id["test_queue.py::test_queue_running_past_the_grace"]["findings"]]
-    assert codes == ["thread-leak", "fd-leak"]
+    past = by_id["test_queue.py::test_queue_running_past_the_grace"]
+    assert [f["code"] for f in past["findings"]] == ["thread-leak", "fd-leak"]
     result.assert_outcomes(passed=2, errors=1)
     passes = eval((pytester.path / "passes.txt").read_text())  # noqa: S307 - our own repr
     # The fd kind's tool-holder test over the pipe's wrappers takes two passes; the walk

@@ -66,6 +66,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["TOOL_MODULES", "ShutdownGuard", "ShutdownLeakWarning", "is_tool_thread"]
 
+#: Seconds the check waits first for the new threads and processes no known owner explains to
+#: end by themselves (a queue's feeder thread on its way out, and then its pipe): each level
+#: of the ownership search's backward walk it spares is a pass over the whole heap (~10 ms in
+#: a suite with numpy loaded).
+_BRIEF_S = 0.02
+
 #: kind name -> a snapshot of that kind
 Snapshot = dict[str, Any]
 #: kind name -> the items of that kind (objects, or Change records of a state kind)
@@ -588,6 +594,98 @@ class ShutdownGuard:
                 kind.restore(items)
         return findings
 
+    def _left(self, watch: _Watch, allowed: set[str], moved: set[str] | None) -> Found | None:
+        """What the test left that is its own (inside one moment): each kind's new items less
+        what a live fixture started or anything that outlives the test owns; None when there
+        is nothing to wait for or report. ``allowed`` gets the kinds the markers allow; only
+        the kinds in ``moved`` are asked (all when None)."""
+        found: Found = {}
+        allow = watch.allow
+        for kind in self.kinds:
+            if moved is not None and kind.name not in moved:
+                continue
+            allowance = allow.allowance(kind.allow_key) if allow is not None else None
+            if allowance is True:
+                allowed.add(kind.name)
+                continue
+            items = kind.new_since(watch.before[kind.name], allowance)
+            if items:
+                found[kind.name] = tuple(items)
+        if not found and not watch.finished:
+            return None
+        live_owned = self._live_owned()
+        for kind in self._objects:
+            if kind.name in found and kind.name in live_owned:
+                found[kind.name] = tuple(
+                    i for i in found[kind.name] if i not in live_owned[kind.name]
+                )
+        # Whose is it? Decided before any wait, so that what others own costs no grace.
+        return self._without_owned(found, watch.item.nodeid)
+
+    def _live_owned(self) -> dict[str, set[Any]]:
+        live_owned: dict[str, set[Any]] = {}
+        for owned in self._owned.values():
+            for name, items in owned.started.items():
+                live_owned.setdefault(name, set()).update(items)
+        return live_owned
+
+    def _leaving(self, watch: _Watch, moved: set[str] | None) -> Found:
+        """New threads and processes (kinds whose items end by themselves and say what is
+        still there) that no live fixture started and no known owner explains without a heap
+        pass: those that end within a few milliseconds need no ownership search at all."""
+        allow = watch.allow
+        found: Found = {}
+        targets: dict[Any, object] = {}
+        for kind in self._objects:
+            if not getattr(kind, "ends_by_itself", False):
+                continue
+            if moved is not None and kind.name not in moved:
+                continue
+            allowance = allow.allowance(kind.allow_key) if allow is not None else None
+            if allowance is True:
+                continue
+            items = kind.new_since(watch.before[kind.name], allowance)
+            if items:
+                found[kind.name] = tuple(items)
+                for item, obj in kind.targets(items).items():
+                    targets[(kind.name, item)] = obj
+        if not found:
+            return found
+        live_owned = self._live_owned()
+        owners: Mapping[Any, object] = {}
+        if targets:
+            from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when found
+
+            owners = find_owners(targets, self._fixture_roots(), walk=False)
+        leaving = {
+            name: tuple(
+                i for i in items if i not in live_owned.get(name, ()) and (name, i) not in owners
+            )
+            for name, items in found.items()
+        }
+        return {name: items for name, items in leaving.items() if items}
+
+    def _let_go(self, leaving: Found, wait_s: float) -> None:
+        """Wait up to ``wait_s`` (short polls) for the ``leaving`` items to end; once some
+        did, collect the young generations: what they held (a queue's pipe) is garbage now."""
+        deadline = time.monotonic() + wait_s
+        delay = 0.001
+        count = sum(map(len, leaving.values()))
+        while True:
+            for name, items in list(leaving.items()):
+                left = self._by_name[name].still_there(items)  # type: ignore[attr-defined]
+                if left:
+                    leaving[name] = tuple(left)
+                else:
+                    del leaving[name]
+            now = time.monotonic()
+            if not leaving or now >= deadline:
+                break
+            time.sleep(min(delay, deadline - now))
+            delay = min(delay * 2, 0.008)
+        if sum(map(len, leaving.values())) < count:
+            gc.collect(1)
+
     @staticmethod
     def _fixture_state_left(
         kind: ResourceKind, owned: _Owned, state_now: Snapshot
@@ -606,13 +704,15 @@ class ShutdownGuard:
     # --- checking and restoring order ---
 
     def _check(self, watch: _Watch) -> list[Finding]:
-        found: Found = {}
         allowed: set[str] = set()
         # One moment up to the grace: the kinds share their readings (the fd kind its heap
-        # scan for the descriptors' wrappers, between new_since and the ownership search).
-        allow = watch.allow
+        # scan for the descriptors' wrappers, between new_since and the ownership search);
+        # a second one after a brief wait for new threads and processes on their way out.
         before = watch.before
         self._clean = None
+        brief_s = 0.0 if watch.timed_out or watch.failed else min(_BRIEF_S, self.settings.grace_s)
+        leaving: Found = {}
+        left: Found | None = None
         with one_moment():  # the marks share their readings with the kinds asked below
             marks = self._marks.read()
             if watch.marks is not None and _same(marks, watch.marks):
@@ -620,41 +720,31 @@ class ShutdownGuard:
                 return []
             # A kind whose fingerprint did not move has nothing new: only the others are asked.
             moved = self._moved(watch.marks, marks)
-            for kind in self.kinds:
-                if moved is not None and kind.name not in moved:
-                    continue
-                allowance = allow.allowance(kind.allow_key) if allow is not None else None
-                if allowance is True:
-                    allowed.add(kind.name)
-                    continue
-                items = kind.new_since(before[kind.name], allowance)
-                if items:
-                    found[kind.name] = tuple(items)
-            if not found and not watch.finished:
-                # Nothing new (a thread started and joined, a pid allocated on the host): the
-                # next test starts from what is here now while the marks, read before these
-                # snapshots, have not moved; the snapshots share this moment's readings.
-                self._clean = (
-                    marks,
-                    {
-                        kind.name: kind.snapshot()
-                        if moved is None or kind.name in moved
-                        else before[kind.name]
-                        for kind in self.kinds
-                    },
-                )
-                return []
-            live_owned: dict[str, set[Any]] = {}
-            for owned in self._owned.values():
-                for name, items in owned.started.items():
-                    live_owned.setdefault(name, set()).update(items)
-            for kind in self._objects:
-                if kind.name in found and kind.name in live_owned:
-                    found[kind.name] = tuple(
-                        i for i in found[kind.name] if i not in live_owned[kind.name]
+            if brief_s > 0:
+                leaving = self._leaving(watch, moved)
+            if not leaving:
+                left = self._left(watch, allowed, moved)
+                if left is None:
+                    # Nothing new (a thread started and joined, a pid allocated on the host):
+                    # the next test starts from what is here now while the marks, read before
+                    # these snapshots, have not moved; the snapshots share this moment's
+                    # readings.
+                    self._clean = (
+                        marks,
+                        {
+                            kind.name: kind.snapshot()
+                            if moved is None or kind.name in moved
+                            else before[kind.name]
+                            for kind in self.kinds
+                        },
                     )
-            # Whose is it? Decided before any wait, so that what others own costs no grace.
-            found = self._without_owned(found, watch.item.nodeid)
+        if leaving:  # outside the moment: what they held is read afresh once they ended
+            self._let_go(leaving, brief_s)
+            with one_moment():
+                left = self._left(watch, allowed, moved)
+        if left is None:
+            return []  # the common case: nothing to wait for, nothing to report
+        found: Found = left
         fixtures: Found = {}
         for owned, _ in watch.finished:
             for name, items in owned.started.items():
@@ -775,10 +865,16 @@ class ShutdownGuard:
         """List the long-lived resources still alive; with ``--shutdown-long-lived=fail`` (on
         the controller, after the workers' lists are merged) they fail the session."""
         now = time.monotonic()
-        for key, record in self._long_lived.items():
-            name, item = key
+        by_kind: dict[str, list[Any]] = {}
+        for name, item in self._long_lived:
+            by_kind.setdefault(name, []).append(item)
+        alive: set[tuple[str, Any]] = set()
+        for name, items in by_kind.items():  # one settle per kind: one collection, not one each
             kind = self._by_name.get(name)
-            if kind is not None and kind.settle((item,), now):
+            if kind is not None:
+                alive.update((name, item) for item in kind.settle(tuple(items), now))
+        for key, record in self._long_lived.items():
+            if key in alive:
                 self.report.add_long_lived(record)
         self._sweep_session()
         self._note_threads_blocking_exit()

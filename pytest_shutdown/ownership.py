@@ -18,6 +18,12 @@ not an owner) or the standard library's bookkeeping registries (``threading._act
 ``multiprocessing.process._children``, cleanup registries such as ``weakref.finalize``'s), and
 it is bounded by depth, node count and time: a walk that gives up leaves the suspect unowned.
 It is only called when something new is still alive after a test.
+
+Each backward level is a pass over the whole heap. Before the walk, forward searches along
+``gc.get_referents`` (bounded, the same objects excluded) try the live wider-scope fixtures'
+values and the module globals and class attributes that owned something lately: a reusable
+executor owning its new workers test after test is answered without a heap pass, and a claim
+is only ever made along a live reference path from the owner.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import sys
 import threading
 import time
 import types
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +50,20 @@ MAX_DEPTH = 14
 MAX_NODES = 50_000
 #: Seconds the walk may take.
 MAX_SECONDS = 2.0
+
+#: Module globals remembered as owners (the most recent last), tried first by a forward search.
+RECENT_OWNERS = 8
+#: Objects the forward search from remembered owners (and from the fixtures' values) visits at
+#: most, before the backward walk takes over.
+SHORTCUT_NODES = 5_000
+
+#: The module globals (``("module", module name, global's name)``) and class attributes
+#: (``("class", weak reference to the class, attribute)``) that owned something lately, the most
+#: recent last: a reusable executor (loky's, joblib's) or a class's monitor thread (tqdm's) owns
+#: the new workers, threads and pipes of test after test, and a forward search from it (a few
+#: hundred objects) answers where each level of the backward walk is a pass over the whole heap
+#: (~10 ms with numpy loaded).
+_recent: collections.OrderedDict[tuple[str, Any, str], None] = collections.OrderedDict()
 
 #: Objects of these top-level packages are never owners and are not walked through.
 _TOOL_PACKAGES = frozenset(
@@ -209,9 +230,15 @@ def find_owners(
     max_nodes: int = MAX_NODES,
     max_seconds: float = MAX_SECONDS,
     follow_starters: bool = True,
+    shortcut: bool = True,
+    walk: bool = True,
 ) -> dict[Any, Owner]:
     """Find the owner of each target object (a thread, a Process/Popen); unowned ones are left
     out of the answer.
+
+    First, without a heap pass (``shortcut``): forwards from each live wider-scope fixture's
+    value, then from the module globals and class attributes that owned something lately
+    (:func:`_known_owners`); then, for what is left (unless ``walk`` is False), backwards.
 
     A thread that nothing reaches, started by another thread that is not among the targets (a
     pool's manager thread starting a feeder thread), belongs to that thread's owner, if it has
@@ -265,21 +292,35 @@ def find_owners(
     def settle(node_id: int, kind: str, owner_name: str, key: Any) -> None:
         for label in labels_of[node_id]:
             if keys[label] not in answers:
-                answers[keys[label]] = _owner(chain_from(node_id, label), kind, owner_name, key)
+                chain = chain_from(node_id, label)
+                answers[keys[label]] = _owner(chain, kind, owner_name, key)
+                if kind != "fixture":
+                    _remember(kind, chain, owner_name)
 
     for node_id in list(objects):  # a target may itself be a fixture's value
         if node_id in fixture_roots:
             key, name, _value = fixture_roots[node_id]
             settle(node_id, "fixture", name, key)
+    if shortcut and len(answers) < len(keys):
+        unanswered = {key: targets[key] for key in keys if key not in answers}
+        answers.update(_known_owners(unanswered, fixture_roots, modules, skip, max_depth))
+        frontier = [t for t in frontier if any(keys[i] not in answers for i in labels_of[id(t)])]
+    if not walk:
+        return answers
     depth = 0
     while frontier and depth < max_depth and len(answers) < len(keys):
         if time.monotonic() > deadline or len(objects) > max_nodes:
             break
         depth += 1
         frontier_ids = {id(n) for n in frontier}
-        referrers = gc.get_referrers(*frontier)
+        # The call's own argument tuple holds the frontier and is a (tracked) referrer of it:
+        # walked, it led to the next level's argument tuple, and so on to max_depth (every
+        # unowned target's walk took 14 heap passes). A call with an exact tuple passes that
+        # very tuple, whose id is skipped.
+        args = tuple(frontier)
+        referrers = gc.get_referrers(*args)
         next_frontier: list[object] = []
-        skip.update({id(referrers), id(next_frontier), id(frontier)})
+        skip.update({id(referrers), id(next_frontier), id(frontier), id(args)})
         for ref in referrers:
             ref_id = id(ref)
             if ref_id in skip or _is_a(ref, _NEVER_OWNERS) or _is_tool_object(ref) or _opaque(ref):
@@ -315,6 +356,177 @@ def find_owners(
     if follow_starters and len(answers) < len(keys):
         answers.update(_owners_through_starters(targets, answers, fixture_roots, max_seconds))
     return answers
+
+
+def _remember(kind: str, chain: list[object], owner_name: str) -> None:
+    """Remember the module global or class attribute at the top of ``chain`` (owner first)."""
+    holder: Any = chain[0]
+    below = {id(obj) for obj in chain[1:3]}
+    entry: tuple[str, Any, str] | None = None
+    try:
+        if kind == "module-global" and isinstance(holder, dict):
+            module_name = owner_name
+            items = list(holder.items())
+        elif kind == "class-attribute" and isinstance(holder, type):
+            module_name = ""
+            items = list(vars(holder).items())
+        else:
+            return
+        name = next((k for k, v in items if id(v) in below and isinstance(k, str)), None)
+        if name is None:
+            return
+        entry = (
+            ("module", module_name, name)
+            if kind == "module-global"
+            else ("class", weakref.ref(holder), name)
+        )
+    except Exception:  # noqa: BLE001 - a hostile class: nothing remembered
+        return
+    _recent[entry] = None
+    _recent.move_to_end(entry)
+    while len(_recent) > RECENT_OWNERS:
+        _recent.popitem(last=False)
+
+
+def forget_recent_owners() -> None:
+    """Forget the remembered owners (tests)."""
+    _recent.clear()
+
+
+def _stops(obj: object, skip: set[int], modules: Mapping[int, str]) -> bool:
+    """Where a forward search stops, as the backward walk does: the bookkeeping registries,
+    module namespaces (another owner), classes, frames, tracebacks, modules, the test tools'
+    and opaque objects."""
+    return (
+        id(obj) in skip
+        or id(obj) in modules
+        or _is_a(obj, (type, *_NEVER_OWNERS))
+        or _is_tool_object(obj)
+        or _opaque(obj)
+    )
+
+
+def _forward(
+    root: object,
+    wanted: Mapping[int, object],
+    skip: set[int],
+    modules: Mapping[int, str],
+    max_depth: int,
+    budget: int,
+) -> tuple[dict[int, list[object]], bool]:
+    """Breadth-first along ``gc.get_referents`` from ``root`` (at most ``max_depth`` edges and
+    ``budget`` objects): id of each wanted object reached -> the chain from ``root`` down to it
+    (the shortest); and False when the budget cut the search short."""
+    parent: dict[int, tuple[int, object] | None] = {id(root): None}
+    level = [root]
+    reached: dict[int, list[object]] = {}
+    for _depth in range(max_depth):
+        next_level: list[object] = []
+        for node in level:
+            for child in gc.get_referents(node):
+                child_id = id(child)
+                if child_id in parent or _stops(child, skip, modules):
+                    continue
+                parent[child_id] = (id(node), node)
+                next_level.append(child)
+                if child_id in wanted:
+                    chain = [child]
+                    link = parent[child_id]
+                    while link is not None:
+                        chain.append(link[1])
+                        link = parent[link[0]]
+                    reached[child_id] = chain[::-1]
+                if len(parent) > budget:
+                    return reached, False
+        level = next_level
+    return reached, True  # all within max_depth seen: the backward walk sees no farther
+
+
+def _known_owners(
+    targets: Mapping[Any, object],
+    fixture_roots: Mapping[int, tuple[Any, str, object]],
+    modules: Mapping[int, str],
+    skip: set[int],
+    max_depth: int,
+) -> dict[Any, Owner]:
+    """The owners found forwards, without a heap pass: a wider-scope fixture's value that
+    reaches a target owns it (the narrowest owner; the nearest of several), else a remembered
+    module global or class attribute that reaches it (the most recent first).
+
+    A fixture search cut short by the bounds might have reached any target: then nothing is
+    answered here (the backward walk decides all). What no known owner reaches is left to the
+    backward walk."""
+    wanted = {id(target): target for target in targets.values()}
+    skip = skip | {id(wanted), id(targets)}
+    by_id: dict[int, Owner] = {}
+    lengths: dict[int, int] = {}
+    for key, name, value in fixture_roots.values():
+        if _stops(value, skip, modules):
+            continue
+        reached, complete = _forward(value, wanted, skip, modules, max_depth, SHORTCUT_NODES)
+        if not complete:
+            return {}
+        for target_id, chain in reached.items():
+            if len(chain) < lengths.get(target_id, max_depth + 2):
+                lengths[target_id] = len(chain)
+                by_id[target_id] = _owner(chain, "fixture", name, key)
+    for target_id in by_id:
+        wanted.pop(target_id, None)
+    for entry in reversed(list(_recent)):
+        if not wanted:
+            break
+        found = _from_remembered(entry, wanted, skip, modules, max_depth)
+        for target_id, owner in found.items():
+            by_id[target_id] = owner
+            wanted.pop(target_id, None)
+        if found:
+            _recent.move_to_end(entry)
+    return {key: by_id[id(t)] for key, t in targets.items() if id(t) in by_id}
+
+
+def _from_remembered(
+    entry: tuple[str, Any, str],
+    wanted: Mapping[int, object],
+    skip: set[int],
+    modules: Mapping[int, str],
+    max_depth: int,
+) -> dict[int, Owner]:
+    """Owners (by target id) found forwards from one remembered global or class attribute."""
+    what, where, name = entry
+    prefix: list[object]
+    if what == "module":
+        namespace = getattr(sys.modules.get(where), "__dict__", None)
+        if not isinstance(namespace, dict) or id(namespace) not in modules:
+            return {}  # gone, or a test tool's
+        if name not in namespace:
+            return {}
+        value = namespace[name]
+        prefix, kind, owner_name = [namespace], "module-global", where
+    else:
+        cls = where()
+        if cls is None:
+            return {}
+        try:
+            attrs = vars(cls)
+            if name not in attrs:
+                return {}
+            value = attrs[name]
+            owner_name = f"{cls.__module__}.{cls.__qualname__}"
+        except Exception:  # noqa: BLE001 - a hostile class
+            return {}
+        prefix, kind = [cls, {name: value}], "class-attribute"
+    reached: dict[int, list[object]] = {}
+    if id(value) in wanted:
+        reached[id(value)] = [value]
+    if not _stops(value, skip, modules):
+        more, _complete = _forward(
+            value, wanted, skip, modules, max_depth - len(prefix), SHORTCUT_NODES
+        )
+        reached = {**more, **reached}
+    return {
+        target_id: _owner([*prefix, *chain], kind, owner_name, None)
+        for target_id, chain in reached.items()
+    }
 
 
 def _owners_through_starters(

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from pytest_shutdown import origins
-from pytest_shutdown.ownership import find_owners, stdlib_helper_threads
+from pytest_shutdown.ownership import find_owners, forget_recent_owners, stdlib_helper_threads
 
 
 @pytest.fixture
@@ -104,6 +104,137 @@ def test_a_walk_that_gives_up_leaves_the_target_unowned(module: types.ModuleType
     try:
         (worker,) = _workers(module.POOL)
         assert find_owners({worker: worker}, {}, max_depth=1) == {}
+    finally:
+        module.POOL.shutdown()
+
+
+@pytest.fixture
+def heap_passes(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
+    """The backward walk's heap passes (``gc.get_referrers`` calls), counted; no owner
+    remembered from another test."""
+    forget_recent_owners()
+    calls: list[int] = []
+    real = gc.get_referrers
+
+    def counted(*objs: object) -> list[object]:
+        calls.append(len(objs))
+        return real(*objs)
+
+    monkeypatch.setattr(gc, "get_referrers", counted)
+    yield calls
+    forget_recent_owners()
+
+
+class _Executor:
+    """A reusable executor: new workers test after test."""
+
+    def __init__(self) -> None:
+        self.threads: set[threading.Thread] = set()
+        self._stop = threading.Event()
+
+    def spawn(self) -> threading.Thread:
+        thread = threading.Thread(target=self._stop.wait, daemon=True)
+        self.threads.add(thread)
+        thread.start()
+        return thread
+
+    def shutdown(self) -> None:
+        self._stop.set()
+        for thread in self.threads:
+            thread.join(10)
+
+
+def test_a_remembered_module_global_owns_its_new_workers_without_a_heap_pass(
+    module: types.ModuleType, heap_passes: list[int]
+) -> None:
+    """A reusable executor's new workers, test after test: the global that owned the first
+    one is searched forwards first."""
+    module.POOL = _Executor()
+    try:
+        first = module.POOL.spawn()
+        assert find_owners({first: first}, {})[first].name == "ownership_subject.POOL"
+        assert heap_passes  # the first time: the backward walk
+        heap_passes.clear()
+        second = module.POOL.spawn()
+        owner = find_owners({second: second}, {})[second]
+        assert (owner.kind, owner.name) == ("module-global", "ownership_subject.POOL")
+        assert owner.path == ".POOL.threads{item}"
+        assert heap_passes == []
+    finally:
+        module.POOL.shutdown()
+
+
+def test_a_remembered_class_attribute_owns_its_new_workers_without_a_heap_pass(
+    heap_passes: list[int],
+) -> None:
+    class Monitor:
+        pool = _Executor()
+
+    try:
+        first = Monitor.pool.spawn()
+        assert find_owners({first: first}, {})[first].kind == "class-attribute"
+        heap_passes.clear()
+        second = Monitor.pool.spawn()
+        owner = find_owners({second: second}, {})[second]
+        assert owner.kind == "class-attribute"
+        assert owner.name.endswith("Monitor.pool")
+        assert owner.path.endswith(".threads{item}")
+        assert heap_passes == []
+    finally:
+        Monitor.pool.shutdown()
+
+
+def test_what_a_remembered_global_does_not_reach_is_still_unowned(
+    module: types.ModuleType, heap_passes: list[int]
+) -> None:
+    """The executor replaced (the old one dropped with its worker still running) and a thread
+    only a local holds: neither is the global's."""
+    module.POOL = _Executor()
+    old_pool = module.POOL
+    loose = _Executor()
+    try:
+        old = module.POOL.spawn()
+        assert find_owners({old: old}, {})[old].name == "ownership_subject.POOL"
+        module.POOL = _Executor()
+        module.POOL.spawn()
+        other = loose.spawn()
+        heap_passes.clear()
+        assert find_owners({old: old, other: other}, {}) == {}
+        assert heap_passes  # decided by the backward walk
+    finally:
+        loose.shutdown()
+        old_pool.shutdown()
+        module.POOL.shutdown()
+
+
+def test_an_unowned_threads_walk_ends_where_its_referrers_end(heap_passes: list[int]) -> None:
+    """The walk's own argument tuple (a referrer of the frontier it holds) is not climbed:
+    an unowned thread's walk took every level to max_depth, one heap pass each."""
+    from pytest_shutdown.ownership import MAX_DEPTH
+
+    loose = _Executor()
+    try:
+        thread = loose.spawn()
+        assert find_owners({thread: thread}, {}) == {}
+        assert len(heap_passes) < MAX_DEPTH // 2
+    finally:
+        loose.shutdown()
+
+
+def test_a_fixture_reaching_a_remembered_globals_worker_owns_it(
+    module: types.ModuleType, heap_passes: list[int]
+) -> None:
+    """The narrowest owner first: a wider-scope fixture's value before a module global."""
+    module.POOL = _Executor()
+    try:
+        first = module.POOL.spawn()
+        find_owners({first: first}, {})
+        second = module.POOL.spawn()
+        value = {"engine": types.SimpleNamespace(worker=second)}
+        roots = {id(value): ("key", "'engine'", value)}
+        owner = find_owners({second: second}, roots)[second]
+        assert (owner.kind, owner.key) == ("fixture", "key")
+        assert find_owners({first: first}, roots)[first].kind == "module-global"
     finally:
         module.POOL.shutdown()
 

@@ -30,6 +30,10 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   ownership search (:func:`pytest_shutdown.ownership.find_owners`) explains, keyed by item.
 * ``settle(items, deadline)``: what is still there when the grace runs out (polled: a clean
   test waits for nothing).
+* ``still_there(items)`` with ``ends_by_itself = True`` (optional, object kinds whose items
+  end by themselves: threads, processes): what is still there now, without waiting or
+  collecting. The guard gives such new items no known owner explains a few milliseconds to
+  end (a queue's feeder thread on its way out) before the ownership search.
 * ``findings(items, subject, grace, extra)``: what is left, as :class:`Finding` data.
 * ``restore(items)``: fail mode only, after the findings: put order back for the next test
   (kill a process tree, undo a freeze, put back a signal handler). Warn mode changes nothing.

@@ -491,6 +491,13 @@ class FdKind:
         items = [item for item in items if item.fd not in skip]
         if not items:
             return items
+        # What a test dropped in a reference cycle closes when its wrapper is collected: the
+        # young generations first (cheap), so that the heap scans below run only for what
+        # something still holds. An old generation's garbage waits for the settle's collection.
+        _cheap.collect_young()
+        items = still_open(items)
+        if not items:
+            return items
         wrapped = self._wrappers(item.fd for item in items)
         self._types.update(
             {fd: sorted(_python_name(o) for o in objs) for fd, objs in wrapped.items()}

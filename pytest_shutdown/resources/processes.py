@@ -36,6 +36,8 @@ class ProcessKind(ObjectKind):
     name = "processes"
     allow_key = "processes"
     mark = "last_pid"  # the guard's one-pass reading (resources.marks)
+    #: Its items end by themselves (:meth:`still_there` says which have).
+    ends_by_itself = True
 
     def fingerprint(self) -> frozenset[int]:
         return descendant_pids()
@@ -59,6 +61,10 @@ class ProcessKind(ObjectKind):
         from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
 
         return objects_of((), items, parent_pids(tuple(items)))
+
+    def still_there(self, items: Sequence[int]) -> list[int]:
+        """The processes still running now (no wait; a zombie has ended)."""
+        return [pid for pid in items if process_running(pid)]
 
     def settle(self, items: Sequence[int], deadline: float) -> Sequence[int]:
         return await_exit(Started((), tuple(items)), deadline - time.monotonic()).pids

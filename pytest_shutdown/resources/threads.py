@@ -57,6 +57,8 @@ class ThreadKind(ObjectKind):
     name = "threads"
     allow_key = "threads"
     mark = "threads"  # the guard's one-pass reading (resources.marks)
+    #: Its items end by themselves (:meth:`still_there` says which have).
+    ends_by_itself = True
 
     def __init__(self, tools: ThreadFilter | None = None) -> None:
         self.tools: ThreadFilter = tools or thread_filter([is_tool_thread])
@@ -100,6 +102,10 @@ class ThreadKind(ObjectKind):
 
     def targets(self, items: Sequence[threading.Thread]) -> Mapping[Any, object]:
         return {thread: thread for thread in items}
+
+    def still_there(self, items: Sequence[threading.Thread]) -> list[threading.Thread]:
+        """The threads still alive now (no wait)."""
+        return [thread for thread in items if _alive_or_starting(thread)]
 
     def settle(self, items: Sequence[threading.Thread], deadline: float) -> Sequence[Any]:
         import time  # noqa: PLC0415

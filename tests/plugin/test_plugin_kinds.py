@@ -279,6 +279,59 @@ def test_a_wider_fixtures_process_killed_during_a_test_is_collateral(
     assert "test_tidy_shutdown: [" not in result.stdout.str()
 
 
+OWNER_ENDS_ITS_OWN = textwrap.dedent(
+    """
+    import gc, signal, subprocess, sys
+    import pytest
+
+    SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    class Executor:  # a reusable executor: a module global's, its worker in a cycle with it
+        def __init__(self):
+            self.worker = subprocess.Popen(SLEEP)
+            self.me = self
+
+        def shutdown(self):  # a timeout's shutdown: kills and reaps its own worker
+            self.worker.send_signal(signal.SIGKILL)
+            self.worker.wait(10)
+
+    POOL = {}
+
+    def test_starts_the_executor():
+        POOL["executor"] = Executor()
+
+    def test_timeout_shuts_it_down_and_drops_it():
+        executor = POOL.pop("executor")
+        gc.collect()  # alive here: the oldest generation, which no young collection frees
+        executor.shutdown()
+        del executor  # garbage now, in a cycle, its Popen's returncode says SIGKILL
+
+    def test_starts_a_held_one():
+        POOL["held"] = Executor()
+
+    def test_kills_the_held_ones_worker():
+        POOL["held"].shutdown()  # the module global still holds it: not its own drop
+    """
+)
+
+
+@linux_only
+def test_a_process_its_dropped_owner_killed_and_reaped_is_never_collateral(
+    pytester: pytest.Pytester,
+) -> None:
+    """Whether the dropped owner's object was already freed when the check ran (gc's timing)
+    decided the verdict: the check collects before it decides. A live owner's kill is still
+    collateral."""
+    pytester.makepyfile(test_own=OWNER_ENDS_ITS_OWN)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "-p", "no:randomly", "--shutdown-guard=fail"
+    )
+    result.assert_outcomes(passed=4, errors=1)
+    out = result.stdout.str()
+    assert "test_timeout_shuts_it_down_and_drops_it: [" not in out
+    result.stdout.fnmatch_lines(["*test_kills_the_held_ones_worker: ?collateral-kill? 1 process*"])
+
+
 ZOMBIE_REAPED_LATER = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time

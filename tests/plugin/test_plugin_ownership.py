@@ -513,3 +513,72 @@ def test_a_fixture_torn_down_after_a_failed_test_still_gets_its_grace(
     result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-grace=30", "-rA")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["no findings in 1 test (guard in fail mode, grace 30 s)"])
+
+
+ON_ITS_WAY_OUT = textwrap.dedent(
+    """
+    import gc, os, threading, time
+
+    class Queue:  # multiprocessing's Queue: a feeder thread holding a pipe, in a cycle
+        def __init__(self, linger):
+            self.files = [os.fdopen(fd, "rb" if i == 0 else "wb") for i, fd in enumerate(os.pipe())]
+            self.me = self
+            self.linger = linger
+            self.thread = threading.Thread(target=self._feed, name="feeder", daemon=True)
+            self.thread.start()
+
+        def _feed(self):
+            time.sleep(self.linger)  # on its way out when the test ends
+
+    def test_queue_closing_on_its_way_out():
+        Queue(0.005)
+
+    def test_queue_running_past_the_grace():
+        Queue(3.0)
+    """
+)
+
+COUNT_HEAP_PASSES = textwrap.dedent(
+    """
+    import gc
+
+    _real = gc.get_referrers
+    PASSES = {}
+
+    def _counted(*objs):
+        PASSES[CURRENT[0]] = PASSES.get(CURRENT[0], 0) + 1
+        return _real(*objs)
+
+    gc.get_referrers = _counted
+    CURRENT = [None]
+
+    def pytest_runtest_setup(item):
+        CURRENT[0] = item.name
+
+    def pytest_sessionfinish(session):
+        with open("passes.txt", "w") as f:
+            f.write(repr(PASSES))
+    """
+)
+
+
+def test_a_thread_ending_just_after_the_test_costs_no_ownership_walk(
+    pytester: pytest.Pytester,
+) -> None:
+    """A queue's feeder thread a few milliseconds from its end, and the pipe it holds: let go
+    before the ownership search (whose backward walk is a heap pass per level); one running
+    past the grace is still a thread-leak and its pipe an fd-leak."""
+    pytester.makepyfile(test_queue=ON_ITS_WAY_OUT)
+    pytester.makeconftest(COUNT_HEAP_PASSES)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-grace=0.3", "--shutdown-report=r.json", "-p", "no:randomly"
+    )
+    by_id = {t["nodeid"]: t for t in _report(pytester)["tests"]}
+    assert sorted(by_id) == ["test_queue.py::test_queue_running_past_the_grace"]
+    past = by_id["test_queue.py::test_queue_running_past_the_grace"]
+    assert [f["code"] for f in past["findings"]] == ["thread-leak", "fd-leak"]
+    result.assert_outcomes(passed=2, errors=1)
+    passes = eval((pytester.path / "passes.txt").read_text())  # noqa: S307 - our own repr
+    # The fd kind's tool-holder test over the pipe's wrappers takes two passes; the walk
+    # would add one per level.
+    assert passes.get("test_queue_closing_on_its_way_out", 0) <= 2

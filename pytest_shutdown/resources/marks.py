@@ -16,8 +16,9 @@ once, with the system call inline, and asks only the other kinds for theirs:
                     only when it moved)
 ``"childless"``     while the last scan at this ``ns_last_pid`` is current: the empty set
                     when it found no descendant (no process to die), else those descendants
-                    and ``False`` while no child has ended (one ``waitid``): what the
-                    collateral kind's fingerprint answers then; else the kind's own
+                    and ``False`` while there are children and none has ended (one
+                    ``waitid``): what the collateral kind's fingerprint answers then; else
+                    the kind's own
 ``"freeze_count"``  ``gc.get_freeze_count()``
 ``"fd_count"``      ``st_size`` of ``/proc/self/fd`` (where the kernel counts: else the
                     kind's own fingerprint, the listing)
@@ -70,14 +71,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_count_fork)
 
 
-def _a_child_ended() -> bool:
-    """Whether a child of this process has ended and is not reaped yet (a zombie)."""
+def _children_all_running() -> bool:
+    """Whether this process has children and none of them has ended (one ``waitid``). No
+    child at all is not that: the last scan's descendants are then gone (reaped)."""
     try:
-        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+    except (AttributeError, OSError):  # no child (ChildProcessError), or no waitid here
         return False
-    except (AttributeError, OSError):  # no waitid here: the kind is asked
-        return True
 
 
 def _thread_tables() -> tuple[dict[Any, Any], dict[Any, Any]] | None:
@@ -193,7 +193,7 @@ class FingerprintPass:
                 known = cached_descendants(marker)
                 if known is not None and not known:
                     marks += [known] * len(self._childless)  # what each would answer
-                elif known is not None and not _a_child_ended():
+                elif known is not None and _children_all_running():
                     marks += [(known, False)] * len(self._childless)  # the same
                 else:
                     marks.extend(self._fingerprints(self._childless))

@@ -256,16 +256,18 @@ def cached_descendants(marker: bytes) -> frozenset[int] | None:
     return cached[2]
 
 
-def _only_own_threads_since(cached: tuple[int, bytes, frozenset[int], int], marker: bytes) -> bool:
-    """Whether every pid allocated since the scan ``cached`` went to a thread this process
-    started (a test that starts and joins threads): the kernel allocates pids upwards from
-    ``ns_last_pid``, so all of them lie between the scan's marker and ``marker``; when each
-    number there is one of those threads' ids, no process was created anywhere."""
-    tids = origins.tids_started_since(cached[3])
+def only_own_threads_since(then: bytes, started: int, now: bytes) -> bool:
+    """Whether every pid allocated since ``ns_last_pid`` read ``then`` (when this process had
+    started ``started`` threads, :func:`pytest_shutdown.origins.threads_started`) until it read
+    ``now`` went to a thread this process started (a test that starts and joins threads):
+    the kernel allocates pids upwards from ``ns_last_pid``, so all of them lie between the two;
+    when each number there is one of those threads' ids, no process and no other task was
+    created anywhere."""
+    tids = origins.tids_started_since(started)
     if not tids:
         return False
     try:
-        start, end = int(cached[1]), int(marker)
+        start, end = int(then), int(now)
     except ValueError:
         return False
     if not 0 < end - start <= len(tids):
@@ -280,7 +282,7 @@ def _read_descendant_pids() -> frozenset[int]:
     marker = last_pid()  # read before scanning: a process created during the scan moves it
     cached = _scan_cache
     if marker is not None and cached is not None and cached[0] == pid and cached[1] != marker:
-        if _only_own_threads_since(cached, marker):
+        if only_own_threads_since(cached[1], cached[3], marker):
             _scan_cache = (pid, marker, cached[2], started)  # no process was created since
             return cached[2]
     unmoved = marker is not None and cached is not None and cached[:2] == (pid, marker)

@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_shutdown import atexit_calls
-from pytest_shutdown.checks.leaks import cached_descendants
+from pytest_shutdown.checks.leaks import cached_descendants, descendant_pids
 from pytest_shutdown.held_open import held_open
 from pytest_shutdown.moments import one_moment
 from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR
@@ -191,6 +191,9 @@ class FingerprintPass:
                 marks.extend(self._fingerprints(self._by_last_pid))
             elif self._childless:
                 known = cached_descendants(marker)
+                if known is None:  # no scan at this marker yet: one (or the last carried over)
+                    descendant_pids()
+                    known = cached_descendants(marker)
                 if known is not None and not known:
                     marks += [known] * len(self._childless)  # what each would answer
                 elif known is not None and _children_all_running():

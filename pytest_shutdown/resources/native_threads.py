@@ -26,7 +26,8 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_shutdown.checks.leaks import last_pid, own_tasks
+from pytest_shutdown import origins
+from pytest_shutdown.checks.leaks import last_pid, only_own_threads_since, own_tasks
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.forks import this_pid
 from pytest_shutdown.origins import python_thread_tid
@@ -113,9 +114,22 @@ class NativeThreadKind(ObjectKind):
         self._listed_marker: bytes | None = None
         self._listed: frozenset[int] = frozenset()
         self._pid = this_pid()
+        #: ns_last_pid at a snapshot -> how many threads this process had started then (the
+        #: last few): a check after it needs no listing when every pid allocated since went to
+        #: those threads
+        self._started_at: dict[bytes, int] = {}
 
     def _tids(self) -> frozenset[int]:
         return frozenset(int(t) for t in own_tasks())
+
+    def _only_own_threads_since_listing(self, marker: bytes) -> bool:
+        """The tasks created since the last listing are all threads this process started
+        (which are never native threads): that listing still serves."""
+        listed_at = self._listed_marker
+        if listed_at is None:
+            return False
+        started = self._started_at.get(listed_at)
+        return started is not None and only_own_threads_since(listed_at, started, marker)
 
     def fingerprint(self) -> bytes | frozenset[int] | None:
         if not self.enabled:
@@ -126,11 +140,18 @@ class NativeThreadKind(ObjectKind):
     def snapshot(self) -> tuple[bytes | None, frozenset[int]] | None:
         if not self.enabled:
             return None
+        started = origins.threads_started()  # before the marker: a thread started now is new
         marker = last_pid()  # read before listing: a task created meanwhile moves it
-        if marker is None or marker != self._listed_marker or this_pid() != self._pid:
+        if marker is None or this_pid() != self._pid or (
+            marker != self._listed_marker and not self._only_own_threads_since_listing(marker)
+        ):
             self._listed = self._tids()
-            self._listed_marker = marker
             self._pid = this_pid()
+        self._listed_marker = marker
+        if marker is not None and marker not in self._started_at:
+            if len(self._started_at) >= 16:
+                del self._started_at[next(iter(self._started_at))]
+            self._started_at[marker] = started
         return (marker, self._listed)
 
     def absorb(self, before: Any, start: Any, end: Any) -> Any:
@@ -145,6 +166,10 @@ class NativeThreadKind(ObjectKind):
         marker = last_pid()
         if marker is not None and marker == before[0]:
             return ()  # no task created anywhere since: the common case, no listing
+        started = self._started_at.get(before[0]) if before[0] is not None else None
+        if marker is not None and started is not None and this_pid() == self._pid:
+            if only_own_threads_since(before[0], started, marker):
+                return ()  # every task created since is a thread this process started
         now = self._tids()
         self._listed, self._listed_marker, self._pid = now, marker, this_pid()
         fresh = now - before[1]

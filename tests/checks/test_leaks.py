@@ -519,4 +519,4 @@ def test_only_pids_of_this_process_threads_since_the_scan(
     from pytest_shutdown import origins
 
     monkeypatch.setattr(origins, "tids_started_since", lambda count: since)
-    assert leaks._only_own_threads_since((os.getpid(), b"100\n", frozenset(), 0), marker) is own
+    assert leaks.only_own_threads_since(b"100\n", 0, marker) is own

@@ -265,6 +265,53 @@ def test_a_native_thread_moves_the_native_fingerprint(undo: list[Callable[[], ob
     _moves_and_is_found("native-threads", start)
 
 
+@linux_only
+def test_threads_this_process_started_need_no_listing_and_a_native_one_is_found(
+    monkeypatch: pytest.MonkeyPatch, undo: list[Callable[[], object]]
+) -> None:
+    """After a snapshot, tasks that are all threads started through ``threading`` (recorded
+    by origins) need no listing of ``/proc/self/task``; a native thread started beside them is
+    still listed and found."""
+    from pytest_shutdown import origins
+
+    kind = _kind("native-threads")
+    listings: list[int] = []
+    real_tids = kind._tids  # type: ignore[attr-defined]
+    monkeypatch.setattr(kind, "_tids", lambda: listings.append(1) or real_tids())
+
+    def a_thread() -> None:
+        thread = threading.Thread(target=len, args=((),))
+        thread.start()
+        thread.join()
+
+    origins.install()
+    undo.append(origins.uninstall)
+    for _ in range(20):  # other processes of the host allocate pids too: find a quiet run
+        before = kind.snapshot()
+        listings.clear()
+        a_thread()
+        a_thread()
+        if kind.new_since(before) == () and not listings:
+            break
+    else:
+        raise AssertionError("every run of two threads listed the tasks")
+    lock = _thread.allocate_lock()
+    lock.acquire()
+    undo.append(lock.release)
+    named = threading.Event()
+
+    def run() -> None:
+        prctl(PR_SET_NAME, b"not-recorded")
+        named.set()
+        lock.acquire()
+
+    before = kind.snapshot()
+    a_thread()
+    _thread.start_new_thread(run, ())
+    assert named.wait(10)
+    assert len(kind.new_since(before)) == 1
+
+
 def test_a_child_process_moves_the_processes_fingerprint(
     undo: list[Callable[[], object]],
 ) -> None:

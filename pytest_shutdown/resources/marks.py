@@ -13,7 +13,9 @@ once, with the system call inline, and asks only the other kinds for theirs:
                     what ``threading.enumerate()`` lists, without the lock and the list)
 ``"last_pid"``      ``ns_last_pid``: no process or thread is created anywhere without
                     moving it (the native threads; the descendants, which are rescanned
-                    only when it moved)
+                    only when it moved), with the count of threads this process started:
+                    when every pid allocated between two readings went to those threads,
+                    :meth:`FingerprintPass.moved` names none of these kinds
 ``"childless"``     while the last scan at this ``ns_last_pid`` is current: the empty set
                     when it found no descendant (no process to die), else those descendants
                     and ``False`` while there are children and none has ended (one
@@ -41,9 +43,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_shutdown import atexit_calls
-from pytest_shutdown.checks.leaks import cached_descendants, descendant_pids
+from pytest_shutdown.checks.leaks import (
+    cached_descendants,
+    descendant_pids,
+    only_own_threads_since,
+)
 from pytest_shutdown.held_open import held_open
 from pytest_shutdown.moments import one_moment
+from pytest_shutdown.origins import threads_started
 from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR
 
 __all__ = ["MARKS", "FingerprintPass"]
@@ -141,6 +148,7 @@ class FingerprintPass:
         if self._by_last_pid:
             self._marker_at = len(owners)
             owners.append(names(self._by_last_pid))
+            owners.append(())  # the threads started: no kind's, read with the marker
             owners += [(kind.name,) for kind in self._childless]
         if self._freeze:
             owners.append(names(by_mark["freeze_count"]))
@@ -162,8 +170,17 @@ class FingerprintPass:
         at = self._marker_at
         if at is not None and (before[at] is None or after[at] is None):
             return None  # ns_last_pid unreadable: the kinds behind it were asked instead
+        # Every task created since went to a thread this process started: nothing the kinds
+        # read through ns_last_pid look for (no process, no native thread) was created.
+        threads_only = (
+            at is not None
+            and before[at] != after[at]
+            and only_own_threads_since(before[at], before[at + 1], after[at])
+        )
         moved: set[str] = set()
-        for names, old, new in zip(owners, before, after, strict=True):
+        for position, (names, old, new) in enumerate(zip(owners, before, after, strict=True)):
+            if threads_only and position == at:
+                continue
             try:
                 same = old is new or bool(old == new)
             except Exception:  # noqa: BLE001 - a hostile __eq__ in process-wide state
@@ -182,11 +199,13 @@ class FingerprintPass:
             marks.append(active.copy())
             marks.append(limbo.copy())
         if self._by_last_pid:
+            started = threads_started()  # before the marker: a thread started now is not ours
             try:
                 marker: bytes | None = os.pread(self._last_pid_fd, 32, 0)  # type: ignore[arg-type]
             except OSError:
                 marker = None
             marks.append(marker)
+            marks.append(started)
             if marker is None:
                 marks.extend(self._fingerprints(self._by_last_pid))
             elif self._childless:

@@ -131,7 +131,7 @@ def test_the_collateral_mark_with_a_child_is_what_the_kind_answers(
     for _ in range(20):
         with one_moment():
             expected = kind.fingerprint()  # a scan at this ns_last_pid, the child in it
-        if one_pass.read()[1:] == [expected]:
+        if one_pass.read()[-1] == expected:  # after ns_last_pid and the threads started
             return
         time.sleep(0.01)  # another process of the host allocated a pid meanwhile: again
     raise AssertionError("the collateral mark is not what the kind answers")
@@ -166,6 +166,33 @@ def test_moved_names_the_kinds_behind_the_readings_that_moved(
     assert moved is not None and "gc-freeze" in moved and "threads" not in moved
     # Nothing changed: no kind, once no other process of the host allocated a pid meanwhile.
     assert any(_moved_by(lambda: None) == set() for _ in range(20))
+
+
+@linux_only
+def test_a_joined_thread_of_this_process_moves_no_kind_and_a_process_does(
+    undo: list[Callable[[], object]],
+) -> None:
+    """ns_last_pid moved only by threads this process started (and joined): no kind read
+    through it is asked; a process started beside them is still the processes kind's."""
+    from pytest_shutdown import origins
+
+    def a_thread() -> None:
+        thread = threading.Thread(target=len, args=((),))
+        thread.start()
+        thread.join()
+
+    origins.install()
+    undo.append(origins.uninstall)
+    assert any(_moved_by(a_thread) == set() for _ in range(20))
+    procs: list[subprocess.Popen[bytes]] = []
+    undo.append(lambda: [(p.kill(), p.wait()) for p in procs])
+
+    def a_thread_and_a_process() -> None:
+        a_thread()
+        procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]))
+
+    moved = _moved_by(a_thread_and_a_process)
+    assert moved is not None and "processes" in moved
 
 
 def test_moved_is_every_kind_when_the_readings_differ_in_shape() -> None:

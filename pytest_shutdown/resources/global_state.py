@@ -65,12 +65,6 @@ except ImportError:  # pragma: no cover - another interpreter
     _getsignal = signal.getsignal
 
 
-def _raw_environ() -> Mapping[Any, Any]:
-    """``os.environ``'s own dict (bytes on POSIX), compared in C; a copy elsewhere."""
-    data = getattr(os.environ, "_data", None)
-    return data if isinstance(data, dict) else dict(os.environ)
-
-
 def _is_tool_callable(value: object) -> bool:
     func = getattr(value, "__func__", value)
     func = getattr(func, "func", func)  # a functools.partial: what it calls
@@ -122,14 +116,6 @@ def _describe(value: object) -> str:
     return repr(value)
 
 
-def _start_method_context() -> Any:
-    """The start method context ``multiprocessing`` was forced or defaulted to (None when it
-    was not decided yet, or multiprocessing is not imported)."""
-    context = sys.modules.get("multiprocessing.context")
-    default = getattr(context, "_default_context", None)
-    return getattr(default, "_actual_context", None)
-
-
 def _set_start_method_context(value: Any) -> None:
     context = sys.modules.get("multiprocessing.context")
     default = getattr(context, "_default_context", None)
@@ -152,14 +138,17 @@ class GlobalStateKind(StateKind):
         self._numbers = tuple(int(s) for s in self.signals)
         self._raw: dict[Any, Any] = {}
         self._environ: dict[str, str] = {}
-        self._environment()
+        self.snapshot()
 
-    def _environment(self) -> dict[str, str]:
-        """A copy of ``os.environ``, shared between snapshots while it does not change (one
-        C-level comparison of the raw environment; pytest's ``PYTEST_CURRENT_TEST``, which it
-        sets for every phase of every test, does not count as a change: the last copy takes
-        its current value before the comparison, so nothing is copied when nothing changed)."""
-        raw = _raw_environ()
+    def snapshot(self) -> dict[str, Any]:
+        """Everything in one frame (the guard reads it twice per test). The environment is a
+        copy of ``os.environ``, shared between snapshots while it does not change (one C-level
+        comparison of the raw environment; pytest's ``PYTEST_CURRENT_TEST``, which it sets for
+        every phase of every test, does not count as a change: the last copy takes its current
+        value before the comparison, so nothing is copied when nothing changed)."""
+        raw = getattr(os.environ, "_data", None)  # os.environ's own dict (bytes on POSIX)
+        if not isinstance(raw, dict):
+            raw = dict(os.environ)
         last = self._raw
         for key in _CURRENT_TEST_KEYS:
             value = raw.get(key, _MISSING)
@@ -170,17 +159,15 @@ class GlobalStateKind(StateKind):
         if raw != last:
             self._raw = dict(raw)
             self._environ = dict(os.environ)
-        return self._environ
-
-    def snapshot(self) -> dict[str, Any]:
-        getsignal = _getsignal
+        context = sys.modules.get("multiprocessing.context")
+        default = getattr(context, "_default_context", None)
         return {
             "gc": (gc.isenabled(), gc.get_threshold()),
-            "signals": tuple(map(getsignal, self._numbers)),
-            "start_method": _start_method_context(),
+            "signals": tuple(map(_getsignal, self._numbers)),
+            "start_method": getattr(default, "_actual_context", None),
             "sys.excepthook": sys.excepthook,
             "threading.excepthook": threading.excepthook,
-            "environ": self._environment(),
+            "environ": self._environ,
         }
 
     fingerprint = snapshot  # compared as it is

@@ -34,6 +34,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that mypy sees a class
 
 from pytest_shutdown import origins
 from pytest_shutdown.checks.leaks import Started, descendant_pids, thread_name
@@ -80,6 +81,19 @@ Found = dict[str, tuple[Any, ...]]
 
 class ShutdownLeakWarning(pytest.PytestWarning):
     """Emitted by ``pytest -p shutdown --shutdown-guard=warn`` for each test that leaked."""
+
+
+class _GuardError(ShutdownContractError, Failed):
+    """The guard's own teardown error in fail mode: a ShutdownContractError that pytest reports
+    by its text, as it does ``pytest.fail(..., pytrace=False)``. Its report shows the findings
+    (:meth:`ShutdownGuard._note_failure`); the traceback through pytest's and pluggy's frames
+    that pytest would otherwise format first, with their source, cost tens of milliseconds per
+    error and was thrown away."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        ShutdownContractError.__init__(self, findings)
+        self.msg = str(self)
+        self.pytrace = False
 
 
 #: A test's allow_leaks, its budget, and its markers' error (on a worker), for a test without
@@ -483,7 +497,7 @@ class ShutdownGuard:
                 warnings.simplefilter("always", ShutdownLeakWarning)
                 warnings.warn_explicit(warning, ShutdownLeakWarning, str(path), (lineno or 0) + 1)
             return
-        error = ShutdownContractError(findings)
+        error = _GuardError(findings)
         setattr(error, _GUARD_ATTR, plain)
         raise error
 

@@ -126,3 +126,40 @@ def test_what_an_allowed_test_left_is_in_the_next_tests_baseline(
     )
     result.assert_outcomes(passed=3)
     assert "thread-leak" not in result.stdout.str()
+
+
+def test_the_guards_error_is_reported_by_its_text_not_a_formatted_traceback(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard replaces its teardown error's report with the findings: pytest must not first
+    format the traceback through its and pluggy's frames (tens of milliseconds per error,
+    thrown away). The error is still a ShutdownContractError."""
+    from _pytest._code.code import ExceptionInfo
+
+    from pytest_shutdown import ShutdownContractError
+
+    styles: list[str] = []
+    real = ExceptionInfo.getrepr
+
+    def recording(self, *args, **kwargs):  # type: ignore[no-untyped-def]  # noqa: ANN001, ANN002, ANN003, ANN202
+        if isinstance(self.value, ShutdownContractError):
+            styles.append(kwargs.get("style", "long"))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ExceptionInfo, "getrepr", recording)
+    pytester.makepyfile(
+        """
+        import atexit
+
+        class Holder:
+            def close(self):
+                pass
+
+        def test_registers():
+            atexit.register(Holder().close)
+        """
+    )
+    result = pytester.runpytest_inprocess("-p", "shutdown", "--tb=long", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, errors=1)
+    result.stdout.fnmatch_lines(["*shutdown guard: atexit-holds-object*"])
+    assert styles == ["value"]

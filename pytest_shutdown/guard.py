@@ -608,11 +608,14 @@ class ShutdownGuard:
                 kind.restore(items)
         return findings
 
-    def _left(self, watch: _Watch, allowed: set[str], moved: set[str] | None) -> Found | None:
+    def _left(
+        self, watch: _Watch, allowed: set[str], moved: set[str] | None, asked: Found
+    ) -> Found | None:
         """What the test left that is its own (inside one moment): each kind's new items less
         what a live fixture started or anything that outlives the test owns; None when there
         is nothing to wait for or report. ``allowed`` gets the kinds the markers allow; only
-        the kinds in ``moved`` are asked (all when None)."""
+        the kinds in ``moved`` are asked (all when None), and those in ``asked`` (by
+        :meth:`_new_since`, in this moment) are not asked again."""
         found: Found = {}
         allow = watch.allow
         for kind in self.kinds:
@@ -622,7 +625,9 @@ class ShutdownGuard:
             if allowance is True:
                 allowed.add(kind.name)
                 continue
-            items = kind.new_since(watch.before[kind.name], allowance)
+            items = asked.get(kind.name)
+            if items is None:
+                items = tuple(kind.new_since(watch.before[kind.name], allowance))
             if items:
                 found[kind.name] = tuple(items)
         if not found and not watch.finished:
@@ -643,26 +648,31 @@ class ShutdownGuard:
                 live_owned.setdefault(name, set()).update(items)
         return live_owned
 
-    def _leaving(self, watch: _Watch, moved: set[str] | None) -> Found:
-        """New threads and processes (kinds whose items end by themselves and say what is
-        still there) that no live fixture started and no known owner explains without a heap
-        pass: those that end within a few milliseconds need no ownership search at all."""
+    def _new_since(self, watch: _Watch, moved: set[str] | None) -> Found:
+        """The new items of the kinds whose items end by themselves (threads, processes), each
+        asked once: empty for a kind that found nothing, absent for one not asked (its marks
+        did not move, or the markers allow it anything)."""
         allow = watch.allow
-        found: Found = {}
-        targets: dict[Any, object] = {}
+        asked: Found = {}
         for kind in self._objects:
             if not getattr(kind, "ends_by_itself", False):
                 continue
             if moved is not None and kind.name not in moved:
                 continue
             allowance = allow.allowance(kind.allow_key) if allow is not None else None
-            if allowance is True:
-                continue
-            items = kind.new_since(watch.before[kind.name], allowance)
-            if items:
-                found[kind.name] = tuple(items)
-                for item, obj in kind.targets(items).items():
-                    targets[(kind.name, item)] = obj
+            if allowance is not True:
+                asked[kind.name] = tuple(kind.new_since(watch.before[kind.name], allowance))
+        return asked
+
+    def _leaving(self, asked: Found) -> Found:
+        """Of the new threads and processes ``asked``, those no live fixture started and no
+        known owner explains without a heap pass: those that end within a few milliseconds
+        need no ownership search at all."""
+        found: Found = {name: items for name, items in asked.items() if items}
+        targets: dict[Any, object] = {}
+        for name, items in found.items():
+            for item, obj in self._by_name[name].targets(items).items():
+                targets[(name, item)] = obj
         if not found:
             return found
         live_owned = self._live_owned()
@@ -734,10 +744,11 @@ class ShutdownGuard:
                 return []
             # A kind whose fingerprint did not move has nothing new: only the others are asked.
             moved = self._moved(watch.marks, marks)
+            asked = self._new_since(watch, moved)
             if brief_s > 0:
-                leaving = self._leaving(watch, moved)
+                leaving = self._leaving(asked)
             if not leaving:
-                left = self._left(watch, allowed, moved)
+                left = self._left(watch, allowed, moved, asked)
                 if left is None:
                     # Nothing new (a thread started and joined, a pid allocated on the host):
                     # the next test starts from what is here now while the marks, read before
@@ -754,8 +765,8 @@ class ShutdownGuard:
                     )
         if leaving:  # outside the moment: what they held is read afresh once they ended
             self._let_go(leaving, brief_s)
-            with one_moment():
-                left = self._left(watch, allowed, moved)
+            with one_moment():  # asked afresh: what ended took its pipes with it
+                left = self._left(watch, allowed, moved, {})
         if left is None:
             return []  # the common case: nothing to wait for, nothing to report
         found: Found = left

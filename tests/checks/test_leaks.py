@@ -46,6 +46,29 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
         proc.wait(timeout=10)
 
 
+@pytest.fixture
+def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the walks down the descendants' children lists (from no cached scan)."""
+    import pytest_shutdown.checks.leaks as leaks
+
+    scans: list[int] = []
+    real_walk = leaks._walk_descendants
+
+    def walk(pid: int) -> frozenset[int] | None:
+        scans.append(1)
+        return real_walk(pid)
+
+    monkeypatch.setattr(leaks, "_walk_descendants", walk)
+    monkeypatch.setattr(leaks, "_scan_cache", None)
+    return scans
+
+
+def _start_and_join_a_thread() -> None:
+    thread = threading.Thread(target=len, args=((),))
+    thread.start()
+    thread.join()
+
+
 def _running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -362,22 +385,14 @@ def test_device_memory_bad_arguments_are_rejected(kwargs: dict[str, float], name
 
 
 def test_process_table_is_rescanned_only_when_a_pid_was_allocated(
-    monkeypatch: pytest.MonkeyPatch, procs: list[subprocess.Popen[bytes]]
+    monkeypatch: pytest.MonkeyPatch, procs: list[subprocess.Popen[bytes]], walks: list[int]
 ) -> None:
     import pytest_shutdown.checks.leaks as leaks
 
     procs.append(subprocess.Popen(["sleep", "60"]))  # a child exists: waitid cannot rule it out
-    scans = []
-    real_walk = leaks._walk_descendants
-
-    def walk(pid: int) -> frozenset[int] | None:
-        scans.append(1)
-        return real_walk(pid)
-
-    monkeypatch.setattr(leaks, "_walk_descendants", walk)
+    scans = walks
     last_pid = [b"100\n"]
     monkeypatch.setattr(leaks, "_last_pid", lambda: last_pid[0])
-    monkeypatch.setattr(leaks, "_scan_cache", None)
     first = leaks.descendant_pids()
     assert procs[0].pid in first and len(scans) == 1
     for _ in range(20):
@@ -455,7 +470,7 @@ def test_the_multiprocessing_fork_server_is_not_a_leak_but_its_children_are() ->
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="walks /proc (Linux)")
 def test_pids_that_went_to_this_process_threads_need_no_walk_and_a_process_still_does(
-    monkeypatch: pytest.MonkeyPatch, procs: list[subprocess.Popen[bytes]]
+    procs: list[subprocess.Popen[bytes]], walks: list[int]
 ) -> None:
     """A test that starts and joins threads moves ns_last_pid by their ids alone: the last
     walk stands. Any other pid allocated since (a process, a thread of another process) is
@@ -464,20 +479,8 @@ def test_pids_that_went_to_this_process_threads_need_no_walk_and_a_process_still
     from pytest_shutdown import origins
 
     procs.append(subprocess.Popen(["sleep", "60"]))  # a child exists: waitid cannot rule it out
-    scans = []
-    real_walk = leaks._walk_descendants
-
-    def walk(pid: int) -> frozenset[int] | None:
-        scans.append(1)
-        return real_walk(pid)
-
-    def a_thread() -> None:
-        thread = threading.Thread(target=len, args=((),))
-        thread.start()
-        thread.join()
-
-    monkeypatch.setattr(leaks, "_walk_descendants", walk)
-    monkeypatch.setattr(leaks, "_scan_cache", None)
+    scans = walks
+    a_thread = _start_and_join_a_thread
     origins.install()
     try:
         for _ in range(20):  # other processes of the host allocate pids too: find a quiet run

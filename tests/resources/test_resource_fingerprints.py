@@ -69,6 +69,32 @@ def undo() -> Iterator[list[Callable[[], object]]]:
         step()
 
 
+def _start_and_join_a_thread() -> None:
+    thread = threading.Thread(target=len, args=((),))
+    thread.start()
+    thread.join()
+
+
+def _native_thread_starter(undo: list[Callable[[], object]], name: bytes) -> Callable[[], None]:
+    """Starts a thread ``threading`` does not know (named, so that no rule for unnamed pool
+    workers such as OpenMP's applies), which lives until the test's undo steps run."""
+    lock = _thread.allocate_lock()
+    lock.acquire()
+    undo.append(lock.release)
+    named = threading.Event()
+
+    def run() -> None:
+        prctl(PR_SET_NAME, name)
+        named.set()
+        lock.acquire()
+
+    def start() -> None:
+        _thread.start_new_thread(run, ())
+        assert named.wait(10)
+
+    return start
+
+
 @pytest.mark.parametrize(
     "name",
     ["threads", "native-threads", "processes", "collateral", "gc-freeze", "fds", "ports", "shm",
@@ -176,11 +202,7 @@ def test_a_joined_thread_of_this_process_moves_no_kind_and_a_process_does(
     through it is asked; a process started beside them is still the processes kind's."""
     from pytest_shutdown import origins
 
-    def a_thread() -> None:
-        thread = threading.Thread(target=len, args=((),))
-        thread.start()
-        thread.join()
-
+    a_thread = _start_and_join_a_thread
     origins.install()
     undo.append(origins.uninstall)
     assert any(_moved_by(a_thread) == set() for _ in range(20))
@@ -275,21 +297,7 @@ def test_a_thread_started_moves_the_threads_fingerprint(undo: list[Callable[[], 
 
 @linux_only
 def test_a_native_thread_moves_the_native_fingerprint(undo: list[Callable[[], object]]) -> None:
-    lock = _thread.allocate_lock()
-    lock.acquire()
-    undo.append(lock.release)
-    named = threading.Event()
-
-    def run() -> None:  # named, so that no rule for unnamed pool workers (OpenMP) applies
-        prctl(PR_SET_NAME, b"fingerprinted")
-        named.set()
-        lock.acquire()
-
-    def start() -> None:
-        _thread.start_new_thread(run, ())
-        assert named.wait(10)
-
-    _moves_and_is_found("native-threads", start)
+    _moves_and_is_found("native-threads", _native_thread_starter(undo, b"fingerprinted"))
 
 
 @linux_only
@@ -306,11 +314,7 @@ def test_threads_this_process_started_need_no_listing_and_a_native_one_is_found(
     real_tids = kind._tids  # type: ignore[attr-defined]
     monkeypatch.setattr(kind, "_tids", lambda: listings.append(1) or real_tids())
 
-    def a_thread() -> None:
-        thread = threading.Thread(target=len, args=((),))
-        thread.start()
-        thread.join()
-
+    a_thread = _start_and_join_a_thread
     origins.install()
     undo.append(origins.uninstall)
     for _ in range(20):  # other processes of the host allocate pids too: find a quiet run
@@ -322,20 +326,10 @@ def test_threads_this_process_started_need_no_listing_and_a_native_one_is_found(
             break
     else:
         raise AssertionError("every run of two threads listed the tasks")
-    lock = _thread.allocate_lock()
-    lock.acquire()
-    undo.append(lock.release)
-    named = threading.Event()
-
-    def run() -> None:
-        prctl(PR_SET_NAME, b"not-recorded")
-        named.set()
-        lock.acquire()
-
+    start_a_native_thread = _native_thread_starter(undo, b"not-recorded")
     before = kind.snapshot()
     a_thread()
-    _thread.start_new_thread(run, ())
-    assert named.wait(10)
+    start_a_native_thread()
     assert len(kind.new_since(before)) == 1
 
 

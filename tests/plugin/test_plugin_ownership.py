@@ -519,6 +519,11 @@ ON_ITS_WAY_OUT = textwrap.dedent(
     """
     import gc, os, threading, time
 
+    # No automatic collection: one that ran while a feeder lived would move its queue to the
+    # oldest generation, where only a whole-heap collection (the settle's, after the ownership
+    # search) releases the pipe; how many objects pytest allocates decides when one runs.
+    gc.disable()
+
     class Queue:  # multiprocessing's Queue: a feeder thread holding a pipe, in a cycle
         def __init__(self, linger):
             self.files = [os.fdopen(fd, "rb" if i == 0 else "wb") for i, fd in enumerate(os.pipe())]

@@ -896,8 +896,14 @@ class ShutdownGuard:
         alive: set[tuple[str, Any]] = set()
         for name, items in by_kind.items():  # one settle per kind: one collection, not one each
             kind = self._by_name.get(name)
-            if kind is not None:
-                alive.update((name, item) for item in kind.settle(tuple(items), now))
+            if kind is None:
+                continue
+            if hasattr(kind, "settle_long_lived"):  # listed only: no whole-heap collection
+                thorough = self.settings.long_lived == "fail"
+                left = kind.settle_long_lived(tuple(items), now, thorough=thorough)
+            else:
+                left = kind.settle(tuple(items), now)
+            alive.update((name, item) for item in left)
         for key, record in self._long_lived.items():
             if key in alive:
                 self.report.add_long_lived(record)

@@ -36,7 +36,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -255,15 +255,7 @@ def find_owners(
     if not targets:
         return {}
     deadline = time.monotonic() + max_seconds
-    modules: dict[int, str] = {}
-    skip: set[int] = _registry_ids()
-    for name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None)
-        if isinstance(namespace, dict):
-            if _is_tool_module(name):
-                skip.add(id(namespace))
-            else:
-                modules[id(namespace)] = name
+    modules, skip = _namespaces()
     keys = list(targets)
     answers: dict[Any, Owner] = {}
     # The walk's own bookkeeping refers to the objects it walks: it must not count as an owner.
@@ -358,6 +350,47 @@ def find_owners(
     return answers
 
 
+def _namespaces() -> tuple[dict[int, str], set[int]]:
+    """``id`` of each module namespace (not the test tools') -> module name; and the ids never
+    walked through: the tools' namespaces and the standard library's registries."""
+    modules: dict[int, str] = {}
+    skip: set[int] = _registry_ids()
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict):
+            if _is_tool_module(name):
+                skip.add(id(namespace))
+            else:
+                modules[id(namespace)] = name
+    return modules, skip
+
+
+def reached_by_recent_owners(pick: Callable[[object], bool]) -> list[object]:
+    """The objects ``pick`` accepts that a remembered module global or class attribute (one
+    that owned something lately) reaches forwards, within the shortcut's bounds: no heap pass.
+
+    What it returns is held by something that outlives the test; what it misses may be held by
+    anything (the caller then scans the heap, as without it)."""
+    if not _recent:
+        return []
+    modules, skip = _namespaces()
+    found: dict[int, object] = {}
+    for entry in reversed(list(_recent)):
+        root = _remembered_root(entry, modules)
+        if root is None:
+            continue
+        value, prefix = root[0], root[1]
+        if pick(value):
+            found[id(value)] = value
+        if not _stops(value, skip, modules):
+            reached, _complete = _forward(
+                value, {}, skip, modules, MAX_DEPTH - len(prefix), SHORTCUT_NODES, pick=pick
+            )
+            for chain in reached.values():
+                found[id(chain[-1])] = chain[-1]
+    return list(found.values())
+
+
 def _remember(kind: str, chain: list[object], owner_name: str) -> None:
     """Remember the module global or class attribute at the top of ``chain`` (owner first)."""
     holder: Any = chain[0]
@@ -413,10 +446,13 @@ def _forward(
     modules: Mapping[int, str],
     max_depth: int,
     budget: int,
+    *,
+    pick: Callable[[object], bool] | None = None,
 ) -> tuple[dict[int, list[object]], bool]:
     """Breadth-first along ``gc.get_referents`` from ``root`` (at most ``max_depth`` edges and
-    ``budget`` objects): id of each wanted object reached -> the chain from ``root`` down to it
-    (the shortest); and False when the budget cut the search short."""
+    ``budget`` objects): id of each wanted object reached (or of each one ``pick`` accepts) ->
+    the chain from ``root`` down to it (the shortest); and False when the budget cut the search
+    short."""
     parent: dict[int, tuple[int, object] | None] = {id(root): None}
     level = [root]
     reached: dict[int, list[object]] = {}
@@ -429,7 +465,7 @@ def _forward(
                     continue
                 parent[child_id] = (id(node), node)
                 next_level.append(child)
-                if child_id in wanted:
+                if child_id in wanted or (pick is not None and pick(child)):
                     chain = [child]
                     link = parent[child_id]
                     while link is not None:
@@ -492,29 +528,10 @@ def _from_remembered(
     max_depth: int,
 ) -> dict[int, Owner]:
     """Owners (by target id) found forwards from one remembered global or class attribute."""
-    what, where, name = entry
-    prefix: list[object]
-    if what == "module":
-        namespace = getattr(sys.modules.get(where), "__dict__", None)
-        if not isinstance(namespace, dict) or id(namespace) not in modules:
-            return {}  # gone, or a test tool's
-        if name not in namespace:
-            return {}
-        value = namespace[name]
-        prefix, kind, owner_name = [namespace], "module-global", where
-    else:
-        cls = where()
-        if cls is None:
-            return {}
-        try:
-            attrs = vars(cls)
-            if name not in attrs:
-                return {}
-            value = attrs[name]
-            owner_name = f"{cls.__module__}.{cls.__qualname__}"
-        except Exception:  # noqa: BLE001 - a hostile class
-            return {}
-        prefix, kind = [cls, {name: value}], "class-attribute"
+    root = _remembered_root(entry, modules)
+    if root is None:
+        return {}
+    value, prefix, kind, owner_name = root
     reached: dict[int, list[object]] = {}
     if id(value) in wanted:
         reached[id(value)] = [value]
@@ -527,6 +544,33 @@ def _from_remembered(
         target_id: _owner([*prefix, *chain], kind, owner_name, None)
         for target_id, chain in reached.items()
     }
+
+
+def _remembered_root(
+    entry: tuple[str, Any, str], modules: Mapping[int, str]
+) -> tuple[object, list[object], str, str] | None:
+    """The remembered global's or class attribute's value now, the chain above it, the owner's
+    kind and name; None when it is gone (or a test tool's)."""
+    what, where, name = entry
+    if what == "module":
+        namespace = getattr(sys.modules.get(where), "__dict__", None)
+        if not isinstance(namespace, dict) or id(namespace) not in modules:
+            return None  # gone, or a test tool's
+        if name not in namespace:
+            return None
+        return namespace[name], [namespace], "module-global", where
+    cls = where()
+    if cls is None:
+        return None
+    try:
+        attrs = vars(cls)
+        if name not in attrs:
+            return None
+        value = attrs[name]
+        owner_name = f"{cls.__module__}.{cls.__qualname__}"
+    except Exception:  # noqa: BLE001 - a hostile class
+        return None
+    return value, [cls, {name: value}], "class-attribute", owner_name
 
 
 def _owners_through_starters(

@@ -301,3 +301,36 @@ def test_nested_installs_keep_recording_until_the_last_uninstall(not_recording: 
     assert threading.Thread.start is not original
     origins.uninstall()
     assert threading.Thread.start is original
+
+
+def test_what_a_remembered_global_reaches_is_picked_without_a_heap_pass(
+    module: types.ModuleType, heap_passes: list[int]
+) -> None:
+    """A reusable executor's new pipe, test after test: found forwards from the global that
+    owned its first worker; a pipe of the same kind that only a local holds is not."""
+    from pytest_shutdown.ownership import reached_by_recent_owners
+
+    module.POOL = _Executor()
+    reader, writer = os.pipe()
+    mine, theirs = os.fdopen(reader, "rb"), os.fdopen(writer, "wb")
+    try:
+        first = module.POOL.spawn()
+        find_owners({first: first}, {})  # the backward walk: the global is remembered
+        module.POOL.pipe = mine  # type: ignore[attr-defined]
+        heap_passes.clear()
+        picked = reached_by_recent_owners(lambda obj: type(obj).__name__ == "BufferedReader")
+        assert picked == [mine]
+        assert reached_by_recent_owners(lambda obj: obj is theirs) == []
+        assert heap_passes == []
+    finally:
+        mine.close()
+        theirs.close()
+        module.POOL.shutdown()
+
+
+def test_nothing_is_picked_before_any_owner_was_remembered(heap_passes: list[int]) -> None:
+    from pytest_shutdown.ownership import reached_by_recent_owners
+
+    held = [threading.Event()]
+    assert reached_by_recent_owners(lambda obj: obj is held[0]) == []
+    assert heap_passes == []

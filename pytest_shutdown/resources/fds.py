@@ -391,6 +391,25 @@ def wrappers_of(fds: Iterable[int]) -> dict[int, list[object]]:
     return found
 
 
+def wrappers_held_by_recent_owners(fds: Iterable[int]) -> dict[int, list[object]]:
+    """fd -> the wrappers of it that a remembered owner (a module global or class attribute that
+    owned something lately) reaches forwards: no pass over the heap."""
+    wanted = set(fds)
+    if not wanted:
+        return {}
+    from pytest_shutdown.ownership import reached_by_recent_owners  # noqa: PLC0415
+
+    def wraps_wanted(obj: object) -> bool:
+        return _is_wrapper_type(type(obj)) and _fileno(obj) in wanted
+
+    found: dict[int, list[object]] = {}
+    for obj in reached_by_recent_owners(wraps_wanted):
+        number = _fileno(obj)
+        if number is not None:
+            found.setdefault(number, []).append(obj)
+    return found
+
+
 def held_by_tools(wrapped: Mapping[int, Sequence[object]]) -> set[int]:
     """The descriptors (keys of ``wrapped``) one of whose wrappers a test tool holds directly
     (pytest's capture, its logging handlers, execnet). Two passes over the heap in all (the
@@ -498,11 +517,16 @@ class FdKind:
         items = still_open(items)
         if not items:
             return items
-        wrapped = self._wrappers(item.fd for item in items)
+        # A reusable pool's new pipes, test after test: its owner, remembered, reaches their
+        # wrappers forwards (no heap pass); they are its, whoever else holds them.
+        known = self._known_wrappers()
+        known.update(wrappers_held_by_recent_owners(item.fd for item in items))
+        rest = [item for item in items if item.fd not in known]
+        wrapped = {**known, **(self._wrappers(item.fd for item in rest) if rest else {})}
         self._types.update(
             {fd: sorted(_python_name(o) for o in objs) for fd, objs in wrapped.items()}
         )
-        tools = held_by_tools({item.fd: wrapped[item.fd] for item in items if item.fd in wrapped})
+        tools = held_by_tools({item.fd: wrapped[item.fd] for item in rest if item.fd in wrapped})
         mine = [item for item in items if item.fd not in tools]
         del wrapped
         return mine
@@ -529,10 +553,21 @@ class FdKind:
         """``wrappers_of(fds)``; inside one moment the heap is scanned once (the wrappers are
         held until the moment ends, before any grace)."""
         wanted = frozenset(fds)
-        scanned, wrapped = reading("fd_wrappers", lambda: (wanted, wrappers_of(wanted)))
-        if not wanted <= scanned:
-            return wrappers_of(wanted)
-        return {fd: objs for fd, objs in wrapped.items() if fd in wanted}
+        known = FdKind._known_wrappers()
+        found = {fd: known[fd] for fd in wanted & known.keys()}
+        rest = wanted - known.keys()
+        if not rest:
+            return found
+        scanned, wrapped = reading("fd_wrappers", lambda: (rest, wrappers_of(rest)))
+        if not rest <= scanned:
+            wrapped = wrappers_of(rest)
+        found.update({fd: objs for fd, objs in wrapped.items() if fd in rest})
+        return found
+
+    @staticmethod
+    def _known_wrappers() -> dict[int, list[object]]:
+        """The wrappers found this moment without a heap scan (from remembered owners)."""
+        return reading("fd_known_wrappers", dict)
 
     def targets(self, items: Sequence[FdItem]) -> dict[FdItem, object]:
         wrapped = self._wrappers(item.fd for item in items)
@@ -540,6 +575,20 @@ class FdKind:
 
     def settle(self, items: Sequence[FdItem], deadline: float) -> list[FdItem]:
         return settle(items, deadline)
+
+    def settle_long_lived(
+        self, items: Sequence[FdItem], deadline: float, *, thorough: bool
+    ) -> list[FdItem]:
+        """What module globals and class attributes owned that is still open at session end:
+        what a remembered owner still reaches is open for good, no collection asked; the rest
+        as :func:`~pytest_shutdown.resources._cheap.settle_listed` finds it."""
+        left = still_open(items)
+        held = wrappers_held_by_recent_owners(item.fd for item in left) if left else {}
+        alive = [item for item in left if item.fd in held]
+        rest = [item for item in left if item.fd not in held]
+        if rest:
+            rest = _cheap.settle_listed(rest, still_open, deadline, thorough=thorough)
+        return alive + rest
 
     def describe(self, items: Sequence[FdItem]) -> list[dict[str, Any]]:
         table = _socket_table(items)

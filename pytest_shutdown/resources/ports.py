@@ -250,6 +250,12 @@ class PortKind:
     def settle(self, items: Sequence[PortItem], deadline: float) -> list[PortItem]:
         return settle(items, deadline)
 
+    def settle_long_lived(
+        self, items: Sequence[PortItem], deadline: float, *, thorough: bool
+    ) -> list[PortItem]:
+        """What is still there at session end, for the list of long-lived resources."""
+        return _cheap.settle_listed(items, still_bound, deadline, thorough=thorough)
+
     def describe(self, items: Sequence[PortItem]) -> list[dict[str, Any]]:
         return [item.record() for item in items]
 

@@ -371,6 +371,12 @@ class ShmKind:
     def settle(self, items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
         return settle(items, deadline)
 
+    def settle_long_lived(
+        self, items: Sequence[ShmItem], deadline: float, *, thorough: bool
+    ) -> list[ShmItem]:
+        """What is still there at session end, for the list of long-lived resources."""
+        return _cheap.settle_listed(items, still_present, deadline, thorough=thorough)
+
     def describe(self, items: Sequence[ShmItem]) -> list[dict[str, Any]]:
         from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
 

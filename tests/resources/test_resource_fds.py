@@ -282,3 +282,89 @@ def test_settle_collects_a_dropped_socket_in_the_oldest_generation() -> None:
         assert [i.fd for i in left] == [held.fileno()]
     finally:
         held.close()
+
+
+@pytest.fixture
+def remembered_pool(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
+    """A module global that owned a socket once (found by the backward walk, so remembered),
+    and a count of the fd kind's heap scans from then on."""
+    import sys
+    import types
+
+    from pytest_shutdown import ownership
+    from pytest_shutdown.resources import fds
+
+    ownership.forget_recent_owners()
+    module = types.ModuleType("reusable_pool_module")
+    sys.modules[module.__name__] = module
+    module.POOL = types.SimpleNamespace(socks=[socket.socket()])  # type: ignore[attr-defined]
+    first = module.POOL.socks[0]  # type: ignore[attr-defined]
+    assert find_owners({first: first}, {})[first].name == "reusable_pool_module.POOL"
+    scans: list[object] = []
+    real = fds.wrappers_of
+    monkeypatch.setattr(fds, "wrappers_of", lambda wanted: scans.append(wanted) or real(wanted))
+    yield module, scans
+    for sock in module.POOL.socks:  # type: ignore[attr-defined]
+        sock.close()
+    del sys.modules[module.__name__]
+    ownership.forget_recent_owners()
+
+
+def test_a_remembered_owners_new_descriptor_is_new_and_costs_no_heap_scan(
+    remembered_pool,  # noqa: ANN001
+) -> None:
+    """A reusable pool's new pipes, test after test: still reported new (its owner then
+    decides whose it is), found forwards from the owner, not by a scan of the heap."""
+    from pytest_shutdown.moments import one_moment
+
+    module, scans = remembered_pool
+    before = take_fd_snapshot()
+    module.POOL.socks.append(socket.socket())
+    fd = module.POOL.socks[-1].fileno()
+    kind = FdKind()
+    with one_moment():
+        items = kind.new_since(before)
+        assert [i.fd for i in items] == [fd]
+        owners = find_owners(kind.targets(items), {})
+    assert scans == []
+    assert [o.name for o in owners.values()] == ["reusable_pool_module.POOL"]
+    assert kind.describe(items)[0]["python_objects"] == ["socket.socket"]
+
+
+def test_a_descriptor_no_remembered_owner_reaches_is_still_scanned_for(
+    remembered_pool,  # noqa: ANN001
+) -> None:
+    _module, scans = remembered_pool
+    before = take_fd_snapshot()
+    loose = socket.socket()
+    try:
+        items = FdKind().new_since(before)
+        assert [i.fd for i in items] == [loose.fileno()]
+        assert scans  # the heap scan: its wrapper, and whether a test tool holds it
+    finally:
+        loose.close()
+
+
+def test_the_long_lived_list_collects_the_whole_heap_only_when_it_fails_the_session(
+    remembered_pool,  # noqa: ANN001
+) -> None:
+    """At session end a remembered owner's descriptor is open for good, no collection asked;
+    one an owner dropped into an old cycle is listed after the young collection (it is open),
+    and gone once the list would fail the session (the whole heap collected first)."""
+    import gc
+
+    module, _scans = remembered_pool
+    before = take_fd_snapshot()
+    module.POOL.socks.append(socket.socket())
+    cycle: list[object] = [socket.socket()]
+    cycle.append(cycle)
+    gc.collect()  # the cycle, alive, moves to the oldest generation
+    dropped_fd = cycle[0].fileno()  # type: ignore[attr-defined]
+    del cycle
+    items = new_fds(before)
+    kept_fd = module.POOL.socks[-1].fileno()
+    kind = FdKind()
+    listed = kind.settle_long_lived(items, time.monotonic(), thorough=False)
+    assert sorted(i.fd for i in listed) == sorted([kept_fd, dropped_fd])
+    failing = kind.settle_long_lived(items, time.monotonic(), thorough=True)
+    assert [i.fd for i in failing] == [kept_fd]

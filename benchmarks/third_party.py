@@ -293,6 +293,15 @@ def measure_suite(
         print(f"  finding: {where} [{code}] in {count} of {rounds} rounds")
     figures = []
     note = f"load {load} .. {load_after}"
+    plain_walls = [r.wall_s for r in results["plain"]]
+    if len(plain_walls) > 1:
+        spread = max(plain_walls) / min(plain_walls) - 1.0
+        print(
+            f"  plain's own spread: {min(plain_walls):.1f}-{max(plain_walls):.1f} s "
+            f"({spread:.0%}), the noise each round's ratio sits in",
+            flush=True,
+        )
+        note += f"; plain's spread {spread:.0%}"
     for mode in ("warn", "fail"):
         for metric, label in (("wall_s", ""), ("cpu_s", ", CPU")):
             ratios = [

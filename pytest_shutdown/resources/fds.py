@@ -26,6 +26,7 @@ import socket
 import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import compress
 from typing import Any
 
 from pytest_shutdown.findings import Finding
@@ -381,9 +382,10 @@ def wrappers_of(fds: Iterable[int]) -> dict[int, list[object]]:
         return found
     objects = gc.get_objects()
     # Decide per type, not per object: the heap has tens of thousands of objects of a few
-    # hundred types, and only instances of the wrapper types are asked for their number.
+    # hundred types, and only instances of the wrapper types are asked for their number. The
+    # selection runs in C (compress over map): a Python loop over the heap took 18 ms of 35.
     wrapper_types = {kind for kind in set(map(type, objects)) if _is_wrapper_type(kind)}
-    for obj in [obj for obj in objects if type(obj) in wrapper_types]:
+    for obj in list(compress(objects, map(wrapper_types.__contains__, map(type, objects)))):
         number = _fileno(obj)
         if number is not None and number in wanted:
             found.setdefault(number, []).append(obj)

@@ -1,12 +1,12 @@
 """Every figure of the guard's budget (issue 26) in one run: ``run.py --only guard``.
 
 1. the fixed cost per session and the per-test slope on trivial tests, the ratios at 400 and
-   1600 tests (:mod:`guard_overhead`);
+   1600 tests (:mod:`guard_overhead`; 9 rounds);
 2. the ratio guarded/plain per real suite, in warn and in fail mode (the median of the rounds'
    ratios, 5 rounds; with the spread of plain's own times, the noise the ratio sits in), and
    whether any test's outcome differs between the modes (:mod:`third_party`; the side folder
    is built on first use, which needs PyPI);
-3. the ratio under host pid churn (:mod:`churn`);
+3. the ratio under host pid churn (:mod:`churn`; 9 rounds);
 4. the same per-test slope and fixed cost counted, not timed: instructions (callgrind) and
    system calls (strace), turned into time with this machine's rates (:mod:`counted`; skipped
    where valgrind or strace is missing), which the load of a shared machine does not move.
@@ -14,7 +14,7 @@
 Each figure is printed with its target (``NOT MET`` when missed) and the load average at the
 time; wall-time figures come with CPU-time twins, which the load of a shared machine moves less.
 
-    .venv/bin/python benchmarks/guard_budget.py [--rounds 3] [--suite-rounds 5]
+    .venv/bin/python benchmarks/guard_budget.py [--rounds 9] [--suite-rounds 5]
         [--skip third_party,churn] [--json P]
 """
 
@@ -31,6 +31,10 @@ from figures import Figure, write_json
 from runs import load_average
 
 PARTS = ("trivial", "third_party", "churn", "counted")
+#: Rounds of the trivial tests (the slope) and of the churn: each takes seconds, and one round's
+#: slope moves by several tenths of a millisecond on this VM (-0.1 to 0.5 ms in three rounds
+#: of one run), where the target is 0.1.
+ROUNDS = 9
 #: Rounds of each real suite: the median of 3 (the issue's least) moves by more than the 5 %
 #: to resolve, as plain against plain shows (loky's worker-timeout tests: 8.1-10.3 s plain);
 #: every round's ratio is printed, so the first three can be read on their own.
@@ -39,7 +43,12 @@ SUITE_ROUNDS = 5
 
 def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (3)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=ROUNDS,
+        help=f"alternating rounds of the trivial tests and of the churn ({ROUNDS})",
+    )
     parser.add_argument(
         "--suite-rounds",
         type=int,

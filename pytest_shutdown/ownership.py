@@ -281,6 +281,8 @@ def find_owners(
             current = parents[current].get(label)
         return chain  # owner first: each node's parent is the node it refers to
 
+    remembered = [False]  # a global or class attribute settled something in this level
+
     def settle(node_id: int, kind: str, owner_name: str, key: Any) -> None:
         for label in labels_of[node_id]:
             if keys[label] not in answers:
@@ -288,15 +290,23 @@ def find_owners(
                 answers[keys[label]] = _owner(chain, kind, owner_name, key)
                 if kind != "fixture":
                     _remember(kind, chain, owner_name)
+                    remembered[0] = True
+
+    def unanswered(nodes: list[object]) -> list[object]:
+        return [n for n in nodes if any(keys[i] not in answers for i in labels_of[id(n)])]
 
     for node_id in list(objects):  # a target may itself be a fixture's value
         if node_id in fixture_roots:
             key, name, _value = fixture_roots[node_id]
             settle(node_id, "fixture", name, key)
+    # Forwards from a global found during the walk, once no fixture can own what is left (their
+    # search was complete): a pool's pipes, a level or three below the workers that led to it.
+    forwards = False
     if shortcut and len(answers) < len(keys):
-        unanswered = {key: targets[key] for key in keys if key not in answers}
-        answers.update(_known_owners(unanswered, fixture_roots, modules, skip, max_depth))
-        frontier = [t for t in frontier if any(keys[i] not in answers for i in labels_of[id(t)])]
+        left = {key: targets[key] for key in keys if key not in answers}
+        found_forwards, forwards = _known_owners(left, fixture_roots, modules, skip, max_depth)
+        answers.update(found_forwards)
+        frontier = unanswered(frontier)
     if not walk:
         return answers
     depth = 0
@@ -341,6 +351,14 @@ def find_owners(
             else:
                 next_frontier.append(ref)
         del referrers
+        if forwards and remembered[0] and len(answers) < len(keys):
+            remembered[0] = False
+            wanted = {id(targets[key]): targets[key] for key in keys if key not in answers}
+            found = _remembered_owners(wanted, skip | {id(wanted)}, modules, max_depth)
+            for key in keys:
+                if key not in answers and id(targets[key]) in found:
+                    answers[key] = found[id(targets[key])]
+            next_frontier = unanswered(next_frontier)
         frontier = next_frontier
     if len(answers) < len(keys) and gc.get_freeze_count() > 0:
         left = {key: targets[key] for key in keys if key not in answers}
@@ -484,10 +502,11 @@ def _known_owners(
     modules: Mapping[int, str],
     skip: set[int],
     max_depth: int,
-) -> dict[Any, Owner]:
+) -> tuple[dict[Any, Owner], bool]:
     """The owners found forwards, without a heap pass: a wider-scope fixture's value that
     reaches a target owns it (the narrowest owner; the nearest of several), else a remembered
-    module global or class attribute that reaches it (the most recent first).
+    module global or class attribute that reaches it (the most recent first); and whether the
+    fixtures' search was complete.
 
     A fixture search cut short by the bounds might have reached any target: then nothing is
     answered here (the backward walk decides all). What no known owner reaches is left to the
@@ -501,13 +520,23 @@ def _known_owners(
             continue
         reached, complete = _forward(value, wanted, skip, modules, max_depth, SHORTCUT_NODES)
         if not complete:
-            return {}
+            return {}, False
         for target_id, chain in reached.items():
             if len(chain) < lengths.get(target_id, max_depth + 2):
                 lengths[target_id] = len(chain)
                 by_id[target_id] = _owner(chain, "fixture", name, key)
     for target_id in by_id:
         wanted.pop(target_id, None)
+    by_id.update(_remembered_owners(wanted, skip, modules, max_depth))
+    return {key: by_id[id(t)] for key, t in targets.items() if id(t) in by_id}, True
+
+
+def _remembered_owners(
+    wanted: dict[int, object], skip: set[int], modules: Mapping[int, str], max_depth: int
+) -> dict[int, Owner]:
+    """Owners (by target id) found forwards from the remembered module globals and class
+    attributes, the most recent first; what they reach leaves ``wanted``."""
+    by_id: dict[int, Owner] = {}
     for entry in reversed(list(_recent)):
         if not wanted:
             break
@@ -517,7 +546,7 @@ def _known_owners(
             wanted.pop(target_id, None)
         if found:
             _recent.move_to_end(entry)
-    return {key: by_id[id(t)] for key, t in targets.items() if id(t) in by_id}
+    return by_id
 
 
 def _from_remembered(

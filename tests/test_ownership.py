@@ -334,3 +334,48 @@ def test_nothing_is_picked_before_any_owner_was_remembered(heap_passes: list[int
     held = [threading.Event()]
     assert reached_by_recent_owners(lambda obj: obj is held[0]) == []
     assert heap_passes == []
+
+
+def test_a_global_found_during_the_walk_owns_what_it_reaches_below_without_more_passes(
+    module: types.ModuleType, heap_passes: list[int]
+) -> None:
+    """A pool's pipes lie a few levels below its workers: once the walk reached the global
+    through the worker, the pipe is found forwards from it, not by more heap passes."""
+    module.POOL = _Executor()
+    pipe = types.SimpleNamespace()
+    module.POOL.queue = types.SimpleNamespace(  # type: ignore[attr-defined]
+        feeder=types.SimpleNamespace(writer=types.SimpleNamespace(pipe=pipe))
+    )
+    vars(module.POOL)  # the instance's dict made real now: naming a path does it otherwise
+    try:
+        worker = module.POOL.spawn()
+        assert find_owners({worker: worker}, {})[worker].name == "ownership_subject.POOL"
+        worker_passes = len(heap_passes)  # the walk to the global through the worker alone
+        forget_recent_owners()
+        heap_passes.clear()
+        owners = find_owners({worker: worker, "pipe": pipe}, {})
+        assert owners["pipe"].name == "ownership_subject.POOL"
+        assert owners["pipe"].path == ".POOL.queue.feeder.writer.pipe"
+        assert owners[worker].name == "ownership_subject.POOL"
+        assert len(heap_passes) == worker_passes
+    finally:
+        module.POOL.shutdown()
+
+
+def test_a_fixture_that_reaches_deep_still_owns_it_when_a_global_is_found_on_the_way(
+    module: types.ModuleType, heap_passes: list[int]
+) -> None:
+    """The narrowest owner first: a wider-scope fixture's value holding the pipe owns it, even
+    though the walk found a global (through the worker) that reaches it too."""
+    module.POOL = _Executor()
+    try:
+        worker = module.POOL.spawn()
+        pipe = types.SimpleNamespace()
+        module.POOL.queue = types.SimpleNamespace(pipe=pipe)  # type: ignore[attr-defined]
+        value = {"engine": types.SimpleNamespace(pipe=pipe)}
+        roots = {id(value): ("key", "'engine'", value)}
+        owners = find_owners({worker: worker, "pipe": pipe}, roots)
+        assert (owners["pipe"].kind, owners["pipe"].key) == ("fixture", "key")
+        assert owners[worker].kind == "module-global"
+    finally:
+        module.POOL.shutdown()

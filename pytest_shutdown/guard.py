@@ -618,6 +618,7 @@ class ShutdownGuard:
         :meth:`_new_since`, in this moment) are not asked again."""
         found: Found = {}
         allow = watch.allow
+        later: list[tuple[ResourceKind, Any]] = []
         for kind in self.kinds:
             if moved is not None and kind.name not in moved:
                 continue
@@ -625,21 +626,39 @@ class ShutdownGuard:
             if allowance is True:
                 allowed.add(kind.name)
                 continue
+            if not getattr(kind, "ends_by_itself", False):
+                later.append((kind, allowance))
+                continue
             items = asked.get(kind.name)
             if items is None:
                 items = tuple(kind.new_since(watch.before[kind.name], allowance))
             if items:
                 found[kind.name] = tuple(items)
-        if not found and not watch.finished:
+        # Whose is it? Decided before any wait, so that what others own costs no grace. The
+        # threads and processes first: a global found owning a pool's workers is remembered,
+        # and the kinds asked next find the pool's pipes forwards from it, with no heap scan.
+        nodeid = watch.item.nodeid
+        left = self._without_owned(self._not_live_owned(found), nodeid) if found else {}
+        rest: Found = {}
+        for kind, allowance in later:
+            items = tuple(kind.new_since(watch.before[kind.name], allowance))
+            if items:
+                rest[kind.name] = items
+        if not found and not rest and not watch.finished:
             return None
+        if rest:
+            left.update(self._without_owned(self._not_live_owned(rest), nodeid))
+        return left
+
+    def _not_live_owned(self, found: Found) -> Found:
+        """``found`` less what a live fixture started (checked at the fixture's teardown)."""
         live_owned = self._live_owned()
-        for kind in self._objects:
-            if kind.name in found and kind.name in live_owned:
-                found[kind.name] = tuple(
-                    i for i in found[kind.name] if i not in live_owned[kind.name]
-                )
-        # Whose is it? Decided before any wait, so that what others own costs no grace.
-        return self._without_owned(found, watch.item.nodeid)
+        return {
+            name: tuple(i for i in items if i not in live_owned[name])
+            if name in live_owned
+            else items
+            for name, items in found.items()
+        }
 
     def _live_owned(self) -> dict[str, set[Any]]:
         live_owned: dict[str, set[Any]] = {}

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown import origins
+from pytest_shutdown.moments import reading
 
 __all__ = ["Owner", "find_owners", "stdlib_helper_threads"]
 
@@ -255,7 +256,8 @@ def find_owners(
     if not targets:
         return {}
     deadline = time.monotonic() + max_seconds
-    modules, skip = _namespaces()
+    modules, shared_skip = _namespaces()
+    skip = set(shared_skip)  # the walk adds its own bookkeeping
     keys = list(targets)
     answers: dict[Any, Owner] = {}
     # The walk's own bookkeeping refers to the objects it walks: it must not count as an owner.
@@ -281,16 +283,17 @@ def find_owners(
             current = parents[current].get(label)
         return chain  # owner first: each node's parent is the node it refers to
 
-    remembered = [False]  # a global or class attribute settled something in this level
+    remembered = False  # a global or class attribute settled something in this level
 
     def settle(node_id: int, kind: str, owner_name: str, key: Any) -> None:
+        nonlocal remembered
         for label in labels_of[node_id]:
             if keys[label] not in answers:
                 chain = chain_from(node_id, label)
                 answers[keys[label]] = _owner(chain, kind, owner_name, key)
                 if kind != "fixture":
                     _remember(kind, chain, owner_name)
-                    remembered[0] = True
+                    remembered = True
 
     def unanswered(nodes: list[object]) -> list[object]:
         return [n for n in nodes if any(keys[i] not in answers for i in labels_of[id(n)])]
@@ -351,8 +354,8 @@ def find_owners(
             else:
                 next_frontier.append(ref)
         del referrers
-        if forwards and remembered[0] and len(answers) < len(keys):
-            remembered[0] = False
+        if forwards and remembered and len(answers) < len(keys):
+            remembered = False
             wanted = {id(targets[key]): targets[key] for key in keys if key not in answers}
             found = _remembered_owners(wanted, skip | {id(wanted)}, modules, max_depth)
             for key in keys:
@@ -370,7 +373,13 @@ def find_owners(
 
 def _namespaces() -> tuple[dict[int, str], set[int]]:
     """``id`` of each module namespace (not the test tools') -> module name; and the ids never
-    walked through: the tools' namespaces and the standard library's registries."""
+    walked through: the tools' namespaces and the standard library's registries. Read once per
+    moment (a check asks several times: the fd kind, then each ownership search); callers
+    must not change what they get."""
+    return reading("module_namespaces", _read_namespaces)
+
+
+def _read_namespaces() -> tuple[dict[int, str], set[int]]:
     modules: dict[int, str] = {}
     skip: set[int] = _registry_ids()
     for name, module in list(sys.modules.items()):
@@ -395,17 +404,10 @@ def reached_by_recent_owners(pick: Callable[[object], bool]) -> list[object]:
     found: dict[int, object] = {}
     for entry in reversed(list(_recent)):
         root = _remembered_root(entry, modules)
-        if root is None:
-            continue
-        value, prefix = root[0], root[1]
-        if pick(value):
-            found[id(value)] = value
-        if not _stops(value, skip, modules):
-            reached, _complete = _forward(
-                value, {}, skip, modules, MAX_DEPTH - len(prefix), SHORTCUT_NODES, pick=pick
-            )
-            for chain in reached.values():
-                found[id(chain[-1])] = chain[-1]
+        if root is not None:
+            value, prefix = root[0], root[1]
+            reached = _reached_from(value, {}, skip, modules, MAX_DEPTH - len(prefix), pick)
+            found.update((key, chain[-1]) for key, chain in reached.items())
     return list(found.values())
 
 
@@ -561,18 +563,31 @@ def _from_remembered(
     if root is None:
         return {}
     value, prefix, kind, owner_name = root
-    reached: dict[int, list[object]] = {}
-    if id(value) in wanted:
-        reached[id(value)] = [value]
-    if not _stops(value, skip, modules):
-        more, _complete = _forward(
-            value, wanted, skip, modules, max_depth - len(prefix), SHORTCUT_NODES
-        )
-        reached = {**more, **reached}
+    reached = _reached_from(value, wanted, skip, modules, max_depth - len(prefix))
     return {
         target_id: _owner([*prefix, *chain], kind, owner_name, None)
         for target_id, chain in reached.items()
     }
+
+
+def _reached_from(
+    value: object,
+    wanted: Mapping[int, object],
+    skip: set[int],
+    modules: Mapping[int, str],
+    max_depth: int,
+    pick: Callable[[object], bool] | None = None,
+) -> dict[int, list[object]]:
+    """What a remembered owner's ``value`` reaches forwards of ``wanted`` (or of what ``pick``
+    accepts), itself included: id -> the chain from ``value`` down to it."""
+    reached: dict[int, list[object]] = {}
+    if not _stops(value, skip, modules):
+        reached, _complete = _forward(
+            value, wanted, skip, modules, max_depth, SHORTCUT_NODES, pick=pick
+        )
+    if id(value) in wanted or (pick is not None and pick(value)):
+        reached[id(value)] = [value]
+    return reached
 
 
 def _remembered_root(

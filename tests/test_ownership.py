@@ -328,14 +328,6 @@ def test_what_a_remembered_global_reaches_is_picked_without_a_heap_pass(
         module.POOL.shutdown()
 
 
-def test_nothing_is_picked_before_any_owner_was_remembered(heap_passes: list[int]) -> None:
-    from pytest_shutdown.ownership import reached_by_recent_owners
-
-    held = [threading.Event()]
-    assert reached_by_recent_owners(lambda obj: obj is held[0]) == []
-    assert heap_passes == []
-
-
 def test_a_global_found_during_the_walk_owns_what_it_reaches_below_without_more_passes(
     module: types.ModuleType, heap_passes: list[int]
 ) -> None:

@@ -34,6 +34,9 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   end by themselves: threads, processes): what is still there now, without waiting or
   collecting. The guard gives such new items no known owner explains a few milliseconds to
   end (a queue's feeder thread on its way out) before the ownership search.
+* ``settle_long_lived(items, deadline, thorough=...)`` (optional, kinds whose items a
+  collection releases: fds, ports, shm): :meth:`settle` for the long-lived list at session
+  end, which collects the whole heap only when ``thorough`` (the list fails the session).
 * ``findings(items, subject, grace, extra)``: what is left, as :class:`Finding` data.
 * ``restore(items)``: fail mode only, after the findings: put order back for the next test
   (kill a process tree, undo a freeze, put back a signal handler). Warn mode changes nothing.

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that mypy sees a class
+from _pytest.scope import Scope
 
 from pytest_shutdown import origins
 from pytest_shutdown.checks.leaks import Started, descendant_pids, thread_name
@@ -96,9 +97,21 @@ class _GuardError(ShutdownContractError, Failed):
         self.pytrace = False
 
 
+_FUNCTION_SCOPE = Scope.Function
+
 #: A test's allow_leaks, its budget, and its markers' error (on a worker), for a test without
 #: the markers.
 _NO_MARKS: tuple[AllowLeaks | None, float | None, str | None] = (None, None, None)
+
+#: After this many gaps in a row between a clean test's check and the next test's set-up in
+#: which no reading moved, a set-up starts from that check's readings without reading them again
+#: (half of the guard's cost on a test that leaves nothing): only the hooks of pytest and its
+#: plugins run in a gap, and what they do there is usually nothing or the same before every
+#: test (faulthandler's and pytest-timeout's watchdogs, armed before the set-up). Every
+#: :data:`_PROBE_EVERY`-th set-up reads them anyway; one that finds a gap moved, or a plugin
+#: registered, reads every set-up again until the gaps are quiet again.
+_QUIET_GAPS_TRUSTED = 8
+_PROBE_EVERY = 8
 
 _PYTEST_TIMEOUT_MARK = "from pytest-timeout"
 #: Process groups exist only once torch.distributed is loaded: no lookup per test before.
@@ -182,7 +195,7 @@ class _Watch:
     class: one is made per test, and a dataclass's generated methods cost 0.5 ms to make.)"""
 
     __slots__ = ("item", "before", "marks", "allow", "budget_s", "finished", "timed_out",
-                 "failed", "groups_before")
+                 "failed", "groups_before", "gap_unread", "nodeid")
 
     def __init__(
         self,
@@ -194,6 +207,7 @@ class _Watch:
         marks: list[Any] | None = None,
     ) -> None:
         self.item = item
+        self.nodeid = item.nodeid  # a property (a str() call each time): read once
         self.before = before
         #: Each kind's fingerprint when ``before`` was taken; None once a wider-scope fixture's
         #: doing was absorbed into ``before`` (then the check asks every kind).
@@ -205,6 +219,8 @@ class _Watch:
         self.failed = False
         #: The torch.distributed process groups initialised before the test (usually none).
         self.groups_before = groups_before
+        #: ``before`` is the last clean check's, the gap since then not read (_QUIET_GAPS_TRUSTED)
+        self.gap_unread = False
 
 
 class _ReportsFromWorkers:
@@ -253,6 +269,10 @@ class ShutdownGuard:
         #: The last clean test's fingerprints (after its teardown) and baseline: the next test
         #: starts from that baseline when its fingerprints have not moved since.
         self._clean: tuple[list[Any], Snapshot] | None = None
+        #: Gaps in a row (a clean check to the next set-up) in which no reading moved, and the
+        #: set-ups so far: see _QUIET_GAPS_TRUSTED.
+        self._quiet_gaps = 0
+        self._setups = 0
         self._owned: dict[Any, _Owned] = {}
         #: (kind, item) owned by a module global or class attribute -> what the report says.
         self._long_lived: dict[Any, dict[str, Any]] = {}
@@ -285,6 +305,10 @@ class ShutdownGuard:
 
             bound_the_exit(self._blocking_exit, self.settings.grace_s, self._exitstatus)
 
+    def pytest_plugin_registered(self) -> None:
+        """A plugin registered during the run may act between tests: read the gaps again."""
+        self._quiet_gaps = 0
+
     # --- collection: markers are validated once, here ---
 
     @pytest.hookimpl(tryfirst=True)
@@ -312,12 +336,26 @@ class ShutdownGuard:
         allow, budget, marker_error = (
             self._marked.get(id(item), _NO_MARKS) if self._marked else _NO_MARKS
         )
-        marks = self._marks.read()
         clean = self._clean
-        if clean is not None and _same(clean[0], marks):
-            before = dict(clean[1])  # nothing moved since the last clean test ended
+        self._setups += 1
+        if (
+            clean is not None
+            and self._quiet_gaps >= _QUIET_GAPS_TRUSTED
+            and self._setups % _PROBE_EVERY
+        ):
+            marks, before = clean[0], dict(clean[1])  # the gap is trusted: see _QUIET_GAPS_TRUSTED
+            gap_unread = True
         else:
-            before = self._snapshot(self.kinds)
+            gap_unread = False
+            marks = self._marks.read()
+            if clean is None:
+                before = self._snapshot(self.kinds)
+            elif _same(clean[0], marks):
+                before = dict(clean[1])  # nothing moved since the last clean test ended
+                self._quiet_gaps += 1
+            else:  # something between the tests moved a reading: every gap is read again
+                before = self._snapshot(self.kinds)
+                self._quiet_gaps = 0
         self._watch = _Watch(
             item,
             before,
@@ -326,7 +364,8 @@ class ShutdownGuard:
             groups_before=group_names() if _C10D in sys.modules else frozenset(),
             marks=marks,
         )
-        origins.set_current_test(item.nodeid)
+        self._watch.gap_unread = gap_unread
+        origins.set_current_test(self._watch.nodeid)
         if marker_error is not None:  # the watch is set: its teardown finds what it expects
             pytest.fail(marker_error, pytrace=False)
 
@@ -377,7 +416,7 @@ class ShutdownGuard:
             from pytest_shutdown.budget import TeardownBudget  # noqa: PLC0415 - only with a budget
 
             budget = TeardownBudget(
-                watch.budget_s, item.nodeid, on_expire=lambda: self._kill_children(watch)
+                watch.budget_s, watch.nodeid, on_expire=lambda: self._kill_children(watch)
             )
         error: BaseException | None = None
         result: object = None
@@ -424,14 +463,14 @@ class ShutdownGuard:
         # A test that already failed is one report: the findings go with its failure.
         reported = error is None and not watch.timed_out and not watch.failed
         if not findings and fired is None and guard_error is None:
-            self.report.add_clean(item.nodeid, teardown_s, guard_s, reported)
+            self.report.add_clean(watch.nodeid, teardown_s, guard_s, reported)
             if error is not None:
                 raise error
             return result
         plain = [f.to_dict() for f in findings]
         self.report.add(
             TestRecord(
-                nodeid=item.nodeid,
+                nodeid=watch.nodeid,
                 worker=self.report.worker,
                 teardown_s=teardown_s,
                 findings=plain,
@@ -515,7 +554,11 @@ class ShutdownGuard:
         self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
     ) -> Generator[None, object, object]:
         watch = self._watch
-        if fixturedef.scope == "function" or watch is None:
+        if (
+            watch is None
+            or getattr(fixturedef, "_scope", None) is _FUNCTION_SCOPE
+            or fixturedef.scope == "function"  # (the property builds an enum's value)
+        ):
             return (yield)
         start = self._snapshot(self.kinds)
         try:
@@ -631,13 +674,13 @@ class ShutdownGuard:
                 continue
             items = asked.get(kind.name)
             if items is None:
-                items = tuple(kind.new_since(watch.before[kind.name], allowance))
+                items = self._new_in_test(watch, kind, allowance)
             if items:
                 found[kind.name] = tuple(items)
         # Whose is it? Decided before any wait, so that what others own costs no grace. The
         # threads and processes first: a global found owning a pool's workers is remembered,
         # and the kinds asked next find the pool's pipes forwards from it, with no heap scan.
-        nodeid = watch.item.nodeid
+        nodeid = watch.nodeid
         left = self._without_owned(self._not_live_owned(found), nodeid) if found else {}
         rest: Found = {}
         for kind, allowance in later:
@@ -680,8 +723,21 @@ class ShutdownGuard:
                 continue
             allowance = allow.allowance(kind.allow_key) if allow is not None else None
             if allowance is not True:
-                asked[kind.name] = tuple(kind.new_since(watch.before[kind.name], allowance))
+                asked[kind.name] = self._new_in_test(watch, kind, allowance)
         return asked
+
+    @staticmethod
+    def _new_in_test(watch: _Watch, kind: ResourceKind, allowance: Any) -> tuple[Any, ...]:
+        """A kind's new items; when the gap before the test was not read, less those whose
+        recorded start was outside any test (in that gap: what a set-up reading would have
+        put in the baseline)."""
+        items = tuple(kind.new_since(watch.before[kind.name], allowance))
+        outside = getattr(kind, "started_outside_tests", None) if watch.gap_unread else None
+        if items and outside is not None:
+            between = outside(items)
+            if between:
+                items = tuple(i for i in items if i not in between)
+        return items
 
     def _leaving(self, asked: Found) -> Found:
         """Of the new threads and processes ``asked``, those no live fixture started and no
@@ -752,15 +808,15 @@ class ShutdownGuard:
         # scan for the descriptors' wrappers, between new_since and the ownership search);
         # a second one after a brief wait for new threads and processes on their way out.
         before = watch.before
+        marks = self._marks.read()  # before any kind's reading below: never the newer one
+        if watch.marks is not None and _same(marks, watch.marks):
+            self._clean = (marks, before)  # the common case: not one reading moved
+            return []
         self._clean = None
         brief_s = 0.0 if watch.timed_out or watch.failed else min(_BRIEF_S, self.settings.grace_s)
         leaving: Found = {}
         left: Found | None = None
-        with one_moment():  # the marks share their readings with the kinds asked below
-            marks = self._marks.read()
-            if watch.marks is not None and _same(marks, watch.marks):
-                self._clean = (marks, before)  # the common case: not one reading moved
-                return []
+        with one_moment():
             # A kind whose fingerprint did not move has nothing new: only the others are asked.
             moved = self._moved(watch.marks, marks)
             asked = self._new_since(watch, moved)

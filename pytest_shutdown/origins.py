@@ -39,6 +39,7 @@ __all__ = [
     "python_thread_tid",
     "recorded_processes",
     "set_current_test",
+    "started_between_tests",
     "starter_of",
     "uninstall",
 ]
@@ -401,6 +402,11 @@ def uninstall() -> None:
 
 def origin_of_thread(thread: threading.Thread) -> Origin | None:
     return _threads.get(thread)
+
+
+def started_between_tests(origin: Origin | None) -> bool:
+    """Whether a recorded start happened while no test ran (None, not recorded: unknown)."""
+    return origin is not None and origin.test is None
 
 
 def threads_started() -> int:

@@ -14,7 +14,8 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   ``fingerprinted_by`` (the ports kind: the fd count and the descendants): while those kinds
   are on, the guard compares theirs and does not read it twice. A kind whose fingerprint is
   one shared reading names it in ``mark``: the guard takes every such reading in one pass
-  (:mod:`pytest_shutdown.resources.marks`) instead of asking each kind.
+  (:mod:`pytest_shutdown.resources.marks`) instead of asking each kind; one whose fingerprint
+  shares no reading with another kind says ``reads_alone = True`` and is asked outside a moment.
 * ``snapshot()``: what exists now; cheap, taken before a test whose fingerprints moved and around
   every wider-scope fixture's set-up. Compare counts or identities first, list only when
   something changed.

@@ -132,6 +132,7 @@ class GlobalStateKind(StateKind):
 
     name = "global-state"
     allow_key = "global_state"
+    reads_alone = True  # its fingerprint shares no reading: the one-pass reading asks it bare
 
     def __init__(self) -> None:
         self.signals = catchable_signals()

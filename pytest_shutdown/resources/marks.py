@@ -132,7 +132,11 @@ class FingerprintPass:
         if self._shm_fd is None:
             own += self._shm  # no /dev/shm here: the kind's fingerprint says so
             self._shm = []
-        self._own = own
+        #: Kinds asked themselves: those that share no reading with another are asked without
+        #: a moment (global-state), the others inside one.
+        self._alone = [kind for kind in own if getattr(kind, "reads_alone", False)]
+        self._alone_reads = [kind.fingerprint for kind in self._alone]
+        self._own = [kind for kind in own if kind not in self._alone]
         self._owners = self._positions(by_mark)
 
     def _positions(self, by_mark: dict[str, list[Any]]) -> list[tuple[str, ...]]:
@@ -158,7 +162,7 @@ class FingerprintPass:
             owners.append(names(self._shm))
         if self._atexit:
             owners.append(names(by_mark["atexit_count"]))
-        owners += [(kind.name,) for kind in self._own]
+        owners += [(kind.name,) for kind in self._alone + self._own]
         return owners
 
     def moved(self, before: list[Any], after: list[Any]) -> set[str] | None:
@@ -235,6 +239,8 @@ class FingerprintPass:
                 marks.append(None)
         if self._atexit:
             marks.append(atexit_calls.count())
+        for read_alone in self._alone_reads:
+            marks.append(read_alone())
         if self._own:
             marks.extend(self._fingerprints(self._own))
         return marks

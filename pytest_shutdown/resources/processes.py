@@ -62,6 +62,12 @@ class ProcessKind(ObjectKind):
 
         return objects_of((), items, parent_pids(tuple(items)))
 
+    def started_outside_tests(self, items: Sequence[int]) -> set[int]:
+        """The child processes whose recorded start was outside any test (a grandchild has no
+        record here: never one of them)."""
+        between = origins.started_between_tests
+        return {pid for pid in items if between(origins.origin_of_process(pid))}
+
     def still_there(self, items: Sequence[int]) -> list[int]:
         """The processes still running now (no wait; a zombie has ended)."""
         return [pid for pid in items if process_running(pid)]

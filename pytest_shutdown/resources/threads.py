@@ -7,6 +7,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_shutdown import origins
 from pytest_shutdown.checks.leaks import (
     Started,
     ThreadFilter,
@@ -102,6 +103,10 @@ class ThreadKind(ObjectKind):
 
     def targets(self, items: Sequence[threading.Thread]) -> Mapping[Any, object]:
         return {thread: thread for thread in items}
+
+    def started_outside_tests(self, items: Sequence[threading.Thread]) -> set[threading.Thread]:
+        """The threads whose recorded start was outside any test (between two tests)."""
+        return {t for t in items if origins.started_between_tests(origins.origin_of_thread(t))}
 
     def still_there(self, items: Sequence[threading.Thread]) -> list[threading.Thread]:
         """The threads still alive now (no wait)."""

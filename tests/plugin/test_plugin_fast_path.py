@@ -163,3 +163,159 @@ def test_the_guards_error_is_reported_by_its_text_not_a_formatted_traceback(
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*shutdown guard: atexit-holds-object*"])
     assert styles == ["value"]
+
+
+# --- quiet gaps: a set-up that trusts the gap before it reads nothing ---
+
+COUNT_READINGS = textwrap.dedent(
+    """
+    import sys
+
+    import pytest
+
+    from pytest_shutdown.resources import marks
+
+    READS = [0]
+    _read = marks.FingerprintPass.read
+
+    def counting(self):
+        READS[0] += 1
+        return _read(self)
+
+    marks.FingerprintPass.read = counting
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(config):
+        sys.stdout.write(f"\\nreadings: {READS[0]}\\n")
+    """
+)
+
+
+def test_after_quiet_gaps_a_clean_test_costs_one_reading_and_a_later_leak_is_found(
+    pytester: pytest.Pytester,
+) -> None:
+    """Forty clean tests: every teardown reads; the set-ups read until eight gaps in a row were
+    still, then only every eighth one (a probe): 40 + 9 + 4 readings, not 80. A leak made
+    after the gaps are trusted is still found, on its test."""
+    pytester.makeconftest(COUNT_READINGS)
+    pytester.makepyfile(
+        test_quiet=textwrap.dedent(
+            """
+            import threading
+
+            import pytest
+
+            _stop = threading.Event()
+
+            @pytest.mark.parametrize("n", range(40))
+            def test_clean(n):
+                pass
+
+            def test_leaks_after_the_quiet_gaps():
+                threading.Thread(target=_stop.wait, args=(30,), name="late", daemon=True).start()
+
+            def test_last():
+                _stop.set()
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", GRACE, "-p", "no:randomly", "-s")
+    result.assert_outcomes(passed=42, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_leaks_after_the_quiet_gaps still running after the 0.3 s grace: 'late'*"]
+    )
+    readings = int(result.stdout.str().rpartition("readings: ")[2].split()[0])
+    # 42 teardowns; set-ups 1-9, the probes 16, 24, 32 and 40, and 42 (after the leak)
+    assert 42 + 14 <= readings <= 42 + 16, readings
+
+
+WATCHDOG_IN_THE_GAP = textwrap.dedent(
+    """
+    import threading
+
+    import pytest
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        # Armed before the set-up, disarmed after the teardown (as pytest-timeout's thread
+        # method does): alive at every check, and a new one in every gap.
+        stop = threading.Event()
+        watchdog = threading.Thread(target=stop.wait, args=(30,), name="watchdog", daemon=True)
+        watchdog.start()
+        try:
+            return (yield)
+        finally:
+            stop.set()
+            watchdog.join(5)
+    """
+)
+
+
+@pytest.mark.parametrize("watchdog", ["faulthandler_timeout", "a hook's thread"])
+def test_a_watchdog_armed_in_every_gap_is_no_tests_leak(
+    pytester: pytest.Pytester, watchdog: str
+) -> None:
+    """What a plugin starts between tests and stops after the next one's teardown is in the
+    baseline of that test: faulthandler's native watchdog (no origin recorded: the gaps move,
+    so every set-up reads) and a thread a hook starts (recorded outside any test)."""
+    options = ["-p", "shutdown", GRACE, "-p", "no:randomly"]
+    if watchdog == "faulthandler_timeout":
+        options += ["-o", "faulthandler_timeout=60"]
+    else:
+        pytester.makeconftest(WATCHDOG_IN_THE_GAP)
+    pytester.makepyfile(
+        test_watched=textwrap.dedent(
+            """
+            import pytest
+
+            @pytest.mark.parametrize("n", range(30))
+            def test_clean(n):
+                pass
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(*options)
+    result.assert_outcomes(passed=30)
+    result.stdout.fnmatch_lines(["no findings in 30 tests*"])
+
+
+THREAD_STARTED_IN_A_LATE_GAP = textwrap.dedent(
+    """
+    import threading
+
+    import pytest
+
+    _stop = threading.Event()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logfinish(nodeid):
+        # Once, after the gaps are trusted: a thread a reporting hook starts and keeps.
+        if nodeid.endswith("test_clean[20]"):
+            threading.Thread(target=_stop.wait, args=(30,), name="uploader", daemon=True).start()
+
+    def pytest_sessionfinish(session):
+        _stop.set()
+    """
+)
+
+
+def test_a_thread_a_hook_starts_in_a_trusted_gap_is_not_the_next_tests(
+    pytester: pytest.Pytester,
+) -> None:
+    """A set-up that trusted the gap did not read it; what was started there through
+    ``threading`` is recorded outside any test, and not the next test's leak."""
+    pytester.makeconftest(THREAD_STARTED_IN_A_LATE_GAP)
+    pytester.makepyfile(
+        test_late=textwrap.dedent(
+            """
+            import pytest
+
+            @pytest.mark.parametrize("n", range(30))
+            def test_clean(n):
+                pass
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", GRACE, "-p", "no:randomly")
+    result.assert_outcomes(passed=30)
+    result.stdout.fnmatch_lines(["no findings in 30 tests*"])

@@ -241,8 +241,12 @@ class ShutdownReport:
         self.config = config
         self.settings = settings
         self.worker: str | None = getattr(config, "workerinput", {}).get("workerid")
-        #: Entries accepted here (controller or single process), in record-log order.
-        self.entries: list[dict[str, Any]] = []
+        #: Entries accepted here (controller or single process), in record-log order
+        #: (:attr:`entries`); the clean tests' records since the last other entry are kept as
+        #: rows (node id, teardown and guard seconds, reported) until an entry or a reader
+        #: needs them as records: most tests are clean, and most runs read only the durations.
+        self._entries: list[dict[str, Any]] = []
+        self._clean_rows: list[tuple[str, float, float, bool]] = []
         self._folded_at: tuple[int, dict[str, Any]] | None = None
         #: Entries of the running test, sent with its teardown report.
         self._pending: list[dict[str, Any]] = []
@@ -271,6 +275,15 @@ class ShutdownReport:
     def add_clean(self, nodeid: str, teardown_s: float, guard_s: float, reported: bool) -> None:
         """:meth:`add` for a test the guard found nothing on (the common case: no record
         object is made for it)."""
+        if (
+            self.worker is None
+            and self.log is None
+            and not self._pending
+            and guard_s < SLOW_GUARD_S
+            and this_pid() == self._pid
+        ):  # nothing to send with the report, nothing to log, nothing to list: a row
+            self._clean_rows.append((nodeid, teardown_s, guard_s, reported))
+            return
         record = plain_record(nodeid, self.worker, teardown_s, guard_s, reported=reported)
         self._pending.append({"type": "record", "record": record, "timed": True})
 
@@ -302,6 +315,21 @@ class ShutdownReport:
         if self.log is not None:
             self.log.write(entry)
 
+    @property
+    def entries(self) -> list[dict[str, Any]]:
+        """Every entry accepted so far, clean tests' records included, in order."""
+        if self._clean_rows:
+            self._entries.extend(
+                {
+                    "type": "record",
+                    "record": plain_record(nodeid, None, teardown_s, guard_s, reported=reported),
+                    "timed": True,
+                }
+                for nodeid, teardown_s, guard_s, reported in self._clean_rows
+            )
+            self._clean_rows.clear()
+        return self._entries
+
     def _head(self) -> dict[str, Any]:
         return {
             "schema_version": SCHEMA_VERSION,
@@ -316,9 +344,13 @@ class ShutdownReport:
     def _folded(self) -> dict[str, Any]:
         """``collect`` of the entries accepted so far, folded once per new entry (the summary
         reads it several times at session end)."""
-        count = len(self.entries)
+        rows = self._clean_rows
+        count = len(self._entries) + len(rows)
         if self._folded_at is None or self._folded_at[0] != count:
-            self._folded_at = (count, collect(self.entries))
+            folded = collect(self._entries)  # the rows: only their times count (collect's rule)
+            folded["durations"] = [*folded["durations"], *(round(row[1], 6) for row in rows)]
+            folded["guard_times"] = [*folded["guard_times"], *(round(row[2], 6) for row in rows)]
+            self._folded_at = (count, folded)
         return self._folded_at[1]
 
     @property

@@ -208,3 +208,60 @@ def test_the_assembly_command_refuses_a_missing_log(tmp_path: Path) -> None:
     )
     assert done.returncode == 2
     assert "is not a file" in done.stderr
+
+
+def test_without_a_record_log_the_clean_tests_records_keep_their_place(
+    pytester: pytest.Pytester,
+) -> None:
+    """Without --shutdown-report a clean test's record is kept as a row until something reads
+    the entries: the rows come back as records, in test order, around the leak's record, and
+    the summary counts every test."""
+    pytester.makeconftest(
+        """
+        import json, pathlib
+
+        import pytest
+
+        @pytest.hookimpl(trylast=True)
+        def pytest_sessionfinish(session):
+            report = session.config.pluginmanager.get_plugin("pytest-shutdown-report")
+            durations = report.durations  # folded from the rows, before they become records
+            records = [e["record"] for e in report.entries if e["type"] == "record"]
+            pathlib.Path("seen.json").write_text(json.dumps({
+                "durations": len(durations),
+                "order": [r["nodeid"].rpartition("::")[2] for r in records],
+                "findings": [bool(r["findings"]) for r in records],
+            }))
+        """
+    )
+    pytester.makepyfile(
+        test_rows="""
+        import threading
+
+        _stop = threading.Event()
+
+        def test_1():
+            pass
+
+        def test_2():
+            pass
+
+        def test_3_leaks():
+            threading.Thread(target=_stop.wait, args=(30,), daemon=True).start()
+
+        def test_4():
+            _stop.set()
+
+        def test_5():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-guard=warn", "--shutdown-grace=0.2", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=5, warnings=1)
+    result.stdout.fnmatch_lines(["*1 of 5 tests with findings*"])
+    seen = json.loads((pytester.path / "seen.json").read_text())
+    assert seen["durations"] == 5
+    assert seen["order"] == ["test_1", "test_2", "test_3_leaks", "test_4", "test_5"]
+    assert seen["findings"] == [False, False, True, False, False]

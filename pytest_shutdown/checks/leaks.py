@@ -275,16 +275,31 @@ def only_own_threads_since(then: bytes, started: int, now: bytes) -> bool:
     return set(range(start + 1, end + 1)) <= set(tids)
 
 
+def descendants_if_only_own_threads(marker: bytes, started: int) -> frozenset[int] | None:
+    """The last scan's descendants, kept as the answer at ``ns_last_pid`` == ``marker`` when
+    every pid allocated since that scan went to a thread this process started (no process was
+    created anywhere); ``started`` is :func:`pytest_shutdown.origins.threads_started` read
+    before ``marker``. None when that is not so: a walk is needed."""
+    global _scan_cache
+    cached = _scan_cache
+    pid = this_pid()
+    if cached is None or cached[0] != pid:
+        return None
+    if not only_own_threads_since(cached[1], cached[3], marker):
+        return None
+    _scan_cache = (pid, marker, cached[2], started)
+    return cached[2]
+
+
 def _read_descendant_pids() -> frozenset[int]:
     global _scan_cache
     pid = this_pid()
     started = origins.threads_started()  # before the marker: a thread started now is not ours
     marker = last_pid()  # read before scanning: a process created during the scan moves it
+    kept = descendants_if_only_own_threads(marker, started) if marker is not None else None
+    if kept is not None:
+        return kept
     cached = _scan_cache
-    if marker is not None and cached is not None and cached[0] == pid and cached[1] != marker:
-        if only_own_threads_since(cached[1], cached[3], marker):
-            _scan_cache = (pid, marker, cached[2], started)  # no process was created since
-            return cached[2]
     unmoved = marker is not None and cached is not None and cached[:2] == (pid, marker)
     if unmoved and cached is not None and not cached[2]:
         return cached[2]  # no child then, and no pid allocated anywhere since: none now

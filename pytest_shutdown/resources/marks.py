@@ -46,6 +46,7 @@ from pytest_shutdown import atexit_calls
 from pytest_shutdown.checks.leaks import (
     cached_descendants,
     descendant_pids,
+    descendants_if_only_own_threads,
     only_own_threads_since,
 )
 from pytest_shutdown.held_open import held_open
@@ -214,7 +215,9 @@ class FingerprintPass:
                 marks.extend(self._fingerprints(self._by_last_pid))
             elif self._childless:
                 known = cached_descendants(marker)
-                if known is None:  # no scan at this marker yet: one (or the last carried over)
+                if known is None:  # no scan at this marker: the last kept, or one made now
+                    known = descendants_if_only_own_threads(marker, started)
+                if known is None:
                     descendant_pids()
                     known = cached_descendants(marker)
                 if known is not None and not known:

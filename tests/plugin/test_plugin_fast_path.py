@@ -319,3 +319,50 @@ def test_a_thread_a_hook_starts_in_a_trusted_gap_is_not_the_next_tests(
     result = pytester.runpytest_subprocess("-p", "shutdown", GRACE, "-p", "no:randomly")
     result.assert_outcomes(passed=30)
     result.stdout.fnmatch_lines(["no findings in 30 tests*"])
+
+
+SERVER_AND_A_THREAD_PER_TEST = textwrap.dedent(
+    """
+    import subprocess, sys, threading
+
+    import pytest
+
+    CHILD = "import sys\\nsys.stdin.read()"
+
+    @pytest.fixture(scope="session")
+    def server():
+        proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE)
+        yield proc
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+    @pytest.mark.parametrize("n", range(12))
+    def test_thread(server, n):
+        t = threading.Thread(target=len, args=((),))
+        t.start()
+        t.join()
+
+    def test_leaks_a_process(server):
+        subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE)
+
+    def test_thread_after(server):
+        t = threading.Thread(target=len, args=((),))
+        t.start()
+        t.join()
+    """
+)
+
+
+def test_a_thread_per_test_beside_a_server_is_clean_and_a_new_process_still_found(
+    pytester: pytest.Pytester,
+) -> None:
+    """Pids allocated only to threads the tests start and join: the descendants' last walk
+    stands and the check is clean without asking a kind; a process started later moves the
+    readings past those threads and is found, on its test."""
+    pytester.makepyfile(test_server=SERVER_AND_A_THREAD_PER_TEST)
+    result = pytester.runpytest_subprocess("-p", "shutdown", GRACE, "-p", "no:randomly", "-v")
+    result.assert_outcomes(passed=14, errors=1)
+    result.stdout.fnmatch_lines(["*test_leaks_a_process*process-leak*"])
+    out = result.stdout.str()
+    assert "ERROR at teardown of test_thread" not in out
+    assert "1 of 14 tests with findings" in out

@@ -354,7 +354,7 @@ class ShutdownGuard:
                 before = dict(clean[1])  # nothing moved since the last clean test ended
                 self._quiet_gaps += 1
             else:  # something between the tests moved a reading: every gap is read again
-                before = self._snapshot(self.kinds)
+                before = self._snapshot_since(clean[1], self._moved(clean[0], marks))
                 self._quiet_gaps = 0
         self._watch = _Watch(
             item,
@@ -546,6 +546,17 @@ class ShutdownGuard:
     def _snapshot(kinds: list[ResourceKind]) -> Snapshot:
         with one_moment():  # the kinds share their readings (descendants, fd count ...)
             return {kind.name: kind.snapshot() for kind in kinds}
+
+    def _snapshot_since(self, last: Snapshot, moved: set[str] | None) -> Snapshot:
+        """A snapshot that takes ``last``'s of each kind whose readings did not move since it
+        (``moved``; None: any may have) and a fresh one of the others."""
+        with one_moment():
+            return {
+                kind.name: kind.snapshot()
+                if moved is None or kind.name in moved
+                else last[kind.name]
+                for kind in self.kinds
+            }
 
     # --- wider-scope fixtures own what their setup started ---
 
@@ -834,15 +845,7 @@ class ShutdownGuard:
                     # the next test starts from what is here now while the marks, read before
                     # these snapshots, have not moved; the snapshots share this moment's
                     # readings.
-                    self._clean = (
-                        marks,
-                        {
-                            kind.name: kind.snapshot()
-                            if moved is None or kind.name in moved
-                            else before[kind.name]
-                            for kind in self.kinds
-                        },
-                    )
+                    self._clean = (marks, self._snapshot_since(before, moved))
         if leaving:  # outside the moment: what they held is read afresh once they ended
             self._let_go(leaving, brief_s)
             with one_moment():  # asked afresh: what ended took its pipes with it

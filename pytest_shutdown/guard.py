@@ -103,13 +103,15 @@ _FUNCTION_SCOPE = Scope.Function
 #: the markers.
 _NO_MARKS: tuple[AllowLeaks | None, float | None, str | None] = (None, None, None)
 
-#: After this many gaps in a row between a clean test's check and the next test's set-up in
-#: which no reading moved, a set-up starts from that check's readings without reading them again
-#: (half of the guard's cost on a test that leaves nothing): only the hooks of pytest and its
-#: plugins run in a gap, and what they do there is usually nothing or the same before every
-#: test (faulthandler's and pytest-timeout's watchdogs, armed before the set-up). Every
-#: :data:`_PROBE_EVERY`-th set-up reads them anyway; one that finds a gap moved, or a plugin
-#: registered, reads every set-up again until the gaps are quiet again.
+#: After this many quiet gaps in a row (between a clean test's check and the next test's
+#: set-up, nothing new for any kind: no reading moved, or the kinds behind those that did, a
+#: pid taken on the host, find nothing new since that check), a set-up starts from that check's
+#: readings without reading them again (half of the guard's cost on a test that leaves
+#: nothing): only the hooks of pytest and its plugins run in a gap, and what they do there is
+#: usually nothing or the same before every test (faulthandler's and pytest-timeout's
+#: watchdogs, armed before the set-up). Every :data:`_PROBE_EVERY`-th set-up reads anyway; one
+#: that finds a gap that was not quiet, or a plugin registered, reads every set-up again until
+#: the gaps are quiet again.
 _QUIET_GAPS_TRUSTED = 8
 _PROBE_EVERY = 8
 
@@ -353,9 +355,14 @@ class ShutdownGuard:
             elif _same(clean[0], marks):
                 before = dict(clean[1])  # nothing moved since the last clean test ended
                 self._quiet_gaps += 1
-            else:  # something between the tests moved a reading: every gap is read again
-                before = self._snapshot_since(clean[1], self._moved(clean[0], marks))
-                self._quiet_gaps = 0
+            else:  # a reading moved: quiet still when what the kinds behind it see did not
+                moved = self._moved(clean[0], marks)
+                with one_moment():
+                    before = self._snapshot_since(clean[1], moved)
+                    quiet = moved is not None and not any(
+                        tuple(self._by_name[name].new_since(clean[1][name])) for name in moved
+                    )
+                self._quiet_gaps = self._quiet_gaps + 1 if quiet else 0
         self._watch = _Watch(
             item,
             before,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pytest_shutdown.checks.leaks import process_running
 from pytest_shutdown.findings import Finding, ShutdownContractError
 
 __all__ = ["SENTINEL_START_TIMEOUT_S", "SETTLE_S", "assert_no_collateral"]
@@ -97,7 +98,7 @@ class _Sentinels:
                 how = _ended_how(self.mp_child.exitcode) or "ended"
                 self.died["multiprocessing child"] = {"pid": self.mp_child.pid, "how": how}
         if self.middle is not None and self.grandchild is not None:
-            if "grandchild" not in self.died and not _running(self.grandchild):
+            if "grandchild" not in self.died and not process_running(self.grandchild):
                 code = self.middle.poll()
                 if code is None and not final:
                     return
@@ -113,7 +114,7 @@ class _Sentinels:
 
     def cleanup(self) -> None:
         for pid in (self.grandchild,):
-            if pid is not None and _running(pid):
+            if pid is not None and process_running(pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
@@ -146,21 +147,6 @@ def _read_pid(proc: subprocess.Popen[bytes], timeout: float) -> int | None:
             return None
     line = proc.stdout.readline().strip()
     return int(line) if line.isdigit() else None
-
-
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-        return data[data.rfind(b")") + 2 : data.rfind(b")") + 3] not in (b"Z", b"X")
-    except FileNotFoundError:
-        return False
-    except OSError:  # not Linux: ask the kernel whether it exists
-        try:
-            os.kill(pid, 0)
-        except OSError:
-            return False
-        return True
 
 
 def assert_no_collateral(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -376,8 +376,22 @@ def _thread_running(thread: threading.Thread) -> bool:
 
 
 def _process_running(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (ended, not yet reaped by its owner) has ended."""
-    import psutil  # noqa: PLC0415
+    """True while ``pid`` runs; a zombie (ended, not yet reaped by its owner) has ended. Read
+    from ``/proc/PID/stat`` (importing psutil would cost the first session that has a child
+    several milliseconds); psutil where there is no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        if os.path.exists("/proc/self/stat"):
+            return False  # gone (reaped)
+        data = None
+    except OSError:
+        data = None
+    if data is not None:
+        end = data.rfind(b")")
+        return data[end + 2 : end + 3] not in (b"Z", b"X", b"x")
+    import psutil  # noqa: PLC0415 - no /proc here
 
     try:
         return psutil.Process(pid).status() not in _PROCESS_STATES_ENDED

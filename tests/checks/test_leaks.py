@@ -22,6 +22,7 @@ from pytest_shutdown.checks.leaks import (
     assert_device_memory_released,
     await_exit,
     kill_process_trees,
+    process_running,
     started_since,
     take_snapshot,
     thread_filter,
@@ -184,6 +185,28 @@ def test_process_exiting_within_the_grace_is_not_a_leak(
         procs.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"]))
     # Ended but not reaped by the block: a zombie is not running, and its owner can still wait().
     assert procs[0].wait(timeout=10) == 0
+
+
+def test_process_running_tells_running_zombie_and_gone_apart(
+    procs: list[subprocess.Popen[bytes]],
+) -> None:
+    """Read from /proc without psutil: a zombie has ended, a reaped pid is gone; the same
+    answers as psutil's status."""
+    procs.append(subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                                  stdin=subprocess.PIPE))
+    pid = procs[0].pid
+    assert process_running(pid)
+    assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    assert procs[0].stdin is not None
+    procs[0].stdin.close()
+    deadline = time.monotonic() + 10
+    while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:  # ended, not reaped
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert not process_running(pid)
+    assert procs[0].wait(timeout=10) == 0
+    assert not process_running(pid)
+    assert process_running(os.getpid())
 
 
 def test_kill_process_trees_kills_the_whole_tree(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -30,6 +30,7 @@ import time
 import types
 import warnings
 from collections.abc import Generator, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,13 @@ __all__ = ["TOOL_MODULES", "ShutdownGuard", "ShutdownLeakWarning", "is_tool_thre
 #: of the ownership search's backward walk it spares is a pass over the whole heap (~10 ms in
 #: a suite with numpy loaded).
 _BRIEF_S = 0.02
+#: Seconds into that wait after which what is still there is searched for an owner (one
+#: backward walk): what a module global, a class attribute or a live fixture holds (a
+#: library's monitor thread, a reusable executor's workers: the one wait of each of tqdm's,
+#: loky's and joblib's suites) is not waited for any longer. Threads and processes on their
+#: way out end well within it (1-3 ms for a closed ``multiprocessing.Pool``'s workers and
+#: handler threads); the walk it may spend on one that ends later costs a heap pass a level.
+_WALK_AFTER_S = 0.01
 
 #: kind name -> a snapshot of that kind
 Snapshot = dict[str, Any]
@@ -670,13 +678,19 @@ class ShutdownGuard:
         return findings
 
     def _left(
-        self, watch: _Watch, allowed: set[str], moved: set[str] | None, asked: Found
+        self,
+        watch: _Watch,
+        allowed: set[str],
+        moved: set[str] | None,
+        asked: Found,
+        walked: AbstractSet[tuple[str, Any]] = frozenset(),
     ) -> Found | None:
         """What the test left that is its own (inside one moment): each kind's new items less
         what a live fixture started or anything that outlives the test owns; None when there
         is nothing to wait for or report. ``allowed`` gets the kinds the markers allow; only
         the kinds in ``moved`` are asked (all when None), and those in ``asked`` (by
-        :meth:`_new_since`, in this moment) are not asked again."""
+        :meth:`_new_since`, in this moment) are not asked again; the ``(kind, item)`` keys in
+        ``walked`` were searched for an owner moments ago and had none."""
         found: Found = {}
         allow = watch.allow
         later: list[tuple[ResourceKind, Any]] = []
@@ -699,7 +713,7 @@ class ShutdownGuard:
         # threads and processes first: a global found owning a pool's workers is remembered,
         # and the kinds asked next find the pool's pipes forwards from it, with no heap scan.
         nodeid = watch.nodeid
-        left = self._without_owned(self._not_live_owned(found), nodeid) if found else {}
+        left = self._without_owned(self._not_live_owned(found), nodeid, walked) if found else {}
         rest: Found = {}
         for kind, allowance in later:
             items = tuple(kind.new_since(watch.before[kind.name], allowance))
@@ -782,10 +796,19 @@ class ShutdownGuard:
         }
         return {name: items for name, items in leaving.items() if items}
 
-    def _let_go(self, leaving: Found, wait_s: float) -> None:
+    def _let_go(self, leaving: Found, wait_s: float) -> set[tuple[str, Any]]:
         """Wait up to ``wait_s`` (short polls) for the ``leaving`` items to end; once some
-        did, collect the young generations: what they held (a queue's pipe) is garbage now."""
-        deadline = time.monotonic() + wait_s
+        did, collect the young generations: what they held (a queue's pipe) is garbage now.
+
+        What is still there after :data:`_WALK_AFTER_S` is searched for an owner once: what
+        has one is not waited for (the check finds that owner again, forwards, without a heap
+        pass). Returns the ``(kind, item)`` keys that search left unowned, so that the check
+        does not walk the heap for them a second time."""
+        start = time.monotonic()
+        deadline = start + wait_s
+        walk_at = start + min(_WALK_AFTER_S, wait_s)
+        unowned: set[tuple[str, Any]] = set()
+        walked = False
         delay = 0.001
         count = sum(map(len, leaving.values()))
         while True:
@@ -796,12 +819,37 @@ class ShutdownGuard:
                 else:
                     del leaving[name]
             now = time.monotonic()
+            if leaving and not walked and now >= walk_at:
+                walked = True
+                unowned = self._without_owners(leaving)
+                now = time.monotonic()
             if not leaving or now >= deadline:
                 break
-            time.sleep(min(delay, deadline - now))
+            time.sleep(min(delay, (deadline if walked else walk_at) - now))
             delay = min(delay * 2, 0.008)
         if sum(map(len, leaving.values())) < count:
             gc.collect(1)
+        return unowned
+
+    def _without_owners(self, leaving: Found) -> set[tuple[str, Any]]:
+        """Drop from ``leaving`` what an ownership search (with its backward walk) finds an
+        owner for; return the keys of what it walked for and left unowned."""
+        targets: dict[Any, object] = {}
+        for name, items in leaving.items():
+            for item, obj in self._by_name[name].targets(items).items():
+                targets[(name, item)] = obj
+        if not targets:
+            return set()
+        from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when left
+
+        owners = find_owners(targets, self._fixture_roots())
+        for name, items in list(leaving.items()):
+            kept = tuple(i for i in items if (name, i) not in owners)
+            if kept:
+                leaving[name] = kept
+            else:
+                del leaving[name]
+        return {key for key in targets if key not in owners}
 
     @staticmethod
     def _fixture_state_left(
@@ -854,9 +902,9 @@ class ShutdownGuard:
                     # readings.
                     self._clean = (marks, self._snapshot_since(before, moved))
         if leaving:  # outside the moment: what they held is read afresh once they ended
-            self._let_go(leaving, brief_s)
+            walked = self._let_go(leaving, brief_s)
             with one_moment():  # asked afresh: what ended took its pipes with it
-                left = self._left(watch, allowed, moved, {})
+                left = self._left(watch, allowed, moved, {}, walked)
         if left is None:
             return []  # the common case: nothing to wait for, nothing to report
         found: Found = left
@@ -941,16 +989,23 @@ class ShutdownGuard:
                             roots[id(arg)] = (fixturedef, name, arg)
         return roots
 
-    def _without_owned(self, found: Found, nodeid: str) -> Found:
+    def _without_owned(
+        self,
+        found: Found,
+        nodeid: str,
+        walked: AbstractSet[tuple[str, Any]] = frozenset(),
+    ) -> Found:
         """Drop what outlives the test: a live wider-scope fixture's (checked at its teardown),
         a module global's or class attribute's (listed at session end), the standard library's
-        process-lifetime helpers. What is left is the test's own."""
+        process-lifetime helpers. What is left is the test's own. The keys in ``walked`` are
+        not searched again (see :meth:`_let_go`)."""
         targets: dict[Any, object] = {}
         for kind in self._objects:
             items = found.get(kind.name)
             if items:
                 for item, obj in kind.targets(items).items():
-                    targets[(kind.name, item)] = obj
+                    if (kind.name, item) not in walked:
+                        targets[(kind.name, item)] = obj
         if not targets:
             return found
         from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when found

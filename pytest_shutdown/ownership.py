@@ -309,6 +309,7 @@ def find_owners(
         left = {key: targets[key] for key in keys if key not in answers}
         found_forwards, forwards = _known_owners(left, fixture_roots, modules, skip, max_depth)
         answers.update(found_forwards)
+        del left  # it holds the targets: the walk below would take it for a referrer of each
         frontier = unanswered(frontier)
     if not walk:
         return answers

@@ -587,3 +587,84 @@ def test_a_thread_ending_just_after_the_test_costs_no_ownership_walk(
     # The fd kind's tool-holder test over the pipe's wrappers takes two passes; the walk
     # would add one per level.
     assert passes.get("test_queue_closing_on_its_way_out", 0) <= 2
+
+
+HELD_OR_LOOSE = textwrap.dedent(
+    """
+    import threading
+
+    MONITOR = []  # a library's monitor thread, kept for the life of the process
+
+    def test_starts_the_monitor():
+        stop = threading.Event()
+        thread = threading.Thread(target=stop.wait, name="monitor", daemon=True)
+        thread.start()
+        MONITOR.append((thread, stop))
+
+    def test_leaves_a_thread_of_its_own():
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, args=(3.0,), name="loose", daemon=True).start()
+    """
+)
+
+#: The brief wait made longer than any run: waiting it out is seen, not timed to the ms.
+LONG_BRIEF_WAIT = textwrap.dedent(
+    """
+    import pytest_shutdown.guard
+
+    pytest_shutdown.guard._BRIEF_S = 40.0
+    """
+)
+
+
+#: Names what each ownership search with a backward walk was asked about.
+COUNT_WALKS = textwrap.dedent(
+    """
+    import pytest_shutdown.ownership
+
+    _real = pytest_shutdown.ownership.find_owners
+
+    def _counted(targets, roots, **options):
+        if options.get("walk", True):
+            with open("walks.txt", "a") as f:
+                f.write(" ".join(getattr(t, "name", repr(t)) for t in targets.values()) + "\\n")
+        return _real(targets, roots, **options)
+
+    pytest_shutdown.ownership.find_owners = _counted
+    """
+)
+
+
+def test_a_thread_a_global_holds_is_not_waited_for(pytester: pytest.Pytester) -> None:
+    """A thread still running a moment into the brief wait is searched for an owner then: one
+    a module global holds is not waited for (the wait here is 40 s), and it is listed as
+    long-lived, not blamed on the test."""
+    pytester.makepyfile(test_monitor=HELD_OR_LOOSE)
+    pytester.makeconftest(LONG_BRIEF_WAIT)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", LONG_GRACE, "--shutdown-report=r.json", "-p", "no:randomly",
+        "--durations=0", "--durations-min=0", "test_monitor.py::test_starts_the_monitor",
+    )
+    result.assert_outcomes(passed=1)
+    report = _report(pytester)
+    assert report["tests"] == []
+    assert [r["name"] for r in report["long_lived"]] == ["monitor"]
+    teardown = [line for line in result.outlines if " teardown " in line]
+    assert len(teardown) == 1
+    assert float(teardown[0].split("s ", 1)[0]) < NO_GRACE_WAITED_S
+
+
+def test_a_thread_nothing_holds_is_searched_for_once(pytester: pytest.Pytester) -> None:
+    """The other side: a thread of the test's own, still running past the grace, is waited for
+    and reported; the owner search made during the wait is not made again after it."""
+    pytester.makepyfile(test_monitor=HELD_OR_LOOSE)
+    pytester.makeconftest(LONG_BRIEF_WAIT + COUNT_WALKS)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-grace=0.3", "--shutdown-report=r.json", "-p", "no:randomly",
+        "test_monitor.py::test_leaves_a_thread_of_its_own",
+    )
+    result.assert_outcomes(passed=1, errors=1)
+    (test,) = _report(pytester)["tests"]
+    assert [f["code"] for f in test["findings"]] == ["thread-leak"]
+    walks = (pytester.path / "walks.txt").read_text().split()
+    assert walks == ["loose"]

@@ -33,6 +33,7 @@ __all__ = [
     "Origin",
     "capture_here",
     "install",
+    "origin_of",
     "origin_of_process",
     "origin_of_thread",
     "process_object",
@@ -438,6 +439,25 @@ def starter_of(thread: threading.Thread) -> threading.Thread | None:
 def origin_of_process(pid: int) -> Origin | None:
     entry = _processes.get(pid)
     return entry[1] if entry is not None else None
+
+
+def origin_of(obj: object) -> Origin | None:
+    """The recorded creation site of a ``threading.Thread``, ``subprocess.Popen`` or
+    ``multiprocessing.Process`` object; None for anything else, or when none was recorded."""
+    kind = type(obj)  # the real type: never a __class__ of the user's
+    if issubclass(kind, threading.Thread):
+        return _threads.get(obj)  # type: ignore[call-overload]
+    if issubclass(kind, subprocess.Popen):
+        pid = obj.pid  # type: ignore[attr-defined]
+    else:
+        base = getattr(sys.modules.get(_PROCESS_MODULE), "BaseProcess", None)
+        if base is None or not issubclass(kind, base):
+            return None
+        pid = getattr(getattr(obj, "_popen", None), "pid", None)
+    entry = _processes.get(pid) if isinstance(pid, int) else None
+    if entry is None or entry[0]() is not obj:
+        return None
+    return entry[1]
 
 
 def process_object(pid: int) -> Any:

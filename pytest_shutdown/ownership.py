@@ -469,12 +469,15 @@ def _forward(
     budget: int,
     *,
     pick: Callable[[object], bool] | None = None,
+    shared: set[int] | None = None,
 ) -> tuple[dict[int, list[object]], bool]:
     """Breadth-first along ``gc.get_referents`` from ``root`` (at most ``max_depth`` edges and
     ``budget`` objects): id of each wanted object reached (or of each one ``pick`` accepts) ->
     the chain from ``root`` down to it (the shortest); and False when the budget cut the search
-    short."""
+    short. Searches from several roots may share ``shared``, the ids visited (and the budget):
+    what one reached is not visited again from the next."""
     parent: dict[int, tuple[int, object] | None] = {id(root): None}
+    seen = shared if shared is not None else parent
     level = [root]
     reached: dict[int, list[object]] = {}
     for _depth in range(max_depth):
@@ -482,9 +485,11 @@ def _forward(
         for node in level:
             for child in gc.get_referents(node):
                 child_id = id(child)
-                if child_id in parent or _stops(child, skip, modules):
+                if child_id in parent or child_id in seen or _stops(child, skip, modules):
                     continue
                 parent[child_id] = (id(node), node)
+                if shared is not None:
+                    shared.add(child_id)
                 next_level.append(child)
                 if child_id in wanted or (pick is not None and pick(child)):
                     chain = [child]
@@ -493,7 +498,7 @@ def _forward(
                         chain.append(link[1])
                         link = parent[link[0]]
                     reached[child_id] = chain[::-1]
-                if len(parent) > budget:
+                if len(seen) > budget:
                     return reached, False
         level = next_level
     return reached, True  # all within max_depth seen: the backward walk sees no farther
@@ -531,6 +536,8 @@ def _known_owners(
     for target_id in by_id:
         wanted.pop(target_id, None)
     by_id.update(_remembered_owners(wanted, skip, modules, max_depth))
+    if wanted:
+        by_id.update(_creation_site_owners(wanted, skip, modules, max_depth))
     return {key: by_id[id(t)] for key, t in targets.items() if id(t) in by_id}, True
 
 
@@ -549,6 +556,54 @@ def _remembered_owners(
             wanted.pop(target_id, None)
         if found:
             _recent.move_to_end(entry)
+    return by_id
+
+
+def _creation_site_owners(
+    wanted: dict[int, object], skip: set[int], modules: Mapping[int, str], max_depth: int
+) -> dict[int, Owner]:
+    """Owners (by target id) found forwards from the modules whose code started a wanted
+    thread or process (the user frames of its recorded creation site): their globals, and the
+    attributes of the classes they define (a library's monitor thread in a class attribute,
+    its reusable executor in a global), the first time they own something, with no heap pass.
+    What is found is remembered; what they do not reach leaves ``wanted`` to the backward
+    walk."""
+    files: dict[str, None] = {}
+    for target in wanted.values():
+        origin = origins.origin_of(target)
+        if origin is not None:
+            files.update((frame[0], None) for frame in origin.frames if frame[3])
+    if not files:
+        return {}
+    by_file: dict[str, tuple[dict[str, Any], str]] = {}
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        filename = getattr(module, "__file__", None)
+        if isinstance(namespace, dict) and id(namespace) in modules and isinstance(filename, str):
+            by_file[filename] = (namespace, name)
+    by_id: dict[int, Owner] = {}
+    visited: set[int] = set()  # one budget for every root
+    for filename in files:
+        found = by_file.get(filename)
+        if found is None:
+            continue
+        namespace, module_name = found
+        roots: list[tuple[object, str, str]] = [(namespace, "module-global", module_name)]
+        for value in list(namespace.values()):
+            if _is_a(value, type) and vars(value).get("__module__") == module_name:
+                roots.append((value, "class-attribute", f"{module_name}.{value.__qualname__}"))
+        for root, kind, owner_name in roots:
+            if not wanted:
+                return by_id
+            reached, complete = _forward(
+                root, wanted, skip, modules, max_depth, SHORTCUT_NODES, shared=visited
+            )
+            for target_id, chain in reached.items():
+                by_id[target_id] = _owner(chain, kind, owner_name, None)
+                wanted.pop(target_id, None)
+                _remember(kind, chain, owner_name)
+            if not complete:
+                return by_id  # the budget is spent: the backward walk decides the rest
     return by_id
 
 

@@ -593,13 +593,13 @@ HELD_OR_LOOSE = textwrap.dedent(
     """
     import threading
 
-    MONITOR = []  # a library's monitor thread, kept for the life of the process
+    import registry  # keeps the monitor thread for the life of the process
 
     def test_starts_the_monitor():
         stop = threading.Event()
         thread = threading.Thread(target=stop.wait, name="monitor", daemon=True)
         thread.start()
-        MONITOR.append((thread, stop))
+        registry.HELD.append((thread, stop))
 
     def test_leaves_a_thread_of_its_own():
         stop = threading.Event()
@@ -637,9 +637,10 @@ COUNT_WALKS = textwrap.dedent(
 
 def test_a_thread_a_global_holds_is_not_waited_for(pytester: pytest.Pytester) -> None:
     """A thread still running a moment into the brief wait is searched for an owner then: one
-    a module global holds is not waited for (the wait here is 40 s), and it is listed as
-    long-lived, not blamed on the test."""
-    pytester.makepyfile(test_monitor=HELD_OR_LOOSE)
+    a module global holds (of a module other than the one that started it: no forward search
+    finds it) is not waited for (the wait here is 40 s), and it is listed as long-lived, not
+    blamed on the test."""
+    pytester.makepyfile(test_monitor=HELD_OR_LOOSE, registry="HELD = []")
     pytester.makeconftest(LONG_BRIEF_WAIT)
     result = pytester.runpytest_subprocess(
         "-p", "shutdown", LONG_GRACE, "--shutdown-report=r.json", "-p", "no:randomly",
@@ -648,7 +649,9 @@ def test_a_thread_a_global_holds_is_not_waited_for(pytester: pytest.Pytester) ->
     result.assert_outcomes(passed=1)
     report = _report(pytester)
     assert report["tests"] == []
-    assert [r["name"] for r in report["long_lived"]] == ["monitor"]
+    assert [(r["name"], r["owner"]["name"]) for r in report["long_lived"]] == [
+        ("monitor", "registry.HELD")
+    ]
     teardown = [line for line in result.outlines if " teardown " in line]
     assert len(teardown) == 1
     assert float(teardown[0].split("s ", 1)[0]) < NO_GRACE_WAITED_S
@@ -657,7 +660,7 @@ def test_a_thread_a_global_holds_is_not_waited_for(pytester: pytest.Pytester) ->
 def test_a_thread_nothing_holds_is_searched_for_once(pytester: pytest.Pytester) -> None:
     """The other side: a thread of the test's own, still running past the grace, is waited for
     and reported; the owner search made during the wait is not made again after it."""
-    pytester.makepyfile(test_monitor=HELD_OR_LOOSE)
+    pytester.makepyfile(test_monitor=HELD_OR_LOOSE, registry="HELD = []")
     pytester.makeconftest(LONG_BRIEF_WAIT + COUNT_WALKS)
     result = pytester.runpytest_subprocess(
         "-p", "shutdown", "--shutdown-grace=0.3", "--shutdown-report=r.json", "-p", "no:randomly",
@@ -668,3 +671,44 @@ def test_a_thread_nothing_holds_is_searched_for_once(pytester: pytest.Pytester) 
     assert [f["code"] for f in test["findings"]] == ["thread-leak"]
     walks = (pytester.path / "walks.txt").read_text().split()
     assert walks == ["loose"]
+
+
+MONITORED_LIBRARY = textwrap.dedent(
+    """
+    import threading
+
+    class Bar:
+        monitor = None  # the library's one monitor thread, started by the first bar
+
+        def __init__(self):
+            if Bar.monitor is None:
+                stop = threading.Event()
+                Bar.monitor = threading.Thread(target=stop.wait, name="bar-monitor", daemon=True)
+                Bar.monitor.stop = stop
+                Bar.monitor.start()
+    """
+)
+
+
+def test_a_thread_its_own_library_keeps_is_known_without_a_heap_pass(
+    pytester: pytest.Pytester,
+) -> None:
+    """A library that keeps its monitor thread in a class attribute (tqdm's ``tqdm.monitor``)
+    is searched forwards from the module that started the thread: owned at once, with no wait
+    and no heap pass, and listed as long-lived under its class attribute."""
+    pytester.makepyfile(
+        barlib=MONITORED_LIBRARY,
+        test_bar="import barlib\n\ndef test_first_bar():\n    barlib.Bar()\n",
+    )
+    pytester.makeconftest(LONG_BRIEF_WAIT + COUNT_HEAP_PASSES)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", LONG_GRACE, "--shutdown-report=r.json", "-p", "no:randomly"
+    )
+    result.assert_outcomes(passed=1)
+    report = _report(pytester)
+    assert report["tests"] == []
+    assert [(r["name"], r["owner"]["kind"], r["owner"]["name"]) for r in report["long_lived"]] == [
+        ("bar-monitor", "class-attribute", "barlib.Bar.monitor")
+    ]
+    passes = eval((pytester.path / "passes.txt").read_text())  # noqa: S307 - our own repr
+    assert passes.get("test_first_bar", 0) == 0

@@ -1,12 +1,13 @@
 """Every figure of the guard's budget (issue 26) in one run: ``run.py --only guard``.
 
 1. the fixed cost per session and the per-test slope on trivial tests, the ratios at 400 and
-   1600 tests (:mod:`guard_overhead`; 9 rounds);
+   1600 tests (:mod:`guard_overhead`; 15 rounds, 21 of the 1-test sessions);
 2. the ratio guarded/plain per real suite, in warn and in fail mode (the median of the rounds'
-   ratios, 5 rounds; with the spread of plain's own times, the noise the ratio sits in), and
+   ratios, 5 rounds of pebble, 9 of the others; with the spread of plain's own times, the
+   noise the ratio sits in), and
    whether any test's outcome differs between the modes (:mod:`third_party`; the side folder
    is built on first use, which needs PyPI);
-3. the ratio under host pid churn (:mod:`churn`; 9 rounds);
+3. the ratio under host pid churn (:mod:`churn`; 15 rounds);
 4. the same per-test slope and fixed cost counted, not timed: instructions (callgrind) and
    system calls (strace), turned into time with this machine's rates (:mod:`counted`; skipped
    where valgrind or strace is missing), which the load of a shared machine does not move.
@@ -14,7 +15,8 @@
 Each figure is printed with its target (``NOT MET`` when missed) and the load average at the
 time; wall-time figures come with CPU-time twins, which the load of a shared machine moves less.
 
-    .venv/bin/python benchmarks/guard_budget.py [--rounds 9] [--suite-rounds 5]
+    .venv/bin/python benchmarks/guard_budget.py [--rounds 15] [--suite-rounds 5]
+        [--short-suite-rounds 9]
         [--skip third_party,churn] [--json P]
 """
 
@@ -32,13 +34,18 @@ from runs import load_average
 
 PARTS = ("trivial", "third_party", "churn", "counted")
 #: Rounds of the trivial tests (the slope) and of the churn: each takes seconds, and one round's
-#: slope moves by several tenths of a millisecond on this VM (-0.1 to 0.5 ms in three rounds
-#: of one run), where the target is 0.1.
-ROUNDS = 9
+#: slope moves by several tenths of a millisecond on this VM (-0.1 to 0.35 ms in the nine
+#: rounds of one run), where the target is 0.1.
+ROUNDS = 15
+#: Rounds of the 1-test sessions (about a second each): the fixed cost.
+FIXED_ROUNDS = 21
 #: Rounds of each real suite: the median of 3 (the issue's least) moves by more than the 5 %
 #: to resolve, as plain against plain shows (loky's worker-timeout tests: 8.1-10.3 s plain);
-#: every round's ratio is printed, so the first three can be read on their own.
+#: every round's ratio is printed, so the first three can be read on their own. The suites of
+#: a few seconds a run (loky, tqdm, joblib: plain's own spread 12-27 % in one run of five
+#: rounds) get more; pebble's runs wait out timeouts (27 s, spread 4-7 %).
 SUITE_ROUNDS = 5
+SHORT_SUITE_ROUNDS = 9
 
 
 def main(argv: Sequence[str] | None = None) -> list[Figure]:
@@ -53,7 +60,13 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
         "--suite-rounds",
         type=int,
         default=SUITE_ROUNDS,
-        help=f"alternating rounds of each real suite ({SUITE_ROUNDS})",
+        help=f"alternating rounds of each slow real suite, pebble's ({SUITE_ROUNDS})",
+    )
+    parser.add_argument(
+        "--short-suite-rounds",
+        type=int,
+        default=SHORT_SUITE_ROUNDS,
+        help=f"alternating rounds of each real suite of a few seconds ({SHORT_SUITE_ROUNDS})",
     )
     parser.add_argument("--skip", default="", help=f"comma-separated parts of: {', '.join(PARTS)}")
     parser.add_argument(
@@ -62,18 +75,20 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    if args.rounds < 1 or args.suite_rounds < 1:
-        parser.error("--rounds and --suite-rounds must be >= 1")
+    if min(args.rounds, args.suite_rounds, args.short_suite_rounds) < 1:
+        parser.error("--rounds, --suite-rounds and --short-suite-rounds must be >= 1")
     if skip - set(PARTS):
         parser.error(f"--skip: unknown {', '.join(sorted(skip - set(PARTS)))}; of: {PARTS}")
     figures: list[Figure] = []
     if "trivial" not in skip:
         print(f"== trivial tests (load {load_average()})", flush=True)
-        figures += guard_overhead.measure(args.rounds, fixed_rounds=11)
+        figures += guard_overhead.measure(args.rounds, fixed_rounds=FIXED_ROUNDS)
     if "third_party" not in skip:
         print(f"== real suites (load {load_average()})", flush=True)
         suites = [third_party.SUITES[n.strip()] for n in args.suites.split(",") if n.strip()]
-        figures += third_party.measure(suites, args.suite_rounds)
+        figures += third_party.measure(
+            suites, args.suite_rounds, short_rounds=args.short_suite_rounds
+        )
     if "churn" not in skip:
         print(f"== host pid churn (load {load_average()})", flush=True)
         figures += churn.measure(2000, 300, args.rounds)

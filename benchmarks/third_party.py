@@ -55,6 +55,8 @@ class Suite:
     args: tuple[str, ...] = ()
     timeout_s: float = 600.0
     why: str = ""
+    #: A suite whose run takes tens of seconds (its tests wait out timeouts): fewer rounds.
+    slow: bool = False
 
     @property
     def folder(self) -> str:
@@ -69,6 +71,7 @@ SUITES = {
             "5.2.3",
             ("test/test_process_pool_fork.py",),
             why="process pools under fork: terminate, timeouts, crashed workers",
+            slow=True,
         ),
         Suite(
             "loky",
@@ -360,12 +363,20 @@ def junit_key(nodeid: str) -> str:
 
 
 def measure(
-    suites: Sequence[Suite], rounds: int, side: Path = DEFAULT_SIDE, extra: Sequence[str] = ()
+    suites: Sequence[Suite],
+    rounds: int,
+    side: Path = DEFAULT_SIDE,
+    extra: Sequence[str] = (),
+    short_rounds: int | None = None,
 ) -> list[Figure]:
+    """Each suite's figures: ``rounds`` rounds of a slow suite, ``short_rounds`` (default:
+    ``rounds``) of the others, whose runs of a few seconds move by more than 5 % alone."""
     setup(side, suites)
     figures: list[Figure] = []
     for suite in suites:
-        got, _ = measure_suite(side, suite, rounds, extra)
+        got, _ = measure_suite(
+            side, suite, rounds if suite.slow or short_rounds is None else short_rounds, extra
+        )
         figures += got
     return figures
 

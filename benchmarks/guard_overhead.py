@@ -7,7 +7,7 @@ Method (issue 26), everything side by side and alternating, the order turning ea
   ``((g1600 - p1600) - (g400 - p400)) / 1200``, i.e. the guard's extra time per extra test with
   every per-session cost cancelled out; the figure is the median over the rounds (3). The
   ratios guarded/plain at 400 and at 1600 tests are the medians of the rounds' ratios.
-* **fixed cost per session**: a 1-test suite, guarded minus plain (median of 11 rounds, 21 in
+* **fixed cost per session**: a 1-test suite, guarded minus plain (median of 11 rounds, 61 in
   ``run.py --only guard``): plugin
   import and session set-up and finish. The plugin's own import time is shown beside it (a
   fresh interpreter times importing every module a guarded session adds after pytest's own),

@@ -15,7 +15,9 @@ The per-test slope and the fixed cost are formed as in :mod:`guard_overhead`
 with this machine's own rates: nanoseconds per instruction of the plain 1600-test session (its
 wall time, median of 3 timed runs, over its instructions) and microseconds per system call (a
 timed ``fstat``/``pread`` of a held file). Both sessions share the same interpreter flags and a
-warmed bytecode cache.
+warmed bytecode cache. The fixed cost so turned into time has no verdict: its instructions
+(imports and the collections they trigger) run at about half that speed, so it is a lower
+bound; the timed figure of :mod:`guard_overhead` is the one to hold to the target.
 
     .venv/bin/python benchmarks/counted.py [--json PATH]
 """
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from figures import Figure, write_json
-from guard_overhead import BASE, FIXED_LIMIT_MS, GUARDED, PLAIN, SLOPE_LIMIT_MS, _suite, timed
+from guard_overhead import BASE, GUARDED, PLAIN, SLOPE_LIMIT_MS, _suite, timed
 from runs import bytecode_env, load_average, run_command
 
 SIZES = (1, 400, 1600)
@@ -136,8 +138,13 @@ def measure() -> list[Figure]:
         ),
         Figure("guard fixed cost, counted: instructions", diff(0, 1), "instructions"),
         Figure("guard fixed cost, counted: system calls", diff(1, 1), "calls"),
+        # No verdict: the fixed cost's instructions (imports, unmarshalling, the collections
+        # they trigger) run at about half the speed of the plain session's (2026-12-03: 39.5 ms
+        # of user time for 82 M instructions), so at that rate this reads low: a lower bound.
         Figure(
-            "guard fixed cost, counted, as time here", fixed_ms, "ms", limit=FIXED_LIMIT_MS,
+            "guard fixed cost, counted, at the plain session's rate (a lower bound)",
+            fixed_ms,
+            "ms",
             note=note,
         ),
         Figure("guard instruction ratio, 400 trivial tests", ratio[400], "x"),

@@ -776,10 +776,7 @@ class ShutdownGuard:
         known owner explains without a heap pass: those that end within a few milliseconds
         need no ownership search at all."""
         found: Found = {name: items for name, items in asked.items() if items}
-        targets: dict[Any, object] = {}
-        for name, items in found.items():
-            for item, obj in self._by_name[name].targets(items).items():
-                targets[(name, item)] = obj
+        targets = self._targets(found)
         if not found:
             return found
         live_owned = self._live_owned()
@@ -808,12 +805,12 @@ class ShutdownGuard:
         deadline = start + wait_s
         walk_at = start + min(_WALK_AFTER_S, wait_s)
         unowned: set[tuple[str, Any]] = set()
-        walked = False
+        walked = ended = False
         delay = 0.001
-        count = sum(map(len, leaving.values()))
         while True:
             for name, items in list(leaving.items()):
                 left = self._by_name[name].still_there(items)  # type: ignore[attr-defined]
+                ended = ended or len(left) < len(items)
                 if left:
                     leaving[name] = tuple(left)
                 else:
@@ -821,23 +818,35 @@ class ShutdownGuard:
             now = time.monotonic()
             if leaving and not walked and now >= walk_at:
                 walked = True
-                unowned = self._without_owners(leaving)
+                unowned = self._stop_waiting_for_owned(leaving)
                 now = time.monotonic()
             if not leaving or now >= deadline:
                 break
             time.sleep(min(delay, (deadline if walked else walk_at) - now))
             delay = min(delay * 2, 0.008)
-        if sum(map(len, leaving.values())) < count:
+        if ended:
             gc.collect(1)
         return unowned
 
-    def _without_owners(self, leaving: Found) -> set[tuple[str, Any]]:
+    def _targets(
+        self, found: Found, walked: AbstractSet[tuple[str, Any]] = frozenset()
+    ) -> dict[Any, object]:
+        """``(kind name, item)`` -> the object that stands for the item in an ownership search
+        (a thread, a ``Process``/``Popen``, a descriptor's wrapper), for the object kinds in
+        ``found``, less the keys in ``walked``."""
+        targets: dict[Any, object] = {}
+        for kind in self._objects:
+            items = found.get(kind.name)
+            if items:
+                for item, obj in kind.targets(items).items():
+                    if (kind.name, item) not in walked:
+                        targets[(kind.name, item)] = obj
+        return targets
+
+    def _stop_waiting_for_owned(self, leaving: Found) -> set[tuple[str, Any]]:
         """Drop from ``leaving`` what an ownership search (with its backward walk) finds an
         owner for; return the keys of what it walked for and left unowned."""
-        targets: dict[Any, object] = {}
-        for name, items in leaving.items():
-            for item, obj in self._by_name[name].targets(items).items():
-                targets[(name, item)] = obj
+        targets = self._targets(leaving)
         if not targets:
             return set()
         from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when left
@@ -999,13 +1008,7 @@ class ShutdownGuard:
         a module global's or class attribute's (listed at session end), the standard library's
         process-lifetime helpers. What is left is the test's own. The keys in ``walked`` are
         not searched again (see :meth:`_let_go`)."""
-        targets: dict[Any, object] = {}
-        for kind in self._objects:
-            items = found.get(kind.name)
-            if items:
-                for item, obj in kind.targets(items).items():
-                    if (kind.name, item) not in walked:
-                        targets[(kind.name, item)] = obj
+        targets = self._targets(found, walked)
         if not targets:
             return found
         from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when found

@@ -448,7 +448,7 @@ def origin_of(obj: object) -> Origin | None:
     if issubclass(kind, threading.Thread):
         return _threads.get(obj)  # type: ignore[call-overload]
     if issubclass(kind, subprocess.Popen):
-        pid = obj.pid  # type: ignore[attr-defined]
+        pid = getattr(obj, "pid", None)
     else:
         base = getattr(sys.modules.get(_PROCESS_MODULE), "BaseProcess", None)
         if base is None or not issubclass(kind, base):

@@ -477,7 +477,10 @@ def _forward(
     short. Searches from several roots may share ``shared``, the ids visited (and the budget):
     what one reached is not visited again from the next."""
     parent: dict[int, tuple[int, object] | None] = {id(root): None}
-    seen = shared if shared is not None else parent
+    seen: set[int] | dict[int, tuple[int, object] | None] = parent
+    if shared is not None:
+        shared.add(id(root))
+        seen = shared  # holds every id parent gets
     level = [root]
     reached: dict[int, list[object]] = {}
     for _depth in range(max_depth):
@@ -485,7 +488,7 @@ def _forward(
         for node in level:
             for child in gc.get_referents(node):
                 child_id = id(child)
-                if child_id in parent or child_id in seen or _stops(child, skip, modules):
+                if child_id in seen or _stops(child, skip, modules):
                     continue
                 parent[child_id] = (id(node), node)
                 if shared is not None:

@@ -604,6 +604,10 @@ HELD_OR_LOOSE = textwrap.dedent(
     def test_leaves_a_thread_of_its_own():
         stop = threading.Event()
         threading.Thread(target=stop.wait, args=(3.0,), name="loose", daemon=True).start()
+
+    def test_leaves_a_thread_ending_later_in_the_wait():
+        stop = threading.Event()
+        threading.Thread(target=stop.wait, args=(0.3,), name="slow", daemon=True).start()
     """
 )
 
@@ -712,3 +716,20 @@ def test_a_thread_its_own_library_keeps_is_known_without_a_heap_pass(
     ]
     passes = eval((pytester.path / "passes.txt").read_text())  # noqa: S307 - our own repr
     assert passes.get("test_first_bar", 0) == 0
+
+
+def test_a_thread_nothing_holds_is_still_waited_for_after_the_search(
+    pytester: pytest.Pytester,
+) -> None:
+    """Correct code is not accused: a thread of the test's own that the owner search (made
+    10 ms into the wait) leaves unowned, and that ends later in the wait, is no finding; the
+    search is made once, not again after the wait."""
+    pytester.makepyfile(test_monitor=HELD_OR_LOOSE, registry="HELD = []")
+    pytester.makeconftest(LONG_BRIEF_WAIT + COUNT_WALKS)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", LONG_GRACE, "--shutdown-report=r.json", "-p", "no:randomly",
+        "test_monitor.py::test_leaves_a_thread_ending_later_in_the_wait",
+    )
+    result.assert_outcomes(passed=1)
+    assert _report(pytester)["tests"] == []
+    assert (pytester.path / "walks.txt").read_text().split() == ["slow"]

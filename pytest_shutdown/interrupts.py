@@ -45,6 +45,8 @@ from pytest_shutdown.own_threads import start_own_thread
 
 #: Seconds the main thread has to take a SIGTERM or SIGINT before the process ends at once.
 TAKE_SIGNAL_S = 5.0
+#: The bound on waiting for the watcher to end when the session is over (it takes microseconds).
+STOP_TIMEOUT_S = 1.0
 #: Exit statuses of a process ended at once by the watcher: 128 + the signal number.
 EXIT_STATUS: dict[int, int] = {signal.SIGTERM: 143, signal.SIGINT: 130}
 
@@ -131,6 +133,9 @@ class _SignalWatch:
         self._pipes: dict[int, tuple[int, IO[bytes]]] = {}  # signal -> (read fd, write file)
         self._registered: list[int] = []
         self._stopped = False
+        #: Held while the watcher runs: :meth:`stop` waits for it (see there).
+        self._running = threading.Lock()
+        self._ident = 0  # the watcher's, once started
         #: Python's handler of each signal when the watch started.
         self._python_handlers = {signum: signal.getsignal(signum) for signum in signals}
         for signum in signals:
@@ -145,7 +150,8 @@ class _SignalWatch:
         except BaseException:
             self.stop()
             raise
-        start_own_thread(self._run, ())
+        self._running.acquire()
+        self._ident = start_own_thread(self._run, ())
 
     def _main_position(self) -> tuple[int, int] | None:
         frame = sys._current_frames().get(threading.main_thread().ident or 0)
@@ -161,6 +167,7 @@ class _SignalWatch:
                     os.close(fd)
                 except OSError:
                     pass
+            self._running.release()
 
     def _watch_signals(self, fds: dict[int, int]) -> None:
         pending: dict[int, tuple[float, tuple[int, int] | None]] = {}  # signal -> since, where
@@ -242,7 +249,14 @@ class _SignalWatch:
         self._registered = []
         for _, writer in self._pipes.values():
             writer.close()  # the watcher reads the end of its pipe and returns
+        stopping = bool(self._pipes)
         self._pipes = {}
+        # Waited for here, while this thread lets go of the GIL: a watcher still ending while the
+        # session's last collections run asks for the GIL every switch interval (5 ms) and
+        # slowed the end of every session by several milliseconds.
+        waits = stopping and threading.get_ident() != self._ident
+        if waits and self._running.acquire(timeout=STOP_TIMEOUT_S):
+            self._running.release()
 
     def forget_in_child(self) -> None:
         """In a forked child: no C-level handler, no pipe of the parent's."""

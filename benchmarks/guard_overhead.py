@@ -8,10 +8,14 @@ Method (issue 26), everything side by side and alternating, the order turning ea
   every per-session cost cancelled out; the figure is the median over the rounds (3). The
   ratios guarded/plain at 400 and at 1600 tests are the medians of the rounds' ratios.
 * **fixed cost per session**: a 1-test suite, guarded minus plain (median of 11 rounds, 61 in
-  ``run.py --only guard``): plugin
-  import and session set-up and finish. The plugin's own import time is shown beside it (a
-  fresh interpreter times importing every module a guarded session adds after pytest's own),
-  with the intercept of the slope runs (``(g400 - p400) - 400 * slope``) as a cross-check.
+  ``run.py --only guard``). The issue's figure is the plugin's import plus the session's
+  set-up: the time from starting the process to pytest's run loop (a marker plugin, loaded
+  in both modes through ``PYTEST_PLUGINS``, notes when ``pytest_runtestloop`` starts). The
+  whole 1-test session's difference is printed beside it: it also holds the one test, the
+  session's end and the interpreter's exit, which unloads every module the plugin loaded
+  (about as long as importing them). The plugin's own import time is shown too (a fresh
+  interpreter times importing every module a guarded session adds after pytest's own), with
+  the intercept of the slope runs (``(g400 - p400) - 400 * slope``) as a cross-check.
 
 Every run uses the same interpreter and flags (``python -m pytest -q -p no:cacheprovider
 -p no:randomly``) and bytecode caching on in both modes (a fresh ``PYTHONPYCACHEPREFIX``, warmed
@@ -30,6 +34,7 @@ import pstats
 import statistics
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -63,30 +68,63 @@ def _suite(directory: Path, count: int) -> Path:
     return folder
 
 
-def timed(folder: Path, mode: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Wall and CPU time of one run, in seconds; fails loudly if the run fails."""
+#: The marker plugin of the 1-test runs (both modes): the moment pytest's run loop starts.
+SETUP_MARK_PLUGIN = """
+import os, time
+import pytest
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session):
+    with open(os.environ["GUARD_BENCH_SETUP_MARK"], "w") as mark:
+        mark.write(repr(time.monotonic()))
+"""
+SETUP_MARK_MODULE = "guard_bench_setup_mark"
+
+
+def setup_mark_env(directory: Path, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the marker plugin loaded (``PYTEST_PLUGINS``: no entry-point scan) and its
+    file under ``directory``."""
+    folder = directory / "setup-mark"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{SETUP_MARK_MODULE}.py").write_text(SETUP_MARK_PLUGIN)
+    path = os.pathsep.join(p for p in (str(folder), env.get("PYTHONPATH", "")) if p)
+    return dict(
+        env,
+        PYTHONPATH=path,
+        PYTEST_PLUGINS=SETUP_MARK_MODULE,
+        GUARD_BENCH_SETUP_MARK=str(folder / "mark"),
+    )
+
+
+def timed(folder: Path, mode: list[str], env: dict[str, str]) -> tuple[float, float, float]:
+    """Wall and CPU time of one run, in seconds, and the time from its start to pytest's run
+    loop (NaN without the marker plugin); fails loudly if the run fails."""
     command = [sys.executable, *BASE, *mode]
+    mark = env.get("GUARD_BENCH_SETUP_MARK")
+    if mark:
+        Path(mark).unlink(missing_ok=True)
+    start = time.monotonic()  # the clock the marker reads, in every process of this machine
     done = run_command(command, cwd=folder, env=env, timeout_s=RUN_TIMEOUT_S)
     if done.returncode != 0 or done.timed_out:
         raise SystemExit(f"{' '.join(command)} failed in {folder}:\n{done.stdout}\n{done.stderr}")
-    return done.wall_s, done.cpu_s
+    setup = float(Path(mark).read_text()) - start if mark else float("nan")
+    return done.wall_s, done.cpu_s, setup
 
 
-#: name -> (wall times, CPU times), one per round.
-Times = dict[str, tuple[list[float], list[float]]]
+#: name -> (wall times, CPU times, times to the run loop), one per round.
+Times = dict[str, tuple[list[float], list[float], list[float]]]
 
 
 def alternate(runs: dict[str, tuple[Path, list[str]]], rounds: int, env: dict[str, str]) -> Times:
-    """``rounds`` wall and CPU times per named run, the order turning by one each round."""
+    """``rounds`` times per named run, the order turning by one each round."""
     names = list(runs)
-    times: Times = {name: ([], []) for name in names}
+    times: Times = {name: ([], [], []) for name in names}
     for round_no in range(rounds):
         turn = round_no % len(names)
         for name in names[turn:] + names[:turn]:
             folder, mode = runs[name]
-            wall, cpu = timed(folder, mode, env)
-            times[name][0].append(wall)
-            times[name][1].append(cpu)
+            for values, value in zip(times[name], timed(folder, mode, env), strict=True):
+                values.append(value)
     return times
 
 
@@ -123,16 +161,17 @@ def measure(rounds: int, fixed_rounds: int) -> list[Figure]:
     with tempfile.TemporaryDirectory(prefix="guard-overhead-") as tmp:
         directory = Path(tmp)
         env = bytecode_env(directory / "pycache")
+        marked_env = setup_mark_env(directory, env)
         one = _suite(directory, 1)
         suites = {count: _suite(directory, count) for count in SIZES}
         for mode in (PLAIN, GUARDED, INSTALLED_OFF):  # warm-up: bytecode and file caches
-            timed(one, mode, env)
+            timed(one, mode, marked_env)
 
         load = load_average()
         fixed = alternate(
             {"plain": (one, PLAIN), "guarded": (one, GUARDED), "off": (one, INSTALLED_OFF)},
             fixed_rounds,
-            env,
+            marked_env,
         )
         import_ms = plugin_import_ms(one, env)
         nocache_env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
@@ -166,6 +205,17 @@ def measure(rounds: int, fixed_rounds: int) -> list[Figure]:
         )
     ]
     note = f"load {load} .. {load_after}"
+    setup_ms = _median_diff_ms(fixed["guarded"][2], fixed["plain"][2])
+    figures += [
+        Figure(
+            "guard fixed cost per session: plugin import + session set-up (to the run loop)",
+            setup_ms,
+            "ms",
+            limit=FIXED_LIMIT_MS,
+            note=f"the issue's fixed cost; plugin import {import_ms:.1f} ms; installed, guard "
+            f"off: {_median_diff_ms(fixed['off'][2], fixed['plain'][2]):.1f} ms; {note}",
+        )
+    ]
     for metric, label in ((0, ""), (1, ", CPU")):
         fixed_ms = _median_diff_ms(fixed["guarded"][metric], fixed["plain"][metric])
         uncached_ms = _median_diff_ms(uncached["guarded"][metric], uncached["plain"][metric])
@@ -177,10 +227,9 @@ def measure(rounds: int, fixed_rounds: int) -> list[Figure]:
         )
         figures += [
             Figure(
-                f"guard fixed cost per session (import + set-up){label}",
+                f"guard extra per whole 1-test session (set-up, test, end, exit){label}",
                 fixed_ms,
                 "ms",
-                limit=FIXED_LIMIT_MS,
                 note=f"plugin import {import_ms:.1f} ms; intercept of the slope runs "
                 f"{statistics.median(intercepts):.0f} ms; without bytecode cache "
                 f"{uncached_ms:.0f} ms; {note}",
@@ -260,10 +309,16 @@ def _median_diff_ms(a: list[float], b: list[float]) -> float:
 
 
 def _print_times(times: Times) -> None:
-    for name, (walls, cpus) in times.items():
+    for name, (walls, cpus, setups) in times.items():
+        setup = (
+            f"; to the run loop median {statistics.median(setups):.3f} s"
+            if setups and setups[0] == setups[0]  # not NaN: the marker plugin was loaded
+            else ""
+        )
         print(
             f"  {name:<13} wall median {statistics.median(walls):.3f} s "
             f"[{', '.join(f'{v:.3f}' for v in walls)}]; CPU median {statistics.median(cpus):.3f} s"
+            + setup
         )
 
 

@@ -29,6 +29,7 @@ plugin from source) is printed too, since that is how the earlier, larger figure
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import pstats
 import statistics
@@ -312,7 +313,7 @@ def _print_times(times: Times) -> None:
     for name, (walls, cpus, setups) in times.items():
         setup = (
             f"; to the run loop median {statistics.median(setups):.3f} s"
-            if setups and setups[0] == setups[0]  # not NaN: the marker plugin was loaded
+            if setups and not math.isnan(setups[0])  # the marker plugin was loaded
             else ""
         )
         print(

@@ -151,7 +151,12 @@ class _SignalWatch:
             self.stop()
             raise
         self._running.acquire()
-        self._ident = start_own_thread(self._run, ())
+        try:
+            self._ident = start_own_thread(self._run, ())
+        except BaseException:  # no watcher: nothing for stop() to wait for
+            self._running.release()
+            self.stop()
+            raise
 
     def _main_position(self) -> tuple[int, int] | None:
         frame = sys._current_frames().get(threading.main_thread().ident or 0)

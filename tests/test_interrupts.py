@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 import sys
 import time
@@ -10,7 +11,11 @@ import pytest
 
 from pytest_shutdown.interrupts import _SignalWatch
 
-pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="POSIX signals only")
+# The guard starts the watch only where faulthandler.register exists (POSIX), as here.
+pytestmark = pytest.mark.skipif(
+    not hasattr(faulthandler, "register") or not hasattr(signal, "SIGUSR2"),
+    reason="the signal watch needs faulthandler.register and SIGUSR2 (POSIX only)",
+)
 
 
 def test_the_watcher_has_ended_when_stop_returns() -> None:
@@ -25,6 +30,19 @@ def test_the_watcher_has_ended_when_stop_returns() -> None:
     assert time.monotonic() - start < 2.0
     assert ident not in sys._current_frames()
     assert aborted == []
+
+
+def test_a_watch_whose_thread_cannot_start_leaves_nothing_to_wait_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def refuse(*args: object) -> int:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr("pytest_shutdown.interrupts.start_own_thread", refuse)
+    with pytest.raises(RuntimeError):
+        _SignalWatch([signal.SIGUSR2], lambda status: None)
+    still_registered = faulthandler.unregister(signal.SIGUSR2)  # type: ignore[func-returns-value]
+    assert not still_registered  # its C-level handler went with it
 
 
 def test_stop_twice_is_harmless() -> None:

@@ -111,9 +111,14 @@ def set_current_test(nodeid: str | None) -> None:
 
 @functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
-    """The standard library's folders; ``sysconfig`` is imported on the first creation site
-    recorded, not when the plugin loads (it costs more than this whole module)."""
-    import sysconfig  # noqa: PLC0415
+    """The standard library's folder: where ``os`` was loaded from. (``sysconfig`` would say
+    the same, and importing it took 10 ms of the first thread, process or exit hook a session
+    recorded; its other folder in a venv, ``platstdlib``, holds only ``site-packages``, which
+    is never the library here.)"""
+    where = getattr(os, "__file__", None)
+    if where:
+        return (os.path.normcase(os.path.realpath(os.path.dirname(where))) + os.sep,)
+    import sysconfig  # noqa: PLC0415 - an interpreter that does not say where os lives
 
     paths = sysconfig.get_paths()
     folders = {paths["stdlib"], paths["platstdlib"]}

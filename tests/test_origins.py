@@ -56,3 +56,33 @@ def test_uninstall_before_the_import_leaves_multiprocessing_untouched() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
+
+
+LIBRARY_SCRIPT = textwrap.dedent(
+    """
+    import sys, threading
+    import pytest
+    from pytest_shutdown import origins
+
+    assert origins._is_library(threading.__file__), "the standard library is the library"
+    assert origins._is_library("<frozen runpy>")
+    assert not origins._is_library(pytest.__file__), "an installed package is not"
+    assert not origins._is_library(origins.__file__.replace("origins.py", "nowhere.py"))
+    assert "sysconfig" not in sys.modules, "telling the library apart imported sysconfig"
+    print("ok")
+    """
+)
+
+
+def test_the_library_is_told_apart_without_importing_sysconfig() -> None:
+    """A creation site's frames are sorted into the test's and the standard library's; that
+    must not cost the session an import of ``sysconfig`` (10 ms) at its first thread."""
+    result = subprocess.run(
+        [sys.executable, "-c", LIBRARY_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == "ok"

@@ -44,6 +44,7 @@ from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import one_moment
+from pytest_shutdown.node_markers import scanned_names_are_hooks
 from pytest_shutdown.report import (
     ShutdownReport,
     TestRecord,
@@ -245,6 +246,7 @@ class _ReportsFromWorkers:
         self.guard._take_report(report)
 
 
+@scanned_names_are_hooks
 class ShutdownGuard:
     """The pytest plugin object registered when the guard is on (by the plugin module)."""
 

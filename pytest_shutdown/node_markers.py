@@ -1,13 +1,16 @@
-"""The names of a node's markers, looked up once per node (collection, the guard and the
-cycles hook all ask)."""
+"""What pytest reads of the plugin's objects: the names of a node's markers, looked up once per
+node (collection, the guard and the cycles hook all ask), and the names a registered plugin
+object shows (:func:`scanned_names_are_hooks`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
-__all__ = ["ORPHAN_MATRIX", "SHUTDOWN_MATRIX", "marker_names"]
+__all__ = ["ORPHAN_MATRIX", "SHUTDOWN_MATRIX", "marker_names", "scanned_names_are_hooks"]
+
+_Plugin = TypeVar("_Plugin", bound=type)
 
 #: The timeout matrix's marker (:mod:`pytest_shutdown.matrix`) and the orphan matrix's
 #: (:mod:`pytest_shutdown.orphan_matrix`), named here so that the fixtures module can check for
@@ -26,3 +29,21 @@ def marker_names(node: Any) -> frozenset[str]:
         names = frozenset(mark.name for mark in node.iter_markers())
         node.stash[_MARKER_NAMES_KEY] = names
     return names
+
+
+def scanned_names_are_hooks(cls: _Plugin) -> _Plugin:
+    """``dir()`` of an instance of ``cls`` lists its hook methods only (the ``pytest_*`` names).
+
+    pluggy reads every name ``dir()`` lists of a plugin object it registers (for hooks), and
+    pytest's fixture manager reads them all again at session start (for fixtures), each with a
+    lookup through the class: the guard's and the report's hundred-odd names (their helpers and
+    ``object``'s) cost every guarded session about 5 M instructions, some 2 ms. Neither plugin
+    object defines a fixture, and every hook is a ``pytest_*`` method, so both find all they look for;
+    the attributes themselves are untouched.
+    """
+
+    def __dir__(self: object) -> list[str]:  # a subclass's hooks and an instance's too
+        return [name for name in object.__dir__(self) if name.startswith("pytest_")]
+
+    cls.__dir__ = __dir__  # type: ignore[assignment,method-assign]
+    return cls

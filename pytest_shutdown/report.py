@@ -29,6 +29,7 @@ from pytest_shutdown.forks import this_pid
 from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
 from pytest_shutdown.interrupts import SigtermEndsSessionInOrder
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.node_markers import scanned_names_are_hooks
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
     SLOW_GUARD_S,
@@ -229,6 +230,7 @@ def budget_finding(name: str, budget: Mapping[str, Any]) -> Finding:
     )
 
 
+@scanned_names_are_hooks
 class ShutdownReport:
     """Collects :class:`TestRecord` data and renders it; a pytest plugin object.
 

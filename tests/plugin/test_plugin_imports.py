@@ -14,8 +14,8 @@ import pytest
 
 #: Imported only when a feature needs them: the device readers (a platform is detected), the
 #: orphan matrix's checks and tree launcher (a matrix is built or run), multiprocessing (its
-#: Process.start is wrapped when something imports it), sysconfig (the first creation site
-#: recorded), the ownership search (something was left).
+#: Process.start is wrapped when something imports it), sysconfig (a hung test's stack is
+#: read; a creation site is sorted without it), the ownership search (something was left).
 LAZY = (
     "pytest_shutdown.devices",
     "pytest_shutdown.ownership",
@@ -59,8 +59,9 @@ def test_a_session_of_trivial_tests_imports_none_of_the_heavy_modules(
 def test_the_lazy_imports_still_happen_when_a_feature_needs_them(
     pytester: pytest.Pytester,
 ) -> None:
-    """The same record catches an import: a test that starts a thread under the guard records
-    its creation site (sysconfig), one that builds an orphan matrix imports its checks."""
+    """The same record catches an import: a test that builds an orphan matrix imports its
+    checks. A test that starts a thread under the guard has its creation site recorded, which
+    imports nothing (sysconfig cost the first one 10 ms)."""
     pytester.makeconftest(RECORD.format(lazy=json.dumps(LAZY)))
     pytester.makepyfile(
         test_used="""
@@ -80,7 +81,8 @@ def test_the_lazy_imports_still_happen_when_a_feature_needs_them(
     result = pytester.runpytest_subprocess("-p", "shutdown")
     result.assert_outcomes(passed=2)
     imported = json.loads((pytester.path / "imported.json").read_text())
-    assert "sysconfig" in imported and "pytest_shutdown.checks.orphans" in imported
+    assert "pytest_shutdown.checks.orphans" in imported
+    assert "sysconfig" not in imported
 
 
 def test_the_platform_choices_are_the_device_platforms() -> None:
@@ -118,3 +120,43 @@ def test_the_package_is_loaded_by_python_not_by_the_assert_rewriter(
     assert "pytest_shutdown.guard" in loaders and "pytest_shutdown.settings" in loaders
     rewritten = sorted(name for name, kind in loaders.items() if kind == "AssertionRewritingHook")
     assert set(rewritten) <= {"pytest_shutdown", "pytest_shutdown.plugin"}, rewritten
+
+
+HOOKS_SEEN = """
+import json
+
+def pytest_sessionfinish(session):
+    manager = session.config.pluginmanager
+    seen = {}
+    for name in ("pytest-shutdown-guard", "pytest-shutdown-report"):
+        plugin = manager.get_plugin(name)
+        methods = sorted(
+            n for k in type(plugin).__mro__ for n in vars(k) if n.startswith("pytest_")
+        )
+        registered = sorted(
+            impl.function.__name__
+            for caller in manager.get_hookcallers(plugin) or ()
+            for impl in caller.get_hookimpls()
+            if impl.plugin is plugin
+        )
+        seen[name] = {"dir": dir(plugin), "methods": methods, "registered": registered}
+    with open("hooks.json", "w") as out:
+        json.dump(seen, out)
+"""
+
+
+def test_the_guard_and_report_show_pytest_their_hooks_and_nothing_else(
+    pytester: pytest.Pytester,
+) -> None:
+    """pluggy and pytest's fixture manager read every name ``dir()`` lists of a registered
+    plugin object: the guard and the report list their hooks only, and pluggy still registers
+    every one of them."""
+    pytester.makeconftest(HOOKS_SEEN)
+    pytester.makepyfile(test_trivial=TRIVIAL_TEST)
+    result = pytester.runpytest_subprocess("-p", "shutdown")
+    result.assert_outcomes(passed=1)
+    seen = json.loads((pytester.path / "hooks.json").read_text())
+    for name, plugin in seen.items():
+        assert plugin["dir"] == plugin["methods"], name
+        assert len(plugin["methods"]) >= 8, name
+        assert plugin["registered"] == plugin["methods"], name

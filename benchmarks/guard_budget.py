@@ -16,7 +16,7 @@ Each figure is printed with its target (``NOT MET`` when missed) and the load av
 time; wall-time figures come with CPU-time twins, which the load of a shared machine moves less.
 
     .venv/bin/python benchmarks/guard_budget.py [--rounds 15] [--suite-rounds 5]
-        [--short-suite-rounds 9]
+        [--short-suite-rounds 15]
         [--skip third_party,churn] [--json P]
 """
 
@@ -47,7 +47,7 @@ FIXED_ROUNDS = 61
 #: a few seconds a run (loky, tqdm, joblib: plain's own spread 12-27 % in one run of five
 #: rounds) get more; pebble's runs wait out timeouts (27 s, spread 4-7 %).
 SUITE_ROUNDS = 5
-SHORT_SUITE_ROUNDS = 9
+SHORT_SUITE_ROUNDS = 15
 
 
 def main(argv: Sequence[str] | None = None) -> list[Figure]:

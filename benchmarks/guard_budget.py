@@ -15,7 +15,7 @@
 Each figure is printed with its target (``NOT MET`` when missed) and the load average at the
 time; wall-time figures come with CPU-time twins, which the load of a shared machine moves less.
 
-    .venv/bin/python benchmarks/guard_budget.py [--rounds 15] [--suite-rounds 5]
+    .venv/bin/python benchmarks/guard_budget.py [--rounds 31] [--suite-rounds 5]
         [--short-suite-rounds 15]
         [--skip third_party,churn] [--json P]
 """
@@ -34,9 +34,9 @@ from runs import load_average
 
 PARTS = ("trivial", "third_party", "churn", "counted")
 #: Rounds of the trivial tests (the slope) and of the churn: each takes seconds, and one round's
-#: slope moves by several tenths of a millisecond on this VM (-0.1 to 0.35 ms in the nine
-#: rounds of one run), where the target is 0.1.
-ROUNDS = 15
+#: slope moves by several tenths of a millisecond on this VM (-0.32 to 0.38 ms in the fifteen
+#: rounds of one run of 2026-12-03), where the target is 0.1: 31 rounds, about 2.5 minutes.
+ROUNDS = 31
 #: Rounds of the 1-test sessions (about a second a round): the fixed cost. A 1-test session
 #: here moves by +-15 % (0.22-0.40 s) from run to run; the median of 21 rounds' differences
 #: still moved by 20 ms between runs of one morning, where the target is 30.

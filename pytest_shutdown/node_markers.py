@@ -38,8 +38,8 @@ def scanned_names_are_hooks(cls: _Plugin) -> _Plugin:
     pytest's fixture manager reads them all again at session start (for fixtures), each with a
     lookup through the class: the guard's and the report's hundred-odd names (their helpers and
     ``object``'s) cost every guarded session about 5 M instructions, some 2 ms. Neither plugin
-    object defines a fixture, and every hook is a ``pytest_*`` method, so both find all they look for;
-    the attributes themselves are untouched.
+    object defines a fixture, and every hook is a ``pytest_*`` method, so both find all they
+    look for; the attributes themselves are untouched.
     """
 
     def __dir__(self: object) -> list[str]:  # a subclass's hooks and an instance's too

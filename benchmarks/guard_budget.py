@@ -1,13 +1,13 @@
 """Every figure of the guard's budget (issue 26) in one run: ``run.py --only guard``.
 
 1. the fixed cost per session and the per-test slope on trivial tests, the ratios at 400 and
-   1600 tests (:mod:`guard_overhead`; 15 rounds, 61 of the 1-test sessions);
+   1600 tests (:mod:`guard_overhead`; 31 rounds, 61 of the 1-test sessions);
 2. the ratio guarded/plain per real suite, in warn and in fail mode (the median of the rounds'
-   ratios, 5 rounds of pebble, 9 of the others; with the spread of plain's own times, the
+   ratios, 5 rounds of pebble, 15 of the others; with the spread of plain's own times, the
    noise the ratio sits in), and
    whether any test's outcome differs between the modes (:mod:`third_party`; the side folder
    is built on first use, which needs PyPI);
-3. the ratio under host pid churn (:mod:`churn`; 15 rounds);
+3. the ratio under host pid churn (:mod:`churn`; 31 rounds);
 4. the same per-test slope and fixed cost counted, not timed: instructions (callgrind) and
    system calls (strace), turned into time with this machine's rates (:mod:`counted`; skipped
    where valgrind or strace is missing), which the load of a shared machine does not move.

@@ -29,7 +29,7 @@ import threading
 import time
 import types
 import warnings
-from collections.abc import Generator, Mapping
+from collections.abc import Generator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
@@ -845,6 +845,17 @@ class ShutdownGuard:
                         targets[(kind.name, item)] = obj
         return targets
 
+    def _known_referrers(self, targets: Mapping[Any, object]) -> dict[Any, Sequence[object]]:
+        """``(kind name, item)`` -> objects known to refer to its target (the kinds'
+        optional ``known_referrers``), for the ownership search's first heap pass."""
+        near: dict[Any, Sequence[object]] = {}
+        for kind in self._objects:
+            known = getattr(kind, "known_referrers", None)
+            items = [item for name, item in targets if name == kind.name]
+            if known is not None and items:
+                near.update(((kind.name, item), objs) for item, objs in known(items).items())
+        return near
+
     def _stop_waiting_for_owned(self, leaving: Found) -> set[tuple[str, Any]]:
         """Drop from ``leaving`` what an ownership search (with its backward walk) finds an
         owner for; return the keys of what it walked for and left unowned."""
@@ -853,7 +864,9 @@ class ShutdownGuard:
             return set()
         from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when left
 
-        owners = find_owners(targets, self._fixture_roots())
+        owners = find_owners(
+            targets, self._fixture_roots(), near=self._known_referrers(targets)
+        )
         for name, items in list(leaving.items()):
             kept = tuple(i for i in items if (name, i) not in owners)
             if kept:
@@ -1015,7 +1028,9 @@ class ShutdownGuard:
             return found
         from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when found
 
-        owners = find_owners(targets, self._fixture_roots())
+        owners = find_owners(
+            targets, self._fixture_roots(), near=self._known_referrers(targets)
+        )
         if not owners:
             return found
         for fixturedef, owned in self._owned.items():

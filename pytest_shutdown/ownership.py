@@ -36,7 +36,8 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,6 +234,7 @@ def find_owners(
     follow_starters: bool = True,
     shortcut: bool = True,
     walk: bool = True,
+    near: Mapping[Any, Sequence[object]] | None = None,
 ) -> dict[Any, Owner]:
     """Find the owner of each target object (a thread, a Process/Popen); unowned ones are left
     out of the answer.
@@ -247,7 +249,10 @@ def find_owners(
 
     ``targets`` maps the caller's key (a thread, a pid) to the object to explain;
     ``fixture_roots`` maps ``id(value)`` of each live wider-scope fixture's value (and of its
-    suspended generator) to ``(key, name, value)``.
+    suspended generator) to ``(key, name, value)``; ``near`` maps a key to objects known to
+    refer to its target directly (the bound method an ``atexit`` registration holds): they are
+    walked from the first heap pass on, with the targets, which saves the pass that would find
+    them (what is not a direct referrer of the target is ignored).
 
     Objects in gc's permanent generation (after a ``gc.freeze()``, as engines do after start-up)
     are invisible to ``gc.get_referrers``; while a freeze is in place, what the backward walk
@@ -265,7 +270,12 @@ def find_owners(
     parents: dict[int, dict[int, int]] = {}  # node id -> {label: id of the node it refers to}
     labels_of: dict[int, frozenset[int]] = {}
     frontier: list[object] = []
-    skip.update({id(targets), id(objects), id(frontier)})
+    # The keys too: a caller's key ``(kind, thread)`` refers to its target, and the list of
+    # keys, held by the walk's own closures, led the walk up through them, a heap pass a level.
+    # (A key that is a target itself stays walkable.)
+    target_ids = {id(target) for target in targets.values()}
+    skip.update({id(targets), id(objects), id(frontier), id(keys)})
+    skip.update(id(key) for key in keys if id(key) not in target_ids)
     for index, key in enumerate(keys):
         target = targets[key]
         known = labels_of.get(id(target))
@@ -313,6 +323,45 @@ def find_owners(
         frontier = unanswered(frontier)
     if not walk:
         return answers
+
+    def take(ref: Any, frontier_ids: AbstractSet[int], into: list[object]) -> None:
+        """One referrer of the frontier: settled when it is an owner, else walked next."""
+        ref_id = id(ref)
+        if ref_id in skip or _is_a(ref, _NEVER_OWNERS) or _is_tool_object(ref) or _opaque(ref):
+            return
+        # Which frontier nodes does it hold? It carries their unanswered labels.
+        known = labels_of.get(ref_id, frozenset())
+        links: dict[int, int] = {}
+        for child in gc.get_referents(ref):
+            child_id = id(child)
+            if child_id in frontier_ids:
+                for label in labels_of[child_id]:
+                    if label not in known and keys[label] not in answers:
+                        links.setdefault(label, child_id)
+        if not links:
+            return
+        labels_of[ref_id] = known | frozenset(links)
+        objects[ref_id] = ref
+        parents.setdefault(ref_id, {}).update(links)
+        if ref_id in fixture_roots:
+            key, name, _value = fixture_roots[ref_id]
+            settle(ref_id, "fixture", name, key)
+        elif ref_id in modules:
+            settle(ref_id, "module-global", modules[ref_id], None)
+        elif _is_a(ref, type):
+            settle(ref_id, "class-attribute", f"{ref.__module__}.{ref.__qualname__}", None)
+        else:
+            into.append(ref)
+
+    if near:
+        # Known referrers join the frontier as if a heap pass had found them: the first pass
+        # then asks for their referrers too (one pass less for an atexit-held object).
+        skip.update({id(near), *(id(objs) for objs in near.values())})
+        frontier_ids = {id(n) for n in frontier}
+        for key in keys:
+            if key in near and key not in answers:
+                for ref in near[key]:
+                    take(ref, frontier_ids, frontier)
     depth = 0
     while frontier and depth < max_depth and len(answers) < len(keys):
         if time.monotonic() > deadline or len(objects) > max_nodes:
@@ -328,32 +377,7 @@ def find_owners(
         next_frontier: list[object] = []
         skip.update({id(referrers), id(next_frontier), id(frontier), id(args)})
         for ref in referrers:
-            ref_id = id(ref)
-            if ref_id in skip or _is_a(ref, _NEVER_OWNERS) or _is_tool_object(ref) or _opaque(ref):
-                continue
-            # Which frontier nodes does it hold? It carries their unanswered labels.
-            known = labels_of.get(ref_id, frozenset())
-            links: dict[int, int] = {}
-            for child in gc.get_referents(ref):
-                child_id = id(child)
-                if child_id in frontier_ids:
-                    for label in labels_of[child_id]:
-                        if label not in known and keys[label] not in answers:
-                            links.setdefault(label, child_id)
-            if not links:
-                continue
-            labels_of[ref_id] = known | frozenset(links)
-            objects[ref_id] = ref
-            parents.setdefault(ref_id, {}).update(links)
-            if ref_id in fixture_roots:
-                key, name, _value = fixture_roots[ref_id]
-                settle(ref_id, "fixture", name, key)
-            elif ref_id in modules:
-                settle(ref_id, "module-global", modules[ref_id], None)
-            elif _is_a(ref, type):
-                settle(ref_id, "class-attribute", f"{ref.__module__}.{ref.__qualname__}", None)
-            else:
-                next_frontier.append(ref)
+            take(ref, frontier_ids, next_frontier)
         del referrers
         if forwards and remembered and len(answers) < len(keys):
             remembered = False

@@ -221,6 +221,62 @@ def test_an_unowned_threads_walk_ends_where_its_referrers_end(heap_passes: list[
         loose.shutdown()
 
 
+def test_the_callers_keys_are_not_climbed(heap_passes: list[int]) -> None:
+    """A key ``(kind, thread)`` refers to its target, and the walk's closures hold the keys:
+    climbing them took four more heap passes for every unowned thread."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    try:
+        assert find_owners({("threads", thread): thread}, {}) == {}
+        assert len(heap_passes) <= 2  # the thread, then the bound method it runs
+    finally:
+        stop.set()
+        thread.join(10)
+
+
+class _Service:
+    def close(self) -> None:
+        pass
+
+
+def test_a_known_referrer_saves_a_heap_pass_and_the_owner_above_it_is_still_found(
+    module: types.ModuleType, heap_passes: list[int]
+) -> None:
+    """An object held through its bound method (``atexit.register(self.close)``'s shape) by a
+    module global: found with one heap pass less when the method is given as known."""
+    service = _Service()
+    hook = service.close
+    module.HOOK = hook
+    walked = find_owners({service: service}, {})[service]
+    passes_walking = len(heap_passes)
+    forget_recent_owners()
+    heap_passes.clear()
+    known = find_owners({service: service}, {}, near={service: (hook,)})[service]
+    assert (known.kind, known.name, known.path) == (walked.kind, walked.name, walked.path)
+    assert (known.kind, known.name) == ("module-global", "ownership_subject.HOOK")
+    assert len(heap_passes) == passes_walking - 1
+
+
+def test_an_object_its_known_referrer_alone_holds_is_unowned_after_one_heap_pass(
+    heap_passes: list[int],
+) -> None:
+    service = _Service()
+    hook = service.close  # what atexit would hold (invisible to gc), here a local: no owner
+    assert find_owners({service: service}, {}, near={service: (hook,)}) == {}
+    assert len(heap_passes) == 1
+    assert hook.__self__ is service
+
+
+def test_a_known_referrer_that_does_not_refer_to_the_target_is_ignored(
+    module: types.ModuleType, heap_passes: list[int]
+) -> None:
+    """A namespace given as a target's referrer owns nothing unless it holds the target."""
+    module.OTHER = _Service()
+    service = _Service()
+    assert find_owners({service: service}, {}, near={service: (vars(module),)}) == {}
+
+
 def test_a_fixture_reaching_a_remembered_globals_worker_owns_it(
     module: types.ModuleType, heap_passes: list[int]
 ) -> None:

@@ -12,6 +12,7 @@ reported. Nothing is restored: unregistering someone's exit hook would change th
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -57,6 +58,25 @@ class AtexitKind(ObjectKind):
             held = atexit_calls.reached_objects(registration)
             if held:
                 found[registration] = held[0]
+        return found
+
+    def known_referrers(self, items: Sequence[Any]) -> Mapping[Any, tuple[object, ...]]:
+        # A bound method (a partial) registered refers to the object it holds: the ownership
+        # search need not walk the heap to find it (atexit's own hold is invisible anyway).
+        found: dict[Any, tuple[object, ...]] = {}
+        for registration in items:
+            held = atexit_calls.reached_objects(registration)
+            if not held:
+                continue
+            target = held[0]
+            roots = (registration.func, *registration.args, *registration.kwargs.values())
+            direct = tuple(
+                root
+                for root in roots
+                if root is not target and any(c is target for c in gc.get_referents(root))
+            )
+            if direct:
+                found[registration] = direct
         return found
 
     def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:

@@ -29,6 +29,9 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   teardown): that is the fixture's, checked when it is torn down.
 * ``targets(items)``: for kinds whose items an object in the heap can own, the objects the
   ownership search (:func:`pytest_shutdown.ownership.find_owners`) explains, keyed by item.
+* ``known_referrers(items)`` (optional, with ``targets``): objects known to refer to an item's
+  target directly (an ``atexit`` registration's bound method), keyed by item: the ownership
+  search walks them from its first heap pass on, one pass less.
 * ``settle(items, deadline)``: what is still there when the grace runs out (polled: a clean
   test waits for nothing).
 * ``still_there(items)`` with ``ends_by_itself = True`` (optional, object kinds whose items

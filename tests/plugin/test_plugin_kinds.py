@@ -136,6 +136,16 @@ ATEXIT = textwrap.dedent(
         pass
 
     GLOBAL_ENGINE = None
+    HOOKS = []
+
+    class HookedEngine:
+        def __init__(self):
+            hook = self.shutdown
+            atexit.register(hook)
+            HOOKS.append(hook)  # a module global holds the engine through the very same method
+
+        def shutdown(self):
+            pass
 
     def test_bound_method_of_the_tests_engine():
         Engine()
@@ -155,6 +165,9 @@ ATEXIT = textwrap.dedent(
     def engine():
         return Engine()
 
+    def test_engine_whose_hook_a_module_global_holds():
+        HookedEngine()
+
     def test_uses_module_engine(engine):
         pass
 
@@ -167,7 +180,7 @@ ATEXIT = textwrap.dedent(
 def test_atexit_holding_a_tests_object_is_reported(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_atexit=ATEXIT)
     result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly")
-    result.assert_outcomes(passed=6, errors=2)
+    result.assert_outcomes(passed=7, errors=2)
     result.stdout.fnmatch_lines(
         [
             "*test_bound_method_of_the_tests_engine: ?atexit-holds-object? "
@@ -179,7 +192,12 @@ def test_atexit_holding_a_tests_object_is_reported(pytester: pytest.Pytester) ->
         ]
     )
     out = result.stdout.str()
-    for clean in ("module_function", "unregistered_at_shutdown", "engine_of_a_module_global"):
+    for clean in (
+        "module_function",
+        "unregistered_at_shutdown",
+        "engine_of_a_module_global",
+        "engine_whose_hook_a_module_global_holds",
+    ):
         assert f"test_{clean}: [" not in out
 
 

@@ -28,6 +28,11 @@ from collections.abc import Callable, Iterable
 
 __all__ = ["forget_in_child", "this_pid", "undo_in_forked_child"]
 
+try:  # the C function: signal.pthread_sigmask turns every signal of the mask into an enum
+    from _signal import pthread_sigmask as _sigmask  # (a fork pays it twice)
+except ImportError:  # pragma: no cover - another interpreter
+    _sigmask = signal.pthread_sigmask
+
 _undos: dict[str, Callable[[], None]] = {}
 _held: dict[str, frozenset[int]] = {}
 _hooked = False
@@ -74,14 +79,14 @@ def forget_in_child(key: str) -> None:
 
 def _before() -> None:
     held = frozenset().union(*_held.values()) if _held else frozenset()
-    _fork_state.mask = signal.pthread_sigmask(signal.SIG_BLOCK, held) if held else None
+    _fork_state.mask = _sigmask(signal.SIG_BLOCK, held) if held else None
 
 
 def _restore_mask() -> None:
     mask = getattr(_fork_state, "mask", None)
     _fork_state.mask = None
     if mask is not None:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _sigmask(signal.SIG_SETMASK, mask)
 
 
 def _in_parent() -> None:

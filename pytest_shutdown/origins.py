@@ -153,6 +153,19 @@ def is_tool_file(filename: str) -> bool:
     return _is_tool(filename)
 
 
+_THIS, _TOOL, _LIBRARY, _USER = range(4)
+#: code filename -> which of the four it is (one lookup per frame of a creation site).
+_frame_kinds: dict[str, int] = {}
+
+
+def _frame_kind(filename: str) -> int:
+    if os.path.normcase(filename) == _THIS_FILE:
+        return _THIS
+    if _is_tool(filename):
+        return _TOOL
+    return _LIBRARY if _is_library(filename) else _USER
+
+
 def capture_here() -> Origin:
     """The creation site of whatever the caller's caller is doing now (e.g. an
     ``atexit.register`` call seen by a wrapper)."""
@@ -166,17 +179,20 @@ def _capture(what: str | None = None, depth: int = 2) -> Origin:
     walked = 0
     while frame is not None and walked < WALK_LIMIT and len(user) < USER_FRAMES:
         code = frame.f_code
-        name = getattr(code, "co_qualname", code.co_name)
         filename = code.co_filename
-        if os.path.normcase(filename) != _THIS_FILE:
-            if _is_tool(filename):
-                if user:
-                    break  # the test tools' frames above the test are no one's creation site
-            elif _is_library(filename):
-                if not user and len(library) < LIBRARY_FRAMES:
-                    library.append((filename, frame.f_lineno, name, False))
-            else:
-                user.append((filename, frame.f_lineno, name, True))
+        where = _frame_kinds.get(filename)
+        if where is None:
+            where = _frame_kinds[filename] = _frame_kind(filename)
+        if where == _TOOL:
+            if user:
+                break  # the test tools' frames above the test are no one's creation site
+        elif where == _LIBRARY:
+            if not user and len(library) < LIBRARY_FRAMES:
+                name = getattr(code, "co_qualname", code.co_name)
+                library.append((filename, frame.f_lineno, name, False))
+        elif where == _USER:
+            name = getattr(code, "co_qualname", code.co_name)
+            user.append((filename, frame.f_lineno, name, True))
         frame = frame.f_back
         walked += 1
     if what is not None:  # name the pool: the innermost method that started the process

@@ -16,7 +16,7 @@ Each figure is printed with its target (``NOT MET`` when missed) and the load av
 time; wall-time figures come with CPU-time twins, which the load of a shared machine moves less.
 
     .venv/bin/python benchmarks/guard_budget.py [--rounds 31] [--suite-rounds 5]
-        [--short-suite-rounds 15]
+        [--short-suite-rounds 31]
         [--skip third_party,churn] [--json P]
 """
 

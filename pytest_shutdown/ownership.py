@@ -494,12 +494,14 @@ def _forward(
     *,
     pick: Callable[[object], bool] | None = None,
     shared: set[int] | None = None,
+    not_through: tuple[type, ...] = (),
 ) -> tuple[dict[int, list[object]], bool]:
     """Breadth-first along ``gc.get_referents`` from ``root`` (at most ``max_depth`` edges and
     ``budget`` objects): id of each wanted object reached (or of each one ``pick`` accepts) ->
     the chain from ``root`` down to it (the shortest); and False when the budget cut the search
     short. Searches from several roots may share ``shared``, the ids visited (and the budget):
-    what one reached is not visited again from the next."""
+    what one reached is not visited again from the next. Instances of ``not_through`` are not
+    walked through."""
     parent: dict[int, tuple[int, object] | None] = {id(root): None}
     seen: set[int] | dict[int, tuple[int, object] | None] = parent
     if shared is not None:
@@ -513,6 +515,8 @@ def _forward(
             for child in gc.get_referents(node):
                 child_id = id(child)
                 if child_id in seen or _stops(child, skip, modules):
+                    continue
+                if not_through and _is_a(child, not_through):
                     continue
                 parent[child_id] = (id(node), node)
                 if shared is not None:
@@ -602,16 +606,10 @@ def _creation_site_owners(
             files.update((frame[0], None) for frame in origin.frames if frame[3])
     if not files:
         return {}
-    by_file: dict[str, tuple[dict[str, Any], str]] = {}
-    for name, module in list(sys.modules.items()):
-        namespace = getattr(module, "__dict__", None)
-        filename = getattr(module, "__file__", None)
-        if isinstance(namespace, dict) and id(namespace) in modules and isinstance(filename, str):
-            by_file[filename] = (namespace, name)
     by_id: dict[int, Owner] = {}
     visited: set[int] = set()  # one budget for every root
     for filename in files:
-        found = by_file.get(filename)
+        found = _module_of_file(filename, modules)
         if found is None:
             continue
         namespace, module_name = found
@@ -623,7 +621,14 @@ def _creation_site_owners(
             if not wanted:
                 return by_id
             reached, complete = _forward(
-                root, wanted, skip, modules, max_depth, SHORTCUT_NODES, shared=visited
+                root,
+                wanted,
+                skip,
+                modules,
+                max_depth,
+                SHORTCUT_NODES,
+                shared=visited,
+                not_through=_CODE_TYPES,
             )
             for target_id, chain in reached.items():
                 by_id[target_id] = _owner(chain, kind, owner_name, None)
@@ -632,6 +637,46 @@ def _creation_site_owners(
             if not complete:
                 return by_id  # the budget is spent: the backward walk decides the rest
     return by_id
+
+
+#: Source file -> name of the module loaded from it, and how many modules were loaded when it
+#: was read (a creation site's file is looked up at every search; reading ``sys.modules`` for it
+#: took a third of a search's time).
+_modules_by_file: dict[str, str] = {}
+_modules_by_file_size = -1
+
+
+#: Not walked through from a creation site's module: its functions and methods are most of what
+#: its namespace and classes hold, and a thread one holds (in a closure or a default) is rare; the
+#: backward walk still finds it.
+_CODE_TYPES = (types.FunctionType, types.MethodType, staticmethod, classmethod, property)
+
+
+def _module_of_file(filename: str, modules: Mapping[int, str]) -> tuple[dict[str, Any], str] | None:
+    """The namespace and name of the (non-tool) module loaded from ``filename``, if any.
+    ``sys.modules`` is read again only when a file is not known and modules came or went since
+    the last reading; a known name is checked against what ``sys.modules`` holds now."""
+    global _modules_by_file_size
+    name = _modules_by_file.get(filename)
+    if name is None and len(sys.modules) != _modules_by_file_size:
+        _modules_by_file.clear()
+        _modules_by_file_size = len(sys.modules)
+        for module_name, loaded in list(sys.modules.items()):
+            module_file = getattr(loaded, "__file__", None)
+            if isinstance(module_file, str):
+                _modules_by_file[module_file] = module_name
+        name = _modules_by_file.get(filename)
+    if name is None:
+        return None
+    module = sys.modules.get(name)
+    namespace = getattr(module, "__dict__", None)
+    if (
+        not isinstance(namespace, dict)
+        or id(namespace) not in modules
+        or getattr(module, "__file__", None) != filename
+    ):
+        return None
+    return namespace, name
 
 
 def _from_remembered(

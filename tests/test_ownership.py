@@ -4,12 +4,14 @@ tests/plugin/test_plugin_ownership.py)."""
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import sys
 import threading
 import types
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -426,3 +428,74 @@ def test_a_fixture_that_reaches_deep_still_owns_it_when_a_global_is_found_on_the
         assert owners[worker].kind == "module-global"
     finally:
         module.POOL.shutdown()
+
+
+MONITORED_LIBRARY = """
+import threading
+
+
+def _idle(stop=threading.Event()):
+    stop.wait()
+
+
+class Bar:
+    monitor = None  # the library's one monitor thread, started by the first bar
+
+    def __init__(self, held_by_a_function=False):
+        thread = threading.Thread(target=_idle, name="bar-monitor", daemon=True)
+        if held_by_a_function:
+            _idle.__defaults__[0].thread = thread  # reachable only through a function
+        else:
+            Bar.monitor = thread
+        thread.start()
+
+
+def stop():
+    _idle.__defaults__[0].set()
+"""
+
+
+@pytest.fixture
+def library(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Writes a fresh library module (its name) that starts a monitor thread; stops it after."""
+    name = f"barlib_{os.getpid()}_{id(tmp_path)}"
+    (tmp_path / f"{name}.py").write_text(MONITORED_LIBRARY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield name
+    if name in sys.modules:
+        sys.modules.pop(name).stop()
+
+
+def test_a_library_loaded_after_the_last_search_is_searched_from_its_creation_site(
+    recording: None, library: str, heap_passes: list[int]
+) -> None:
+    """The creation site's file is looked up among the modules loaded *now*: a library
+    imported after an earlier search (which read the modules then) is still found."""
+
+    loose = _Executor()
+    try:
+        early = loose.spawn()
+        assert find_owners({early: early}, {}) == {}  # a search before the library's import
+        heap_passes.clear()
+        bar = importlib.import_module(library).Bar()
+        monitor = type(bar).monitor
+        owner = find_owners({monitor: monitor}, {})[monitor]
+        assert (owner.kind, owner.name) == ("class-attribute", f"{library}.Bar.monitor")
+        assert heap_passes == []  # found forwards from the creation site
+    finally:
+        loose.shutdown()
+
+
+def test_a_thread_a_librarys_function_holds_is_owned_by_the_backward_walk(
+    recording: None, library: str, heap_passes: list[int]
+) -> None:
+    """The forward search from a creation site does not walk through functions (most of a
+    module's objects); a thread held only through one (a default argument) is still owned,
+    by the module global that holds the function, found by the backward walk."""
+
+    module = importlib.import_module(library)
+    module.Bar(held_by_a_function=True)
+    monitor = module._idle.__defaults__[0].thread
+    owner = find_owners({monitor: monitor}, {})[monitor]
+    assert (owner.kind, owner.name) == ("module-global", f"{library}._idle")
+    assert heap_passes  # the forward search did not reach it

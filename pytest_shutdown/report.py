@@ -244,10 +244,12 @@ class ShutdownReport:
         self.settings = settings
         self.worker: str | None = getattr(config, "workerinput", {}).get("workerid")
         #: Entries accepted here (controller or single process), in record-log order
-        #: (:attr:`entries`); the clean tests' records since the last other entry are kept as
-        #: rows (node id, teardown and guard seconds, reported) until an entry or a reader
-        #: needs them as records: most tests are clean, and most runs read only the durations.
+        #: (:attr:`entries`); the clean tests' records are kept as rows (node id, teardown and
+        #: guard seconds, reported), and each other entry notes how many rows came before it,
+        #: until a reader needs them all as records: most tests are clean, and most runs read
+        #: only the durations and the long-lived resources.
         self._entries: list[dict[str, Any]] = []
+        self._rows_before: list[int] = []
         self._clean_rows: list[tuple[str, float, float, bool]] = []
         self._folded_at: tuple[int, dict[str, Any]] | None = None
         #: Entries of the running test, sent with its teardown report.
@@ -313,23 +315,33 @@ class ShutdownReport:
     def _accept(self, entry: dict[str, Any]) -> None:
         if this_pid() != self._pid:
             return  # a forked child that runs on: only the session's own process records
-        self.entries.append(entry)
+        self._entries.append(entry)
+        self._rows_before.append(len(self._clean_rows))  # its place among the clean rows
         if self.log is not None:
             self.log.write(entry)
 
     @property
     def entries(self) -> list[dict[str, Any]]:
-        """Every entry accepted so far, clean tests' records included, in order."""
+        """Every entry accepted so far, clean tests' records included, in order (the rows are
+        made into records now: only the JSON report and the tests read them all)."""
         if self._clean_rows:
-            self._entries.extend(
+            rows = [
                 {
                     "type": "record",
                     "record": plain_record(nodeid, None, teardown_s, guard_s, reported=reported),
                     "timed": True,
                 }
                 for nodeid, teardown_s, guard_s, reported in self._clean_rows
-            )
+            ]
+            merged: list[dict[str, Any]] = []
+            taken = 0
+            for entry, before in zip(self._entries, self._rows_before, strict=True):
+                merged += rows[taken:before]
+                taken = before
+                merged.append(entry)
+            self._entries[:] = merged + rows[taken:]
             self._clean_rows.clear()
+            self._rows_before[:] = [0] * len(self._entries)
         return self._entries
 
     def _head(self) -> dict[str, Any]:
@@ -373,8 +385,13 @@ class ShutdownReport:
 
     @property
     def long_lived(self) -> list[dict[str, Any]]:
-        """Long-lived resources accepted so far and those of this process not yet sent."""
-        return list(collect([*self.entries, *self._pending])["long_lived"])
+        """Long-lived resources accepted so far and those of this process not yet sent (a
+        clean test's row has none: the rows are not made into records for this)."""
+        return [
+            dict(entry.get("item") or {})
+            for entry in (*self._entries, *self._pending)
+            if entry.get("type") == "long_lived"
+        ]
 
     # --- rendering ---
 

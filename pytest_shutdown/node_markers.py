@@ -19,6 +19,10 @@ SHUTDOWN_MATRIX = "shutdown_matrix"
 ORPHAN_MATRIX = "orphan_matrix"
 
 _MARKER_NAMES_KEY = pytest.StashKey[frozenset[str]]()
+#: One frozenset per distinct set of names: a session's tests share a handful of them, and each
+#: object kept per test is freed (and walked by every full collection) until the process ends.
+_SHARED_NAMES: dict[frozenset[str], frozenset[str]] = {}
+_SHARED_LIMIT = 4096
 
 
 def marker_names(node: Any) -> frozenset[str]:
@@ -27,6 +31,8 @@ def marker_names(node: Any) -> frozenset[str]:
     names = node.stash.get(_MARKER_NAMES_KEY, None)
     if names is None:
         names = frozenset(mark.name for mark in node.iter_markers())
+        if len(_SHARED_NAMES) < _SHARED_LIMIT:
+            names = _SHARED_NAMES.setdefault(names, names)
         node.stash[_MARKER_NAMES_KEY] = names
     return names
 

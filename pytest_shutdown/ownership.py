@@ -38,10 +38,10 @@ import types
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from typing import Any
 
 from pytest_shutdown import origins
+from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
 
 __all__ = ["Owner", "find_owners", "stdlib_helper_threads"]
@@ -90,7 +90,7 @@ _REGISTRIES = (
 )
 
 
-@dataclass(frozen=True)
+@lazy_dataclass(frozen=True)
 class Owner:
     """What outlives the test and reaches a thread or process.
 

@@ -639,33 +639,36 @@ def _creation_site_owners(
     return by_id
 
 
-#: Source file -> name of the module loaded from it, and how many modules were loaded when it
-#: was read (a creation site's file is looked up at every search; reading ``sys.modules`` for it
-#: took a third of a search's time).
-_modules_by_file: dict[str, str] = {}
-_modules_by_file_size = -1
-
-
 #: Not walked through from a creation site's module: its functions and methods are most of what
 #: its namespace and classes hold, and a thread one holds (in a closure or a default) is rare; the
 #: backward walk still finds it.
 _CODE_TYPES = (types.FunctionType, types.MethodType, staticmethod, classmethod, property)
 
 
+#: Source file -> name of the module loaded from it, and what ``sys.modules`` looked like when it
+#: was read (its size and its last name): a creation site's file is looked up at every search,
+#: and reading ``sys.modules`` for it took a third of a search's time.
+_modules_by_file: dict[str, str] = {}
+_modules_by_file_mark: tuple[int, str | None] = (-1, None)
+
+
 def _module_of_file(filename: str, modules: Mapping[int, str]) -> tuple[dict[str, Any], str] | None:
     """The namespace and name of the (non-tool) module loaded from ``filename``, if any.
     ``sys.modules`` is read again only when a file is not known and modules came or went since
-    the last reading; a known name is checked against what ``sys.modules`` holds now."""
-    global _modules_by_file_size
+    the last reading (a new import is the last name; one removed changes the size); a known
+    name is checked against what ``sys.modules`` holds now."""
+    global _modules_by_file_mark
     name = _modules_by_file.get(filename)
-    if name is None and len(sys.modules) != _modules_by_file_size:
-        _modules_by_file.clear()
-        _modules_by_file_size = len(sys.modules)
-        for module_name, loaded in list(sys.modules.items()):
-            module_file = getattr(loaded, "__file__", None)
-            if isinstance(module_file, str):
-                _modules_by_file[module_file] = module_name
-        name = _modules_by_file.get(filename)
+    if name is None:
+        mark = (len(sys.modules), next(reversed(sys.modules), None))
+        if mark != _modules_by_file_mark:
+            _modules_by_file.clear()
+            _modules_by_file_mark = mark
+            for module_name, loaded in list(sys.modules.items()):
+                module_file = getattr(loaded, "__file__", None)
+                if isinstance(module_file, str):
+                    _modules_by_file[module_file] = module_name
+            name = _modules_by_file.get(filename)
     if name is None:
         return None
     module = sys.modules.get(name)

@@ -470,12 +470,14 @@ def test_a_library_loaded_after_the_last_search_is_searched_from_its_creation_si
     recording: None, library: str, heap_passes: list[int]
 ) -> None:
     """The creation site's file is looked up among the modules loaded *now*: a library
-    imported after an earlier search (which read the modules then) is still found."""
-
+    imported after an earlier search (which read the modules then) is still found, also when
+    a module went meanwhile (as many modules loaded as at that search)."""
     loose = _Executor()
+    sys.modules["ownership_throwaway"] = types.ModuleType("ownership_throwaway")
     try:
         early = loose.spawn()
         assert find_owners({early: early}, {}) == {}  # a search before the library's import
+        del sys.modules["ownership_throwaway"]
         heap_passes.clear()
         bar = importlib.import_module(library).Bar()
         monitor = type(bar).monitor
@@ -483,6 +485,7 @@ def test_a_library_loaded_after_the_last_search_is_searched_from_its_creation_si
         assert (owner.kind, owner.name) == ("class-attribute", f"{library}.Bar.monitor")
         assert heap_passes == []  # found forwards from the creation site
     finally:
+        sys.modules.pop("ownership_throwaway", None)
         loose.shutdown()
 
 
@@ -492,7 +495,6 @@ def test_a_thread_a_librarys_function_holds_is_owned_by_the_backward_walk(
     """The forward search from a creation site does not walk through functions (most of a
     module's objects); a thread held only through one (a default argument) is still owned,
     by the module global that holds the function, found by the backward walk."""
-
     module = importlib.import_module(library)
     module.Bar(held_by_a_function=True)
     monitor = module._idle.__defaults__[0].thread

@@ -333,6 +333,10 @@ class ShutdownReport:
                 }
                 for nodeid, teardown_s, guard_s, reported in self._clean_rows
             ]
+            # An entry appended to this list from outside (not through _accept) comes after
+            # every row so far.
+            missing = len(self._entries) - len(self._rows_before)
+            self._rows_before += [len(rows)] * missing
             merged: list[dict[str, Any]] = []
             taken = 0
             for entry, before in zip(self._entries, self._rows_before, strict=True):

@@ -1,7 +1,8 @@
 """Cheap change detectors shared by the resource kinds (one system call each).
 
 * the number of open file descriptors of this process: ``st_size`` of ``/proc/self/fd``
-  (Linux >= 6.2; older kernels report 0 and the fd kind lists the folder instead);
+  (Linux >= 6.2; older kernels report 0 and the fd kind lists the folder instead), with the
+  lowest free descriptor number (a ``dup`` closed again: two calls);
 * the state of ``/dev/shm``: its modification time and size (tmpfs counts its entries in a
   folder's size; a create or an unlink changes both).
 
@@ -25,6 +26,7 @@ __all__ = [
     "SHM_DIR",
     "collect_young",
     "fd_count",
+    "lowest_free_fd",
     "own_handles",
     "settle_left",
     "settle_listed",
@@ -56,6 +58,26 @@ def _read_fd_count() -> int | None:
     except OSError:
         return None
     return size if size > 0 else None
+
+
+def lowest_free_fd(held: int | None = None) -> int | None:
+    """The number the next descriptor opened here would take (the kernel gives the lowest free
+    one): a ``dup`` of ``held`` (this module's handle of ``/proc/self/fd`` when None), closed at
+    once; None when it cannot be taken.
+
+    With the count it tells a test that swapped one descriptor for another: it opened one and
+    closed one it had not opened, the count is as it was, the numbers are not, and the lowest
+    free number moved (the new one took it, or the closed one freed a lower one)."""
+    if held is None:
+        held = held_open(FD_DIR)
+        if held is None:
+            return None
+    try:
+        probe = os.dup(held)
+    except OSError:
+        return None
+    os.close(probe)
+    return probe
 
 
 def shm_state() -> tuple[int, int] | None:

@@ -11,7 +11,7 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   clean test's snapshots when the fingerprints have not moved in between. Inside one moment
   (:mod:`pytest_shutdown.moments`) the kinds share their readings.
   A kind whose fingerprint is made of other kinds' readings names them in
-  ``fingerprinted_by`` (the ports kind: the fd count and the descendants): while those kinds
+  ``fingerprinted_by`` (the ports kind: the fd fingerprint and the descendants): while those kinds
   are on, the guard compares theirs and does not read it twice. A kind whose fingerprint is
   one shared reading names it in ``mark``: the guard takes every such reading in one pass
   (:mod:`pytest_shutdown.resources.marks`) instead of asking each kind; one whose fingerprint

@@ -1,18 +1,22 @@
 """The ``fds`` resource kind: file descriptors a test opened in the pytest process and left open.
 
-Cheap when nothing changed: a snapshot is one ``fstat`` of ``/proc/self/fd`` (the kernel counts
-the open descriptors in its size); ``/proc/self/fd`` is listed only when the count moved since
-the last listing. After a test, a descriptor is *new* when its number was not open before; each
-new one is named by what it is (``readlink`` of its ``/proc/self/fd`` entry: a path, a pipe end,
-a socket with its addresses from ``/proc/net/*``, an eventfd, an epoll instance, ...) and, once
-something is left, by the Python object that wraps it (a ``socket.socket``, a file object).
+Cheap when nothing changed: a snapshot lists ``/proc/self/fd`` (once for the fds and ports kinds
+together); the guard's fingerprint after the test is one ``fstat`` of it (the kernel counts the
+open descriptors in its size) and the lowest free number (a ``dup``, closed again), and the
+folder is listed again only when one of them moved. After a test, a descriptor is *new* when
+its number was not open before; each new one is named by what it is (``readlink`` of its
+``/proc/self/fd`` entry: a path, a pipe end, a socket with its addresses from ``/proc/net/*``,
+an eventfd, an epoll instance, ...) and, once something is left, by the Python object that
+wraps it (a ``socket.socket``, a file object).
 
 Never blamed: descriptors the process keeps for its lifetime once a library opened them lazily
 (``/dev/urandom``, NVIDIA and DRM device files, ROCm's ``/dev/kfd``), those a test tool holds
 (pytest's capture files, its logging handlers' files), and this package's own.
 
-A descriptor closed and another opened under the same number during one test, with the count
-unchanged, is not seen (the count is the cheap signal); see docs/limits.md.
+A test that swaps one descriptor for another (opens one, closes one it did not open) moves the
+lowest free number, and the new one is found. Not seen: a new descriptor that takes the number
+of one the test closed, or several opened and closed so that the count and the lowest free
+number end as they were; see docs/limits.md.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ __all__ = [
     "FdSnapshot",
     "describe_fd",
     "fd_findings",
+    "FdFingerprint",
     "new_fds",
     "open_fds",
     "still_open",
@@ -58,9 +63,6 @@ PROCESS_LIFETIME_TARGETS: tuple[str, ...] = (
     "/proc/self/fd",
     "/proc/*/fd",
 )
-
-_listing: tuple[int | None, frozenset[int]] | None = None
-
 
 class FdSnapshot(FrozenRecord):
     """Open descriptors when the snapshot was taken: their count, and their numbers."""
@@ -96,14 +98,19 @@ def open_fds() -> frozenset[int]:
         names = os.listdir(_cheap.FD_DIR)
     except OSError:
         return frozenset()
+    numbers = sorted(int(n) for n in names if n.isdigit())
     # the folder's own descriptor, open while it was listed, is gone again
-    return frozenset(int(n) for n in names if n.isdigit()) - _transient(names)
+    return frozenset(numbers) - _transient(numbers)
 
 
-def _transient(names: Sequence[str]) -> frozenset[int]:
-    """The folder's own descriptor, listed and closed again: the lowest number that was free
-    when it was opened, so the first closed one in ascending order."""
-    for number in sorted(int(n) for n in names if n.isdigit()):
+def _transient(numbers: Sequence[int]) -> frozenset[int]:
+    """The folder's own descriptor, listed and closed again. It took the lowest free number,
+    so it lies in the unbroken run 0, 1, 2, ... the sorted listing starts with, most often at
+    its top (no gap below it): that number is asked first, then each in order."""
+    run = 0
+    while run < len(numbers) and numbers[run] == run:
+        run += 1
+    for number in ([run - 1] if run else []) + list(numbers):
         try:
             os.fstat(number)
         except OSError:
@@ -111,28 +118,31 @@ def _transient(names: Sequence[str]) -> frozenset[int]:
     return frozenset()
 
 
-def _listed(count: int | None) -> frozenset[int]:
-    """The descriptor numbers, listed again only when the count moved since the last listing."""
-    global _listing
-    cached = _listing
-    if count is not None and cached is not None and cached[0] == count:
-        return cached[1]
-    fds = open_fds()
-    _listing = (count, fds)
-    return fds
+def _listed() -> frozenset[int]:
+    """The descriptor numbers now, listed once per moment (the fds and ports kinds share it).
+
+    Never kept from one snapshot to the next on an unchanged count: a test that closes one
+    descriptor and opens another leaves the count as it was, and the old listing would then
+    hold a number the next test's leak may reuse (the leak unseen) and lack the new one
+    (blamed on the next test that moves the count)."""
+    return reading("fd_listing", open_fds)
 
 
-def fd_fingerprint() -> int | frozenset[int]:
-    """The descriptor count (one ``fstat``), or where the kernel does not count them the
-    numbers themselves (what :func:`new_fds` compares)."""
+#: The count and the lowest free number, or (the kernel not counting) the numbers.
+FdFingerprint = tuple[int, int | None] | frozenset[int]
+
+
+def fd_fingerprint() -> FdFingerprint:
+    """The descriptor count (one ``fstat``) and the lowest free number (see
+    :func:`~pytest_shutdown.resources._cheap.lowest_free_fd`), or where the kernel does not
+    count them the numbers themselves."""
     count = _cheap.fd_count()
-    return count if count is not None else open_fds()
+    return (count, _cheap.lowest_free_fd()) if count is not None else open_fds()
 
 
 def take_fd_snapshot() -> FdSnapshot:
-    """The open descriptors now; one ``fstat`` when the count did not move."""
-    count = _cheap.fd_count()
-    return FdSnapshot(count, _listed(count))
+    """The open descriptors now: their count and their numbers (a listing)."""
+    return FdSnapshot(_cheap.fd_count(), _listed())
 
 
 def _item(fd: int) -> FdItem | None:
@@ -220,12 +230,12 @@ def _never_blamed(item: FdItem) -> bool:
 
 
 def new_fds(before: FdSnapshot) -> list[FdItem]:
-    """Descriptors open now that were not open at ``before`` (process-lifetime ones left out)."""
-    count = _cheap.fd_count()
-    if count is not None and count == before.count:
-        return []  # the common case: one fstat
+    """Descriptors open now that were not open at ``before`` (process-lifetime ones left out).
+
+    Lists ``/proc/self/fd``: the guard asks only when the fingerprint moved (a test that
+    swapped one descriptor for another leaves the count as it was)."""
     items = []
-    for fd in sorted(_listed(count) - before.fds):
+    for fd in sorted(_listed() - before.fds):
         item = _item(fd)
         if item is not None and not _never_blamed(item):
             items.append(item)
@@ -496,7 +506,7 @@ class FdKind:
         #: would keep a dropped socket from being collected and closed)
         self._types: dict[int, list[str]] = {}
 
-    def fingerprint(self) -> int | frozenset[int]:
+    def fingerprint(self) -> FdFingerprint:
         return fd_fingerprint()
 
     def snapshot(self) -> FdSnapshot:
@@ -540,12 +550,12 @@ class FdKind:
         no test's: its numbers join the baseline, and the count moves by as much."""
         if start is None:
             return before
-        end_count = end.count if end is not None else _cheap.fd_count()
-        new = {item.fd for item in new_fds(start)} if end_count != start.count else set()
+        end = end if end is not None else take_fd_snapshot()
+        opened, closed = end.fds - start.fds, start.fds - end.fds
         count = before.count
-        if count is not None and end_count is not None and start.count is not None:
-            count += end_count - start.count
-        return FdSnapshot(count, before.fds | new)
+        if count is not None and end.count is not None and start.count is not None:
+            count += end.count - start.count
+        return FdSnapshot(count, (before.fds - closed) | opened)
 
     def diff(self, before: object, after: object) -> tuple[()]:
         return ()

@@ -23,7 +23,8 @@ once, with the system call inline, and asks only the other kinds for theirs:
                     the kind's own
 ``"freeze_count"``  ``gc.get_freeze_count()``
 ``"fd_count"``      ``st_size`` of ``/proc/self/fd`` (where the kernel counts: else the
-                    kind's own fingerprint, the listing)
+                    kind's own fingerprint, the listing), with the lowest free descriptor
+                    number (a test that swapped one descriptor for another moves it)
 ``"shm_state"``     ``/dev/shm``'s modification time and size
 ``"atexit_count"``  the registrations recorded so far
 ==================  =======================================================================
@@ -52,7 +53,7 @@ from pytest_shutdown.checks.leaks import (
 from pytest_shutdown.held_open import held_open
 from pytest_shutdown.moments import one_moment
 from pytest_shutdown.origins import threads_started
-from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR
+from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR, lowest_free_fd
 
 __all__ = ["MARKS", "FingerprintPass"]
 
@@ -233,7 +234,11 @@ class FingerprintPass:
                 count = os.fstat(self._fd_fd).st_size  # type: ignore[arg-type]
             except OSError:
                 count = 0
-            marks.append(count if count > 0 else self._fingerprints(self._fds))
+            marks.append(
+                (count, lowest_free_fd(self._fd_fd))
+                if count > 0
+                else self._fingerprints(self._fds)
+            )
         if self._shm:
             try:
                 st = os.fstat(self._shm_fd)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from pytest_shutdown.findings import Finding
 from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources.fds import (
+    FdFingerprint,
     FdKind,
     FdSnapshot,
     fd_fingerprint,
@@ -187,10 +188,10 @@ class PortKind:
     name = "ports"
     allow_key = "ports"
     stateful = False
-    #: The fd count and the descendants: what :meth:`fingerprint` reads (see base).
+    #: The fd fingerprint and the descendants: what :meth:`fingerprint` reads (see base).
     fingerprinted_by = ("fds", "processes")
 
-    def fingerprint(self) -> tuple[int | frozenset[int], frozenset[int]]:
+    def fingerprint(self) -> tuple[FdFingerprint, frozenset[int]]:
         return (fd_fingerprint(), descendant_pids())
 
     def snapshot(self) -> PortSnapshot:

@@ -220,3 +220,48 @@ def test_a_wider_fixture_that_leaks_at_teardown_is_blamed(pytester: pytest.Pytes
     assert finding["code"] == "fd-leak"
     assert "fixture 'channel' (module scope)" in finding["message"]
     assert finding["details"]["owner"]["fixture"] == "channel"
+
+
+def test_a_swapped_descriptor_is_found_and_the_next_test_blamed_for_its_own_only(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(
+        """
+        import os
+
+        FIRST = os.open(__file__, os.O_RDONLY)
+        SECOND = os.open(__file__, os.O_RDONLY)
+        KEPT = []
+
+        def _note(name, number):
+            with open(name, "w") as out:
+                out.write(str(number))
+
+        def test_swaps_and_keeps():
+            KEPT.append(open(__file__))   # a module global owns it: no test's leak
+            os.close(FIRST)               # one opened, one closed: the count is as it was
+
+        def test_swaps_and_leaks():
+            _note("swapped", os.open(__file__, os.O_RDONLY))   # nothing closes it
+            os.close(SECOND)
+
+        def test_leaks():
+            _note("leaked", os.open(__file__, os.O_RDONLY))
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", GRACE, "-p", "no:randomly", "--shutdown-report=r.json"
+    )
+    result.assert_outcomes(passed=3, errors=2)
+    report = json.loads((pytester.path / "r.json").read_text())
+    blamed = {
+        t["nodeid"].rpartition("::")[2]: [
+            r["fd"] for f in t["findings"] for r in f["details"]["fds"]
+        ]
+        for t in report["tests"]
+        if t["findings"]
+    }
+    assert blamed == {
+        "test_swaps_and_leaks": [int((pytester.path / "swapped").read_text())],
+        "test_leaks": [int((pytester.path / "leaked").read_text())],
+    }

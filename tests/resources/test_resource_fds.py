@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from pytest_shutdown.ownership import find_owners
-from pytest_shutdown.resources.fds import FdKind, new_fds, settle, take_fd_snapshot
+from pytest_shutdown.resources.fds import FdKind, new_fds, open_fds, settle, take_fd_snapshot
 from pytest_shutdown.resources.sockets import read_socket_table, socket_inode
 
 KIND = FdKind()
@@ -17,6 +20,21 @@ KIND = FdKind()
 
 def _describe(items):  # noqa: ANN001, ANN202
     return {r["fd"]: r for r in KIND.describe(items)}
+
+
+@pytest.fixture(autouse=True)
+def _no_automatic_collection() -> Iterator[None]:
+    """An earlier test's garbage, collected mid-test, would close its descriptor and free a
+    number the next one opened here takes: that number was open at the snapshot. Collected
+    first, and not automatically during the test (``gc.collect()`` still works)."""
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def test_nothing_new_when_a_block_closes_what_it_opens() -> None:
@@ -27,6 +45,43 @@ def test_nothing_new_when_a_block_closes_what_it_opens() -> None:
     os.close(r)
     os.close(w)
     assert new_fds(before) == []
+
+
+def test_a_snapshot_after_a_test_swapped_descriptors_sees_only_the_next_leak(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "file"
+    path.write_bytes(b"")
+    first = os.open(path, os.O_RDONLY)
+    take_fd_snapshot()  # the previous test's snapshot, `first` open
+    second = os.open(path, os.O_RDONLY)
+    os.close(first)  # that test swapped one descriptor for another: the count is as it was
+    before = take_fd_snapshot()
+    leaked = os.open(path, os.O_RDONLY)  # most often takes `first`'s number again
+    try:
+        assert [item.fd for item in new_fds(before)] == [leaked]
+    finally:
+        os.close(second)
+        os.close(leaked)
+
+
+@pytest.mark.parametrize("gap_below", [False, True])
+def test_the_listing_leaves_out_only_its_own_descriptor(tmp_path: Path, gap_below: bool) -> None:
+    """``/proc/self/fd`` is listed through a descriptor of its own, closed again: the lowest
+    free number, at the top of the numbers from 0 up or (after a close) below others."""
+    first = os.open(tmp_path / "f", os.O_CREAT | os.O_RDWR)
+    second = os.open(tmp_path / "f", os.O_RDONLY)
+    if gap_below:
+        os.close(first)
+    try:
+        listed = open_fds()
+        assert second in listed and (first in listed) is not gap_below
+        for number in listed:
+            os.fstat(number)  # each one listed is open
+    finally:
+        os.close(second)
+        if not gap_below:
+            os.close(first)
 
 
 def test_a_pipe_left_open_is_named_by_its_ends() -> None:

@@ -23,6 +23,7 @@ import pytest
 from pytest_shutdown.moments import one_moment
 from pytest_shutdown.prctl import PR_SET_NAME, prctl
 from pytest_shutdown.resources import default_kinds
+from pytest_shutdown.resources._cheap import lowest_free_fd
 from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.marks import MARKS, FingerprintPass
 
@@ -384,6 +385,37 @@ def test_an_open_file_moves_the_fd_fingerprint(
     _moves_and_is_found(
         "fds", lambda: fds.append(os.open(tmp_path / "f", os.O_CREAT | os.O_RDWR)), attempts=3
     )
+
+
+@linux_only
+def test_a_descriptor_swapped_for_another_moves_the_fd_fingerprint(
+    tmp_path: Path, undo: list[Callable[[], object]]
+) -> None:
+    """One opened, one the test had not opened closed: the count is as it was, the lowest free
+    number is not, and the new one is found."""
+    path = tmp_path / "f"
+    path.write_bytes(b"")
+    older = os.open(path, os.O_RDONLY)
+    opened: list[int] = []
+    undo.append(lambda: [os.close(fd) for fd in opened])
+
+    def swap() -> None:
+        opened.append(os.open(path, os.O_RDONLY))
+        os.close(older)
+
+    _moves_and_is_found("fds", swap)
+
+
+@linux_only
+def test_the_lowest_free_descriptor_is_the_next_one_opened(tmp_path: Path) -> None:
+    expected = lowest_free_fd()
+    fd = os.open(tmp_path / "f", os.O_CREAT | os.O_RDWR)
+    try:
+        assert fd == expected
+        assert lowest_free_fd() != fd
+    finally:
+        os.close(fd)
+    assert lowest_free_fd() == expected
 
 
 @linux_only

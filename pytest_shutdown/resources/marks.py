@@ -53,7 +53,7 @@ from pytest_shutdown.checks.leaks import (
 from pytest_shutdown.held_open import held_open
 from pytest_shutdown.moments import one_moment
 from pytest_shutdown.origins import threads_started
-from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR, lowest_free_fd
+from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR
 
 __all__ = ["MARKS", "FingerprintPass"]
 
@@ -234,11 +234,16 @@ class FingerprintPass:
                 count = os.fstat(self._fd_fd).st_size  # type: ignore[arg-type]
             except OSError:
                 count = 0
-            marks.append(
-                (count, lowest_free_fd(self._fd_fd))
-                if count > 0
-                else self._fingerprints(self._fds)
-            )
+            if count > 0:  # with the lowest free number (_cheap.lowest_free_fd, inline)
+                try:
+                    lowest = os.dup(self._fd_fd)  # type: ignore[arg-type]
+                except OSError:
+                    marks.append((count, None))
+                else:
+                    os.close(lowest)
+                    marks.append((count, lowest))
+            else:
+                marks.append(self._fingerprints(self._fds))
         if self._shm:
             try:
                 st = os.fstat(self._shm_fd)  # type: ignore[arg-type]

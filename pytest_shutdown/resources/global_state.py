@@ -80,6 +80,11 @@ def _is_tool_handler(handler: object) -> bool:
     return handler is not None and not isinstance(handler, int) and _is_tool_callable(handler)
 
 
+def _marked(handler: object) -> object:
+    """A signal handler as fingerprints show it: a test tool's as one placeholder."""
+    return _TOOLS_HANDLER if _is_tool_handler(handler) else handler
+
+
 _SIGNAL_DEFAULTS: tuple[object, ...] = (signal.SIG_DFL, signal.default_int_handler, None)
 
 
@@ -188,11 +193,18 @@ class GlobalStateKind(StateKind):
         (a change of theirs is never reported: :meth:`diff` leaves it out too)."""
         state = self.snapshot()
         signals = state["signals"]
-        if signals != self._signals_seen:  # (identity first, in C): normalised once per change
+        seen = self._signals_seen
+        if signals != seen:  # (identity first, in C): normalised once per change
+            if len(seen) == len(signals):  # only the handlers that changed are asked
+                self._signals_marked = tuple(
+                    marked if handler is was else _marked(handler)
+                    for handler, was, marked in zip(
+                        signals, seen, self._signals_marked, strict=True
+                    )
+                )
+            else:
+                self._signals_marked = tuple(map(_marked, signals))
             self._signals_seen = signals
-            self._signals_marked = tuple(
-                _TOOLS_HANDLER if _is_tool_handler(handler) else handler for handler in signals
-            )
         state["signals"] = self._signals_marked
         return state
 

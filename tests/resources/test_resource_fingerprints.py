@@ -475,3 +475,34 @@ def test_an_atexit_registration_moves_the_atexit_fingerprint(
     with one_moment():
         assert kind.fingerprint() != marks
         assert kind.new_since(before)
+
+
+def _tool_handler() -> Callable[..., None]:
+    """A new handler per call, from a test tool's module (pytest-timeout's shape: a closure
+    installed before every test's set-up)."""
+
+    def handler(*args: object) -> None:
+        pass
+
+    handler.__module__ = "pytest_timeout"
+    return handler
+
+
+def test_a_test_tools_new_handler_per_test_does_not_move_the_fingerprint_and_a_tests_does(
+    undo: list[Callable[[], object]],
+) -> None:
+    kind = _kind("global-state")
+    alarm, usr2 = signal.getsignal(signal.SIGALRM), signal.getsignal(signal.SIGUSR2)
+    undo.append(lambda: signal.signal(signal.SIGALRM, alarm))
+    undo.append(lambda: signal.signal(signal.SIGUSR2, usr2))
+    signal.signal(signal.SIGALRM, _tool_handler())
+    first = kind.fingerprint()
+    signal.signal(signal.SIGALRM, _tool_handler())
+    assert kind.fingerprint() == first
+    signal.signal(signal.SIGUSR2, lambda *a: None)  # the test's own: it moves
+    signal.signal(signal.SIGALRM, _tool_handler())  # and the tool's again, at once
+    moved = kind.fingerprint()
+    assert moved != first
+    signal.signal(signal.SIGUSR2, usr2)
+    signal.signal(signal.SIGALRM, alarm)  # the tool's handler gone: what was there before
+    assert kind.fingerprint() != moved

@@ -366,7 +366,7 @@ class ShutdownGuard:
                 before = dict(clean[1])  # nothing moved since the last clean test ended
                 self._quiet_gaps += 1
             else:  # a reading moved: quiet still when what the kinds behind it see did not
-                moved = self._moved(clean[0], marks)
+                moved = self._moved(clean[0], marks, clean[1])
                 with one_moment():
                     before = self._snapshot_since(clean[1], moved)
                     quiet = moved is not None and not any(
@@ -903,7 +903,7 @@ class ShutdownGuard:
             self._clean = (marks, before)  # the common case: not one reading moved
             return []
         # A kind whose fingerprint did not move has nothing new: only the others are asked.
-        moved = self._moved(watch.marks, marks)
+        moved = self._moved(watch.marks, marks, before)
         if moved is not None and not moved and not watch.finished:
             # Only readings no kind answers by moved (a pid allocated to a thread of this
             # process's, started and joined by the test): clean, from the same baseline.
@@ -986,17 +986,28 @@ class ShutdownGuard:
                 kind.restore(items)
         return findings
 
-    def _moved(self, before: list[Any] | None, after: list[Any]) -> set[str] | None:
+    def _moved(
+        self, before: list[Any] | None, after: list[Any], baseline: Snapshot
+    ) -> set[str] | None:
         """The kinds whose fingerprints moved between two readings (None: every kind may have,
-        or a wider-scope fixture's doing was absorbed into the baseline)."""
+        or a wider-scope fixture's doing was absorbed into the baseline); a kind fingerprinted
+        by others moved with them unless it says its own reading is still ``baseline``'s."""
         if before is None:
             return None
         moved = self._marks.moved(before, after)
         if moved is not None:
             for name, others in self._covered.items():
-                if any(other in moved for other in others):
+                if any(other in moved for other in others) and not self._unmoved_since(
+                    name, baseline, moved
+                ):
                     moved.add(name)
         return moved
+
+    def _unmoved_since(self, name: str, baseline: Snapshot, moved: set[str]) -> bool:
+        unmoved_since = getattr(self._by_name[name], "unmoved_since", None)
+        if unmoved_since is None or name not in baseline:
+            return False
+        return bool(unmoved_since(baseline[name], moved))
 
     def _fixture_roots(self) -> dict[int, tuple[Any, str, object]]:
         """``id`` of each live wider-scope fixture's value (and suspended generator) -> owner."""

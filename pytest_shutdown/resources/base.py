@@ -12,10 +12,15 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   (:mod:`pytest_shutdown.moments`) the kinds share their readings.
   A kind whose fingerprint is made of other kinds' readings names them in
   ``fingerprinted_by`` (the ports kind: the fd fingerprint and the descendants): while those kinds
-  are on, the guard compares theirs and does not read it twice. A kind whose fingerprint is
-  one shared reading names it in ``mark``: the guard takes every such reading in one pass
-  (:mod:`pytest_shutdown.resources.marks`) instead of asking each kind; one whose fingerprint
-  shares no reading with another kind says ``reads_alone = True`` and is asked outside a moment.
+  are on, the guard compares theirs and does not read it twice. Such a kind may define
+  ``unmoved_since(before, moved)``: whether its own fingerprint cannot have moved since the
+  snapshot ``before`` although the kinds named in ``moved`` did (the processes kind's reading
+  moves whenever a pid is allocated anywhere on the host; the ports kind asks whether the
+  descendants themselves are ``before``'s); without it, the kind counts as moved with them.
+  A kind whose fingerprint is one shared reading names it in ``mark``: the guard takes every
+  such reading in one pass (:mod:`pytest_shutdown.resources.marks`) instead of asking each
+  kind; one whose fingerprint shares no reading with another kind says ``reads_alone = True``
+  and is asked outside a moment.
 * ``snapshot()``: what exists now; cheap, taken before a test whose fingerprints moved and around
   every wider-scope fixture's set-up. Compare counts or identities first, list only when
   something changed.

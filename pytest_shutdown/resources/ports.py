@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any
 
 from pytest_shutdown.checks.leaks import descendant_pids, multiprocessing_helper_pids
@@ -196,6 +197,14 @@ class PortKind:
 
     def snapshot(self) -> PortSnapshot:
         return take_port_snapshot()
+
+    def unmoved_since(self, before: PortSnapshot, moved: AbstractSet[str]) -> bool:
+        """Whether :meth:`fingerprint` cannot have moved since ``before`` although the kinds
+        in ``moved`` did: the fd fingerprint did not move and the descendants are ``before``'s.
+        The processes kind's reading is ``ns_last_pid``, which any pid allocated on the host
+        moves (a busy host: most tests); a listing of every descendant's descriptors is then
+        paid only when a descendant came or went."""
+        return "fds" not in moved and descendant_pids() == before.pids
 
     def new_since(self, before: PortSnapshot, allow: object = None) -> list[PortItem]:
         if allow is True:

@@ -387,3 +387,88 @@ def test_a_thread_per_test_beside_a_server_is_clean_and_a_new_process_still_foun
     out = result.stdout.str()
     assert "ERROR at teardown of test_thread" not in out
     assert "1 of 14 tests with findings" in out
+
+
+A_CHILD_PER_TEST_BESIDE_A_SERVER = textwrap.dedent(
+    """
+    import subprocess, sys
+
+    import pytest
+
+    CHILD = "import sys\\nsys.stdin.read()"
+    BINDS = (
+        "import socket, sys\\n"
+        "s = socket.create_server(('127.0.0.1', 0))\\n"
+        "sys.stdout.write('bound\\\\n'); sys.stdout.flush(); sys.stdin.read()"
+    )
+
+    @pytest.fixture(scope="session")
+    def server():
+        proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE)
+        yield proc
+        proc.stdin.close()
+        proc.wait(timeout=30)
+
+    @pytest.mark.parametrize("n", range(12))
+    def test_a_child_started_and_reaped(server, n):
+        subprocess.run(["true"], check=True)  # a pid taken and given back: the descendants stay
+
+    def test_a_child_left_holding_a_port(server):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", BINDS], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+        )
+        assert proc.stdout.readline() == b"bound\\n"
+    """
+)
+
+COUNT_PORT_LISTINGS = textwrap.dedent(
+    """
+    import sys
+
+    import pytest
+
+    from pytest_shutdown.resources import ports
+
+    LISTINGS = []
+    CURRENT = [""]
+    _new_ports = ports.new_ports
+
+    def counting(before):
+        LISTINGS.append(CURRENT[0])
+        return _new_ports(before)
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(item, nextitem):
+        CURRENT[0] = item.name  # the guard's set-up and check run inside
+        try:
+            return (yield)
+        finally:
+            CURRENT[0] = ""
+
+    ports.new_ports = counting
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(config):
+        # the first test's are the server fixture's (what it started, then absorbed)
+        later = [t for t in LISTINGS if "reaped" in t and not t.endswith("[0]")]
+        sys.stdout.write(f"\\nport listings: {len(later)} in the later reaping tests\\n")
+    """
+)
+
+
+def test_a_pid_taken_and_given_back_lists_no_ports_and_a_childs_port_is_still_found(
+    pytester: pytest.Pytester,
+) -> None:
+    """A pid allocated during a test (a child started and reaped; on a busy host, any process's)
+    moves the processes kind's reading, which the ports kind is fingerprinted by: while the
+    descendants are the baseline's and the fd fingerprint did not move, no test lists every
+    descendant's descriptors. A child left running with a bound port is still found, on its
+    test, as a process and as a port."""
+    pytester.makeconftest(COUNT_PORT_LISTINGS)
+    pytester.makepyfile(test_children=A_CHILD_PER_TEST_BESIDE_A_SERVER)
+    result = pytester.runpytest_subprocess("-p", "shutdown", GRACE, "-p", "no:randomly", "-v")
+    result.assert_outcomes(passed=13, errors=1)
+    result.stdout.fnmatch_lines(["*test_a_child_left_holding_a_port*port-leak*"])
+    out = result.stdout.str()
+    assert "ERROR at teardown of test_a_child_started_and_reaped" not in out
+    assert "port listings: 0 in the later reaping tests" in out

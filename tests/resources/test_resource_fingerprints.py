@@ -289,6 +289,36 @@ def test_the_ports_fingerprint_is_the_fds_and_processes_fingerprints() -> None:
         assert ports.fingerprint() == (_kind("fds").fingerprint(), _kind("processes").fingerprint())
 
 
+@linux_only
+def test_the_ports_kind_is_unmoved_by_a_pid_taken_and_given_back_and_moved_by_a_new_child() -> None:
+    """The processes kind's reading (``ns_last_pid``) moves with every pid allocated anywhere;
+    the ports kind, fingerprinted by it, asks whether the descendants are still the baseline's:
+    a child started and reaped leaves them so, a child still running does not, and a moved fd
+    fingerprint always counts as moved."""
+    ports = _kind("ports")
+    unmoved = ports.unmoved_since  # type: ignore[attr-defined]
+    for _ in range(5):  # an earlier test's child (xdist) may end meanwhile: that moves them too
+        with one_moment():
+            before = ports.snapshot()
+        subprocess.run(["true"], check=True)
+        if unmoved(before, {"processes"}):
+            break
+    else:
+        pytest.fail("a child started and reaped moved the ports kind five times in a row")
+    assert not unmoved(before, {"fds", "processes"})
+    with one_moment():
+        before = ports.snapshot()
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        assert not unmoved(before, {"processes"})
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=30)
+
+
 def test_a_thread_started_moves_the_threads_fingerprint(undo: list[Callable[[], object]]) -> None:
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait, args=(10,))

@@ -1005,9 +1005,7 @@ class ShutdownGuard:
 
     def _unmoved_since(self, name: str, baseline: Snapshot, moved: set[str]) -> bool:
         unmoved_since = getattr(self._by_name[name], "unmoved_since", None)
-        if unmoved_since is None or name not in baseline:
-            return False
-        return bool(unmoved_since(baseline[name], moved))
+        return unmoved_since is not None and bool(unmoved_since(baseline[name], moved))
 
     def _fixture_roots(self) -> dict[int, tuple[Any, str, object]]:
         """``id`` of each live wider-scope fixture's value (and suspended generator) -> owner."""

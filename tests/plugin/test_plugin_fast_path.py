@@ -342,7 +342,8 @@ def test_a_thread_a_hook_starts_in_a_trusted_gap_is_not_the_next_tests(
     result.stdout.fnmatch_lines(["no findings in 30 tests*"])
 
 
-SERVER_AND_A_THREAD_PER_TEST = textwrap.dedent(
+#: A session fixture's child process, alive through every test (a suite's own server).
+SESSION_SERVER = textwrap.dedent(
     """
     import subprocess, sys, threading
 
@@ -356,7 +357,11 @@ SERVER_AND_A_THREAD_PER_TEST = textwrap.dedent(
         yield proc
         proc.stdin.close()
         proc.wait(timeout=30)
+    """
+)
 
+SERVER_AND_A_THREAD_PER_TEST = SESSION_SERVER + textwrap.dedent(
+    """
     @pytest.mark.parametrize("n", range(12))
     def test_thread(server, n):
         t = threading.Thread(target=len, args=((),))
@@ -389,35 +394,33 @@ def test_a_thread_per_test_beside_a_server_is_clean_and_a_new_process_still_foun
     assert "1 of 14 tests with findings" in out
 
 
-A_CHILD_PER_TEST_BESIDE_A_SERVER = textwrap.dedent(
+A_CHILD_PER_TEST_BESIDE_A_SERVER = SESSION_SERVER + textwrap.dedent(
     """
-    import subprocess, sys
+    import os, time
 
-    import pytest
-
-    CHILD = "import sys\\nsys.stdin.read()"
+    # Bound, then says so through a file: no pipe to the test, so that only the new
+    # descendant (not a descriptor of the pytest process) moves the ports kind.
     BINDS = (
-        "import socket, sys\\n"
+        "import os, socket, sys, time\\n"
         "s = socket.create_server(('127.0.0.1', 0))\\n"
-        "sys.stdout.write('bound\\\\n'); sys.stdout.flush(); sys.stdin.read()"
+        "open(sys.argv[1], 'w').close()\\n"
+        "time.sleep(60)"
     )
-
-    @pytest.fixture(scope="session")
-    def server():
-        proc = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE)
-        yield proc
-        proc.stdin.close()
-        proc.wait(timeout=30)
 
     @pytest.mark.parametrize("n", range(12))
     def test_a_child_started_and_reaped(server, n):
         subprocess.run(["true"], check=True)  # a pid taken and given back: the descendants stay
 
     def test_a_child_left_holding_a_port(server):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", BINDS], stdin=subprocess.PIPE, stdout=subprocess.PIPE
-        )
-        assert proc.stdout.readline() == b"bound\\n"
+        bound = os.path.abspath("bound")  # (no fixture: a new wider-scope one resets the marks)
+        subprocess.Popen([sys.executable, "-c", BINDS, bound])
+        deadline = time.monotonic() + 30
+        while not os.path.exists(bound) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.path.exists(bound)
+
+    def test_last(server):  # the server's teardown (all kinds asked) comes after the leak's check
+        pass
     """
 )
 
@@ -467,8 +470,13 @@ def test_a_pid_taken_and_given_back_lists_no_ports_and_a_childs_port_is_still_fo
     pytester.makeconftest(COUNT_PORT_LISTINGS)
     pytester.makepyfile(test_children=A_CHILD_PER_TEST_BESIDE_A_SERVER)
     result = pytester.runpytest_subprocess("-p", "shutdown", GRACE, "-p", "no:randomly", "-v")
-    result.assert_outcomes(passed=13, errors=1)
-    result.stdout.fnmatch_lines(["*test_a_child_left_holding_a_port*port-leak*"])
+    result.assert_outcomes(passed=14, errors=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_a_child_left_holding_a_port*",
+            "shutdown guard: process-leak, port-leak",
+        ]
+    )
     out = result.stdout.str()
     assert "ERROR at teardown of test_a_child_started_and_reaped" not in out
     assert "port listings: 0 in the later reaping tests" in out

@@ -1,13 +1,13 @@
 """Every figure of the guard's budget (issue 26) in one run: ``run.py --only guard``.
 
 1. the fixed cost per session and the per-test slope on trivial tests, the ratios at 400 and
-   1600 tests (:mod:`guard_overhead`; 31 rounds, 61 of the 1-test sessions);
+   1600 tests (:mod:`guard_overhead`; 45 rounds, 151 of the 1-test sessions);
 2. the ratio guarded/plain per real suite, in warn and in fail mode (the median of the rounds'
    ratios, 5 rounds of pebble, 31 of the others; with the spread of plain's own times, the
    noise the ratio sits in), and
    whether any test's outcome differs between the modes (:mod:`third_party`; the side folder
    is built on first use, which needs PyPI);
-3. the ratio under host pid churn (:mod:`churn`; 31 rounds);
+3. the ratio under host pid churn (:mod:`churn`; 45 rounds);
 4. the same per-test slope and fixed cost counted, not timed: instructions (callgrind) and
    system calls (strace), turned into time with this machine's rates (:mod:`counted`; skipped
    where valgrind or strace is missing), which the load of a shared machine does not move.
@@ -36,11 +36,17 @@ PARTS = ("trivial", "third_party", "churn", "counted")
 #: Rounds of the trivial tests (the slope) and of the churn: each takes seconds, and one round's
 #: slope moves by several tenths of a millisecond on this VM (-0.32 to 0.38 ms in the fifteen
 #: rounds of one run of 2026-12-03), where the target is 0.1: 31 rounds, about 2.5 minutes.
-ROUNDS = 31
+#: The rounds' spread (standard deviation 0.33 ms on 2026-12-04) puts the median of 31 within
+#: +-0.07 ms of its true value (one standard error): 45 rounds (+-0.06), about 5 minutes. The
+#: churn's rounds (per-round ratio spread 0.10-0.16) are as many.
+ROUNDS = 45
 #: Rounds of the 1-test sessions (about a second a round): the fixed cost. A 1-test session
 #: here moves by +-15 % (0.22-0.40 s) from run to run; the median of 21 rounds' differences
-#: still moved by 20 ms between runs of one morning, where the target is 30.
-FIXED_ROUNDS = 61
+#: still moved by 20 ms between runs of one morning, where the target is 30. The rounds'
+#: differences spread by 54-80 ms (standard deviation, 2026-12-04: a pure-Python loop here
+#: runs 0.48-0.93 s from one process to the next): the median of 61 is good to +-9 ms, of 151
+#: to +-5.5 ms (about 3.5 minutes).
+FIXED_ROUNDS = 151
 #: Rounds of each real suite: the median of 3 (the issue's least) moves by more than the 5 %
 #: to resolve, as plain against plain shows (loky's worker-timeout tests: 8.1-10.3 s plain);
 #: every round's ratio is printed, so the first three can be read on their own. The suites of

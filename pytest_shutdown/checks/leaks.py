@@ -32,6 +32,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
@@ -239,7 +240,9 @@ def descendant_pids() -> frozenset[int]:
     """Return the pids of this process's descendants (recursive); cheap when nothing changed.
 
     No child at all: one ``waitid`` call. Children, but no pid allocated since the last scan
-    (``ns_last_pid`` unchanged): the last scan's answer. Otherwise, on Linux, a walk down the
+    (``ns_last_pid`` unchanged), or each one allocated since went to a thread this process
+    started or (a few, each looked up) to another process's family
+    (:func:`nothing_of_ours_since`): the last scan's answer. Otherwise, on Linux, a walk down the
     children lists from this process (``/proc/PID/task/TID/children``: the cost follows this
     process's descendants, not the host); elsewhere a process-table scan (psutil). Inside
     :func:`pytest_shutdown.moments.one_moment`, read once.
@@ -256,36 +259,88 @@ def cached_descendants(marker: bytes) -> frozenset[int] | None:
     return cached[2]
 
 
-def only_own_threads_since(then: bytes, started: int, now: bytes) -> bool:
-    """Whether every pid allocated since ``ns_last_pid`` read ``then`` (when this process had
-    started ``started`` threads, :func:`pytest_shutdown.origins.threads_started`) until it read
-    ``now`` went to a thread this process started (a test that starts and joins threads):
-    the kernel allocates pids upwards from ``ns_last_pid``, so all of them lie between the two;
-    when each number there is one of those threads' ids, no process and no other task was
-    created anywhere."""
-    tids = origins.tids_started_since(started)
-    if not tids:
-        return False
+#: Pids allocated elsewhere that a check looks up one by one (``/proc/PID/stat``: whose child
+#: it is) before walking this process's descendants afresh is the cheaper answer: on a host
+#: whose processes come and go, a test sees a few; many at once are worth a walk.
+FOREIGN_LOOKUPS = 8
+#: What :func:`_parent_of` answers for a task it could not read (``-1`` is no pid).
+_UNREADABLE = -1
+
+
+def nothing_of_ours_since(
+    then: bytes, started: int, now: bytes, descendants: AbstractSet[int] | None = None
+) -> bool:
+    """Whether no task created since ``ns_last_pid`` read ``then`` until it read ``now`` is
+    this process's or its descendants'. The kernel allocates pids upwards from
+    ``ns_last_pid``, so every task created in between has a number in ``(then, now]``; each
+    must be a thread this process started (``started``:
+    :func:`pytest_shutdown.origins.threads_started` read before ``then``), or, with
+    ``descendants`` given (this process's descendants at ``then``) and at most
+    :data:`FOREIGN_LOOKUPS` of them, a task that is gone or whose parent is neither this
+    process, nor one of ``descendants``, nor this process's own parent (the parent that a
+    thread of this process names). A host whose processes come and go then costs a lookup per
+    pid it allocated, not a walk of the descendants and a listing of the tasks.
+
+    A task of another process that a descendant of ours created and then left (orphaned)
+    names its new parent: this process where it is a subreaper (containment), else a process
+    that no walk down from this process would have reached either."""
     try:
         start, end = int(then), int(now)
     except ValueError:
         return False
-    if not 0 < end - start <= len(tids):
-        return False  # more allocated than this process's threads, or the pids wrapped
-    return set(range(start + 1, end + 1)) <= set(tids)
+    tids = origins.tids_started_since(started)
+    if tids is None:
+        return False
+    lookups = FOREIGN_LOOKUPS if descendants is not None else 0
+    if not 0 < end - start <= len(tids) + lookups:
+        return False  # more allocated than that, or the pids wrapped around
+    own = set(tids)
+    others = [pid for pid in range(start + 1, end + 1) if pid not in own]
+    if not others:
+        return True
+    if len(others) > lookups or descendants is None:
+        return False
+    ours = {this_pid(), os.getppid(), _UNREADABLE}
+    for pid in others:
+        parent = _parent_of(pid)  # None: gone, whatever it was
+        if parent is not None and (parent in ours or parent in descendants):
+            return False
+    return True
 
 
-def descendants_if_only_own_threads(marker: bytes, started: int) -> frozenset[int] | None:
+def _parent_of(pid: int) -> int | None:
+    """The parent of task ``pid`` (``/proc/PID/stat``, field 4: for a thread, its process's
+    parent); None when it is gone, :data:`_UNREADABLE` when it cannot be read."""
+    try:
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return _UNREADABLE
+    try:
+        data = os.read(fd, 1024)
+    except OSError:
+        return _UNREADABLE  # (ended between the open and the read: looked at as unknown)
+    finally:
+        os.close(fd)
+    try:
+        return int(data[data.rindex(b")") + 2 :].split(None, 2)[1])
+    except (ValueError, IndexError):
+        return _UNREADABLE
+
+
+def descendants_if_nothing_of_ours(marker: bytes, started: int) -> frozenset[int] | None:
     """The last scan's descendants, kept as the answer at ``ns_last_pid`` == ``marker`` when
-    every pid allocated since that scan went to a thread this process started (no process was
-    created anywhere); ``started`` is :func:`pytest_shutdown.origins.threads_started` read
-    before ``marker``. None when that is not so: a walk is needed."""
+    no task created since that scan is this process's or a descendant's
+    (:func:`nothing_of_ours_since`); ``started`` is
+    :func:`pytest_shutdown.origins.threads_started` read before ``marker``. None when that is
+    not so: a walk is needed."""
     global _scan_cache
     cached = _scan_cache
     pid = this_pid()
     if cached is None or cached[0] != pid:
         return None
-    if not only_own_threads_since(cached[1], cached[3], marker):
+    if not nothing_of_ours_since(cached[1], cached[3], marker, cached[2]):
         return None
     _scan_cache = (pid, marker, cached[2], started)
     return cached[2]
@@ -296,7 +351,7 @@ def _read_descendant_pids() -> frozenset[int]:
     pid = this_pid()
     started = origins.threads_started()  # before the marker: a thread started now is not ours
     marker = last_pid()  # read before scanning: a process created during the scan moves it
-    kept = descendants_if_only_own_threads(marker, started) if marker is not None else None
+    kept = descendants_if_nothing_of_ours(marker, started) if marker is not None else None
     if kept is not None:
         return kept
     cached = _scan_cache

@@ -14,7 +14,8 @@ once, with the system call inline, and asks only the other kinds for theirs:
 ``"last_pid"``      ``ns_last_pid``: no process or thread is created anywhere without
                     moving it (the native threads; the descendants, which are rescanned
                     only when it moved), with the count of threads this process started:
-                    when every pid allocated between two readings went to those threads,
+                    when every pid allocated between two readings went to those threads
+                    or (a few, each looked up) to tasks of processes that are not ours,
                     :meth:`FingerprintPass.moved` names none of these kinds
 ``"childless"``     while the last scan at this ``ns_last_pid`` is current: the empty set
                     when it found no descendant (no process to die), else those descendants
@@ -47,8 +48,8 @@ from pytest_shutdown import atexit_calls
 from pytest_shutdown.checks.leaks import (
     cached_descendants,
     descendant_pids,
-    descendants_if_only_own_threads,
-    only_own_threads_since,
+    descendants_if_nothing_of_ours,
+    nothing_of_ours_since,
 )
 from pytest_shutdown.held_open import held_open
 from pytest_shutdown.moments import one_moment
@@ -176,12 +177,15 @@ class FingerprintPass:
         at = self._marker_at
         if at is not None and (before[at] is None or after[at] is None):
             return None  # ns_last_pid unreadable: the kinds behind it were asked instead
-        # Every task created since went to a thread this process started: nothing the kinds
-        # read through ns_last_pid look for (no process, no native thread) was created.
+        # No task created since is this process's or a descendant's (each went to a thread
+        # this process started, or to another process's family): nothing the kinds read
+        # through ns_last_pid look for (no process, no native thread) was created.
         threads_only = (
             at is not None
             and before[at] != after[at]
-            and only_own_threads_since(before[at], before[at + 1], after[at])
+            and nothing_of_ours_since(
+                before[at], before[at + 1], after[at], cached_descendants(after[at])
+            )
         )
         moved: set[str] = set()
         for position, (names, old, new) in enumerate(zip(owners, before, after, strict=True)):
@@ -217,7 +221,7 @@ class FingerprintPass:
             elif self._childless:
                 known = cached_descendants(marker)
                 if known is None:  # no scan at this marker: the last kept, or one made now
-                    known = descendants_if_only_own_threads(marker, started)
+                    known = descendants_if_nothing_of_ours(marker, started)
                 if known is None:
                     descendant_pids()
                     known = cached_descendants(marker)

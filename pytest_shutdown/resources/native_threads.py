@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown import origins
-from pytest_shutdown.checks.leaks import last_pid, only_own_threads_since, own_tasks
+from pytest_shutdown.checks.leaks import last_pid, nothing_of_ours_since, own_tasks
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.forks import this_pid
 from pytest_shutdown.origins import python_thread_tid
@@ -98,6 +98,13 @@ def _openmp_loaded() -> bool:
     return loaded
 
 
+def _no_own_task_since(then: bytes, started: int, now: bytes) -> bool:
+    """No task created since ``then`` is this process's but a thread it started: a task of
+    another process (whose parent is neither this process nor its parent) counts for none.
+    The descendants' tasks are no native threads of this process: none is asked about."""
+    return nothing_of_ours_since(then, started, now, frozenset())
+
+
 class NativeThreadKind(ObjectKind):
     """Tasks of this process (tids) that ``threading`` does not know."""
 
@@ -122,14 +129,14 @@ class NativeThreadKind(ObjectKind):
     def _tids(self) -> frozenset[int]:
         return frozenset(int(t) for t in own_tasks())
 
-    def _only_own_threads_since_listing(self, marker: bytes) -> bool:
-        """The tasks created since the last listing are all threads this process started
-        (which are never native threads): that listing still serves."""
+    def _no_own_task_since_listing(self, marker: bytes) -> bool:
+        """No task created since the last listing is a native thread of this process (each is
+        a thread it started, or another process's): that listing still serves."""
         listed_at = self._listed_marker
         if listed_at is None:
             return False
         started = self._started_at.get(listed_at)
-        return started is not None and only_own_threads_since(listed_at, started, marker)
+        return started is not None and _no_own_task_since(listed_at, started, marker)
 
     def fingerprint(self) -> bytes | frozenset[int] | None:
         if not self.enabled:
@@ -143,7 +150,7 @@ class NativeThreadKind(ObjectKind):
         started = origins.threads_started()  # before the marker: a thread started now is new
         marker = last_pid()  # read before listing: a task created meanwhile moves it
         if marker is None or this_pid() != self._pid or (
-            marker != self._listed_marker and not self._only_own_threads_since_listing(marker)
+            marker != self._listed_marker and not self._no_own_task_since_listing(marker)
         ):
             self._listed = self._tids()
             self._pid = this_pid()
@@ -168,8 +175,8 @@ class NativeThreadKind(ObjectKind):
             return ()  # no task created anywhere since: the common case, no listing
         started = self._started_at.get(before[0]) if before[0] is not None else None
         if marker is not None and started is not None and this_pid() == self._pid:
-            if only_own_threads_since(before[0], started, marker):
-                return ()  # every task created since is a thread this process started
+            if _no_own_task_since(before[0], started, marker):
+                return ()  # each task created since is a thread it started, or another's
         now = self._tids()
         self._listed, self._listed_marker, self._pid = now, marker, this_pid()
         fresh = now - before[1]

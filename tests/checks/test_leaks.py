@@ -421,9 +421,14 @@ def test_process_table_is_rescanned_only_when_a_pid_was_allocated(
     for _ in range(20):
         assert leaks.descendant_pids() == first
     assert len(scans) == 1  # nothing allocated: the last answer stands
+    parents = {101: 7, 102: os.getpid()}
+    monkeypatch.setattr(leaks, "_parent_of", parents.get)
     last_pid[0] = b"101\n"
     leaks.descendant_pids()
-    assert len(scans) == 2
+    assert len(scans) == 1  # another process's child: looked up, nothing of ours
+    last_pid[0] = b"102\n"
+    leaks.descendant_pids()
+    assert len(scans) == 2  # a child of this process: walked
     monkeypatch.setattr(leaks, "_last_pid", lambda: None)  # no procfs: always scan
     leaks.descendant_pids()
     leaks.descendant_pids()
@@ -496,8 +501,9 @@ def test_pids_that_went_to_this_process_threads_need_no_walk_and_a_process_still
     procs: list[subprocess.Popen[bytes]], walks: list[int]
 ) -> None:
     """A test that starts and joins threads moves ns_last_pid by their ids alone: the last
-    walk stands. Any other pid allocated since (a process, a thread of another process) is
-    walked for; so is a thread started while nothing records the starts."""
+    walk stands. A process of ours started since is walked for; so is a thread still running
+    that was started while nothing records the starts (it names this process's parent), not
+    one already joined (gone: no descendant of anyone)."""
     import pytest_shutdown.checks.leaks as leaks
     from pytest_shutdown import origins
 
@@ -521,10 +527,23 @@ def test_pids_that_went_to_this_process_threads_need_no_walk_and_a_process_still
         assert procs[1].pid in leaks.descendant_pids()  # walked: a pid not of a thread of ours
     finally:
         origins.uninstall()
-    scans.clear()
-    a_thread()  # not recorded: the walk cannot be skipped
-    leaks.descendant_pids()
-    assert len(scans) == 1
+    for _ in range(20):  # (another xdist worker's threads name the same parent: retry)
+        scans.clear()
+        a_thread()  # not recorded, and gone: its pid is looked up, not walked for
+        leaks.descendant_pids()
+        if not scans:
+            break
+    else:
+        raise AssertionError("every run of an unrecorded, joined thread walked again")
+    release = threading.Event()
+    running = threading.Thread(target=release.wait, args=(30,))  # not recorded, running
+    running.start()
+    try:
+        leaks.descendant_pids()
+        assert len(scans) == 1
+    finally:
+        release.set()
+        running.join(30)
 
 
 @pytest.mark.parametrize(
@@ -545,4 +564,84 @@ def test_only_pids_of_this_process_threads_since_the_scan(
     from pytest_shutdown import origins
 
     monkeypatch.setattr(origins, "tids_started_since", lambda count: since)
-    assert leaks.only_own_threads_since(b"100\n", 0, marker) is own
+    assert leaks.nothing_of_ours_since(b"100\n", 0, marker) is own
+
+
+@pytest.mark.parametrize(
+    ("parents", "ours"),
+    [
+        ({102: 7, 103: 7}, False),  # another process's children: nothing of ours
+        ({102: 7, 103: None}, False),  # one of them already gone
+        ({102: "this process", 103: 7}, True),  # a child of this process
+        ({102: 7, 103: "its parent"}, True),  # a thread of this process names that one
+        ({102: 500, 103: 7}, True),  # a descendant's child
+        ({102: 7, 103: -1}, True),  # unreadable: not known to be another's
+    ],
+)
+def test_pids_of_other_processes_since_the_scan_are_looked_up_one_by_one(
+    monkeypatch: pytest.MonkeyPatch, parents: dict[int, object], ours: bool
+) -> None:
+    """Thread 101 is this process's; 102 and 103 are looked up: the answer is "nothing of
+    ours" only when each is gone or has a parent that is none of ours (descendants: 500)."""
+    import pytest_shutdown.checks.leaks as leaks
+    from pytest_shutdown import origins
+
+    named = {"this process": os.getpid(), "its parent": os.getppid()}
+    looked_up: list[int] = []
+
+    def parent_of(pid: int) -> int | None:
+        looked_up.append(pid)
+        parent = parents[pid]
+        return named[parent] if isinstance(parent, str) else parent  # type: ignore[return-value]
+
+    monkeypatch.setattr(origins, "tids_started_since", lambda count: [101])
+    monkeypatch.setattr(leaks, "_parent_of", parent_of)
+    assert leaks.nothing_of_ours_since(b"100\n", 0, b"103\n", frozenset({500})) is not ours
+    assert set(looked_up) <= {102, 103} and 101 not in looked_up
+    looked_up.clear()
+    # without the descendants there is no lookup: a walk answers
+    assert leaks.nothing_of_ours_since(b"100\n", 0, b"103\n") is False
+    assert looked_up == []
+
+
+def test_more_pids_of_other_processes_than_the_lookups_ask_for_a_walk(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import pytest_shutdown.checks.leaks as leaks
+    from pytest_shutdown import origins
+
+    looked_up: list[int] = []
+    monkeypatch.setattr(origins, "tids_started_since", lambda count: [])
+    monkeypatch.setattr(leaks, "_parent_of", lambda pid: looked_up.append(pid) or 7)
+    most = f"{100 + leaks.FOREIGN_LOOKUPS}\n".encode()
+    assert leaks.nothing_of_ours_since(b"100\n", 0, most, frozenset()) is True
+    assert len(looked_up) == leaks.FOREIGN_LOOKUPS
+    looked_up.clear()
+    more = f"{101 + leaks.FOREIGN_LOOKUPS}\n".encode()
+    assert leaks.nothing_of_ours_since(b"100\n", 0, more, frozenset()) is False
+    assert looked_up == []
+
+
+def test_the_parent_of_a_task_is_read_from_proc() -> None:
+    """Real tasks: a child names this process, a thread of this process names its parent, a
+    reaped child is gone."""
+    import pytest_shutdown.checks.leaks as leaks
+
+    if not os.path.exists("/proc/self/stat"):
+        pytest.skip("no /proc here: the walk answers every time")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    try:
+        assert leaks._parent_of(child.pid) == os.getpid()
+    finally:
+        child.stdin.close()  # type: ignore[union-attr]
+        child.wait(timeout=30)
+    assert leaks._parent_of(child.pid) is None
+    seen: list[int | None] = []
+    thread = threading.Thread(
+        target=lambda: seen.append(leaks._parent_of(threading.get_native_id()))
+    )
+    thread.start()
+    thread.join(timeout=30)
+    assert seen == [os.getppid()]

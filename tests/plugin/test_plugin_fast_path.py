@@ -5,7 +5,12 @@ clean tests (each starting from the reused baseline) is still found, on the righ
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import textwrap
+import time
+from pathlib import Path
 
 import pytest
 
@@ -480,3 +485,162 @@ def test_a_pid_taken_and_given_back_lists_no_ports_and_a_childs_port_is_still_fo
     out = result.stdout.str()
     assert "ERROR at teardown of test_a_child_started_and_reaped" not in out
     assert "port listings: 0 in the later reaping tests" in out
+
+
+#: Started by the outer test, not by the guarded session: on SIGUSR1 it starts a ``sleep``
+#: (its own child, no descendant of the session), then notes its pid in the log.
+SPAWNER = textwrap.dedent(
+    """
+    import signal, subprocess, sys, time
+
+    log = sys.argv[1]
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGTERM})
+    children = []
+    open(log, "w").close()
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        got = signal.sigtimedwait({signal.SIGUSR1, signal.SIGTERM}, 1.0)
+        if got is None:
+            continue
+        if got.si_signo == signal.SIGTERM:
+            break
+        children.append(subprocess.Popen(["sleep", "5"]))
+        with open(log, "a") as f:
+            f.write(f"{children[-1].pid}\\n")
+    for child in children:
+        child.kill()
+        child.wait()
+    """
+)
+
+COUNT_WALKS_AND_LOOKUPS = textwrap.dedent(
+    """
+    import sys
+
+    import pytest
+
+    from pytest_shutdown.checks import leaks
+
+    CURRENT = [""]
+    WALKS = []
+    LOOKUPS = []
+    _walk, _parent_of = leaks._walk_descendants, leaks._parent_of
+
+    def walking(pid):
+        WALKS.append(CURRENT[0])
+        return _walk(pid)
+
+    def looking_up(pid):
+        LOOKUPS.append(CURRENT[0])
+        return _parent_of(pid)
+
+    leaks._walk_descendants, leaks._parent_of = walking, looking_up
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_protocol(item, nextitem):
+        CURRENT[0] = item.name  # the guard's set-up and check run inside
+        try:
+            return (yield)
+        finally:
+            CURRENT[0] = ""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_unconfigure(config):
+        # the first test's are the server fixture's (what it started, then absorbed)
+        later = lambda names: len(
+            [t for t in names if "process_started_elsewhere[" in t and not t.endswith("[0]")]
+        )
+        sys.stdout.write(
+            f"\\nwalks: {later(WALKS)}, lookups: {later(LOOKUPS)} in the later tests\\n"
+        )
+    """
+)
+
+ANOTHER_PROCESS_STARTS_ONE_PER_TEST = SESSION_SERVER + textwrap.dedent(
+    """
+    import _thread, os, signal, time
+
+    LOCK = _thread.allocate_lock()
+    LOCK.acquire()
+
+    def started_elsewhere():
+        log = os.environ["SPAWNER_LOG"]
+        with open(log) as f:
+            before = len(f.read().split())
+        os.kill(int(os.environ["SPAWNER_PID"]), signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while True:
+            with open(log) as f:
+                if len(f.read().split()) > before:
+                    return
+            assert time.monotonic() < deadline, "the spawner did not answer"
+            time.sleep(0.005)
+
+    @pytest.mark.parametrize("n", range(12))
+    def test_a_process_started_elsewhere(server, n):
+        started_elsewhere()
+
+    def test_leaks_a_process_beside_one_started_elsewhere(server):
+        started_elsewhere()
+        subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE)
+        started_elsewhere()
+
+    def test_leaks_a_native_thread_beside_one_started_elsewhere(server):
+        started_elsewhere()
+        _thread.start_new_thread(LOCK.acquire, ())
+        started_elsewhere()
+
+    def test_last(server):
+        LOCK.release()
+    """
+)
+
+
+def test_pids_another_process_allocates_are_looked_up_not_walked_and_a_leak_is_still_found(
+    pytester: pytest.Pytester, tmp_path: Path
+) -> None:
+    """A host whose processes come and go (here: a process that is no descendant of the
+    session starts one during each test) moves ``ns_last_pid``, which every process kind's
+    reading is: each new pid is looked up (whose child is it?) instead of walking the
+    descendants and listing the tasks again. A process and a native thread that a test
+    leaves beside such a pid are still found, on their tests."""
+    log = tmp_path / "spawned.log"
+    spawner = subprocess.Popen([sys.executable, "-c", SPAWNER, str(log)])
+    try:
+        deadline = time.monotonic() + 30
+        while not log.exists():
+            assert time.monotonic() < deadline, "the spawner did not start"
+            time.sleep(0.01)
+        pytester.makeconftest(COUNT_WALKS_AND_LOOKUPS)
+        pytester.makepyfile(test_elsewhere=ANOTHER_PROCESS_STARTS_ONE_PER_TEST)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("SPAWNER_PID", str(spawner.pid))
+            env.setenv("SPAWNER_LOG", str(log))
+            result = pytester.runpytest_subprocess(
+                "-p", "shutdown", GRACE, "-p", "no:randomly", "-v"
+            )
+    finally:
+        spawner.terminate()
+        try:
+            spawner.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            spawner.kill()
+            spawner.wait(timeout=30)
+    result.assert_outcomes(passed=15, errors=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*ERROR at teardown of test_leaks_a_process_beside_one_started_elsewhere*",
+            "shutdown guard: process-leak*",
+            "*ERROR at teardown of test_leaks_a_native_thread_beside_one_started_elsewhere*",
+            "shutdown guard: thread-leak*",
+        ]
+    )
+    out = result.stdout.str()
+    assert "ERROR at teardown of test_a_process_started_elsewhere" not in out
+    assert len(log.read_text().split()) == 12 + 2 + 2
+    walks, lookups = re.search(r"walks: (\d+), lookups: (\d+)", out).groups()  # type: ignore[union-attr]
+    # Each of the 11 later tests' pids is looked up, none walked (a walk on the old path). A
+    # burst of more than FOREIGN_LOOKUPS pids from elsewhere on a busy machine (another xdist
+    # worker's pool) would still ask for one: a little room.
+    assert int(walks) <= 2
+    assert int(lookups) >= 11

@@ -7,12 +7,15 @@ git-ignored), with a side venv holding pytest, the suites' test dependencies and
 pytest-shutdown (editable). ``--setup-only`` builds it; every run builds what is missing.
 
 Each suite runs plain (``-p no:shutdown``), guarded in warn mode and guarded in fail mode
-(``-p shutdown --shutdown-guard=warn|fail --shutdown-report=...``), the order turning each round,
-with bytecode caching on and the same interpreter flags in every mode. Per suite it prints the
-wall and CPU times, the ratios guarded/plain (median of the rounds; target <= 1.05), every test
-whose outcome differs between the modes of one round (from ``--junitxml``; the target is none),
-and the guard's findings. Every run has a deadline; a run past it is SIGKILLed with its whole
-process group and counted as ``timeout``.
+(``-p shutdown --shutdown-guard=warn|fail``), the order turning each round, with bytecode
+caching on and the same interpreter flags in every mode, each writing ``--junitxml``. Per suite
+it prints the wall and CPU times, the ratios guarded/plain (median of the rounds; target <=
+1.05), every test whose outcome differs between the modes of one round (the target is none),
+and the guard's findings. The findings come from the junit XML too (the guard adds a
+``shutdown:CODE`` property to each test it finds something on), not from the JSON report: the
+report (``--shutdown-report``) is an opt-in output that a guarded session does not write by
+default, and its record log (a line per test) would be timed as the guard's. Every run has a
+deadline; a run past it is SIGKILLed with its whole process group and counted as ``timeout``.
 
     .venv/bin/python benchmarks/third_party.py [--suites tqdm,joblib] [--rounds 3] [--json P]
     .venv/bin/python benchmarks/third_party.py --setup-only
@@ -41,6 +44,8 @@ from runs import bytecode_env, load_average, run_command
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SIDE = ROOT / ".venv-third-party"
 RATIO_LIMIT = 1.05
+#: The junit property the guard adds to a test per finding (``item.user_properties``).
+FINDING_PROPERTY = "shutdown:"
 MODES = ("plain", "warn", "fail")
 SETUP_TIMEOUT_S = 900.0
 
@@ -195,7 +200,6 @@ class Result:
     outcomes: dict[str, str]
     findings: dict[str, int] = field(default_factory=dict)
     flagged: list[tuple[str, list[str]]] = field(default_factory=list)
-    guard_s: float = 0.0
     left_behind: bool = False
 
 
@@ -203,11 +207,10 @@ def run_suite(side: Path, suite: Suite, mode: str, extra: Sequence[str]) -> Resu
     """One run of ``suite`` in ``mode`` (plain, warn, fail), its deadline enforced."""
     work = Path(tempfile.mkdtemp(prefix=f"third-party-{suite.name}-{mode}-"))
     junit = work / "junit.xml"
-    report = work / "report.json"
     if mode == "plain":
         mode_args = ["-p", "no:shutdown"]
     else:
-        mode_args = ["-p", "shutdown", f"--shutdown-guard={mode}", f"--shutdown-report={report}"]
+        mode_args = ["-p", "shutdown", f"--shutdown-guard={mode}"]
     command = [
         str(side_python(side)), "-m", "pytest", "-q", "-p", "no:cacheprovider",
         *mode_args, f"--junitxml={junit}", "-o", "junit_family=xunit2",
@@ -221,39 +224,42 @@ def run_suite(side: Path, suite: Suite, mode: str, extra: Sequence[str]) -> Resu
     summary = lines[-1].strip("= ") if lines else f"exit {done.returncode}"
     if done.timed_out:
         summary = f"timeout after {suite.timeout_s:.0f} s"
-    outcomes = junit_outcomes(junit) if junit.exists() else {}
+    outcomes, flagged = junit_outcomes(junit) if junit.exists() else ({}, [])
     if done.returncode not in (0, 1, 5) or done.timed_out:
         (work / "output.txt").write_text(done.stdout + done.stderr)
         summary += f" (exit {done.returncode}; output: {work / 'output.txt'})"
     result = Result(mode, done.wall_s, done.cpu_s, summary, outcomes, left_behind=done.left_behind)
-    if mode != "plain" and report.exists():
-        data = json.loads(report.read_text())
-        result.findings = data["summary"]["findings"]
-        result.guard_s = data.get("guard_s", 0.0)
-        result.flagged = [
-            (test["nodeid"], [f["code"] for f in test["findings"]])
-            for test in data["tests"]
-            if test["findings"]
-        ]
+    if mode != "plain":
+        result.flagged = flagged
+        result.findings = dict(Counter(code for _, codes in flagged for code in codes))
     if not (work / "output.txt").exists():  # kept only where a run failed, to read
         shutil.rmtree(work, ignore_errors=True)
     return result
 
 
-def junit_outcomes(path: Path) -> dict[str, str]:
+def junit_outcomes(path: Path) -> tuple[dict[str, str], list[tuple[str, list[str]]]]:
     """Test id -> passed / failed / error / skipped (joined with ``+`` when a test has several,
-    e.g. failed in call and errored in teardown)."""
+    e.g. failed in call and errored in teardown); and (test id, the guard's finding codes) of
+    each test with findings (its ``shutdown:CODE`` properties)."""
     outcomes: dict[str, str] = {}
+    flagged: list[tuple[str, list[str]]] = []
     try:
         tree = ET.parse(path)
     except ET.ParseError:
-        return outcomes
+        return outcomes, flagged
     for case in tree.iter("testcase"):
         key = f"{case.get('classname', '')}::{case.get('name', '')}"
         kinds = sorted({child.tag for child in case} & {"failure", "error", "skipped"})
         outcome = "+".join("failed" if k == "failure" else k for k in kinds) or "passed"
         outcomes[key] = outcome if key not in outcomes else f"{outcomes[key]}+{outcome}"
-    return outcomes
+        codes = [
+            name.removeprefix(FINDING_PROPERTY)
+            for prop in case.iter("property")
+            if (name := prop.get("name", "")).startswith(FINDING_PROPERTY)
+        ]
+        if codes:
+            flagged.append((key, codes))
+    return outcomes, flagged
 
 
 # --- a suite over its rounds ---------------------------------------------------------------------
@@ -283,7 +289,6 @@ def measure_suite(
             print(
                 f"  round {round_no + 1} {mode:<5} {result.wall_s:7.1f} s wall "
                 f"{result.cpu_s:7.1f} s CPU  {result.summary}"
-                + (f"; guard {result.guard_s:.2f} s" if mode != "plain" else "")
                 + (f"; findings {result.findings}" if result.findings else "")
                 + ("; LEFT PROCESSES BEHIND (killed)" if result.left_behind else ""),
                 flush=True,
@@ -340,7 +345,7 @@ def outcome_differences(results: dict[str, Result], round_no: int) -> list[tuple
     for no reason the guard gives: a test that errors in fail mode only, with the guard's
     findings in that run (a real leak), is listed as explained, and not returned."""
     names = sorted(set().union(*(r.outcomes for r in results.values())))
-    flagged = {junit_key(nodeid): codes for nodeid, codes in results["fail"].flagged}
+    flagged = dict(results["fail"].flagged)
     lines = []
     for name in names:
         seen = {mode: results[mode].outcomes.get(name, "missing") for mode in MODES}
@@ -353,13 +358,6 @@ def outcome_differences(results: dict[str, Result], round_no: int) -> list[tuple
             continue
         lines.append((name, line))
     return lines
-
-
-def junit_key(nodeid: str) -> str:
-    """The junit ``classname::name`` of a pytest node id (``a/b.py::C::t`` -> ``a.b.C::t``)."""
-    parts = nodeid.split("::")
-    module = parts[0].removesuffix(".py").replace("/", ".")
-    return "::".join([".".join([module, *parts[1:-1]]), parts[-1]])
 
 
 def measure(

@@ -340,7 +340,9 @@ def descendants_if_nothing_of_ours(marker: bytes, started: int) -> frozenset[int
     pid = this_pid()
     if cached is None or cached[0] != pid:
         return None
-    if not nothing_of_ours_since(cached[1], cached[3], marker, cached[2]):
+    # No descendant at the last scan: no pid is looked up, one ``waitid`` (no child now, no
+    # descendant) answers for all of them.
+    if not nothing_of_ours_since(cached[1], cached[3], marker, cached[2] or None):
         return None
     _scan_cache = (pid, marker, cached[2], started)
     return cached[2]

@@ -622,6 +622,29 @@ def test_more_pids_of_other_processes_than_the_lookups_ask_for_a_walk(
     assert looked_up == []
 
 
+def test_with_no_descendant_at_the_last_scan_one_waitid_answers_for_other_pids(
+    monkeypatch: pytest.MonkeyPatch, walks: list[int]
+) -> None:
+    """No descendant then: a pid allocated elsewhere is not looked up, one ``waitid`` (no child
+    now) says there is none; a child that appeared since is still walked for."""
+    import pytest_shutdown.checks.leaks as leaks
+
+    last_pid = [b"100\n"]
+    children = [False]
+    looked_up: list[int] = []
+    monkeypatch.setattr(leaks, "_last_pid", lambda: last_pid[0])
+    monkeypatch.setattr(leaks, "_may_have_children", lambda: children[0])
+    monkeypatch.setattr(leaks, "_parent_of", lambda pid: looked_up.append(pid) or 7)
+    assert leaks.descendant_pids() == frozenset()
+    last_pid[0] = b"101\n"
+    assert leaks.descendant_pids() == frozenset()
+    assert looked_up == [] and walks == []
+    last_pid[0] = b"102\n"
+    children[0] = True
+    leaks.descendant_pids()
+    assert looked_up == [] and walks == [1]
+
+
 def test_the_parent_of_a_task_is_read_from_proc() -> None:
     """Real tasks: a child names this process, a thread of this process names its parent, a
     reaped child is gone."""

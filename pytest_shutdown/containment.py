@@ -40,6 +40,7 @@ __all__ = [
     "first_ancestor",
     "reap_adopted",
     "started_in_test",
+    "stat_fields",
 ]
 
 #: The environment variable every program a guarded session executes inherits (its value: the
@@ -114,13 +115,23 @@ class Containment:
         return found
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, ...); None when
+    ``pid`` is gone. Raises OSError when it exists but cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read().decode(errors="replace")
-    except OSError:
+    except FileNotFoundError:
         return None
     return data[data.rfind(")") + 2 :].split()
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """:func:`stat_fields`, None also where it cannot be read."""
+    try:
+        return stat_fields(pid)
+    except OSError:
+        return None
 
 
 def is_zombie(pid: int) -> bool:

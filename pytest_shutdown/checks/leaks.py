@@ -311,21 +311,17 @@ def nothing_of_ours_since(
 def _parent_of(pid: int) -> int | None:
     """The parent of task ``pid`` (``/proc/PID/stat``, field 4: for a thread, its process's
     parent); None when it is gone, :data:`_UNREADABLE` when it cannot be read."""
+    from pytest_shutdown.containment import stat_fields  # noqa: PLC0415 - its prctl: guard only
+
     try:
-        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-    except FileNotFoundError:
-        return None
+        fields = stat_fields(pid)
     except OSError:
         return _UNREADABLE
+    if fields is None:
+        return None
     try:
-        data = os.read(fd, 1024)
-    except OSError:
-        return _UNREADABLE  # (ended between the open and the read: looked at as unknown)
-    finally:
-        os.close(fd)
-    try:
-        return int(data[data.rindex(b")") + 2 :].split(None, 2)[1])
-    except (ValueError, IndexError):
+        return int(fields[1])
+    except (IndexError, ValueError):
         return _UNREADABLE
 
 

@@ -429,21 +429,15 @@ A_CHILD_PER_TEST_BESIDE_A_SERVER = SESSION_SERVER + textwrap.dedent(
     """
 )
 
-COUNT_PORT_LISTINGS = textwrap.dedent(
+#: A conftest's note of the test now running (its set-up, call and teardown, and the guard's
+#: check inside them): ``CURRENT[0]``.
+CURRENT_TEST = textwrap.dedent(
     """
     import sys
 
     import pytest
 
-    from pytest_shutdown.resources import ports
-
-    LISTINGS = []
     CURRENT = [""]
-    _new_ports = ports.new_ports
-
-    def counting(before):
-        LISTINGS.append(CURRENT[0])
-        return _new_ports(before)
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_protocol(item, nextitem):
@@ -452,6 +446,19 @@ COUNT_PORT_LISTINGS = textwrap.dedent(
             return (yield)
         finally:
             CURRENT[0] = ""
+    """
+)
+
+COUNT_PORT_LISTINGS = CURRENT_TEST + textwrap.dedent(
+    """
+    from pytest_shutdown.resources import ports
+
+    LISTINGS = []
+    _new_ports = ports.new_ports
+
+    def counting(before):
+        LISTINGS.append(CURRENT[0])
+        return _new_ports(before)
 
     ports.new_ports = counting
 
@@ -513,15 +520,10 @@ SPAWNER = textwrap.dedent(
     """
 )
 
-COUNT_WALKS_AND_LOOKUPS = textwrap.dedent(
+COUNT_WALKS_AND_LOOKUPS = CURRENT_TEST + textwrap.dedent(
     """
-    import sys
-
-    import pytest
-
     from pytest_shutdown.checks import leaks
 
-    CURRENT = [""]
     WALKS = []
     LOOKUPS = []
     _walk, _parent_of = leaks._walk_descendants, leaks._parent_of
@@ -535,14 +537,6 @@ COUNT_WALKS_AND_LOOKUPS = textwrap.dedent(
         return _parent_of(pid)
 
     leaks._walk_descendants, leaks._parent_of = walking, looking_up
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_protocol(item, nextitem):
-        CURRENT[0] = item.name  # the guard's set-up and check run inside
-        try:
-            return (yield)
-        finally:
-            CURRENT[0] = ""
 
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(config):

@@ -17,13 +17,12 @@ record and then raise) are not recorded twice.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Generator
 from typing import Any
 
 import pytest
 
-from pytest_shutdown.finding_text import finding_lines
-from pytest_shutdown.findings import ShutdownContractError
 from pytest_shutdown.settings import shows_details
 
 #: The report section with every fact of a failure's findings (``-vv``, ``--shutdown-details``).
@@ -38,8 +37,13 @@ def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: 
     """A phase's report, once made: the codes and findings of its ShutdownContractError (if it
     raised one) go on the report, the test's user properties and the shutdown report."""
     error = call.excinfo.value if call.excinfo is not None else None
-    if not isinstance(error, ShutdownContractError):
+    # No such error exists before its module is imported: a session whose tests never import
+    # it (most, with the guard off) loads neither it nor the findings' texts.
+    findings = sys.modules.get("pytest_shutdown.findings")
+    if findings is None or not isinstance(error, findings.ShutdownContractError):
         return
+    from pytest_shutdown.finding_text import finding_lines  # noqa: PLC0415
+
     setattr(report, CODES_ATTR, ", ".join(dict.fromkeys(error.codes)))
     show_codes_on_status_line(item.config)
     if shows_details(item.config):

@@ -23,14 +23,11 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown.node_markers import marker_names
+from pytest_shutdown.node_markers import CYCLES, CYCLES_HELP, marker_names
 
-MARKER = "shutdown_cycles"
-MARKER_HELP = (
-    "shutdown_cycles(n, warmup=2): run this test's call phase warmup + n times in one process "
-    "(fixtures set up once) and fail it with 'growth' when objects, threads, fds or memory grow "
-    "from call to call."
-)
+MARKER = CYCLES
+MARKER_HELP = CYCLES_HELP
+
 #: Warm-up calls of the marker when it does not say.
 DEFAULT_WARMUP = 2
 

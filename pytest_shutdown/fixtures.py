@@ -21,8 +21,6 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_shutdown.cycles import check_engine_cycles
-from pytest_shutdown.findings import Finding, ShutdownContractError, raise_if_any
 from pytest_shutdown.node_markers import ORPHAN_MATRIX as ORPHAN_MATRIX_MARKER
 from pytest_shutdown.node_markers import SHUTDOWN_MATRIX as MATRIX_MARKER
 from pytest_shutdown.node_markers import marker_names
@@ -39,6 +37,7 @@ if TYPE_CHECKING:
     from pytest_shutdown.engine.processes import EngineProcManager, ShutdownOutcome
     from pytest_shutdown.engine.renderer import ReferenceRenderer
     from pytest_shutdown.engine.supervisor import DPSupervisor
+    from pytest_shutdown.findings import Finding
     from pytest_shutdown.matrix import ShutdownTimeouts
     from pytest_shutdown.orphan_matrix import KillTree, OrphanCell
     from pytest_shutdown.ray_cluster import RayCluster
@@ -280,6 +279,21 @@ def _require_torch(fixture: str) -> None:
         )
 
 
+def _check_engine_cycles(
+    request: pytest.FixtureRequest,
+    fixture: str,
+    build: Callable[[], Any],
+    use: Callable[[Any], object] | None = None,
+    shutdown: Callable[[Any], object] | None = None,
+) -> None:
+    """:func:`pytest_shutdown.cycles.check_engine_cycles`, imported when an engine fixture runs
+    rather than by every session that loads the plugin."""
+    __tracebackhide__ = True
+    from pytest_shutdown.cycles import check_engine_cycles  # noqa: PLC0415
+
+    check_engine_cycles(request, fixture, build, use, shutdown)
+
+
 @pytest.fixture
 def reference_renderer(
     request: pytest.FixtureRequest, engine_config: EngineConfig
@@ -289,7 +303,7 @@ def reference_renderer(
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.engine.renderer import ReferenceRenderer
 
-    check_engine_cycles(
+    _check_engine_cycles(
         request,
         "reference_renderer",
         lambda: ReferenceRenderer(engine_config),
@@ -314,7 +328,7 @@ def engine_core(
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.engine.core import EngineCore
 
-    check_engine_cycles(
+    _check_engine_cycles(
         request,
         "engine_core",
         lambda: EngineCore(engine_config),
@@ -325,6 +339,8 @@ def engine_core(
     yield core
     findings = _collect(lambda: assert_idempotent_shutdown(core))
     if gc.get_freeze_count() != freeze_count:
+        from pytest_shutdown.findings import Finding  # noqa: PLC0415
+
         findings.append(
             Finding(
                 "gc-frozen-leak",
@@ -352,7 +368,7 @@ def engine_manager(
     _require_torch("engine_manager")
     from pytest_shutdown.engine.processes import EngineProcManager
 
-    check_engine_cycles(request, "engine_manager", lambda: EngineProcManager(engine_config))
+    _check_engine_cycles(request, "engine_manager", lambda: EngineProcManager(engine_config))
     manager = EngineProcManager(engine_config)
     pids = _tree_pids(p.pid for p in manager.processes)
     yield manager
@@ -373,7 +389,7 @@ def reference_llm(
     _require_torch("reference_llm")
     from pytest_shutdown.engine.llm import ReferenceLLM
 
-    check_engine_cycles(
+    _check_engine_cycles(
         request,
         "reference_llm",
         lambda: ReferenceLLM(engine_config),
@@ -391,6 +407,8 @@ def reference_llm(
 
     findings = _check_process_shutdown(request, llm, engine_config, expect_force_kill, shutdown)
     if not llm.renderer.is_shut_down:
+        from pytest_shutdown.findings import Finding  # noqa: PLC0415
+
         findings.append(
             Finding(
                 "cleanup-missing",
@@ -417,7 +435,7 @@ def dp_supervisor(
     _require_torch("dp_supervisor")
     from pytest_shutdown.engine.supervisor import DPSupervisor
 
-    check_engine_cycles(
+    _check_engine_cycles(
         request,
         "dp_supervisor",
         lambda: DPSupervisor(engine_config, num_children=SUPERVISOR_CHILDREN),
@@ -477,6 +495,7 @@ class ShutdownCheck:
 
         import pytest_shutdown
         from pytest_shutdown.checks.leaks import assert_device_memory_released
+        from pytest_shutdown.findings import ShutdownContractError
 
         helper: Callable[..., Any] = (
             assert_device_memory_released
@@ -504,6 +523,7 @@ class ShutdownCheck:
         import functools
 
         from pytest_shutdown.checks.hidden import contextmanager
+        from pytest_shutdown.findings import ShutdownContractError
 
         @functools.wraps(helper)
         @contextmanager
@@ -540,6 +560,8 @@ def _record(request: pytest.FixtureRequest, findings: list[Finding]) -> None:
 
 def _fail_teardown(request: pytest.FixtureRequest, findings: list[Finding]) -> None:
     __tracebackhide__ = True
+    from pytest_shutdown.findings import raise_if_any  # noqa: PLC0415
+
     _record(request, findings)
     raise_if_any(findings)
 
@@ -551,6 +573,8 @@ def _check_process_shutdown(
     expect_force_kill: ForceKillExpectation,
     shutdown: Callable[[float | None], ShutdownOutcome | None],
 ) -> list[Finding]:
+    from pytest_shutdown.findings import Finding  # noqa: PLC0415
+
     cell = current_cell(request)
     timeout = cell.process_timeout if cell is not None else None
     outcomes: list[ShutdownOutcome | None] = []
@@ -604,6 +628,7 @@ def _check_idempotent(
     import traceback
 
     from pytest_shutdown.budget import ShutdownBudgetExceeded
+    from pytest_shutdown.findings import Finding
 
     findings: list[Finding] = []
     for number in (1, 2):
@@ -659,6 +684,8 @@ def _tree_pids(roots: Iterable[int | None]) -> set[int]:
 def _processes_still_running(owner: object, pids: set[int]) -> list[Finding]:
     import psutil
 
+    from pytest_shutdown.findings import Finding
+
     deadline = time.monotonic() + PROCESS_EXIT_DEADLINE_S
     alive: list[psutil.Process] = []
     for pid in sorted(pids):
@@ -691,6 +718,8 @@ def _processes_still_running(owner: object, pids: set[int]) -> list[Finding]:
 
 
 def _collect(check: Callable[[], object]) -> list[Finding]:
+    from pytest_shutdown.findings import ShutdownContractError  # noqa: PLC0415
+
     try:
         check()
     except ShutdownContractError as exc:
@@ -706,6 +735,8 @@ def _threads_still_running(owner: object, executors: tuple[Any, ...]) -> list[Fi
     alive = [t.name for t in threads if t.is_alive()]
     if not alive:
         return []
+    from pytest_shutdown.findings import Finding  # noqa: PLC0415
+
     return [
         Finding(
             "thread-leak",

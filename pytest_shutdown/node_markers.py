@@ -8,7 +8,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-__all__ = ["ORPHAN_MATRIX", "SHUTDOWN_MATRIX", "marker_names", "scanned_names_are_hooks"]
+__all__ = [
+    "CYCLES",
+    "CYCLES_HELP",
+    "ORPHAN_MATRIX",
+    "SHUTDOWN_MATRIX",
+    "marker_names",
+    "scanned_names_are_hooks",
+]
 
 _Plugin = TypeVar("_Plugin", bound=type)
 
@@ -17,6 +24,14 @@ _Plugin = TypeVar("_Plugin", bound=type)
 #: them without importing either.
 SHUTDOWN_MATRIX = "shutdown_matrix"
 ORPHAN_MATRIX = "orphan_matrix"
+#: The growth marker (:mod:`pytest_shutdown.cycles`): named here so that loading the plugin and
+#: validating markers import that module only for a session whose tests use it.
+CYCLES = "shutdown_cycles"
+CYCLES_HELP = (
+    "shutdown_cycles(n, warmup=2): run this test's call phase warmup + n times in one process "
+    "(fixtures set up once) and fail it with 'growth' when objects, threads, fds or memory grow "
+    "from call to call."
+)
 
 _MARKER_NAMES_KEY = pytest.StashKey[frozenset[str]]()
 #: One frozenset per distinct set of names: a session's tests share a handful of them, and each
@@ -53,3 +68,4 @@ def scanned_names_are_hooks(cls: _Plugin) -> _Plugin:
 
     cls.__dir__ = __dir__  # type: ignore[assignment,method-assign]
     return cls
+

@@ -20,9 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_shutdown.cycles import cycles_of
 from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
-from pytest_shutdown.node_markers import marker_names
+from pytest_shutdown.node_markers import CYCLES, marker_names
 from pytest_shutdown.resources import allow_keys, kind_names
 
 #: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
@@ -537,7 +536,10 @@ def validate_markers(item: pytest.Item) -> None:
     allow_leaks_of(item)
     budget_of(item, DEFAULT_BUDGET_S)
     expect_force_kill_of(item)
-    cycles_of(item)
+    if CYCLES in marker_names(item):
+        from pytest_shutdown.cycles import cycles_of  # noqa: PLC0415 - only where it is used
+
+        cycles_of(item)
 
 
 def budget_of(item: pytest.Item, default: float) -> float:

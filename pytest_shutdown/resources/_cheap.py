@@ -8,6 +8,9 @@
 
 Each is an ``fstat`` of a folder held open by :mod:`pytest_shutdown.held_open`; inside
 :func:`pytest_shutdown.moments.one_moment` each is read once.
+
+:func:`socket_inode` is here too: the fd and ports kinds tell sockets from other descriptors by
+their links on every listing, and read the socket tables (:mod:`.sockets`) only when one is there.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "settle_left",
     "settle_listed",
     "shm_state",
+    "socket_inode",
 ]
 
 T = TypeVar("T")
@@ -150,3 +154,13 @@ def settle_left(
         delay = min(delay * 2, 0.05)
         left = still_there(left)
     return left
+
+
+def socket_inode(link: str) -> int | None:
+    """``socket:[123]`` (a ``/proc/PID/fd`` link) → 123; None for anything else."""
+    if link.startswith("socket:[") and link.endswith("]"):
+        try:
+            return int(link[8:-1])
+        except ValueError:
+            return None
+    return None

@@ -31,13 +31,16 @@ import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.moments import reading
 from pytest_shutdown.resources import _cheap
-from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, socket_inode
+from pytest_shutdown.resources._cheap import socket_inode
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.resources.sockets import SocketInfo
 
 __all__ = [
     "FdItem",
@@ -321,7 +324,11 @@ def describe_fd(
 
 def _socket_table(items: Iterable[FdItem]) -> Mapping[int, SocketInfo]:
     inodes = [i for i in (socket_inode(item.target) for item in items) if i is not None]
-    return read_socket_table(inodes) if inodes else {}
+    if not inodes:
+        return {}
+    from pytest_shutdown.resources.sockets import read_socket_table  # noqa: PLC0415 - a socket
+
+    return read_socket_table(inodes)
 
 
 def listening(items: Iterable[FdItem]) -> set[int]:

@@ -15,12 +15,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown.checks.leaks import descendant_pids, multiprocessing_helper_pids
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.resources import _cheap
+from pytest_shutdown.resources._cheap import socket_inode
 from pytest_shutdown.resources.fds import (
     FdFingerprint,
     FdKind,
@@ -29,7 +30,9 @@ from pytest_shutdown.resources.fds import (
     new_fds,
     take_fd_snapshot,
 )
-from pytest_shutdown.resources.sockets import SocketInfo, read_socket_table, socket_inode
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.resources.sockets import SocketInfo
 
 __all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of", "port_findings"]
 
@@ -102,6 +105,8 @@ def bound_sockets_of(pids: Iterable[int]) -> list[PortItem]:
     inodes = {inode for sockets in held.values() for inode in sockets}
     if not inodes:
         return []
+    from pytest_shutdown.resources.sockets import read_socket_table  # noqa: PLC0415 - a socket
+
     table = read_socket_table(inodes)
     items = []
     for pid, sockets in held.items():
@@ -122,6 +127,8 @@ def new_ports(before: PortSnapshot) -> list[PortItem]:
     own = [item for item in new_fds(before.fds) if item.target.startswith("socket:[")]
     items: list[PortItem] = []
     if own:
+        from pytest_shutdown.resources.sockets import read_socket_table  # noqa: PLC0415
+
         inodes = {socket_inode(i.target): i.fd for i in own}
         table = read_socket_table([i for i in inodes if i is not None])
         me = os.getpid()

@@ -13,6 +13,7 @@ import socket
 from collections.abc import Iterable, Mapping
 
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.resources._cheap import socket_inode
 
 __all__ = ["SocketInfo", "read_socket_table", "socket_inode"]
 
@@ -54,16 +55,6 @@ class SocketInfo:
             return f"{self.protocol.upper()} socket {verb} {self.local}"
         remote = f" -> {self.remote}" if self.remote else ""
         return f"{self.protocol.upper()} socket {self.local}{remote}"
-
-
-def socket_inode(link: str) -> int | None:
-    """``socket:[123]`` (a ``/proc/PID/fd`` link) → 123; None for anything else."""
-    if link.startswith("socket:[") and link.endswith("]"):
-        try:
-            return int(link[8:-1])
-        except ValueError:
-            return None
-    return None
 
 
 def _address(text: str, v6: bool) -> tuple[str, int]:

@@ -15,9 +15,12 @@ import pytest
 #: Imported only when a feature needs them: the device readers (a platform is detected), the
 #: orphan matrix's checks and tree launcher (a matrix is built or run), multiprocessing (its
 #: Process.start is wrapped when something imports it), sysconfig (a hung test's stack is
-#: read; a creation site is sorted without it), the ownership search (something was left).
+#: read; a creation site is sorted without it), the ownership search (something was left), the
+#: growth marker's hook (a test has the marker), the socket tables (a socket is described).
 LAZY = (
     "pytest_shutdown.devices",
+    "pytest_shutdown.cycles",
+    "pytest_shutdown.resources.sockets",
     "pytest_shutdown.ownership",
     "multiprocessing",
     "pytest_shutdown.gpu.readers",
@@ -27,8 +30,9 @@ LAZY = (
     "sysconfig",
     "torch",
 )
-#: ctypes too, while the guard is off (the guard may need it: prctl for containment).
-LAZY_GUARD_OFF = (*LAZY, "ctypes")
+#: ctypes too, while the guard is off (the guard may need it: prctl for containment), and the
+#: findings (no ShutdownContractError exists before a test imports them).
+LAZY_GUARD_OFF = (*LAZY, "ctypes", "pytest_shutdown.findings", "pytest_shutdown.finding_text")
 
 RECORD = """
 import json, sys
@@ -60,8 +64,8 @@ def test_the_lazy_imports_still_happen_when_a_feature_needs_them(
     pytester: pytest.Pytester,
 ) -> None:
     """The same record catches an import: a test that builds an orphan matrix imports its
-    checks. A test that starts a thread under the guard has its creation site recorded, which
-    imports nothing (sysconfig cost the first one 10 ms)."""
+    checks, one with the growth marker its hook. A test that starts a thread under the guard has
+    its creation site recorded, which imports nothing (sysconfig cost the first one 10 ms)."""
     pytester.makeconftest(RECORD.format(lazy=json.dumps(LAZY)))
     pytester.makepyfile(
         test_used="""
@@ -76,12 +80,17 @@ def test_the_lazy_imports_still_happen_when_a_feature_needs_them(
         @pytest.mark.orphan_matrix(signal=["SIGTERM"])
         def test_cell(orphan_cell):
             assert orphan_cell.signal == "SIGTERM"
+
+        @pytest.mark.shutdown_cycles(2, warmup=0)
+        def test_cycled():
+            pass
         """
     )
     result = pytester.runpytest_subprocess("-p", "shutdown")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     imported = json.loads((pytester.path / "imported.json").read_text())
     assert "pytest_shutdown.checks.orphans" in imported
+    assert "pytest_shutdown.cycles" in imported
     assert "sysconfig" not in imported
 
 

@@ -23,7 +23,7 @@ import pytest
 
 from pytest_shutdown.node_markers import ORPHAN_MATRIX as ORPHAN_MATRIX_MARKER
 from pytest_shutdown.node_markers import SHUTDOWN_MATRIX as MATRIX_MARKER
-from pytest_shutdown.node_markers import marker_names
+from pytest_shutdown.node_markers import marker_names, scanned_module_names
 
 # This module is a registered plugin object: pytest looks at each of its names at start-up, so
 # names used only in annotations are imported for the type checker alone.
@@ -745,3 +745,7 @@ def _threads_still_running(owner: object, executors: tuple[Any, ...]) -> list[Fi
             {"threads": alive, "deadline_s": THREAD_EXIT_DEADLINE_S},
         )
     ]
+
+
+#: pytest scans a plugin module's names for hooks and fixtures: it is shown these alone.
+__dir__ = scanned_module_names(globals())

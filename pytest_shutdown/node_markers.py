@@ -1,9 +1,10 @@
 """What pytest reads of the plugin's objects: the names of a node's markers, looked up once per
 node (collection, the guard and the cycles hook all ask), and the names a registered plugin
-object shows (:func:`scanned_names_are_hooks`)."""
+object or plugin module shows (:func:`scanned_names_are_hooks`, :func:`scanned_module_names`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import pytest
@@ -14,6 +15,7 @@ __all__ = [
     "ORPHAN_MATRIX",
     "SHUTDOWN_MATRIX",
     "marker_names",
+    "scanned_module_names",
     "scanned_names_are_hooks",
 ]
 
@@ -69,3 +71,26 @@ def scanned_names_are_hooks(cls: _Plugin) -> _Plugin:
     cls.__dir__ = __dir__  # type: ignore[assignment,method-assign]
     return cls
 
+
+def scanned_module_names(namespace: Mapping[str, Any]) -> Callable[[], list[str]]:
+    """A plugin module's ``__dir__`` (PEP 562): its hooks (``pytest_*``) and fixtures only.
+
+    pytest reads every name ``dir()`` lists of a module it registers as a plugin, twice (pluggy
+    for hooks, the fixture manager for fixtures, with a wrapped-fixture check per name): the
+    fixtures module's imports, helpers and constants cost every session with the plugin
+    installed some 6 M instructions, about 2.5 ms. Call it at the end of the module, with its
+    ``globals()``; the attributes themselves are untouched (``getattr`` and imports work as
+    before), only ``dir()`` of the module lists less.
+    """
+    from _pytest.fixtures import getfixturemarker  # noqa: PLC0415 - what pytest itself asks
+
+    names = [
+        name
+        for name, value in namespace.items()
+        if (name.startswith("pytest_") and callable(value)) or getfixturemarker(value) is not None
+    ]
+
+    def __dir__() -> list[str]:
+        return list(names)
+
+    return __dir__

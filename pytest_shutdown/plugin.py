@@ -41,7 +41,7 @@ _not_rewritten()
 import pytest_shutdown  # noqa: E402 - after the rewrite list is changed
 from pytest_shutdown.node_markers import CYCLES as CYCLES_MARKER  # noqa: E402
 from pytest_shutdown.node_markers import CYCLES_HELP as CYCLES_MARKER_HELP  # noqa: E402
-from pytest_shutdown.node_markers import marker_names  # noqa: E402
+from pytest_shutdown.node_markers import marker_names, scanned_module_names  # noqa: E402
 from pytest_shutdown.settings import (  # noqa: E402
     ALLOW_LEAKS_KINDS,
     SETTINGS_KEY,
@@ -159,3 +159,7 @@ def pytest_report_header(config: pytest.Config) -> str:
         return line + ", guard off"
     budget = f"{settings.budget_s:g} s" if settings.budget_s else "none"
     return f"{line}, guard {settings.mode} (grace {settings.grace_s:g} s, budget {budget})"
+
+
+#: pytest scans a plugin module's names for hooks and fixtures: it is shown these alone.
+__dir__ = scanned_module_names(globals())

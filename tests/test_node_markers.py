@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_shutdown.node_markers import marker_names
+from pytest_shutdown.node_markers import marker_names, scanned_module_names
 
 MARKED = """
 import pytest
@@ -48,3 +48,69 @@ def test_tests_with_the_same_markers_share_one_set(pytester: pytest.Pytester) ->
         items["test_parametrized[2]"]
     )
     assert marker_names(items["test_alone"]) is not marker_names(items["test_parametrized[1]"])
+
+
+def test_a_plugin_modules_dir_lists_its_hooks_and_fixtures_only() -> None:
+    @pytest.fixture
+    def a_fixture() -> int:
+        return 1
+
+    def pytest_configure(config: pytest.Config) -> None:
+        pass
+
+    def helper() -> None:
+        pass
+
+    namespace = {
+        "a_fixture": a_fixture,
+        "pytest_configure": pytest_configure,
+        "helper": helper,
+        "pytest_shutdown": pytest,  # a module whose name starts like a hook's: not a hook
+        "CONSTANT": 3,
+    }
+    assert sorted(scanned_module_names(namespace)()) == ["a_fixture", "pytest_configure"]
+
+
+SCANNED = """
+import json
+import pytest_shutdown.fixtures as fixtures
+import pytest_shutdown.plugin as plugin
+
+def pytest_sessionfinish(session):
+    manager = session.config.pluginmanager
+    registered = sorted(
+        impl.function.__name__
+        for module in (fixtures, plugin)
+        for caller in manager.get_hookcallers(module) or ()
+        for impl in caller.get_hookimpls()
+        if impl.plugin is module
+    )
+    hooks = sorted(
+        name for module in (fixtures, plugin) for name, value in vars(module).items()
+        if name.startswith("pytest_") and callable(value)
+    )
+    with open("scanned.json", "w") as out:
+        json.dump({"dir": dir(fixtures), "registered": registered, "hooks": hooks}, out)
+"""
+
+
+def test_the_plugin_modules_keep_every_hook_and_fixture_and_show_pytest_nothing_else(
+    pytester: pytest.Pytester,
+) -> None:
+    """pytest reads every name ``dir()`` lists of a plugin module (for hooks and fixtures):
+    the plugin's modules list those alone, and every hook and fixture is still found."""
+    import json
+
+    pytester.makeconftest(SCANNED)
+    pytester.makepyfile(
+        test_uses="""
+        def test_fixtures(request):
+            for name in ("engine_config", "shutdown_check", "shutdown_timeouts", "kill_tree"):
+                assert request._fixturemanager.getfixturedefs(name, request.node), name
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown")
+    result.assert_outcomes(passed=1)
+    seen = json.loads((pytester.path / "scanned.json").read_text())
+    assert seen["registered"] == seen["hooks"] and len(seen["hooks"]) >= 8
+    assert "engine_config" in seen["dir"] and "current_cell" not in seen["dir"]

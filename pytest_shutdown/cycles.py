@@ -23,10 +23,8 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown.node_markers import CYCLES, CYCLES_HELP, marker_names
-
-MARKER = CYCLES
-MARKER_HELP = CYCLES_HELP
+from pytest_shutdown.node_markers import CYCLES as MARKER
+from pytest_shutdown.node_markers import marker_names
 
 #: Warm-up calls of the marker when it does not say.
 DEFAULT_WARMUP = 2

@@ -279,21 +279,6 @@ def _require_torch(fixture: str) -> None:
         )
 
 
-def _check_engine_cycles(
-    request: pytest.FixtureRequest,
-    fixture: str,
-    build: Callable[[], Any],
-    use: Callable[[Any], object] | None = None,
-    shutdown: Callable[[Any], object] | None = None,
-) -> None:
-    """:func:`pytest_shutdown.cycles.check_engine_cycles`, imported when an engine fixture runs
-    rather than by every session that loads the plugin."""
-    __tracebackhide__ = True
-    from pytest_shutdown.cycles import check_engine_cycles  # noqa: PLC0415
-
-    check_engine_cycles(request, fixture, build, use, shutdown)
-
-
 @pytest.fixture
 def reference_renderer(
     request: pytest.FixtureRequest, engine_config: EngineConfig
@@ -301,9 +286,10 @@ def reference_renderer(
     """A ReferenceRenderer; teardown checks that its shutdown is idempotent and its threads end."""
     _require_torch("reference_renderer")
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
+    from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.renderer import ReferenceRenderer
 
-    _check_engine_cycles(
+    check_engine_cycles(
         request,
         "reference_renderer",
         lambda: ReferenceRenderer(engine_config),
@@ -326,9 +312,10 @@ def engine_core(
     import gc
 
     from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
+    from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.core import EngineCore
 
-    _check_engine_cycles(
+    check_engine_cycles(
         request,
         "engine_core",
         lambda: EngineCore(engine_config),
@@ -366,9 +353,10 @@ def engine_manager(
     (``expect_force_kill``); no engine process is left.
     """
     _require_torch("engine_manager")
+    from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.processes import EngineProcManager
 
-    _check_engine_cycles(request, "engine_manager", lambda: EngineProcManager(engine_config))
+    check_engine_cycles(request, "engine_manager", lambda: EngineProcManager(engine_config))
     manager = EngineProcManager(engine_config)
     pids = _tree_pids(p.pid for p in manager.processes)
     yield manager
@@ -387,9 +375,10 @@ def reference_llm(
 ) -> Iterator[ReferenceLLM]:
     """A ReferenceLLM (renderer + engine processes); teardown checks as ``engine_manager``."""
     _require_torch("reference_llm")
+    from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.llm import ReferenceLLM
 
-    _check_engine_cycles(
+    check_engine_cycles(
         request,
         "reference_llm",
         lambda: ReferenceLLM(engine_config),
@@ -433,9 +422,10 @@ def dp_supervisor(
     request timeout or the config's); checks as ``engine_manager``, over the whole tree.
     """
     _require_torch("dp_supervisor")
+    from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.supervisor import DPSupervisor
 
-    _check_engine_cycles(
+    check_engine_cycles(
         request,
         "dp_supervisor",
         lambda: DPSupervisor(engine_config, num_children=SUPERVISOR_CHILDREN),

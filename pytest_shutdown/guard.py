@@ -323,10 +323,14 @@ class ShutdownGuard:
 
     # --- collection: markers are validated once, here ---
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
         """Validate the markers: a bad one is a usage error (exit code 4). On an xdist worker,
-        where a usage error would only crash the worker, the test errors in setup instead."""
+        where a usage error would only crash the worker, the test errors in setup instead.
+
+        Last: the markers a conftest adds in its own ``pytest_collection_modifyitems`` count,
+        and the tests ``-k`` or ``-m`` deselected are not asked (a bad marker written on the
+        function is a collection error before this, deselected or not)."""
         on_worker = hasattr(self.config, "workerinput")
         for item in items:
             names = marker_names(item)

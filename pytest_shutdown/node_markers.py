@@ -35,22 +35,32 @@ CYCLES_HELP = (
     "from call to call."
 )
 
-_MARKER_NAMES_KEY = pytest.StashKey[frozenset[str]]()
+#: A node's marker names, with what they were computed from: the count of its own markers and
+#: its parent's names (the very object), so that a marker added since (``add_marker``, a
+#: module's ``pytestmark`` read after a first question) is seen.
+_MARKER_NAMES_KEY = pytest.StashKey[tuple[int, frozenset[str], frozenset[str]]]()
+_NO_NAMES: frozenset[str] = frozenset()
 #: One frozenset per distinct set of names: a session's tests share a handful of them, and each
 #: object kept per test is freed (and walked by every full collection) until the process ends.
-_SHARED_NAMES: dict[frozenset[str], frozenset[str]] = {}
+_SHARED_NAMES: dict[frozenset[str], frozenset[str]] = {_NO_NAMES: _NO_NAMES}
 _SHARED_LIMIT = 4096
 
 
 def marker_names(node: Any) -> frozenset[str]:
-    """The names of every marker on ``node`` and its parents: one walk up the tree, kept in
-    the node's stash, so that a test without this plugin's markers costs no further lookup."""
-    names = node.stash.get(_MARKER_NAMES_KEY, None)
-    if names is None:
-        names = frozenset(mark.name for mark in node.iter_markers())
-        if len(_SHARED_NAMES) < _SHARED_LIMIT:
-            names = _SHARED_NAMES.setdefault(names, names)
-        node.stash[_MARKER_NAMES_KEY] = names
+    """The names of every marker on ``node`` and its parents (what ``node.iter_markers()``
+    yields), kept per node: a test's are its own markers' names added to its parent's, which
+    its siblings share, so that a module's tests (and their definitions, which collection asks
+    about first) cost one look at their own markers each, not a walk up the tree."""
+    parent = node.parent
+    inherited = marker_names(parent) if parent is not None else _NO_NAMES
+    own = node.own_markers
+    kept = node.stash.get(_MARKER_NAMES_KEY, None)
+    if kept is not None and kept[0] == len(own) and kept[1] is inherited:
+        return kept[2]
+    names = inherited.union([mark.name for mark in own]) if own else inherited
+    if len(_SHARED_NAMES) < _SHARED_LIMIT:
+        names = _SHARED_NAMES.setdefault(names, names)
+    node.stash[_MARKER_NAMES_KEY] = (len(own), inherited, names)
     return names
 
 

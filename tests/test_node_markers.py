@@ -50,6 +50,23 @@ def test_tests_with_the_same_markers_share_one_set(pytester: pytest.Pytester) ->
     assert marker_names(items["test_alone"]) is not marker_names(items["test_parametrized[1]"])
 
 
+def test_a_marker_added_after_the_first_question_is_seen(pytester: pytest.Pytester) -> None:
+    """A conftest's ``add_marker`` in its own ``pytest_collection_modifyitems`` (after the
+    guard's first question), on a test or on its class, shows in the names asked next."""
+    items = {item.name: item for item in pytester.getitems(MARKED)}
+    plain, sibling = items["test_plain"], items["test_cycle[1]"]
+    assert "shutdown_cycles" not in marker_names(plain)
+    plain.add_marker(pytest.mark.shutdown_cycles(3))
+    assert marker_names(plain) == {"allow_leaks", "shutdown_budget", "shutdown_cycles"}
+    assert "shutdown_cycles" not in marker_names(sibling)
+    assert plain.parent is not None
+    plain.parent.add_marker(pytest.mark.usefixtures("tmp_path"))  # on the class: all its tests
+    for item in (plain, sibling):
+        assert "usefixtures" in marker_names(item)
+        assert marker_names(item) == {mark.name for mark in item.iter_markers()}
+    assert "usefixtures" not in marker_names(items["test_alone"])
+
+
 def test_a_plugin_modules_dir_lists_its_hooks_and_fixtures_only() -> None:
     @pytest.fixture
     def a_fixture() -> int:

@@ -211,6 +211,48 @@ def test_allow_leaks_opts_out_per_kind(pytester: pytest.Pytester, child_script: 
     )
 
 
+def test_markers_a_conftest_adds_while_collecting_count(pytester: pytest.Pytester) -> None:
+    """A conftest that marks tests in its own ``pytest_collection_modifyitems`` (a common way
+    to mark a whole folder): the guard reads the markers after it, and a bad one it adds is
+    the usage error a bad marker is; a test deselected by ``-k`` is not asked."""
+    pytester.makeconftest(
+        """
+        import pytest
+
+        def pytest_collection_modifyitems(items):
+            for item in items:
+                if "poller" in item.name:
+                    item.add_marker(pytest.mark.allow_leaks(threads=True, reason="a poller"))
+                if "bad" in item.name:
+                    item.add_marker(pytest.mark.shutdown_budget(-1))
+        """
+    )
+    pytester.makepyfile(
+        test_marked_by_conftest="""
+        import threading
+
+        release = threading.Event()
+
+        def test_poller():
+            threading.Thread(target=release.wait, name="poller", daemon=True).start()
+
+        def test_unmarked_leak():
+            threading.Thread(target=release.wait, name="other", daemon=True).start()
+
+        def test_bad_budget():
+            pass
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", GRACE, "-k", "not bad")
+    result.assert_outcomes(passed=2, errors=1, deselected=1)
+    result.stdout.fnmatch_lines(
+        ["ERROR test_marked_by_conftest.py::test_unmarked_leak - shutdown guard*"]
+    )
+    bad = pytester.runpytest_subprocess("-p", "shutdown", GRACE)
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR, bad.stdout.str()
+    bad.stderr.fnmatch_lines(["*test_bad_budget*shutdown_budget*seconds >= 0*"])
+
+
 def test_wider_scope_fixture_owns_its_threads_and_processes(
     pytester: pytest.Pytester, child_script: str
 ) -> None:

@@ -1,6 +1,7 @@
-"""What pytest reads of the plugin's objects: the names of a node's markers, looked up once per
-node (collection, the guard and the cycles hook all ask), and the names a registered plugin
-object or plugin module shows (:func:`scanned_names_are_hooks`, :func:`scanned_module_names`)."""
+"""What pytest reads of the plugin's objects: the names of a node's markers, kept per node on
+top of its parent's (collection, the guard and the cycles hook all ask), and the names a
+registered plugin object or plugin module shows (:func:`scanned_names_are_hooks`,
+:func:`scanned_module_names`)."""
 
 from __future__ import annotations
 

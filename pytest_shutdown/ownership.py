@@ -646,29 +646,48 @@ _CODE_TYPES = (types.FunctionType, types.MethodType, staticmethod, classmethod, 
 
 
 #: Source file -> name of the module loaded from it, and what ``sys.modules`` looked like when it
-#: was read (its size and its last name): a creation site's file is looked up at every search,
-#: and reading ``sys.modules`` for it took a third of a search's time.
+#: was read (its size and, weakly, its last module): a creation site's file is looked up at every
+#: search, and reading ``sys.modules`` for it took a third of a search's time.
 _modules_by_file: dict[str, str] = {}
-_modules_by_file_mark: tuple[int, str | None] = (-1, None)
+_modules_by_file_mark: tuple[int, weakref.ref[Any] | None] = (-1, None)
+
+
+def _sys_modules_unchanged_since(mark: tuple[int, weakref.ref[Any] | None]) -> bool:
+    """Whether ``sys.modules`` still looks as it did at ``mark``: as many modules, the same
+    last one. A module imported since is the last one; one removed changes the size; one
+    removed and loaded again under its name (pytester's test modules) is another object, which
+    is why the last module is compared by identity, not by name."""
+    size, last = mark
+    if last is None or size != len(sys.modules):
+        return False
+    last_name = next(reversed(sys.modules), None)
+    module = last()
+    return module is not None and last_name is not None and module is sys.modules.get(last_name)
+
+
+def _mark_of_sys_modules() -> tuple[int, weakref.ref[Any] | None]:
+    last_name = next(reversed(sys.modules), None)
+    try:
+        last = weakref.ref(sys.modules[last_name]) if last_name is not None else None
+    except TypeError:  # not weakly referable (any object may stand in sys.modules): read again
+        last = None
+    return len(sys.modules), last
 
 
 def _module_of_file(filename: str, modules: Mapping[int, str]) -> tuple[dict[str, Any], str] | None:
     """The namespace and name of the (non-tool) module loaded from ``filename``, if any.
     ``sys.modules`` is read again only when a file is not known and modules came or went since
-    the last reading (a new import is the last name; one removed changes the size); a known
-    name is checked against what ``sys.modules`` holds now."""
+    the last reading; a known name is checked against what ``sys.modules`` holds now."""
     global _modules_by_file_mark
     name = _modules_by_file.get(filename)
-    if name is None:
-        mark = (len(sys.modules), next(reversed(sys.modules), None))
-        if mark != _modules_by_file_mark:
-            _modules_by_file.clear()
-            _modules_by_file_mark = mark
-            for module_name, loaded in list(sys.modules.items()):
-                module_file = getattr(loaded, "__file__", None)
-                if isinstance(module_file, str):
-                    _modules_by_file[module_file] = module_name
-            name = _modules_by_file.get(filename)
+    if name is None and not _sys_modules_unchanged_since(_modules_by_file_mark):
+        _modules_by_file.clear()
+        _modules_by_file_mark = _mark_of_sys_modules()
+        for module_name, loaded in list(sys.modules.items()):
+            module_file = getattr(loaded, "__file__", None)
+            if isinstance(module_file, str):
+                _modules_by_file[module_file] = module_name
+        name = _modules_by_file.get(filename)
     if name is None:
         return None
     module = sys.modules.get(name)

@@ -33,13 +33,14 @@ def tree_pids(supervisor: DPSupervisor) -> list[int]:
 def test_children_draining_within_the_budget_are_not_force_killed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # ROCm 0/0: the budget is the cleanup grace (2.5 s) + child_exit_grace_s (0.5 s). The engines'
+    # ROCm 0/0: the budget is the cleanup grace (6 s) + child_exit_grace_s (0.5 s). The engines'
     # teardown (1.2 s) outlasts child_exit_grace_s alone, so a supervisor that gave 0/0 no
-    # grace would kill these children.
+    # grace would kill these children. The wide grace keeps a loaded 2-core CI machine (slow
+    # forks and exits) inside the budget; the test still ends when the children do.
     caplog.set_level(logging.WARNING, logger="pytest_shutdown.engine")
     log = str(tmp_path / "life.jsonl")
     config = fast_config(
-        platform="rocm", shutdown_timeout=0.0, rocm_process_grace_s=2.5,
+        platform="rocm", shutdown_timeout=0.0, rocm_process_grace_s=6.0,
         child_exit_grace_s=0.5, teardown_delay_s=1.2,
     )
     supervisor = DPSupervisor(config, num_children=2, engine_start_method="fork", lifecycle_log=log)
@@ -55,7 +56,7 @@ def test_children_draining_within_the_budget_are_not_force_killed(
         supervisor.shutdown()
 
     assert outcome is not None
-    assert outcome.timeout == pytest.approx(3.0) == supervisor.shutdown_budget()
+    assert outcome.timeout == pytest.approx(6.5) == supervisor.shutdown_budget()
     assert outcome.force_killed == []
     assert set(outcome.exitcodes.values()) == {0}
     assert [r for r in caplog.records if FORCE_KILL_MESSAGE in r.getMessage()] == []

@@ -504,7 +504,11 @@ def test_a_thread_a_librarys_function_holds_is_owned_by_the_backward_walk(
 
 
 def test_a_library_reloaded_under_its_name_from_another_file_is_searched_from_its_creation_site(
-    recording: None, library: str, tmp_path: Path, heap_passes: list[int]
+    recording: None,
+    library: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    heap_passes: list[int],
 ) -> None:
     """A module removed and loaded again under the same name from another file (pytester's
     test modules, a library's copy in a fresh folder) leaves ``sys.modules`` as long as before
@@ -516,15 +520,11 @@ def test_a_library_reloaded_under_its_name_from_another_file_is_searched_from_it
     copy = tmp_path / "copy"
     copy.mkdir()
     (copy / f"{library}.py").write_text(MONITORED_LIBRARY)
-    sys.path.insert(0, str(copy))
-    try:
-        importlib.invalidate_caches()
-        second = importlib.import_module(library)
-        assert second.__file__ != first.__file__
-        heap_passes.clear()
-        monitor = second.Bar().monitor
-        owner = find_owners({monitor: monitor}, {})[monitor]
-        assert (owner.kind, owner.name) == ("class-attribute", f"{library}.Bar.monitor")
-        assert heap_passes == []  # found forwards from the new file's module
-    finally:
-        sys.path.remove(str(copy))
+    monkeypatch.syspath_prepend(str(copy))
+    second = importlib.import_module(library)
+    assert second.__file__ != first.__file__
+    heap_passes.clear()
+    monitor = second.Bar().monitor
+    owner = find_owners({monitor: monitor}, {})[monitor]
+    assert (owner.kind, owner.name) == ("class-attribute", f"{library}.Bar.monitor")
+    assert heap_passes == []  # found forwards from the new file's module

@@ -22,7 +22,6 @@ docs/limits.md), the rest of the guard works as before.
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterable
@@ -224,24 +223,3 @@ def _started_at(pid: int) -> float | None:
     except (OSError, ValueError, IndexError):
         return None
     return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
-
-
-def kill_all(pids: Iterable[int], timeout: float = 5.0) -> list[int]:
-    """SIGKILL ``pids`` and wait (one deadline) until they have ended; reap the adopted ones."""
-    from pytest_shutdown.checks.leaks import KILLED_ON_PURPOSE  # noqa: PLC0415
-
-    targets = list(pids)
-    for pid in targets:
-        KILLED_ON_PURPOSE[pid] = None
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    deadline = time.monotonic() + timeout
-    left = targets
-    while left and time.monotonic() < deadline:
-        left = [p for p in left if _stat_fields(p) is not None and not is_zombie(p)]
-        if left:
-            time.sleep(0.01)
-    reap_adopted(targets)
-    return left

@@ -690,13 +690,22 @@ def _processes_still_running(owner: object, pids: set[int]) -> list[Finding]:
             continue
     if not alive:
         return []
-    records = []
-    for proc in alive:
+    from pytest_shutdown._os.killer import kill_trees
+
+    def describe(pid: int) -> dict[str, object]:
         try:
-            records.append({"pid": proc.pid, "name": proc.name(), "cmdline": proc.cmdline()})
-            proc.kill()  # nothing the fixture started may outlive the test
+            proc = psutil.Process(pid)
+            return {"pid": pid, "name": proc.name(), "cmdline": proc.cmdline()}
         except psutil.Error:
-            continue
+            return {"pid": pid, "name": None, "cmdline": []}
+
+    # nothing the fixture started may outlive the test
+    records = kill_trees(
+        [p.pid for p in alive],
+        why=f"the engine fixture: {type(owner).__name__}'s process outlived its shutdown",
+        timeout=0.0,
+        describe=describe,
+    )
     return [
         Finding(
             "process-leak",

@@ -620,6 +620,7 @@ class ShutdownGuard:
 
             def teardown_started() -> None:
                 owned.state_at_teardown = self._snapshot(self._states)
+                _its_own_to_stop(owned)
 
             # Finalizers run last-in first-out: this one runs before the fixture's own teardown.
             fixturedef.addfinalizer(teardown_started)
@@ -1178,7 +1179,9 @@ class ShutdownGuard:
             )
         self.report.add_findings("<session end>", plain)
         if self.settings.mode == "fail":
-            killed = kill_process_trees(left, timeout=5.0)
+            killed = kill_process_trees(
+                left, timeout=5.0, why="the session-end sweep (fail mode)"
+            )
             reap_adopted([*left, *(r["pid"] for r in killed)])
 
     def _kill_children(self, watch: _Watch) -> list[dict[str, Any]]:
@@ -1200,7 +1203,26 @@ class ShutdownGuard:
                 objects_of((), pids, parent_pids(pids)), self._fixture_roots(), max_seconds=1.0
             )
             pids = tuple(p for p in pids if p not in others)
-        return kill_process_trees(pids, timeout=2.0) if pids else []
+        return (
+            kill_process_trees(pids, timeout=2.0, why=f"the shutdown budget of {watch.nodeid}")
+            if pids
+            else []
+        )
+
+
+def _its_own_to_stop(owned: _Owned) -> None:
+    """A wider-scope fixture's teardown is about to run: the processes it owns (started in its
+    set-up, or adopted since because its value reaches them) and their descendants are its own
+    to stop, ``proc.terminate()`` or ``kill()`` included: such an end is never collateral.
+    Only those still running now: one that died before (a test's blanket kill) stays a victim."""
+    pids = owned.started.get("processes", ())
+    if not pids:
+        return
+    from pytest_shutdown._os.killer import record_ordered_end, tree_of  # noqa: PLC0415
+    from pytest_shutdown.checks.leaks import process_running  # noqa: PLC0415
+
+    tree = [m for pid in pids for m in tree_of(pid) if process_running(m)]
+    record_ordered_end(tree, f"the teardown of fixture {owned.fixture!r} ({owned.scope} scope)")
 
 
 def _fixture_of(owner: Owner | None) -> Any:

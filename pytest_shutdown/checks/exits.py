@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from pytest_shutdown._os.killer import kill_trees
 from pytest_shutdown.checks.report import CheckReport
 from pytest_shutdown.findings import Finding, raise_if_any
 
@@ -104,12 +105,7 @@ def _kill_tree(proc: Any) -> None:
         descendants = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:
         descendants = []
-    for child in descendants:
-        try:
-            child.kill()
-        except psutil.Error:
-            continue
-    proc.kill()
+    kill_trees([proc.pid], why="probe_exit: the child outlived its deadline", timeout=0.0)
     proc.join(KILL_DEADLINE_S)
     psutil.wait_procs(descendants, timeout=KILL_DEADLINE_S)
 

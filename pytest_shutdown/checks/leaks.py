@@ -45,7 +45,6 @@ from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
 
 if TYPE_CHECKING:  # pragma: no cover
-    import psutil
 
     from pytest_shutdown.devices import MemoryReader
 
@@ -656,44 +655,19 @@ def leak_findings(
 # --- restoring order -------------------------------------------------------------------------
 
 
-#: Pids this module killed (oldest dropped first): a death asked for is never collateral.
-KILLED_ON_PURPOSE: dict[int, None] = {}
-
-
-def kill_process_trees(pids: Iterable[int], *, timeout: float = 5.0) -> list[dict[str, Any]]:
+def kill_process_trees(
+    pids: Iterable[int], *, timeout: float = 5.0, why: str = "kill_process_trees"
+) -> list[dict[str, Any]]:
     """SIGKILL each process and all its descendants; wait (one deadline) until they have ended.
 
     Processes are not reaped: their owners (``subprocess``, ``multiprocessing``) still collect
-    the exit status. Returns one record per process killed (pid, name, command line).
+    the exit status. Every kill goes through the one tree killer
+    (:func:`pytest_shutdown._os.killer.kill_trees`), which records it (``why``): a death asked
+    for is never collateral. Returns one record per process killed (pid, name, command line).
     """
-    import psutil  # noqa: PLC0415
+    from pytest_shutdown._os.killer import kill_trees  # noqa: PLC0415
 
-    victims: dict[int, psutil.Process] = {}
-    for pid in pids:
-        try:
-            proc = psutil.Process(pid)
-            for member in [proc, *proc.children(recursive=True)]:
-                victims.setdefault(member.pid, member)
-        except psutil.Error:
-            continue
-    killed: list[dict[str, Any]] = []
-    for pid, proc in victims.items():
-        record = _process_record(pid)
-        KILLED_ON_PURPOSE[pid] = None
-        try:
-            proc.kill()
-        except psutil.Error:
-            continue
-        killed.append(record)
-    while len(KILLED_ON_PURPOSE) > 4096:
-        del KILLED_ON_PURPOSE[next(iter(KILLED_ON_PURPOSE))]
-    deadline = time.monotonic() + timeout
-    remaining = [p.pid for p in victims.values()]
-    while remaining and time.monotonic() < deadline:
-        remaining = [pid for pid in remaining if _process_running(pid)]
-        if remaining:
-            time.sleep(0.01)
-    return killed
+    return kill_trees(pids, why=why, timeout=timeout, describe=_process_record)
 
 
 # --- the helper ------------------------------------------------------------------------------

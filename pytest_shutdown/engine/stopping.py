@@ -19,6 +19,8 @@ from multiprocessing.process import BaseProcess
 
 import psutil
 
+from pytest_shutdown._os.killer import kill_trees
+
 logger = logging.getLogger("pytest_shutdown.engine")
 
 #: How long a killed process tree may take to disappear after SIGKILL.
@@ -63,13 +65,10 @@ def kill_process_tree(pid: int, *, timeout: float = KILL_WAIT_S) -> list[int]:
         victims = [root, *root.children(recursive=True)]
     except psutil.Error:
         return []
-    killed = []
-    for proc in victims:
-        try:
-            proc.kill()
-            killed.append(proc.pid)
-        except psutil.Error:
-            pass
+    killed = [
+        r["pid"]
+        for r in kill_trees([pid], why="the reference engine's force kill", timeout=0.0)
+    ]
     deadline = time.monotonic() + timeout
     for proc in victims:
         while time.monotonic() < deadline:

@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown import origins
-from pytest_shutdown.checks.leaks import KILLED_ON_PURPOSE, child_state, descendant_pids
+from pytest_shutdown._os.killer import ordered_end_of
+from pytest_shutdown.checks.leaks import child_state, descendant_pids
 from pytest_shutdown.containment import exit_signal, is_zombie
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.resources.base import Allowance, ObjectKind
@@ -104,7 +105,7 @@ class CollateralKind(ObjectKind):
                 sig = exit_signal(pid)
             else:
                 continue
-            if sig is None or (pid, sig) in self._reported or pid in KILLED_ON_PURPOSE:
+            if sig is None or (pid, sig) in self._reported or ordered_end_of(pid) is not None:
                 continue
             if pid in REPORTED:  # an earlier test's reported leak: ending it is cleaning up
                 continue

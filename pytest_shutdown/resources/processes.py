@@ -96,7 +96,9 @@ class ProcessKind(ObjectKind):
 
     def restore(self, items: Sequence[int]) -> None:
         if items:
-            killed = kill_process_trees(items, timeout=5.0)
+            killed = kill_process_trees(
+                items, timeout=5.0, why="the guard restores order (fail mode)"
+            )
             reap_adopted([*items, *(r["pid"] for r in killed)])
 
 

@@ -1,0 +1,107 @@
+"""The one tree killer: every process the project kills goes through :func:`kill_trees`, and
+every end the session ordered is recorded with why.
+
+``collateral-kill`` reports processes that died by a signal nobody in the session ordered. So
+the record has one answer to "who ended this": a kill the guard, a helper, a fixture or the
+reference engine made (:func:`kill_trees`), or the teardown of the wider-scope fixture that
+owned the process (:func:`record_ordered_end`: its own ``proc.terminate()`` is its business).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+__all__ = ["kill_trees", "ordered_end_of", "record_ordered_end", "tree_of"]
+
+#: pid -> why its end was ordered (oldest dropped first).
+_ORDERED: dict[int, str] = {}
+_KEEP = 4096
+
+
+def record_ordered_end(pids: Iterable[int], why: str) -> None:
+    """Record that the ends of ``pids`` were ordered (``why``: by whom), before or after they
+    happen: a death so recorded is never a collateral kill."""
+    for pid in pids:
+        _ORDERED.pop(pid, None)
+        _ORDERED[pid] = why
+    while len(_ORDERED) > _KEEP:
+        del _ORDERED[next(iter(_ORDERED))]
+
+
+def ordered_end_of(pid: int) -> str | None:
+    """Why the end of ``pid`` was ordered; None when nobody in the session ordered it."""
+    return _ORDERED.get(pid)
+
+
+def tree_of(pid: int) -> list[int]:
+    """``pid`` and its descendants (parents first), listed before anything is killed so that
+    the ones a kill re-parents are not missed; empty when ``pid`` is gone."""
+    import psutil  # noqa: PLC0415 - only when something is killed
+
+    try:
+        root = psutil.Process(pid)
+        return [pid, *(p.pid for p in root.children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return not os.path.exists("/proc/self/stat") and _exists(pid)
+    except OSError:
+        return _exists(pid)
+    state = data[data.rfind(b")") + 2 : data.rfind(b")") + 3]
+    return state not in (b"Z", b"X")
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def kill_trees(
+    pids: Iterable[int],
+    *,
+    why: str,
+    timeout: float = 5.0,
+    signum: int = signal.SIGKILL,
+    describe: Callable[[int], dict[str, Any]] | None = None,
+) -> list[dict[str, Any]]:
+    """Send ``signum`` (SIGKILL by default) to each process of ``pids`` and all its
+    descendants, recording each end as ordered (``why``); wait (one deadline, ``timeout``)
+    until they have ended. Nothing is reaped: the owners (``subprocess``,
+    ``multiprocessing``) still collect the exit status.
+
+    Returns one record per process signalled: ``describe(pid)`` read before the signal, or
+    ``{"pid": pid}``."""
+    victims: dict[int, None] = {}
+    for pid in pids:
+        victims.update(dict.fromkeys(tree_of(pid)))
+    records: list[dict[str, Any]] = []
+    record_ordered_end(victims, why)
+    for pid in victims:
+        record = describe(pid) if describe is not None else {"pid": pid}
+        try:
+            os.kill(pid, signum)
+        except OSError:
+            continue
+        records.append(record)
+    deadline = time.monotonic() + timeout
+    remaining = list(victims)
+    while remaining and time.monotonic() < deadline:
+        remaining = [pid for pid in remaining if _running(pid)]
+        if remaining:
+            time.sleep(0.01)
+    return records

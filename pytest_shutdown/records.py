@@ -23,6 +23,11 @@ the log; after a killed run the same assembly is one command::
 The assembled document says ``"complete": false`` (and why, under ``incomplete``) when the
 log has no ``end`` line, an aborted or interrupted one, a lost xdist worker or a test the guard
 failed to check. Only regular files are written (:func:`refusal_of_target`).
+
+Once a run has started, ``PATH`` never describes an earlier run: at session start it is
+replaced by :func:`in_progress_report` (``"complete": false``, the run's pid and start time),
+which the final report replaces at the end. A report path named as a record log is
+(:data:`RECORD_LOG_SUFFIX`) is refused, so a report never replaces another run's log.
 """
 
 from __future__ import annotations
@@ -46,9 +51,42 @@ SCHEMA_VERSION = 1
 SLOW_GUARD_S = 0.5
 
 
+#: How a record log's name ends. No report path may end so (:func:`is_record_log_name`): a
+#: report written over another run's record log would replace that run's crash-safe log.
+RECORD_LOG_SUFFIX = ".records.jsonl"
+
+
 def record_log_path(report_path: Path) -> Path:
     """Where the record log of ``report_path`` lives: same folder, ``<stem>.records.jsonl``."""
-    return report_path.with_name(report_path.stem + ".records.jsonl")
+    return report_path.with_name(report_path.stem + RECORD_LOG_SUFFIX)
+
+
+def is_record_log_name(path: Path) -> bool:
+    """``path`` is named as a record log is (``*.records.jsonl``, in any letter case: some
+    file systems ignore it); such a path is never a report."""
+    return path.name.lower().endswith(RECORD_LOG_SUFFIX)
+
+
+def in_progress_report(
+    head: Mapping[str, Any], report_path: Path, started_at: str
+) -> dict[str, Any]:
+    """What the report path holds while a run is in progress: an empty report that says
+    ``"complete": false`` and why, so that a run killed before its end (SIGKILL, a full disk)
+    never leaves an earlier run's report passing for its own. ``in_progress`` names the run
+    (``pid``, ``started_at``) and its record log, from which the partial report is assembled."""
+    log = record_log_path(report_path)
+    document = assemble([{"type": "session", **head}])
+    document["incomplete"] = (
+        f"the run has not finished, or it was killed or could not write its report (pid "
+        f"{head.get('pid')}, started {started_at}); the tests it finished are in its record "
+        f"log: python -m pytest_shutdown.records {log} -o {report_path}"
+    )
+    document["in_progress"] = {
+        "pid": head.get("pid"),
+        "started_at": started_at,
+        "record_log": str(log),
+    }
+    return document
 
 
 #: Where no report or record log may go: kernel interfaces, not storage.
@@ -376,7 +414,7 @@ def write_report(document: Mapping[str, Any], path: Path) -> None:
     if refusal is not None:
         raise TargetRefused(f"{str(path)!r}: {refusal}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    fd, partial = tempfile.mkstemp(prefix=_temp_prefix(path.name), suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
             out.write(json.dumps(document, indent=2, default=str) + "\n")
@@ -388,6 +426,19 @@ def write_report(document: Mapping[str, Any], path: Path) -> None:
         with contextlib.suppress(OSError):
             os.unlink(partial)
         raise
+
+
+#: The bytes of the report's name that its temporary file's name keeps (the name limit is 255).
+_TEMP_NAME_KEEP = 200
+
+
+def _temp_prefix(name: str) -> str:
+    """The start of the temporary file's name: the report's name, cut short enough that the
+    random part and ``.tmp`` still fit within a file name's limit."""
+    raw = os.fsencode(name)
+    if len(raw) > _TEMP_NAME_KEEP:
+        name = os.fsdecode(raw[:_TEMP_NAME_KEEP])
+    return name + "."
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -403,6 +454,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.log.is_file():
         parser.error(f"log: {str(args.log)!r} is not a file")
     if args.output is not None:
+        if is_record_log_name(args.output):
+            parser.error(
+                f"-o: {str(args.output)!r} is named as a record log is (*{RECORD_LOG_SUFFIX}); "
+                "give the report another name"
+            )
         refusal = refusal_of_target(args.output)
         if refusal is not None:
             parser.error(f"-o: {str(args.output)!r} is refused: {refusal}")

@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Generator, Iterable, Mapping
 from dataclasses import field
@@ -40,10 +41,12 @@ from pytest_shutdown.records import (
     collect,
     describe_os_error,
     durations_summary,
+    in_progress_report,
     record_log_path,
+    refusal_of_target,
     write_report,
 )
-from pytest_shutdown.settings import GuardSettings, shows_details
+from pytest_shutdown.settings import GuardSettings, create_folder, shows_details
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.budget import BudgetOutcome
@@ -258,12 +261,16 @@ class ShutdownReport:
         #: Why the JSON report could not be written (``None``: written, or not yet tried).
         self.report_error: str | None = None
         self._report_written = False
+        #: Why an earlier run's report is still at the path (``None``: it is not).
+        self._stale: str | None = None
         self._pid = os.getpid()
         self._interrupted = False
         self._finished = False
         #: Controller: the folder where a worker that ends at once leaves its last records.
         self._spill_dir: str | None = None
         if settings.report_path is not None and self.worker is None:
+            # Every option is valid by now: the report's folders may be created.
+            create_folder(settings.report_path.parent, "--shutdown-report")
             self.log = RecordLog(record_log_path(settings.report_path))
             _claim(self.log)
         #: Ended at once (a SIGTERM the main thread cannot take): the report is written first.
@@ -358,6 +365,26 @@ class ShutdownReport:
             "platform": self.settings.platform,
             "pid": os.getpid(),
         }
+
+    def _mark_in_progress(self) -> None:
+        """From now on the report path never describes an earlier run: it says this run is in
+        progress (``"complete": false``) until the final report replaces it. When even that
+        cannot be written (a full disk), the earlier run's report is removed instead."""
+        path = self.settings.report_path
+        if path is None:
+            return
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            write_report(in_progress_report(self._head(), path, started), path)
+        except (OSError, TargetRefused):
+            if refusal_of_target(path) is not None:
+                return  # not a regular file (swapped in since the check): never removed
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self._stale = f"an earlier run's report is still there ({describe_os_error(exc)})"
 
     def _folded(self) -> dict[str, Any]:
         """``collect`` of the entries accepted so far, folded once per new entry (the summary
@@ -649,6 +676,8 @@ class ShutdownReport:
             write_report(document, self.settings.report_path)
         except (OSError, TargetRefused) as exc:
             self.report_error = describe_os_error(exc) if isinstance(exc, OSError) else str(exc)
+            if self._stale is not None:
+                self.report_error += f"; {self._stale}"
         else:
             self._report_written = True
 

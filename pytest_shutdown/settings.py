@@ -3,8 +3,11 @@ on the config.
 
 Every value is validated at configure time; a bad one is a :class:`pytest.UsageError` (exit code
 4) whose message names the option or ini key and the accepted values. The report and graphs
-paths are checked there too (their folders are created; a place that cannot be written is
-refused before any test runs).
+paths are checked there too, without creating anything (a place that cannot be written, a name
+too long for the file system, a report path named as a record log is: all refused before any
+test runs); a refused run leaves no folder behind. The report's folders are created once every
+option is valid (:func:`create_folder`, when the report claims its record log); the graphs
+folder when the first picture is drawn.
 
 Marker arguments follow one rule: a bad one is a *collection error* naming the test, the marker
 and the accepted arguments (:func:`validate_markers`, called from ``pytest_generate_tests``);
@@ -152,26 +155,10 @@ def load_settings(config: pytest.Config) -> GuardSettings:
     )
     report_path = _path_option(config, "shutdown_report", "--shutdown-report", "a file path")
     if report_path is not None:
-        given = str(config.getoption("shutdown_report"))
-        _refuse_special_targets(report_path, given)
-        if report_path.is_dir():
-            raise pytest.UsageError(
-                f"--shutdown-report: {given!r} is a folder; expected a file path"
-            )
-        _writable_folder(report_path.parent, "--shutdown-report")
-        if report_path.exists() and not os.access(report_path, os.W_OK):
-            raise pytest.UsageError(f"--shutdown-report: {given!r} is read-only")
+        _check_report_path(report_path, str(config.getoption("shutdown_report")))
     graphs_dir = _path_option(config, "shutdown_graphs", "--shutdown-graphs", "a folder path")
     if graphs_dir is not None:
-        given = str(config.getoption("shutdown_graphs"))
-        from pytest_shutdown.records import refusal_of_target  # noqa: PLC0415 - with graphs only
-
-        refusal = refusal_of_target(graphs_dir)
-        if refusal is not None and "kernel interface" in refusal:
-            raise pytest.UsageError(f"--shutdown-graphs: {given!r} is refused: {refusal}")
-        if graphs_dir.exists() and not graphs_dir.is_dir():
-            raise pytest.UsageError(f"--shutdown-graphs: {given!r} exists and is not a folder")
-        _writable_folder(graphs_dir, "--shutdown-graphs")
+        _check_graphs_dir(graphs_dir, str(config.getoption("shutdown_graphs")))
     long_lived = _long_lived(config)
     resources = resource_kinds(config)
     lines = config.getini("shutdown_native_threads_allow") or ()
@@ -206,6 +193,94 @@ def resource_kinds(config: pytest.Config) -> tuple[str, ...] | None:
             f"{source}: unknown resource kind(s) {', '.join(map(repr, unknown))}; {accepted}"
         )
     return tuple(dict.fromkeys(names))
+
+
+def _check_report_path(report_path: Path, given: str) -> None:
+    """Refuse a report path that cannot or must not be written; create nothing."""
+    from pytest_shutdown.records import (  # noqa: PLC0415 - with a report only
+        RECORD_LOG_SUFFIX,
+        is_record_log_name,
+        record_log_path,
+    )
+
+    if is_record_log_name(report_path):
+        raise pytest.UsageError(
+            f"--shutdown-report: {given!r} is named as a record log is (*{RECORD_LOG_SUFFIX}): "
+            "a report written there would replace the crash-safe record log of the run whose "
+            "report is beside it; give the report another name, e.g. one ending in .json"
+        )
+    _refuse_long_names(report_path, "--shutdown-report")
+    _refuse_long_names(record_log_path(report_path), "--shutdown-report", "its record log's")
+    try:
+        _refuse_special_targets(report_path, given)
+        if report_path.is_dir():
+            raise pytest.UsageError(
+                f"--shutdown-report: {given!r} is a folder; expected a file path"
+            )
+        _writable_folder(report_path.parent, "--shutdown-report")
+        if report_path.exists() and not os.access(report_path, os.W_OK):
+            raise pytest.UsageError(f"--shutdown-report: {given!r} is read-only")
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--shutdown-report: {given!r} cannot be checked ({exc.strerror or exc}); expected "
+            "the path of a file in a folder you can write to"
+        ) from None
+
+
+def _check_graphs_dir(graphs_dir: Path, given: str) -> None:
+    """Refuse a graphs folder that cannot or must not be written; create nothing."""
+    from pytest_shutdown.records import refusal_of_target  # noqa: PLC0415 - with graphs only
+
+    _refuse_long_names(graphs_dir, "--shutdown-graphs")
+    try:
+        refusal = refusal_of_target(graphs_dir)
+        if refusal is not None and "kernel interface" in refusal:
+            raise pytest.UsageError(f"--shutdown-graphs: {given!r} is refused: {refusal}")
+        if graphs_dir.exists() and not graphs_dir.is_dir():
+            raise pytest.UsageError(f"--shutdown-graphs: {given!r} exists and is not a folder")
+        _writable_folder(graphs_dir, "--shutdown-graphs")
+    except OSError as exc:
+        raise pytest.UsageError(
+            f"--shutdown-graphs: {given!r} cannot be checked ({exc.strerror or exc}); expected "
+            "a folder you can write to"
+        ) from None
+
+
+#: A file name's limit in bytes where the file system does not say (NAME_MAX on Linux).
+DEFAULT_NAME_MAX = 255
+
+
+def _name_max(path: Path) -> int:
+    """The longest file name, in bytes, of the file system holding ``path``'s nearest
+    existing folder."""
+    existing = next((p for p in path.parents if _lexists(p)), None)
+    try:
+        limit = os.pathconf(existing or path.anchor or ".", "PC_NAME_MAX")
+    except (OSError, ValueError, AttributeError):  # not POSIX, or the file system won't say
+        return DEFAULT_NAME_MAX
+    return limit if isinstance(limit, int) and limit > 0 else DEFAULT_NAME_MAX
+
+
+def _lexists(path: Path) -> bool:
+    try:
+        return os.path.lexists(path)
+    except (OSError, ValueError):
+        return False
+
+
+def _refuse_long_names(path: Path, option: str, whose: str = "") -> None:
+    """A file or folder name of ``path`` longer than the file system takes (NAME_MAX, 255
+    bytes on most) is a usage error naming the option and the limit, not an OSError later."""
+    limit = _name_max(path)
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > limit:
+            shown = part if len(part) <= 40 else part[:40] + "..."
+            what = f"{whose} name" if whose else "the name"
+            raise pytest.UsageError(
+                f"{option}: {what} {shown!r} is {size} bytes long; a file or folder name may "
+                f"have at most {limit} bytes here (NAME_MAX); expected a shorter name"
+            )
 
 
 def _refuse_special_targets(report_path: Path, given: str) -> None:
@@ -260,13 +335,31 @@ def _path_option(config: pytest.Config, dest: str, option: str, what: str) -> Pa
 
 
 def _writable_folder(folder: Path, option: str) -> None:
-    """Create ``folder`` (and its parents) if missing; a UsageError if that fails or if it is
-    read-only, so that a bad place is refused before the run, not after it."""
+    """A UsageError unless ``folder`` is a folder that can be written, or can be created
+    (its nearest existing ancestor is a folder that can be written): a bad place is refused
+    before the run, not after it. Nothing is created here (:func:`create_folder` does, once
+    every option is valid)."""
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise pytest.UsageError(
             f"{option}: {str(existing)!r} is a file, not a folder; expected a path in a folder"
         )
+    if existing is None or os.access(existing, os.W_OK | os.X_OK):
+        return
+    if existing == folder:
+        raise pytest.UsageError(
+            f"{option}: the folder {str(folder)!r} is read-only; expected a path in a folder "
+            "you can write to"
+        )
+    raise pytest.UsageError(
+        f"{option}: cannot create the folder {str(folder)!r} (Permission denied: "
+        f"{str(existing)!r} is read-only); expected a path in a folder you can write to"
+    )
+
+
+def create_folder(folder: Path, option: str) -> None:
+    """Create ``folder`` (and its parents) if missing, once every option is valid; a
+    UsageError if that fails."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -274,13 +367,6 @@ def _writable_folder(folder: Path, option: str) -> None:
             f"{option}: cannot create the folder {str(folder)!r} ({exc.strerror or exc}); "
             "expected a path in a folder you can write to"
         ) from None
-    if not folder.is_dir():
-        raise pytest.UsageError(f"{option}: {str(folder)!r} is not a folder")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise pytest.UsageError(
-            f"{option}: the folder {str(folder)!r} is read-only; expected a path in a folder "
-            "you can write to"
-        )
 
 
 # --- options ---------------------------------------------------------------------------------

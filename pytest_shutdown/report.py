@@ -516,6 +516,7 @@ class ShutdownReport:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if self.log is not None:
+            self._mark_in_progress()  # before the log is emptied: never the old report alone
             self.log.open(self._head())
         HANG_HANDLERS.append(self._on_hung_teardown)
 

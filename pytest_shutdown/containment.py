@@ -1,21 +1,23 @@
 """Containment: nothing a test starts can hide from the guard by being re-parented.
 
-While the guard is on, the pytest process (and each xdist worker, which runs the guard itself)
-is a *child subreaper* (Linux ``prctl(PR_SET_CHILD_SUBREAPER)``): a descendant whose parent exits
-(a daemon's double fork, ``sh -c 'cmd &'``, a grandchild whose middle parent exited) is
-re-parented to pytest instead of to PID 1, so the walk down pytest's children lists
-(:func:`pytest_shutdown.checks.leaks.descendant_pids`) still finds it: the cost follows the
-session's own descendants, never the host's process table. The environment also carries
-``PYTEST_SHUTDOWN_SESSION=<token>``, inherited by every program a test executes (whatever
-session, process group or parent it moves to): the session-end sweep looks for it where the
-subreaper could not be set, and anyone can find strays with it
-(``grep -l PYTEST_SHUTDOWN_SESSION= /proc/*/environ``).
+While the guard is on, the environment carries ``PYTEST_SHUTDOWN_SESSION=<token>``, inherited
+by every program a test executes (whatever session, process group or parent it moves to). A
+descendant whose parent exits (a daemon's double fork, ``sh -c 'cmd &'``, a grandchild whose
+middle parent exited) is re-parented to PID 1, as without the plugin, and found by that marker
+among the pids allocated since the last look (:mod:`pytest_shutdown._os.escaped`): the cost
+follows the pids the session allocated, never the host's process table. Anyone can find strays
+with it too (``grep -l PYTEST_SHUTDOWN_SESSION= /proc/*/environ``).
 
-A re-parented process ends as pytest's zombie: the guard reaps those no ``subprocess``/
-``multiprocessing`` object will (the ones it adopted), never a child whose owner still wants the
-exit status.
+``--shutdown-containment=subreaper`` (opt-in, Linux) makes the pytest process (and each xdist
+worker) a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``) instead: orphans are
+re-parented to pytest, so a process forked without an ``exec`` (no marker in its
+``/proc/PID/environ``) is found too. That changes what a test sees (``os.waitpid`` on an
+orphan succeeds; it is pytest's child), which is why it is not the default. A re-parented
+process that ends is pytest's zombie: the guard reaps those no ``subprocess``/
+``multiprocessing`` object will (the ones it adopted) at each check, never a child whose owner
+still wants the exit status.
 
-Other platforms: no subreaper; re-parented descendants are not found (documented in
+Other platforms: neither; re-parented descendants are not found (documented in
 docs/limits.md), the rest of the guard works as before.
 """
 
@@ -26,6 +28,7 @@ import sys
 import time
 from collections.abc import Iterable
 
+from pytest_shutdown._os import escaped
 from pytest_shutdown.prctl import (
     PR_GET_CHILD_SUBREAPER,
     PR_SET_CHILD_SUBREAPER,
@@ -58,7 +61,7 @@ class Containment:
     (A plain class: made once per session, where a dataclass's generated methods would be
     compiled for it.)"""
 
-    __slots__ = ("token", "subreaper", "_was_subreaper", "_old_marker", "_pid")
+    __slots__ = ("token", "subreaper", "_was_subreaper", "_old_marker", "_pid", "_old_watch")
 
     def __init__(self) -> None:
         self.token = os.urandom(8).hex()
@@ -66,27 +69,36 @@ class Containment:
         self._was_subreaper: bool | None = None
         self._old_marker: str | None = None
         self._pid = os.getpid()
+        self._old_watch: object = None
 
     def __repr__(self) -> str:
         return f"Containment(token={self.token!r}, subreaper={self.subreaper!r})"
 
-    def engage(self) -> Containment:
-        """Become a child subreaper (Linux) and mark the environment; idempotent."""
+    def engage(self, *, subreaper: bool = False) -> Containment:
+        """Mark the environment; with ``subreaper``, also become a child subreaper (Linux),
+        else watch for the marker in processes that leave the tree
+        (:mod:`pytest_shutdown._os.escaped`). Idempotent."""
         self._was_subreaper = _subreaper_now()
         if self._was_subreaper:
-            self.subreaper = True  # a pytester run inside a guarded run: already one
-        elif sys.platform.startswith("linux"):
+            self.subreaper = True  # an inline pytester run inside a subreaper's run
+        elif subreaper and sys.platform.startswith("linux"):
             self.subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1)
         self._old_marker = os.environ.get(SESSION_MARKER_ENV)
         os.environ[SESSION_MARKER_ENV] = self.token
+        if not self.subreaper and sys.platform.startswith("linux"):
+            self._old_watch = escaped.watch_marker(SESSION_MARKER_ENV, self.token)
         return self
 
     def release(self) -> None:
-        """Put the flag and the environment back as they were (the session is over)."""
+        """Put the flag, the watch and the environment back as they were (the session is
+        over)."""
         if os.getpid() != self._pid:
             return
         if self.subreaper and self._was_subreaper is False:
             prctl(PR_SET_CHILD_SUBREAPER, 0)
+        if self._old_watch is not None:
+            escaped.restore_watch(self._old_watch)
+            self._old_watch = None
         if os.environ.get(SESSION_MARKER_ENV) == self.token:
             if self._old_marker is None:
                 os.environ.pop(SESSION_MARKER_ENV, None)

@@ -291,8 +291,11 @@ class ShutdownGuard:
         #: Failed setup/call reports by node id, to attach the teardown's findings to.
         self._failed_reports: dict[str, pytest.TestReport] = {}
         origins.install()
-        #: Subreaper + environment marker: nothing a test starts hides by being re-parented.
-        self.containment = Containment().engage()
+        #: Environment marker (+ subreaper, opt-in): nothing a test starts hides by being
+        #: re-parented.
+        self.containment = Containment().engage(
+            subreaper=settings.containment == "subreaper"
+        )
         with one_moment():  # opens the readings' handles now, not inside the first test
             for kind in self.kinds:
                 kind.fingerprint()

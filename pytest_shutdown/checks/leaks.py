@@ -37,6 +37,7 @@ from dataclasses import field
 from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown import origins
+from pytest_shutdown._os import escaped
 from pytest_shutdown.checks.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.forks import this_pid
@@ -246,7 +247,17 @@ def descendant_pids() -> frozenset[int]:
     process's descendants, not the host); elsewhere a process-table scan (psutil). Inside
     :func:`pytest_shutdown.moments.one_moment`, read once.
     """
-    return reading("descendant_pids", _read_descendant_pids)
+    return reading("descendant_pids", _read_descendants)
+
+
+def _read_descendants() -> frozenset[int]:
+    """The tree walk's answer, with the session's processes that left the tree (found by the
+    session marker while the guard contains without a subreaper:
+    :mod:`pytest_shutdown._os.escaped`)."""
+    tree = _read_descendant_pids()
+    if escaped.watching():
+        return tree | escaped.escaped_processes(tree, last_pid())
+    return tree
 
 
 def cached_descendants(marker: bytes) -> frozenset[int] | None:
@@ -302,7 +313,9 @@ def nothing_of_ours_since(
     ours = {this_pid(), os.getppid(), _UNREADABLE}
     for pid in others:
         parent = _parent_of(pid)  # None: gone, whatever it was
-        if parent is not None and (parent in ours or parent in descendants):
+        if parent is not None and (
+            parent in ours or parent in descendants or escaped.carries_marker(pid)
+        ):
             return False
     return True
 

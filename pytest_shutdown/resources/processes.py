@@ -18,7 +18,12 @@ from pytest_shutdown.checks.leaks import (
     multiprocessing_helper_pids,
     process_running,
 )
-from pytest_shutdown.containment import first_ancestor, reap_adopted, started_in_test
+from pytest_shutdown.containment import (
+    _subreaper_now,
+    first_ancestor,
+    reap_adopted,
+    started_in_test,
+)
 from pytest_shutdown.resources.base import Allowance, ObjectKind
 
 __all__ = ["REPORTED", "ProcessKind", "parent_pids"]
@@ -49,13 +54,14 @@ class ProcessKind(ObjectKind):
         if allow is True:
             return ()
         now = descendant_pids()
+        if now and _subreaper_now():
+            # Orphans the subreaper adopted that ended (this test's or an earlier one's): reaped
+            # at once, so that no zombie piles up under pytest.
+            reap_adopted(p for p in now if not process_running(p))
         if not now or now <= before:
             return ()
         fresh = now - before - multiprocessing_helper_pids()
-        running = tuple(sorted(p for p in fresh if process_running(p)))
-        if len(running) < len(fresh):  # an orphan adopted by the subreaper ended: reap it
-            reap_adopted(p for p in fresh if p not in running)
-        return running
+        return tuple(sorted(p for p in fresh if process_running(p)))
 
     def targets(self, items: Sequence[int]) -> Mapping[Any, object]:
         from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
@@ -109,7 +115,13 @@ def describe_reparented(record: dict[str, Any]) -> None:
     if record.get("started_at"):
         return
     pid = int(record["pid"])
-    record["reparented"] = record.get("ppid") == os.getpid()
+    ppid = record.get("ppid")
+    me = os.getpid()
+    adopted = ppid == me and _subreaper_now() is True
+    record["reparented"] = adopted or (
+        ppid is not None and ppid != me and ppid not in descendant_pids()
+    )
+    record["adopted"] = adopted
     test = started_in_test(pid)
     if test is not None:
         record["started_in"] = test.rsplit(" (", 1)[0]

@@ -127,20 +127,40 @@ def escaped() -> Iterator[list[int]]:
             pass
 
 
-@pytest.mark.parametrize("route", sorted(ROUTES))
+#: How each containment finds the escaped process: the marker (the default) sees it re-parented
+#: to PID 1; the subreaper (opt-in) adopts it.
+REPARENTED = {
+    "marker": "[[]its parent exited: re-parented to pid *, found by the session marker[]]",
+    "subreaper": "[[]re-parented to pytest: its parent exited[]]",
+}
+
+
+@pytest.mark.parametrize(
+    ("route", "containment"),
+    # A process started with no environment at all carries no marker: only the subreaper
+    # finds it (docs/limits.md).
+    [
+        (r, c)
+        for r in sorted(ROUTES)
+        for c in sorted(REPARENTED)
+        if not (r == "empty_env_setsid" and c == "marker")
+    ],
+)
 def test_an_escaped_process_is_found_named_and_killed(
-    pytester: pytest.Pytester, route: str, escaped: list[int]
+    pytester: pytest.Pytester, route: str, containment: str, escaped: list[int]
 ) -> None:
     pidfile = pytester.path / f"{route}.pid"
     pytester.makepyfile(test_escape=_suite(route, pidfile))
-    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-grace=0.2")
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-grace=0.2", f"--shutdown-containment={containment}"
+    )
     pid = _read_pid(pidfile)
     escaped.append(pid)
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(
         [
             f"*started in test_{route} still running after the 0.2 s grace: {pid} (sleep).",
-            f"  process {pid} (sleep): sleep 60 [re-parented to pytest: its parent exited]",
+            f"  process {pid} (sleep): sleep 60 {REPARENTED[containment]}",
             f"    started at (user frames first), during test_escape.py::test_{route}:",
             "      (its first recorded ancestor, pid *",
             f'      File "*test_escape.py", line 7, in test_{route}',
@@ -211,12 +231,14 @@ def test_adopted_zombies_are_reaped(pytester: pytest.Pytester) -> None:
             """
         )
     )
-    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-grace=0.2")
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-grace=0.2", "--shutdown-containment=subreaper"
+    )
     result.assert_outcomes(passed=2)
 
 
 def test_the_environment_marker_and_subreaper_are_set_and_put_back(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pytester.makepyfile(
         test_marker=textwrap.dedent(
@@ -231,7 +253,7 @@ def test_the_environment_marker_and_subreaper_are_set_and_put_back(
                 with open(f"/proc/{os.getpid()}/status") as f:
                     pass
                 from pytest_shutdown.containment import _subreaper_now
-                assert _subreaper_now() is True
+                assert _subreaper_now() is (os.environ["WANT_SUBREAPER"] == "1")
             """
         )
     )
@@ -243,7 +265,13 @@ def test_the_environment_marker_and_subreaper_are_set_and_put_back(
             print("AFTER", os.environ.get("PYTEST_SHUTDOWN_SESSION"), _subreaper_now())
         """
     )
+    monkeypatch.setenv("WANT_SUBREAPER", "0")
     result = pytester.runpytest_subprocess("-p", "shutdown", "-s")
+    result.assert_outcomes(passed=1)
+    monkeypatch.setenv("WANT_SUBREAPER", "1")
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "-s", "--shutdown-containment=subreaper"
+    )
     result.assert_outcomes(passed=1)
     plain = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     plain.assert_outcomes(failed=1)  # without the guard: no marker, no subreaper

@@ -116,3 +116,64 @@ def test_a_blanket_kill_of_a_fixtures_process_is_still_collateral(
         ["*test_kills_every_child: ?collateral-kill? 1 process*by SIGKILL*"]
     )
     result.assert_outcomes(passed=2, errors=1)
+
+
+# --- warn and fail mode leave process parentage alone ----------------------------------------
+
+ORPHANS = """
+import os, signal, subprocess, sys
+import psutil, pytest
+
+def test_an_orphaned_grandchild_is_not_ours():
+    code = ("import subprocess, sys; g = subprocess.Popen([sys.executable, '-c', "
+            "'import time; time.sleep(20)']); print(g.pid, flush=True)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    g = int(p.stdout.readline())
+    p.wait()
+    p.stdout.close()
+    try:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(g, os.WNOHANG)
+        assert g not in [c.pid for c in psutil.Process().children(recursive=True)]
+    finally:
+        os.kill(g, signal.SIGKILL)
+
+@pytest.mark.parametrize("n", range({tests}))
+def test_short_lived_orphans(n):
+    for _ in range(10):
+        subprocess.run(["sh", "-c", "sleep 0.05 &"], check=True)
+
+def test_zz_no_zombie_under_pytest():
+    import time
+    deadline = time.monotonic() + 5  # the last orphans end (0.05 s) and are reaped
+    while True:
+        zombies = [c.pid for c in psutil.Process().children()
+                   if c.status() == psutil.STATUS_ZOMBIE]
+        if len(zombies) <= 10 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(zombies) <= 10, zombies
+"""
+
+
+def test_process_parentage_is_the_same_in_every_mode(pytester: pytest.Pytester) -> None:
+    """An orphan is PID 1's (or the host's subreaper's), as without the plugin: waitpid on it
+    fails, no listing of pytest's children shows it; 300 short-lived orphans leave no zombie
+    under pytest."""
+    pytester.makepyfile(test_orphans=ORPHANS.format(tests=30))
+    by_mode = run_modes(pytester)
+    assert len(by_mode["plain"]) == 32
+    assert set(by_mode["plain"].values()) == {"PASSED"}, by_mode["plain"]
+    assert by_mode["warn"] == by_mode["plain"]
+    assert by_mode["fail"] == by_mode["plain"]
+
+
+def test_the_opt_in_subreaper_reaps_what_it_adopts_at_once(pytester: pytest.Pytester) -> None:
+    """``--shutdown-containment=subreaper`` adopts orphans (that is its point) and reaps every
+    one that ends: no zombie growth over 1,000 orphans."""
+    pytester.makepyfile(test_orphans=ORPHANS.format(tests=100))
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-containment=subreaper", "-p", "no:randomly",
+        "-k", "short_lived or zombie",
+    )
+    result.assert_outcomes(passed=101)

@@ -1,0 +1,113 @@
+"""Processes that left the session's tree, found by the session marker, not by adopting them.
+
+A guarded session puts ``PYTEST_SHUTDOWN_SESSION=<token>`` in its environment; every program a
+test executes inherits it, whatever parent, session or process group it moves to. A daemon's
+double fork or a shell's background job re-parents the process to PID 1 (or to the nearest
+child subreaper of the host): no walk down pytest's children lists finds it, and becoming a
+subreaper to keep it would change what the test sees (``os.waitpid`` on an orphan succeeds,
+zombies pile up under pytest). So the pids the kernel allocated since the last look are
+looked up (``ns_last_pid`` counts upwards: every process created since has a number in the
+range), and those that run, lead their thread group, are not in the tree and carry the token
+are the session's escaped processes. The cost follows the pids allocated since the last look,
+never the host's whole process table, and nothing is read while no pid was allocated.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["carries_marker", "escaped_processes", "restore_watch", "watch_marker", "watching"]
+
+#: The environment entry an escaped process carries (``NAME=token\0``); None: not watched.
+_entry: bytes | None = None
+#: The escaped processes found so far (pruned of those that ended on each look).
+_found: set[int] = set()
+#: The last pid looked at; None before the first look.
+_looked_to: int | None = None
+#: More pids than this allocated since the last look (or the numbers wrapped): one pass over
+#: ``/proc`` instead of one lookup per number.
+_RANGE_LIMIT = 4096
+
+
+def watch_marker(name: str | None, token: str | None = None) -> object:
+    """Look for processes carrying ``name=token`` from now on (None: stop looking). Returns
+    what was watched before, for :func:`restore_watch` (an inline pytester run's session
+    inside a guarded one gives the outer session's watch back when it ends)."""
+    global _entry, _found, _looked_to
+    previous = (_entry, _found, _looked_to)
+    _entry = None if name is None or token is None else f"{name}={token}\0".encode()
+    _found = set()
+    _looked_to = None
+    return previous
+
+
+def restore_watch(previous: object) -> None:
+    """Put back what :func:`watch_marker` returned."""
+    global _entry, _found, _looked_to
+    _entry, _found, _looked_to = previous  # type: ignore[misc]
+
+
+def watching() -> bool:
+    """Whether a marker is watched (a guarded session that contains without a subreaper)."""
+    return _entry is not None
+
+
+def carries_marker(pid: int) -> bool:
+    """Whether process ``pid`` carries the watched marker in its environment."""
+    entry = _entry
+    if entry is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return entry in f.read()
+    except OSError:
+        return False
+
+
+def _leads_and_runs(pid: int) -> bool:
+    """``pid`` is a process (not another process's thread) and has not ended."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            status = f.read(1024)
+    except OSError:
+        return False
+    state = tgid = None
+    for line in status.splitlines():
+        if line.startswith(b"State:"):
+            state = line.split()[1:2]
+        elif line.startswith(b"Tgid:"):
+            tgid = line.split()[1:2]
+            break
+    return tgid == [str(pid).encode()] and state not in ([b"Z"], [b"X"])
+
+
+def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset[int]:
+    """The session's processes outside ``tree`` (this process's descendants now), given
+    ``ns_last_pid`` read before ``tree`` was walked; empty while no marker is watched."""
+    global _looked_to
+    if _entry is None:
+        return frozenset()
+    me = os.getpid()
+    try:
+        now = int(last_pid) if last_pid is not None else None
+    except ValueError:
+        now = None
+    if now is None or _looked_to is None or not 0 <= now - _looked_to <= _RANGE_LIMIT:
+        candidates = [int(e) for e in _listing() if e.isdigit()]
+    else:
+        candidates = list(range(_looked_to + 1, now + 1))
+    if now is not None:
+        _looked_to = now
+    for pid in candidates:
+        if pid != me and pid not in tree and _leads_and_runs(pid) and carries_marker(pid):
+            _found.add(pid)
+    if _found:
+        _found.difference_update([p for p in _found if p in tree or not _leads_and_runs(p)])
+    return frozenset(_found)
+
+
+def _listing() -> list[str]:
+    try:
+        return os.listdir("/proc")
+    except OSError:
+        return []

@@ -9,7 +9,9 @@ undo here, and one ``os.register_at_fork(after_in_child=...)`` hook (installed o
 removable) runs them in the child, before any of the child's own code: the child then behaves
 exactly as it would without the plugin. ``multiprocessing``'s fork and forkserver start methods
 both go through ``os.fork``; spawn and ``subprocess`` start a fresh interpreter and inherit no
-Python state at all.
+Python state at all. A child forked in C (``fork()`` through ctypes or a C extension) runs none of
+these hooks: what it inherits must see for itself that it is not in the process that installed it
+(:mod:`pytest_shutdown.interrupts` does, for its handler and its watch).
 
 A Python-level handler runs only at the child's first bytecode boundary, which can be inside the
 undo itself: a SIGTERM sent right after the fork (``terminate()`` on a busy machine) would still

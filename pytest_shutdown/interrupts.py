@@ -1,28 +1,36 @@
-"""SIGTERM ends a guarded session in order, as Ctrl-C does: teardown, summary, report; and a
+"""SIGTERM ends a fail-mode session in order, as Ctrl-C does: teardown, summary, report; and a
 session stuck in C still ends.
 
 pytest has no SIGTERM handler, so a CI runner's SIGTERM kills the process where it stands: no
-fixture teardown, no summary, no report. While a guarded session (or one writing
-``--shutdown-report``) runs, the first SIGTERM raises :class:`KeyboardInterrupt` in the main
-thread instead.
+fixture teardown, no summary, no report. While a session in fail mode (or a guard-off one
+writing ``--shutdown-report``) runs, the first SIGTERM raises :class:`KeyboardInterrupt` in the
+main thread instead. Warn mode observes only: it installs no handler and no watch at all, so a
+test sees Python's own SIGTERM and SIGINT handling, exactly as without the plugin.
 
 A Python signal handler runs only when the main thread gets back to Python. A main thread
 blocked inside one C call (a deadlocked ``pthread_mutex_lock``, a driver call) never does, so
 the handler alone would make SIGTERM and Ctrl-C do nothing at all. So the signals are also
 watched from a thread of the plugin's own: a C-level handler (``faulthandler.register`` with
 ``chain=True``, which then calls Python's own handler as before) writes every thread's stack
-into a pipe, and the watcher reads it. If the main thread has not taken the signal within
-:data:`TAKE_SIGNAL_S` seconds (for SIGTERM: our handler has not run; for SIGINT: the main
-thread's frame has not moved), or on a second SIGTERM, the watcher ends the process at once:
-it writes the record log's end and the report (``"complete": false``), dumps every thread's
-stack to stderr and exits with 143 (SIGTERM) or 130 (SIGINT).
+into a datagram socket, and the watcher reads it. The kernel tells the watcher which process
+wrote each datagram (``SO_PASSCRED``): a child that inherited the C-level handler (one forked
+in C, below Python's at-fork hooks) writes its own signal's dump there too, and the watcher
+ignores it. If the main thread has not taken the signal within :data:`TAKE_SIGNAL_S` seconds
+(for SIGTERM: our handler has not run; for SIGINT: the main thread's frame has not moved), or
+on a second SIGTERM, the watcher ends the process at once: it writes the record log's end and
+the report (``"complete": false``), dumps every thread's stack to stderr and exits with 143
+(SIGTERM) or 130 (SIGINT).
 
 Nothing is installed when a handler other than the default one is already in place (the user's
 code installed its own), on an xdist worker (the controller ends the workers), or outside the
 main thread; SIGINT is watched only while its handler is Python's default one. A handler the
 user's code installs during the run is left alone. A forked child never keeps the handlers or
-the watch (:mod:`pytest_shutdown.forks`): ``Process.terminate()`` and ``Pool.terminate()`` kill
-it with SIGTERM as they would without the plugin.
+the watch (:mod:`pytest_shutdown.forks`): each watched signal's C-level handler is put back to
+what Python's handler table says (ours reads as the default), so ``Process.terminate()`` and
+``Pool.terminate()`` kill it with SIGTERM as they would without the plugin, also after a test
+put SIGTERM back to ``SIG_DFL``. A child forked in C runs no at-fork hook: should it run Python
+code, our handler sees it is not in the process that installed it and does the default action
+(SIGTERM kills it); one that never returns to Python code keeps the C-level handler.
 """
 
 from __future__ import annotations
@@ -31,12 +39,14 @@ import faulthandler
 import os
 import select
 import signal
+import socket
+import struct
 import sys
 import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 import pytest
 
@@ -66,8 +76,16 @@ class SigtermEndsSessionInOrder:
         self._on_abort = on_abort
         self._watch: _SignalWatch | None = None
         self._sigterms = 0
+        self._signals: list[int] = []
+        self._pid = os.getpid()  # the process that installed the handler (set at start)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._pid:
+            # A child forked in C (no at-fork hook ran) that got back to Python: the default
+            # action, exactly as without the plugin.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         self._sigterms += 1
         watch = self._watch
         if watch is not None:
@@ -86,16 +104,18 @@ class SigtermEndsSessionInOrder:
             return
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return  # someone else's handler: theirs governs
+        self._pid = os.getpid()
         signal.signal(signal.SIGTERM, self._on_sigterm)
         self._installed = True
         signals: list[int] = [signal.SIGTERM]
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
             signals.append(signal.SIGINT)
+        self._signals = signals
         self._watch = None
         if hasattr(faulthandler, "register"):  # not on Windows: the handler alone, as before
             try:
                 self._watch = _SignalWatch(signals, self._abort)
-            except (OSError, RuntimeError, ValueError):  # pragma: no cover - no pipe, no watch
+            except (OSError, RuntimeError, ValueError):  # pragma: no cover - no socket, no watch
                 self._watch = None
         undo_in_forked_child("sigterm", self._restore_default_in_child, hold=signals)
 
@@ -107,8 +127,20 @@ class SigtermEndsSessionInOrder:
         if self._watch is not None:
             self._watch.forget_in_child()
             self._watch = None
-        if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Unregistering faulthandler put back the C-level handler of the watch's start, which
+        # is no longer right where the test changed Python's handler since (a SIGTERM put back
+        # to SIG_DFL would be caught and ignored). Each watched signal's C-level disposition is
+        # set again from Python's table: what the test set; ours reads as the default.
+        for signum in self._signals:
+            handler: Any = signal.getsignal(signum)
+            if handler == self._on_sigterm:
+                handler = signal.SIG_DFL
+            if handler is None:
+                continue  # installed outside Python: nothing to set it from
+            try:
+                signal.signal(signum, handler)
+            except (OSError, RuntimeError, TypeError, ValueError):  # pragma: no cover
+                pass
 
     def stop(self) -> None:
         if not self._installed:
@@ -123,36 +155,53 @@ class SigtermEndsSessionInOrder:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+#: The credentials the kernel attaches to a datagram where the receiver asks for them (Linux's
+#: ``struct ucred``: pid, uid, gid).
+_UCRED = struct.Struct("iII")
+_PASSCRED: int | None = getattr(socket, "SO_PASSCRED", None)
+_CREDENTIALS: int | None = getattr(socket, "SCM_CREDENTIALS", None)
+_ANCILLARY_SIZE = socket.CMSG_SPACE(_UCRED.size) if hasattr(socket, "CMSG_SPACE") else 0
+
+
 class _SignalWatch:
-    """Notices SIGTERM and SIGINT from a thread of its own, whatever the main thread does."""
+    """Notices SIGTERM and SIGINT delivered to this process, from a thread of its own, whatever
+    the main thread does.
+
+    Each signal's C-level handler writes its dump into a datagram socket; the kernel tells the
+    watcher which process wrote each datagram (``SO_PASSCRED``), and only this process's count.
+    A child forked in C keeps the C-level handler and the socket: its signals are its own."""
 
     def __init__(self, signals: list[int], abort: Callable[[int], None]) -> None:
         self.taken = threading.Event()
         self._abort = abort
         self._ending = threading.Lock()
-        self._pipes: dict[int, tuple[int, IO[bytes]]] = {}  # signal -> (read fd, write file)
+        #: signal -> (the watcher's receiving end, the C-level handler's sending end)
+        self._sockets: dict[int, tuple[socket.socket, socket.socket]] = {}
         self._registered: list[int] = []
         self._stopped = False
         #: Held while the watcher runs: :meth:`stop` waits for it (see there).
         self._running = threading.Lock()
         self._ident = 0  # the watcher's, once started
+        self._pid = os.getpid()  # the only process whose signals count
         #: Python's handler of each signal when the watch started.
         self._python_handlers = {signum: signal.getsignal(signum) for signum in signals}
-        for signum in signals:
-            read_fd, write_fd = os.pipe()
-            os.set_blocking(write_fd, False)  # a full pipe cuts the dump, never blocks it
-            writer: IO[bytes] = os.fdopen(write_fd, "wb", buffering=0)
-            self._pipes[signum] = (read_fd, writer)
         try:
-            for signum, (_, writer) in self._pipes.items():
-                faulthandler.register(signum, file=writer, all_threads=True, chain=True)
+            for signum in signals:
+                receiver, sender = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+                self._sockets[signum] = (receiver, sender)
+                if _PASSCRED is not None:
+                    receiver.setsockopt(socket.SOL_SOCKET, _PASSCRED, 1)
+                sender.setblocking(False)  # a full queue cuts the dump, never blocks it
+            for signum, (_, sender) in self._sockets.items():
+                faulthandler.register(signum, file=sender.fileno(), all_threads=True, chain=True)
                 self._registered.append(signum)
         except BaseException:
             self.stop()
             raise
+        receivers = {receiver: signum for signum, (receiver, _) in self._sockets.items()}
         self._running.acquire()
         try:
-            self._ident = start_own_thread(self._run, ())
+            self._ident = start_own_thread(self._run, (receivers,))
         except BaseException:  # no watcher: nothing for stop() to wait for
             self._running.release()
             self.stop()
@@ -162,19 +211,13 @@ class _SignalWatch:
         frame = sys._current_frames().get(threading.main_thread().ident or 0)
         return (id(frame), frame.f_lasti) if frame is not None else None
 
-    def _run(self) -> None:
-        fds = {read_fd: signum for signum, (read_fd, _) in self._pipes.items()}
+    def _run(self, receivers: dict[socket.socket, int]) -> None:
         try:
-            self._watch_signals(fds)
+            self._watch_signals(receivers)
         finally:
-            for fd in fds:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-            self._running.release()
+            self._running.release()  # stop() closes the sockets
 
-    def _watch_signals(self, fds: dict[int, int]) -> None:
+    def _watch_signals(self, receivers: dict[socket.socket, int]) -> None:
         pending: dict[int, tuple[float, tuple[int, int] | None]] = {}  # signal -> since, where
         sigterms = 0
         while True:
@@ -183,19 +226,18 @@ class _SignalWatch:
                 due = min(since for since, _ in pending.values()) + TAKE_SIGNAL_S
                 timeout = max(due - time.monotonic(), 0.0)
             try:
-                ready, _, _ = select.select(list(fds), [], [], timeout)
+                ready, _, _ = select.select(list(receivers), [], [], timeout)
             except (OSError, ValueError):
                 return
-            for fd in ready:
-                try:
-                    data = os.read(fd, 65536)
-                except OSError:
-                    return
-                if not data or self._stopped:
+            for receiver in ready:
+                ours = self._receive(receiver)
+                if ours is None:
                     return  # the session is over
-                signum = fds[fd]
+                if not ours:
+                    continue  # another process's signal (a child forked in C): not ours
+                signum = receivers[receiver]
                 time.sleep(0.05)  # one signal writes one dump: read the rest of it
-                self._drain(fd)
+                self._drain(receiver)
                 if signum == signal.SIGTERM:
                     sigterms += 1
                     if sigterms > 1:
@@ -211,12 +253,35 @@ class _SignalWatch:
                     why = f"the main thread did not take it within {TAKE_SIGNAL_S:g} s"
                     self.end_at_once(signum, why + " (blocked in a C call)")
 
-    def _drain(self, fd: int) -> None:
-        while select.select([fd], [], [], 0)[0]:
+    def _receive(self, receiver: socket.socket) -> bool | None:
+        """Read the datagrams waiting until one of this process's: whether one came (None: the
+        watch is over)."""
+        while True:
+            if self._stopped:
+                return None  # (a datagram socket shut for reading reads "nothing yet")
             try:
-                if not os.read(fd, 65536):
+                data, ancillary, _, _ = receiver.recvmsg(1, _ANCILLARY_SIZE, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return None if self._stopped else False
+            except (OSError, ValueError):
+                return None
+            if not data:
+                return None
+            if self._sent_here(ancillary):
+                return True
+
+    def _sent_here(self, ancillary: list[tuple[int, int, bytes]]) -> bool:
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == _CREDENTIALS and len(payload) >= _UCRED.size:
+                return bool(_UCRED.unpack_from(payload)[0] == self._pid)
+        return True  # no credentials (not Linux): every datagram counts, as it did
+
+    def _drain(self, receiver: socket.socket) -> None:
+        while True:
+            try:
+                if not receiver.recv(65536, socket.MSG_DONTWAIT):
                     return
-            except OSError:
+            except (OSError, ValueError):  # BlockingIOError: nothing left
                 return
 
     def end_at_once(self, signum: int, why: str) -> None:
@@ -252,28 +317,34 @@ class _SignalWatch:
             if signal.getsignal(signum) == self._python_handlers.get(signum):
                 faulthandler.unregister(signum)
         self._registered = []
-        for _, writer in self._pipes.values():
-            writer.close()  # the watcher reads the end of its pipe and returns
-        stopping = bool(self._pipes)
-        self._pipes = {}
+        sockets = list(self._sockets.values())
+        self._sockets = {}
+        for receiver, sender in sockets:
+            try:
+                receiver.shutdown(socket.SHUT_RD)  # the watcher reads the end and returns
+            except OSError:
+                pass
+            sender.close()
         # Waited for here, while this thread lets go of the GIL: a watcher still ending while the
         # session's last collections run asks for the GIL every switch interval (5 ms) and
         # slowed the end of every session by several milliseconds.
-        waits = stopping and threading.get_ident() != self._ident
+        waits = bool(sockets) and threading.get_ident() != self._ident
         if waits and self._running.acquire(timeout=STOP_TIMEOUT_S):
             self._running.release()
+        for receiver, _ in sockets:
+            receiver.close()
 
     def forget_in_child(self) -> None:
-        """In a forked child: no C-level handler, no pipe of the parent's."""
+        """In a forked child: no C-level handler, no socket of the parent's."""
         self._stopped = True
         for signum in self._registered:
             faulthandler.unregister(signum)
         self._registered = []
-        for read_fd, writer in self._pipes.values():
-            for close in (writer.close, lambda fd=read_fd: os.close(fd)):
+        for receiver, sender in self._sockets.values():
+            for sock in (receiver, sender):
                 try:
-                    close()
+                    sock.close()
                 except OSError:
                     pass
-        self._pipes = {}
+        self._sockets = {}
         self._ending = threading.Lock()  # the parent may have held it at the fork

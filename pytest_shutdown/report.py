@@ -511,7 +511,8 @@ class ShutdownReport:
 
     @pytest.hookimpl(tryfirst=True, specname="pytest_sessionstart")
     def pytest_sessionstart_signals(self, session: pytest.Session) -> None:
-        self.sigterm.start(session)
+        if self.settings.mode != "warn":  # warn mode observes only: no handler, no watch
+            self.sigterm.start(session)
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:

@@ -190,8 +190,13 @@ def render_findings(findings: Iterable[Mapping[str, Any]], details: bool = False
         for proc in facts.get("processes", []):
             # A forked child repeats pytest's command line: name what started it instead.
             what = proc.get("what") or _cmdline(proc.get("cmdline"))
-            if proc.get("reparented"):
+            if proc.get("reparented") and proc.get("adopted", True):
                 what += " [re-parented to pytest: its parent exited]"
+            elif proc.get("reparented"):
+                what += (
+                    f" [its parent exited: re-parented to pid {proc.get('ppid')}, found by the "
+                    "session marker]"
+                )
             lines.append(f"  process {proc.get('pid')} ({proc.get('name')}): {what}")
             lines.extend(_started_at(proc))
     return "\n".join(lines)

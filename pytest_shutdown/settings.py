@@ -31,6 +31,9 @@ from pytest_shutdown.resources import allow_keys, kind_names
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
 #: What the guard does with long-lived resources (owned by module globals) at session end.
 LONG_LIVED_CHOICES: tuple[str, ...] = ("list", "fail")
+#: How processes that leave the test's tree are found: by the session marker in their
+#: environment (observes only), or by adopting them as a child subreaper (opt-in).
+CONTAINMENT_CHOICES: tuple[str, ...] = ("marker", "subreaper")
 #: Accepted values of ``--shutdown-platform``: ``auto`` and ``devices.PLATFORMS``, spelled out:
 #: importing the device readers here would cost every session their import.
 PLATFORM_CHOICES: tuple[str, ...] = ("auto", "cuda", "rocm", "cpu")
@@ -52,7 +55,7 @@ class GuardSettings(FrozenRecord):
 
     __slots__ = (
         "mode", "grace_s", "budget_s", "report_path", "platform", "graphs_dir", "long_lived",
-        "resources", "native_threads_allow",
+        "resources", "native_threads_allow", "containment",
     )
     mode: str
     grace_s: float
@@ -66,6 +69,8 @@ class GuardSettings(FrozenRecord):
     #: Kernel-name globs of native threads never blamed, beyond the built-in list (ini
     #: ``shutdown_native_threads_allow``).
     native_threads_allow: tuple[str, ...]
+    #: ``--shutdown-containment``: ``marker`` (the default) or ``subreaper``.
+    containment: str
 
     def __init__(
         self,
@@ -78,10 +83,11 @@ class GuardSettings(FrozenRecord):
         long_lived: str = "list",
         resources: tuple[str, ...] | None = None,
         native_threads_allow: tuple[str, ...] = (),
+        containment: str = "marker",
     ) -> None:
         super().__init__(
             mode, grace_s, budget_s, report_path, platform, graphs_dir, long_lived, resources,
-            native_threads_allow,
+            native_threads_allow, containment,
         )
 
     @property
@@ -164,7 +170,8 @@ def load_settings(config: pytest.Config) -> GuardSettings:
     lines = config.getini("shutdown_native_threads_allow") or ()
     native_allow = tuple(str(p).strip() for p in lines if str(p).strip())
     return GuardSettings(
-        mode, grace, budget, report_path, platform, graphs_dir, long_lived, resources, native_allow
+        mode, grace, budget, report_path, platform, graphs_dir, long_lived, resources,
+        native_allow, _containment(config),
     )
 
 
@@ -311,6 +318,16 @@ def shows_details(config: pytest.Config) -> bool:
     )
 
 
+def _containment(config: pytest.Config) -> str:
+    option = config.getoption("shutdown_containment", default=None)
+    if option is not None:
+        return _choice(str(option).strip(), "--shutdown-containment", CONTAINMENT_CHOICES)
+    ini = str(config.getini("shutdown_containment") or "").strip()
+    if ini:
+        return _choice(ini, "shutdown_containment (ini)", CONTAINMENT_CHOICES)
+    return "marker"
+
+
 def _long_lived(config: pytest.Config) -> str:
     option = config.getoption("shutdown_long_lived", default=None)
     if option is not None:
@@ -404,6 +421,14 @@ through CUDA_VISIBLE_DEVICES (CUDA) or HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVI
 before the conftests are imported, so engine fixtures fan out over a multi-GPU machine. The
 header says when workers share GPUs. Does nothing without xdist or on the CPU.
 """.strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+CONTAINMENT_DESC = """
+How processes that leave a test's tree (a daemon's double fork, a shell's background job) are
+found. 'marker' (default): by the session marker in their environment; nothing changes for the
+test (they are re-parented to PID 1 as without the plugin). 'subreaper': pytest becomes a child
+subreaper and adopts them (also finds processes forked without exec), but a test then sees
+orphans as pytest's children; adopted zombies are reaped at each check.
+""".strip().replace("\n", " ")
+
 LONG_LIVED_DESC = """
 Threads and child processes owned by a module global or a class attribute (a singleton pool)
 are never a test's leak; the guard lists those still alive at session end under 'long-lived
@@ -489,6 +514,13 @@ def add_options(parser: pytest.Parser) -> None:
         help=LONG_LIVED_DESC,
     )
     group.addoption(
+        "--shutdown-containment",
+        dest="shutdown_containment",
+        metavar="|".join(CONTAINMENT_CHOICES),
+        default=None,
+        help=CONTAINMENT_DESC,
+    )
+    group.addoption(
         "--shutdown-details",
         dest="shutdown_details",
         action="store_true",
@@ -508,6 +540,7 @@ def add_options(parser: pytest.Parser) -> None:
         "shutdown_native_threads_allow", NATIVE_ALLOW_DESC, type="linelist", default=[]
     )
     parser.addini("shutdown_long_lived", LONG_LIVED_DESC, default="")
+    parser.addini("shutdown_containment", CONTAINMENT_DESC, default="")
     parser.addini("shutdown_grace", GRACE_DESC, default="")
     parser.addini("shutdown_budget", BUDGET_DESC, default="")
 

@@ -80,7 +80,8 @@ def test_sigkill_mid_run_leaves_a_log_that_assembles_into_a_partial_report(
     proc.send_signal(signal.SIGKILL)
     returncode, _ = finish(proc)
     assert returncode == -signal.SIGKILL
-    assert not (pytester.path / "r.json").exists()
+    left = json.loads((pytester.path / "r.json").read_text())  # its own, marked at start
+    assert left["complete"] is False and left["in_progress"]["pid"] == proc.pid
     log = record_log_path(pytester.path / "r.json")
     assert log.name == "r.records.jsonl"
     # The documented command.
@@ -158,7 +159,8 @@ def test_pytest_timeout_thread_method_exit_keeps_the_finished_tests(
     pytester.makepyfile(test_suite=SUITE)
     result = pytester.runpytest_subprocess(*ARGS, "--timeout=3", "--timeout-method=thread")
     assert result.ret == 1
-    assert not (pytester.path / "r.json").exists()
+    left = json.loads((pytester.path / "r.json").read_text())  # its own, marked at start
+    assert left["complete"] is False and "in_progress" in left
     entries = list(read_entries(record_log_path(pytester.path / "r.json")))
     report = assemble(entries)
     assert report["complete"] is False

@@ -1148,12 +1148,14 @@ class ShutdownGuard:
             return
         from pytest_shutdown.checks.leaks import (  # noqa: PLC0415
             _walk_descendants,
-            kill_process_trees,
             multiprocessing_helper_pids,
             process_running,
         )
         from pytest_shutdown.containment import reap_adopted  # noqa: PLC0415
-        from pytest_shutdown.resources.processes import ProcessKind  # noqa: PLC0415
+        from pytest_shutdown.resources.processes import (  # noqa: PLC0415
+            ProcessKind,
+            stop_processes,
+        )
 
         now = descendant_pids()
         if not self.containment.subreaper:  # re-parented ones are found by their marker
@@ -1182,10 +1184,7 @@ class ShutdownGuard:
             )
         self.report.add_findings("<session end>", plain)
         if self.settings.mode == "fail":
-            killed = kill_process_trees(
-                left, timeout=5.0, why="the session-end sweep (fail mode)"
-            )
-            reap_adopted([*left, *(r["pid"] for r in killed)])
+            stop_processes(left, why="the session-end sweep (fail mode)")
 
     def _kill_children(self, watch: _Watch) -> list[dict[str, Any]]:
         """On budget expiry: kill the test's child processes (not those of live fixtures)."""

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -101,11 +103,59 @@ class ProcessKind(ObjectKind):
         return found
 
     def restore(self, items: Sequence[int]) -> None:
-        if items:
-            killed = kill_process_trees(
-                items, timeout=5.0, why="the guard restores order (fail mode)"
-            )
-            reap_adopted([*items, *(r["pid"] for r in killed)])
+        stop_processes(items, why="the guard restores order (fail mode)")
+
+
+#: Seconds a leaked ``multiprocessing.Pool`` has to stop through its own ``terminate()``.
+POOL_STOP_S = 5.0
+
+
+def stop_processes(pids: Sequence[int], *, why: str) -> list[dict[str, Any]]:
+    """Stop the processes ``pids`` (fail mode): a live ``multiprocessing.Pool``'s workers
+    through the pool's own ``terminate()`` (bounded; killing a worker under a live pool
+    leaves the pool's handler re-spawning workers and its exit-time finalizer waiting forever
+    on a lock the killed worker held), the others by the one tree killer. Returns the killed
+    processes' records."""
+    pids = tuple(pids)
+    if not pids:
+        return []
+    stopped = _stop_pools_of(pids, why)
+    rest = tuple(p for p in pids if p not in stopped)
+    killed = kill_process_trees(rest, timeout=5.0, why=why) if rest else []
+    reap_adopted([*rest, *(r["pid"] for r in killed)])
+    return killed
+
+
+def _stop_pools_of(pids: Sequence[int], why: str) -> set[int]:
+    """Terminate each live ``multiprocessing.Pool`` that has a worker among ``pids``; the
+    pids of the workers so handed to their pool (whether or not it stopped in time)."""
+    pool_module = sys.modules.get("multiprocessing.pool")
+    if pool_module is None:
+        return set()
+    workers = {}
+    for pid in pids:
+        obj = origins.process_object(pid)
+        if obj is not None:
+            workers[id(obj)] = pid
+    if not workers:
+        return set()
+    import gc  # noqa: PLC0415
+
+    handed: set[int] = set()
+    for pool in [o for o in gc.get_objects() if isinstance(o, pool_module.Pool)]:
+        mine = [workers[id(w)] for w in list(getattr(pool, "_pool", ())) if id(w) in workers]
+        if not mine:
+            continue
+        from pytest_shutdown._os.killer import record_ordered_end  # noqa: PLC0415
+
+        record_ordered_end(mine, why + ": its pool's terminate()")
+        stopper = threading.Thread(
+            target=pool.terminate, name="pytest-shutdown-pool-stop", daemon=True
+        )
+        stopper.start()
+        stopper.join(POOL_STOP_S)
+        handed.update(mine)
+    return handed
 
 
 def describe_reparented(record: dict[str, Any]) -> None:

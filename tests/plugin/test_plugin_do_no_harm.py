@@ -28,16 +28,20 @@ def outcomes(result: pytest.RunResult) -> dict[str, str]:
     return found
 
 
-def run_modes(pytester: pytest.Pytester, *args: str) -> dict[str, dict[str, str]]:
+def run_modes(
+    pytester: pytest.Pytester, *args: str, guarded: tuple[str, ...] = ()
+) -> dict[str, dict[str, str]]:
+    """Per-test outcomes plain, warn and fail; ``guarded``: options of the guarded runs only.
+    Each run has a deadline: a hang at exit fails the test."""
     common = ("-p", "no:randomly", "-p", "no:cacheprovider", "-rA", *args)
+
+    def run(*mode: str) -> dict[str, str]:
+        return outcomes(pytester.runpytest_subprocess(*mode, *common, timeout=90))
+
     return {
-        "plain": outcomes(pytester.runpytest_subprocess("-p", "no:shutdown", *common)),
-        "warn": outcomes(
-            pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-guard=warn", *common)
-        ),
-        "fail": outcomes(
-            pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-guard=fail", *common)
-        ),
+        "plain": run("-p", "no:shutdown"),
+        "warn": run("-p", "shutdown", "--shutdown-guard=warn", *guarded),
+        "fail": run("-p", "shutdown", "--shutdown-guard=fail", *guarded),
     }
 
 
@@ -177,3 +181,35 @@ def test_the_opt_in_subreaper_reaps_what_it_adopts_at_once(pytester: pytest.Pyte
         "-k", "short_lived or zombie",
     )
     result.assert_outcomes(passed=101)
+
+
+# --- a pool is stopped as a pool, never by killing its workers under it ----------------------
+
+LEAKED_POOL = """
+import multiprocessing as mp
+import threading
+
+def work(x):
+    return x * 2
+
+def test_leaks_a_pool():
+    pool = mp.get_context("fork").Pool(2)
+    assert pool.map(work, range(20)) == [x * 2 for x in range(20)]
+    stop = threading.Event()  # a thread keeps the pool alive past the test
+    threading.Thread(target=lambda: stop.wait() and pool, daemon=True).start()
+
+def test_next():
+    pass
+"""
+
+
+def test_a_leaked_pool_is_stopped_as_a_pool_and_the_exit_does_not_hang(
+    pytester: pytest.Pytester,
+) -> None:
+    """Killing a live Pool's workers made its handler re-spawn them and its exit-time
+    finalizer wait forever on a lock a killed worker held: pytest never exited."""
+    pytester.makepyfile(test_pool=LEAKED_POOL)
+    by_mode = run_modes(pytester, guarded=("--shutdown-grace=0.5",))
+    assert by_mode["plain"] == by_mode["warn"]
+    assert set(by_mode["plain"].values()) == {"PASSED"}
+    assert by_mode["fail"] == {**by_mode["plain"], "test_pool.py::test_leaks_a_pool": "ERROR"}

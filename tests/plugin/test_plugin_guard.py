@@ -468,8 +468,10 @@ def test_gc_freeze_of_a_wider_scope_fixture_is_the_fixtures(pytester: pytest.Pyt
             """
             import gc
 
+            AT_COLLECTION = gc.get_freeze_count()  # 0, or 375 on CPython 3.12.1
+
             def test_restored():
-                assert gc.get_freeze_count() == 0
+                assert gc.get_freeze_count() <= AT_COLLECTION
             """
         ),
     )

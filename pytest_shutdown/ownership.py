@@ -373,12 +373,22 @@ def find_owners(
         # The call's own argument tuple holds the frontier and is a (tracked) referrer of it:
         # walked, it led to the next level's argument tuple, and so on to max_depth (every
         # unowned target's walk took 14 heap passes). A call with an exact tuple passes that
-        # very tuple, whose id is skipped.
+        # very tuple, whose id is skipped. From Python 3.13 (a fastcall) the call builds a
+        # new tuple of the same objects: one that nothing but ``referrers`` holds (the list,
+        # ``ref`` and getrefcount's argument: 3) is left out too; a tuple someone else holds
+        # is walked even when it holds just the frontier.
         args = tuple(frontier)
         referrers = gc.get_referrers(*args)
         next_frontier: list[object] = []
         skip.update({id(referrers), id(next_frontier), id(frontier), id(args)})
         for ref in referrers:
+            if (
+                type(ref) is tuple
+                and len(ref) == len(args)
+                and sys.getrefcount(ref) <= 3
+                and all(a is b for a, b in zip(ref, args, strict=True))
+            ):
+                continue
             take(ref, frontier_ids, next_frontier)
         del referrers
         if forwards and remembered and len(answers) < len(keys):

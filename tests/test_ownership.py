@@ -223,6 +223,21 @@ def test_an_unowned_threads_walk_ends_where_its_referrers_end(heap_passes: list[
         loose.shutdown()
 
 
+def test_a_global_tuple_of_just_the_target_still_owns_it(module: types.ModuleType) -> None:
+    """The walk leaves out its own call's argument tuple (on 3.13 a new tuple of the frontier),
+    never a tuple someone else holds with the same objects."""
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, daemon=True)
+    thread.start()
+    module.HELD = (thread,)
+    try:
+        owner = find_owners({thread: thread}, {}, shortcut=False)[thread]
+        assert (owner.kind, owner.name) == ("module-global", "ownership_subject.HELD")
+    finally:
+        stop.set()
+        thread.join(10)
+
+
 def test_the_callers_keys_are_not_climbed(heap_passes: list[int]) -> None:
     """A key ``(kind, thread)`` refers to its target, and the walk's closures hold the keys:
     climbing them took four more heap passes for every unowned thread."""

@@ -11,6 +11,10 @@
 #                                 venv, .venv-vllm, with the vllm 0.33.0 wheel; not part of test
 #   make ray-check                the engine's DP ranks as Ray actors on a local two-node cluster
 #                                 (tests/on_ray, examples/on_ray) in a side venv, .venv-ray; not in test
+#   make test-pythons             the guard's and the helpers' tests (tests/plugin, resources,
+#                                 checks, interrupts, ownership) on Python 3.10, 3.12 and 3.13
+#                                 (pyenv or PATH; one absent is skipped), each in a side venv,
+#                                 .venv-py310 ...; pytest -n 2; in .ci/run after make test
 #   make sglang-check             the checks on SGLang's own shutdown code (examples/sglang) in
 #                                 a side venv, .venv-sglang, with the sglang 0.5.23 wheel; not
 #                                 part of test
@@ -25,7 +29,7 @@ TEST_WORKERS ?= 3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo docs lint clean vllm-check ray-check sglang-check
+.PHONY: venv test demo docs lint clean vllm-check ray-check sglang-check test-pythons
 
 venv: $(STAMP)
 
@@ -46,6 +50,9 @@ demo: $(STAMP)
 docs: $(STAMP)
 	$(BIN)/python -m mkdocs build --strict --site-dir site
 
+test-pythons:
+	CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test-pythons
+
 vllm-check:
 	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/vllm-check
 
@@ -60,4 +67,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) .venv-vllm .venv-ray .venv-sglang .venv-third-party site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-py310 .venv-py312 .venv-py313 .venv-vllm .venv-ray .venv-sglang .venv-third-party site .pytest_cache .mypy_cache .ruff_cache

@@ -13,11 +13,12 @@ pytest-shutdown's watchdogs) are never blamed. Creation sites come from
 
 Findings become a :class:`~pytest_shutdown.report.TestRecord` and ``user_properties``; in
 ``fail`` mode the test errors in teardown with :class:`ShutdownContractError`, in ``warn`` mode a
-:class:`ShutdownLeakWarning` is emitted; a test that already failed gets them as a report section
-of its failure instead, without a grace wait. In ``fail`` mode only, the guard then restores
-order for the next test: the test's own leaked process trees are killed and a gc freeze left
-behind is undone (when there was none before). Warn mode changes nothing in the run. Leaked
-threads, now part of the next baseline, are not blamed again.
+:class:`ShutdownLeakWarning` is emitted (for what may still end by itself, once its grace ran
+out while the next tests run: :mod:`pytest_shutdown.pending`); a test that already failed gets
+them as a report section of its failure instead, without a grace wait. In ``fail`` mode
+only, the guard then restores order for the next test: the test's own leaked process trees are
+killed and a gc freeze left behind is undone (when there was none before). Warn mode changes
+nothing in the run. Leaked threads, now part of the next baseline, are not blamed again.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import one_moment
 from pytest_shutdown.node_markers import scanned_names_are_hooks
+from pytest_shutdown.pending import DeferredLeaks
 from pytest_shutdown.report import (
     ShutdownReport,
     TestRecord,
@@ -304,6 +306,13 @@ class ShutdownGuard:
         self._session_start_threads = set(threading.enumerate())
         #: Non-daemon threads tests left, alive at session end: they would block the exit.
         self._blocking_exit: list[threading.Thread] = []
+        #: Warn mode: a test's candidate leaks, confirmed once their grace ran out while the
+        #: next tests run (:mod:`pytest_shutdown.pending`); fail mode waits the grace.
+        self._deferred = (
+            DeferredLeaks(settings.grace_s, report, self._render, ShutdownLeakWarning)
+            if settings.mode == "warn"
+            else None
+        )
 
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -470,6 +479,8 @@ class ShutdownGuard:
             findings, guard_error = [], describe_guard_error(exc)
         guard_s = time.monotonic() - guard_start
         teardown_s = time.monotonic() - start  # the grace waited is part of the teardown
+        if self._deferred is not None and self._deferred.due():  # earlier tests' verdicts
+            self._deferred.confirm_due()
         if fired is not None:
             from pytest_shutdown.report import budget_finding  # noqa: PLC0415
 
@@ -946,10 +957,12 @@ class ShutdownGuard:
                 fixtures[name] = fixtures.get(name, ()) + items
         now = time.monotonic()
         alive: dict[str, set[Any]] = {}
-        if watch.timed_out or watch.failed:
+        if watch.timed_out or watch.failed or self._deferred is not None:
             # The test already failed (or timed out): no grace for its own leftovers, which go
-            # with its failure; fixtures torn down here still get theirs.
-            grace = 0.0
+            # with its failure. Warn mode waits for them neither: they are confirmed once their
+            # grace ran out, while the next tests run (deferred below). Fixtures torn down here
+            # still get theirs.
+            grace = 0.0 if watch.timed_out or watch.failed else self.settings.grace_s
             deadline = now + self.settings.grace_s
             for kind in self._objects:
                 mine = kind.settle(found.get(kind.name, ()), now) if kind.name in found else ()
@@ -986,7 +999,11 @@ class ShutdownGuard:
                 items = tuple(kind.new_since(watch.before[kind.name]))
             else:
                 items = tuple(i for i in found.get(kind.name, ()) if i in alive[kind.name])
-            if items:
+            if items and self._deferred is not None and not kind.stateful and grace > 0:
+                path, lineno, _ = watch.item.reportinfo()
+                where = (str(path), (lineno or 0) + 1)
+                self._deferred.defer(watch.nodeid, watch.item.name, where, kind, items, now)
+            elif items:
                 findings.extend(kind.findings(items, watch.item.name, grace=grace))
                 restore.append((kind, items))
         if self.settings.mode == "fail":  # warn mode changes nothing in the run
@@ -1070,7 +1087,10 @@ class ShutdownGuard:
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """List the long-lived resources still alive; with ``--shutdown-long-lived=fail`` (on
-        the controller, after the workers' lists are merged) they fail the session."""
+        the controller, after the workers' lists are merged) they fail the session. Warn
+        mode's pending candidates are confirmed first (waiting at most the rest of their grace)."""
+        if self._deferred is not None and len(self._deferred):
+            self._deferred.confirm_all(wait=session.exitstatus != pytest.ExitCode.INTERRUPTED)
         now = time.monotonic()
         by_kind: dict[str, list[Any]] = {}
         for name, item in self._long_lived:

@@ -65,7 +65,9 @@ SUITE = textwrap.dedent(
         os.open(__file__, os.O_RDONLY)
 
     def test_clean_last():
-        _stop.set()
+        # (does not stop 'mine': in warn mode it is confirmed once its grace ran out, at
+        # session end here; stopped now it would have ended within its grace, not a leak)
+        pass
     """
 )
 

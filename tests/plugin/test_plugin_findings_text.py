@@ -66,7 +66,9 @@ LEAKS_A_THREAD = textwrap.dedent(
         threading.Thread(target=stop.wait, args=(30,), name="leaky", daemon=True).start()
 
     def test_zz_stop():
-        stop.set()
+        # (does not stop 'leaky': warn mode confirms it once its grace ran out, at session
+        # end here; stopped now it would have ended within its grace, not a leak)
+        pass
     """
 )
 

@@ -92,6 +92,11 @@ _processes: OrderedDict[int, tuple[Callable[[], Any], Origin]] = OrderedDict()
 #: returned, when ``threading`` no longer knows it; it is no native thread of anyone's.
 _python_tids: dict[int, None] = {}
 PYTHON_TID_LIMIT = 4096
+#: kernel thread id of a thread started by ``_thread.start_new_thread`` while recording -> a
+#: weak reference to what it runs (a bound method's object, else the function): the object an
+#: ownership search explains for that native thread (an execnet gateway's receiver thread is
+#: its gateway's, and so its group's).
+_native_runs: OrderedDict[int, Any] = OrderedDict()
 #: The same ids in the order their threads started (the last ones), and how many threads were
 #: started in all: what a move of ``ns_last_pid`` is made of when this process created nothing
 #: else (:func:`pytest_shutdown.checks.leaks.descendant_pids`).
@@ -314,6 +319,7 @@ def install() -> None:
     _originals.update({"thread": (thread_start, start), "popen": (popen_init, popen)})
     threading.Thread.start = start  # type: ignore[method-assign]
     subprocess.Popen.__init__ = popen  # type: ignore[method-assign]
+    _wrap_start_new_thread()
     loaded = sys.modules.get(_PROCESS_MODULE)
     if loaded is not None:
         _wrap_process_start(loaded)
@@ -321,6 +327,50 @@ def install() -> None:
         _process_start_pending.append(_AfterImport(_PROCESS_MODULE, _wrap_process_start))
         sys.meta_path.insert(0, _process_start_pending[0])
     undo_in_forked_child("origins", _uninstall_in_forked_child)
+
+
+def _wrap_start_new_thread() -> None:
+    """Record what each ``_thread.start_new_thread`` thread runs, by its kernel thread id
+    (``threading`` starts its own threads through a reference it took at import: not these)."""
+    import _thread  # noqa: PLC0415
+
+    original = _thread.start_new_thread
+
+    def start_new_thread(function: Any, args: Any, kwargs: Any = None) -> int:
+        ran = _weak_run(function)
+        if ran is None:
+            return original(function, args) if kwargs is None else original(function, args, kwargs)
+
+        def run(*a: Any, **k: Any) -> Any:
+            _native_runs[threading.get_native_id()] = ran
+            while len(_native_runs) > PYTHON_TID_LIMIT:
+                _native_runs.popitem(last=False)
+            return function(*a, **k)
+
+        return original(run, args, kwargs or {})
+
+    _originals["start_new_thread"] = (original, start_new_thread)
+    _thread.start_new_thread = start_new_thread
+
+
+def _weak_run(function: Any) -> Any:
+    """A weak reference to what ``function`` runs for: its object (a bound method), or itself;
+    None where neither can be weakly referenced."""
+    owner = getattr(function, "__self__", None)
+    for candidate in (owner, function):
+        if candidate is None or isinstance(candidate, types.ModuleType):
+            continue
+        try:
+            return weakref.ref(candidate)
+        except TypeError:
+            continue
+    return None
+
+
+def native_thread_runs(tid: int) -> object | None:
+    """What the ``_thread.start_new_thread`` thread ``tid`` runs for (see :data:`_native_runs`)."""
+    ref = _native_runs.get(tid)
+    return ref() if ref is not None else None
 
 
 _PROCESS_MODULE = "multiprocessing.process"
@@ -405,9 +455,12 @@ def uninstall() -> None:
     if _installs:
         return
     _stop_waiting_for_import()
+    import _thread  # noqa: PLC0415
+
     places: dict[str, tuple[Any, str]] = {
         "thread": (threading.Thread, "start"),
         "popen": (subprocess.Popen, "__init__"),
+        "start_new_thread": (_thread, "start_new_thread"),  # type: ignore[dict-item]
     }
     loaded = sys.modules.get(_PROCESS_MODULE)
     if loaded is not None:

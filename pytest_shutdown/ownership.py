@@ -73,6 +73,14 @@ _TOOL_PACKAGES = frozenset(
 )
 #: ... except the reference engine: its objects own pools like any engine's.
 _CODE_UNDER_TEST = "pytest_shutdown.engine"
+#: ... and execnet's master side: only a test suite makes a ``Group`` or a ``Gateway`` in a
+#: process that runs tests (an xdist worker's own gateway is ``execnet.gateway_base``'s). A
+#: session fixture's group owns the gateways a function fixture makes (execnet's own suite):
+#: walking through them finds that owner, where skipping them made fail mode kill the gateway
+#: under every later test.
+_SUITES_OWN_TOOL_MODULES = frozenset(
+    {"execnet.multi", "execnet.gateway", "execnet.gateway_io", "execnet.xspec", "execnet.rsync"}
+)
 
 #: (module, attribute path) of the standard library's registries: they reference every thread or
 #: process (or cleanup) by design and own nothing.
@@ -150,7 +158,11 @@ _NEVER_OWNERS = (types.FrameType, types.TracebackType, types.ModuleType)
 
 def _is_tool_module(name: str) -> bool:
     """The test tools' modules; the bundled reference engine is code under test, not a tool."""
-    return name.partition(".")[0] in _TOOL_PACKAGES and not name.startswith(_CODE_UNDER_TEST)
+    return (
+        name.partition(".")[0] in _TOOL_PACKAGES
+        and not name.startswith(_CODE_UNDER_TEST)
+        and name not in _SUITES_OWN_TOOL_MODULES
+    )
 
 
 def _is_a(obj: object, kinds: type | tuple[type, ...]) -> bool:

@@ -207,6 +207,16 @@ class NativeThreadKind(ObjectKind):
             found.append(tid)
         return tuple(found)
 
+    def targets(self, items: Sequence[int]) -> Mapping[Any, object]:
+        """The object each ``_thread.start_new_thread`` thread runs for (recorded at its start):
+        what an ownership search explains for it. A thread started in C has none."""
+        found = {}
+        for tid in items:
+            obj = origins.native_thread_runs(tid)
+            if obj is not None:
+                found[tid] = obj
+        return found
+
     def settle(self, items: Sequence[int], deadline: float) -> Sequence[int]:
         left = tuple(items)
         delay = 0.001  # a joined thread's task ends a moment after join() returned

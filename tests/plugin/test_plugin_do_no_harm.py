@@ -213,3 +213,101 @@ def test_a_leaked_pool_is_stopped_as_a_pool_and_the_exit_does_not_hang(
     assert by_mode["plain"] == by_mode["warn"]
     assert set(by_mode["plain"].values()) == {"PASSED"}
     assert by_mode["fail"] == {**by_mode["plain"], "test_pool.py::test_leaks_a_pool": "ERROR"}
+
+
+# --- what a session fixture's registry reaches is never the test's ---------------------------
+
+GATEWAY_REGISTRY = """
+import _thread, subprocess, sys, threading, pytest
+
+ECHO = "import sys\\nfor line in sys.stdin: print(line, end='', flush=True)"
+SERVE = [sys.executable, "-c", ECHO]
+
+class Gateway:
+    \"\"\"A process and its receiver thread, started as execnet's thread model does.\"\"\"
+    def __init__(self):
+        pipe = subprocess.PIPE
+        self.proc = subprocess.Popen(SERVE, stdin=pipe, stdout=pipe, text=True)
+        self.stop = threading.Event()
+        _thread.start_new_thread(self.receive, ())
+    def receive(self):
+        self.stop.wait(60)
+    def close(self):
+        self.stop.set()
+        self.proc.stdin.close()
+        self.proc.wait(10)
+        self.proc.stdout.close()
+
+class Group:
+    def __init__(self):
+        self.gateways = {}
+    def terminate(self):
+        for gw in self.gateways.values():
+            gw.close()
+
+@pytest.fixture(scope="session")
+def group():
+    g = Group()
+    yield g
+    g.terminate()
+
+@pytest.fixture
+def gw(group):
+    if "gw" not in group.gateways:  # made by the first test that asks, kept by the group
+        group.gateways["gw"] = Gateway()
+    return group.gateways["gw"]
+
+@pytest.mark.parametrize("n", range(6))
+def test_echo(gw, n):
+    gw.proc.stdin.write(f"{n}\\n")
+    gw.proc.stdin.flush()
+    assert gw.proc.stdout.readline() == f"{n}\\n"
+"""
+
+
+def test_what_a_session_fixtures_registry_reaches_is_not_killed(
+    pytester: pytest.Pytester,
+) -> None:
+    """A function fixture hands out a gateway (a process and a ``_thread`` receiver thread)
+    that a session fixture's registry keeps: the first test that used it is not blamed, and
+    fail mode does not kill it under the later tests (execnet's suite: 11 failures plain, 441
+    under the guard)."""
+    pytester.makepyfile(test_gateways=GATEWAY_REGISTRY)
+    by_mode = run_modes(pytester)
+    assert len(by_mode["plain"]) == 6 and set(by_mode["plain"].values()) == {"PASSED"}
+    assert by_mode["warn"] == by_mode["plain"]
+    assert by_mode["fail"] == by_mode["plain"]
+
+
+EXECNET_GROUP = """
+import execnet, pytest
+
+@pytest.fixture(scope="session")
+def group():
+    g = execnet.Group()
+    yield g
+    g.terminate(timeout=1)
+
+@pytest.fixture
+def gw(group):
+    try:
+        return group["popen"]
+    except KeyError:
+        return group.makegateway("popen//id=popen//execmodel=thread")
+
+@pytest.mark.parametrize("n", range(4))
+def test_remote(gw, n):
+    channel = gw.remote_exec("channel.send(channel.receive() + 1)")
+    channel.send(n)
+    assert channel.receive() == n + 1
+"""
+
+
+def test_execnets_own_group_fixture_owns_its_gateways(pytester: pytest.Pytester) -> None:
+    """The same shape on execnet itself (its own suite's conftest): its master-side objects
+    are the suite's, walked through like any object, not skipped as the test tool's."""
+    pytester.makepyfile(test_execnet=EXECNET_GROUP)
+    by_mode = run_modes(pytester, "-p", "no:xdist")
+    assert len(by_mode["plain"]) == 4 and set(by_mode["plain"].values()) == {"PASSED"}
+    assert by_mode["warn"] == by_mode["plain"]
+    assert by_mode["fail"] == by_mode["plain"]

@@ -40,6 +40,11 @@ BENCHMARKS = {
     ),
     "helpers": ("helpers.py", "assertion helpers on a clean renderer; leak diagnosis at 165k"),
     "growth": ("growth.py", "ReferenceLLM 10-cycle growth check; census at 200k; clean shapes"),
+    "leaky": (
+        "leaky_suite.py",
+        "30 tests, one in three leaking a thread or a process for 1 s, and their clean twin: "
+        "warn/plain and fail/plain",
+    ),
     "suite": ("suite.py", "the whole suite under make test"),
 }
 #: Each benchmark must end within this (every wait has a deadline); each run inside one has

@@ -1,10 +1,13 @@
 """Real test suites plain and under the guard (warn and fail): time ratios, outcomes, findings.
 
-Not part of ``make test``. The suites are subsets of four (or more) projects' own test suites,
-pinned to one release each: the sdist is downloaded from PyPI (``pip download --no-binary``)
-and unpacked into a side folder this script manages (``.venv-third-party/`` in the repository,
-git-ignored), with a side venv holding pytest, the suites' test dependencies and this checkout of
-pytest-shutdown (editable). ``--setup-only`` builds it; every run builds what is missing.
+Not part of ``make test``. The suites are subsets of projects' own test suites, pinned to one
+release each: issue 26's four (pebble, loky, tqdm, joblib; the default, and the guard budget's)
+and issue 44's, whose tests start processes and signal them (execnet, pexpect, sh; run them with
+``--suites execnet,pexpect,sh``). Each sdist is downloaded from PyPI (``pip download
+--no-binary``) and unpacked into a side folder this script manages (``.venv-third-party/`` in
+the repository, git-ignored), with a side venv holding pytest, the suites' test dependencies and
+this checkout of pytest-shutdown (editable). ``--setup-only`` builds it; every run builds what
+is missing.
 
 Each suite runs plain (``-p no:shutdown``), guarded in warn mode and guarded in fail mode
 (``-p shutdown --shutdown-guard=warn|fail``), the order turning each round, with bytecode
@@ -18,6 +21,7 @@ default, and its record log (a line per test) would be timed as the guard's. Eve
 deadline; a run past it is SIGKILLed with its whole process group and counted as ``timeout``.
 
     .venv/bin/python benchmarks/third_party.py [--suites tqdm,joblib] [--rounds 3] [--json P]
+    .venv/bin/python benchmarks/third_party.py --suites execnet,pexpect,sh --rounds 1
     .venv/bin/python benchmarks/third_party.py --setup-only
 """
 
@@ -68,6 +72,7 @@ class Suite:
         return f"{self.name}-{self.version}"
 
 
+#: The guard budget's suites (issue 26): run by default, and by ``guard_budget.py``.
 SUITES = {
     suite.name: suite
     for suite in (
@@ -117,6 +122,73 @@ SUITES = {
         ),
     )
 }
+#: Suites whose tests start processes and signal them (issue 44): run when named (``--suites``),
+#: for their outcomes plain, warn and fail; not in the guard budget's figures.
+PROCESS_SUITES = {
+    suite.name: suite
+    for suite in (
+        Suite(
+            "execnet",
+            "2.1.2",
+            (
+                "testing/test_termination.py",
+                "testing/test_multi.py",
+                "testing/test_threadpool.py",
+                "testing/test_gateway.py",
+            ),
+            (
+                "-o",
+                "pythonpath=src",
+                # Fails plain too: the parametrized copies import one module name ("remote")
+                # from each test's own tmp_path, the first copy's module cached in sys.modules.
+                "-k",
+                "not test_remote_exec_module_is_removed",
+            ),
+            why="popen/socket/proxy gateways (child interpreters): termination, trykill on "
+            "SIGTERM/SIGKILL, group safe_terminate, the execution model's thread pool",
+        ),
+        Suite(
+            "pexpect",
+            "4.9.0",
+            (
+                "tests/test_isalive.py",
+                "tests/test_misc.py",
+                "tests/test_destructor.py",
+                "tests/test_popen_spawn.py",
+                "tests/test_interact.py",
+                "tests/test_constructor.py",
+                "tests/test_env.py",
+                "tests/test_winsize.py",
+                "tests/test_async.py",
+            ),
+            why="children on a pty (ptyprocess fork): SIGHUP/SIGINT/SIGKILL, isalive/wait, "
+            "terminate, spawns dropped to the garbage collector (test_destructor), asyncio",
+            slow=True,
+        ),
+        Suite(
+            "sh",
+            "2.4.0",
+            ("tests/sh_test.py",),
+            (
+                # No pytest section of its own: without -c, pytest would take this repository's
+                # pyproject.toml above the side folder as the ini and the rootdir.
+                "-c",
+                "tox.ini",
+                "-o",
+                "pythonpath=src",
+                "-k",
+                "(signal or sig or kill or terminate or timeout or session or group or bg "
+                "or background or wait or done or exit or process) and not piped "
+                "and not multiple_pipes",
+            ),
+            why="background commands and their threads, signals to children and their "
+            "process groups, new sessions, timeouts that kill, done callbacks, SIGHUP to "
+            "grandchildren",
+            slow=True,
+        ),
+    )
+}
+ALL_SUITES = {**SUITES, **PROCESS_SUITES}
 
 #: The side venv's packages: pytest and psutil as in this venv; the suites' test dependencies.
 SIDE_PACKAGES = (
@@ -124,6 +196,7 @@ SIDE_PACKAGES = (
     "pytest-asyncio==1.5.0",  # tqdm's addopts say --asyncio-mode=strict
     "cloudpickle==3.1.3",  # loky
     "numpy==2.4.6",  # joblib's memmapping tests
+    "ptyprocess==0.7.0",  # pexpect
 )
 
 
@@ -297,6 +370,8 @@ def measure_suite(
     load_after = load_average()
     for _, line in differences:
         print(f"  DIFFERENT OUTCOME: {line}")
+    for mode in ("warn", "fail"):
+        print(f"  {pair_summary(results, mode)}", flush=True)
     for (where, code), count in sorted(flagged.items()):
         print(f"  finding: {where} [{code}] in {count} of {rounds} rounds")
     figures = []
@@ -340,6 +415,29 @@ def measure_suite(
     return figures, differences
 
 
+def pair_summary(results: dict[str, list[Result]], mode: str) -> str:
+    """``plain vs MODE``: how many tests' outcomes differ in any round, and how many of those
+    are a fail-mode error on a test the guard has findings on (a leak it reports)."""
+    differ: set[str] = set()
+    explained: set[str] = set()
+    for plain, guarded in zip(results["plain"], results[mode], strict=True):
+        flagged = dict(guarded.flagged)
+        for name in set(plain.outcomes) | set(guarded.outcomes):
+            before = plain.outcomes.get(name, "missing")
+            after = guarded.outcomes.get(name, "missing")
+            if before == after:
+                continue
+            differ.add(name)
+            if mode == "fail" and "error" in after and name in flagged:
+                explained.add(name)
+    tests = len(results["plain"][-1].outcomes)
+    line = f"plain vs {mode}: {len(differ)} of {tests} tests' outcomes differ"
+    if explained:
+        line += f" ({len(explained)} a fail-mode error with the guard's findings"
+        line += f", {len(differ - explained)} not)"
+    return line
+
+
 def outcome_differences(results: dict[str, Result], round_no: int) -> list[tuple[str, str]]:
     """(test id, ``round N: test id: plain X, warn Y, fail Z``) per test whose outcome differs
     for no reason the guard gives: a test that errors in fail mode only, with the guard's
@@ -353,6 +451,13 @@ def outcome_differences(results: dict[str, Result], round_no: int) -> list[tuple
             continue
         outcomes = ", ".join(f"{mode} {seen[mode]}" for mode in MODES)
         line = f"round {round_no}: {name}: {outcomes}"
+        found = {
+            mode: codes
+            for mode in ("warn", "fail")
+            if (codes := dict(results[mode].flagged).get(name))
+        }
+        if found:
+            line += "; findings " + ", ".join(f"{mode} {codes}" for mode, codes in found.items())
         if seen["plain"] == seen["warn"] and "error" in seen["fail"] and name in flagged:
             print(f"  explained by the guard's findings {flagged[name]} in fail mode: {line}")
             continue
@@ -381,7 +486,11 @@ def measure(
 
 def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suites", default=",".join(SUITES), help=f"of: {', '.join(SUITES)}")
+    parser.add_argument(
+        "--suites",
+        default=",".join(SUITES),
+        help=f"comma-separated, of: {', '.join(ALL_SUITES)} (default: {', '.join(SUITES)})",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="rounds, modes alternating (3)")
     parser.add_argument("--side", type=Path, default=DEFAULT_SIDE, help="the side folder")
     parser.add_argument("--pytest-args", default="", help="extra pytest arguments, one string")
@@ -389,12 +498,12 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.suites.split(",") if n.strip()]
-    unknown = [n for n in names if n not in SUITES]
+    unknown = [n for n in names if n not in ALL_SUITES]
     if unknown:
-        parser.error(f"--suites: unknown {', '.join(unknown)}; accepted: {', '.join(SUITES)}")
+        parser.error(f"--suites: unknown {', '.join(unknown)}; accepted: {', '.join(ALL_SUITES)}")
     if args.rounds < 1:
         parser.error("--rounds must be >= 1")
-    suites = [SUITES[n] for n in names]
+    suites = [ALL_SUITES[n] for n in names]
     if args.setup_only:
         setup(args.side, suites)
         return []

@@ -445,14 +445,20 @@ class ShutdownReport:
         each finding with the facts that locate it, or with ``details`` every fact it has."""
         records = sorted(self.records, key=lambda r: r.nodeid)
         counts = self.counts()
-        flagged = sum(1 for r in records if r.findings)
+        # Findings of no test (``<session end>``, ``<fixture NAME>``) are named, not counted as
+        # tests: "2 of 1 test" misled.
+        flagged = sum(1 for r in records if r.findings and not r.nodeid.startswith("<"))
+        beyond = sorted({r.nodeid for r in records if r.findings and r.nodeid.startswith("<")})
         setting = f"guard in {self.settings.mode} mode, grace {self.settings.grace_s:g} s"
         if self.settings.budget_s:
             setting += f", budget {self.settings.budget_s:g} s"
         tests = len(self.durations)
         if counts:
             by_code = ", ".join(f"{code}: {n}" for code, n in sorted(counts.items()))
-            head = f"{flagged} of {tests} test{'s' if tests > 1 else ''} with findings ({by_code})"
+            head = f"{flagged} of {tests} test{'s' if tests != 1 else ''} with findings"
+            if beyond:
+                head += f", and findings at {', '.join(beyond)}"
+            head += f" ({by_code})"
         elif tests:
             head = f"no findings in {tests} test{'s' if tests > 1 else ''}"
         else:

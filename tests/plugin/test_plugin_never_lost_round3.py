@@ -261,3 +261,22 @@ def test_the_report_folder_is_created_once_the_options_are_valid(
     result = pytester.runpytest_subprocess(*ARGS, "--shutdown-report=new/deep/r.json")
     assert result.ret == 0
     assert json.loads((pytester.path / "new/deep/r.json").read_text())["complete"] is True
+
+
+def test_findings_at_session_end_are_not_counted_as_a_test(pytester: pytest.Pytester) -> None:
+    """A process still running at session end made the summary say '2 of 1 test with
+    findings': the ``<session end>`` record is named, not counted as a test."""
+    pytester.makepyfile(
+        test_late="""
+        import subprocess, sys
+
+        def test_leaks_a_short_process():
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
+        """
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-guard=warn", "--shutdown-grace=0.1", timeout=60
+    )
+    heads = [line for line in result.outlines if "with findings" in line]
+    assert heads, result.stdout.str()
+    assert heads[0].startswith("1 of 1 test with findings, and findings at <session end> ("), heads

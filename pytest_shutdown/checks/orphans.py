@@ -40,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from pytest_shutdown._os.killer import kill_trees
 from pytest_shutdown.checks.collectives import (
     collective_hang_finding,
     collective_wait,
@@ -490,11 +491,9 @@ class _Run:
             members = [p for p in self.scan().values() if p.alive] if self.launcher.alive else []
             if not members:
                 return
-            for proc in members:
-                try:
-                    os.kill(proc.pid, signal_module.SIGKILL)
-                except OSError:
-                    pass
+            kill_trees(
+                [p.pid for p in members], why="the tree check ends the tree it ran", timeout=0.0
+            )
             wait_gone([p.pid for p in members], 5.0)
 
 

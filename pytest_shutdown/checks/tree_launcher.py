@@ -37,6 +37,7 @@ from multiprocessing import connection as mp_connection
 from multiprocessing.connection import Connection
 from typing import Any
 
+from pytest_shutdown._os.killer import kill_trees
 from pytest_shutdown.checks.phases import WANTED_PHASE_ENV
 from pytest_shutdown.checks.tree import TREE_MARKER_ENV, scan_tree
 from pytest_shutdown.prctl import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
@@ -244,11 +245,7 @@ def _kill_everything() -> None:
         alive = [p for p in members.values() if p.state != "Z"]
         if not alive:
             return
-        for proc in alive:
-            try:
-                os.kill(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
+        kill_trees([p.pid for p in alive], why="the tree launcher stops", timeout=0.0)
         time.sleep(0.05)
         _reap(None, set())
 

@@ -354,17 +354,20 @@ def _wrap_start_new_thread() -> None:
 
 
 def _weak_run(function: Any) -> Any:
-    """A weak reference to what ``function`` runs for: its object (a bound method), or itself;
-    None where neither can be weakly referenced."""
-    owner = getattr(function, "__self__", None)
-    for candidate in (owner, function):
-        if candidate is None or isinstance(candidate, types.ModuleType):
-            continue
-        try:
-            return weakref.ref(candidate)
-        except TypeError:
-            continue
-    return None
+    """A weak reference to what ``function`` runs for: the object of a method written in
+    Python (an execnet gateway's receiver), or a Python function itself; None for a built-in's
+    method (``lock.acquire``: a primitive serves no one in particular) or what cannot be
+    weakly referenced."""
+    if isinstance(function, types.MethodType):
+        candidate = function.__self__
+    elif isinstance(function, types.FunctionType):
+        candidate = function
+    else:
+        return None
+    try:
+        return weakref.ref(candidate)
+    except TypeError:
+        return None
 
 
 def native_thread_runs(tid: int) -> object | None:

@@ -28,10 +28,17 @@ from pytest_shutdown.node_markers import marker_names
 
 #: Warm-up calls of the marker when it does not say.
 DEFAULT_WARMUP = 2
+#: The most calls ``n`` and ``warmup`` may each ask for: each is a call of the test function in
+#: one process, so a count past this is a typo (``10**12`` would run for ever), not a check.
+MAX_CYCLES = 100_000
 
 
 def _positive(value: object, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and minimum <= value <= MAX_CYCLES
+    )
 
 
 def cycles_of(item: pytest.Item) -> tuple[int, int] | None:
@@ -43,7 +50,10 @@ def cycles_of(item: pytest.Item) -> tuple[int, int] | None:
     if marker is None:
         return None
     where = f"{item.nodeid}: @pytest.mark.{MARKER}"
-    accepted = "accepted: n (a positive integer, also as cycles=), warmup (an integer >= 0)"
+    accepted = (
+        f"accepted: n (an integer from 1 to {MAX_CYCLES}, also as cycles=), "
+        f"warmup (an integer from 0 to {MAX_CYCLES})"
+    )
     unknown = sorted(set(marker.kwargs) - {"cycles", "warmup"})
     if unknown:
         raise pytest.UsageError(f"{where}: unknown argument(s) {', '.join(unknown)}; {accepted}")
@@ -52,10 +62,14 @@ def cycles_of(item: pytest.Item) -> tuple[int, int] | None:
         args.append(marker.kwargs["cycles"])
     if len(args) != 1 or not _positive(args[0], 1):
         shown = args[0] if len(args) == 1 else tuple(args)
-        raise pytest.UsageError(f"{where} takes one positive integer n, got {shown!r}; {accepted}")
+        raise pytest.UsageError(
+            f"{where} takes one integer n from 1 to {MAX_CYCLES}, got {shown!r}; {accepted}"
+        )
     warmup = marker.kwargs.get("warmup", DEFAULT_WARMUP)
     if not _positive(warmup, 0):
-        raise pytest.UsageError(f"{where}: warmup= takes an integer >= 0, got {warmup!r}")
+        raise pytest.UsageError(
+            f"{where}: warmup= takes an integer from 0 to {MAX_CYCLES}, got {warmup!r}"
+        )
     return int(args[0]), int(warmup)
 
 

@@ -5,8 +5,11 @@ cycle count."""
 from __future__ import annotations
 
 import textwrap
+from types import SimpleNamespace
 
 import pytest
+
+from pytest_shutdown.cycles import MAX_CYCLES, cycles_of
 
 CYCLES = textwrap.dedent(
     """
@@ -90,13 +93,17 @@ def test_the_marker_is_registered_without_the_guard(pytester: pytest.Pytester) -
 @pytest.mark.parametrize(
     ("args", "said", "guard"),
     [
-        ("0", "takes one positive integer n, got 0", []),
-        ("0", "takes one positive integer n, got 0", ["-p", "shutdown"]),
-        ("'3'", "takes one positive integer n, got '3'", []),
-        ("True", "takes one positive integer n, got True", []),
-        ("", "takes one positive integer n, got ()", []),
-        ("2, 3", "takes one positive integer n, got (2, 3)", []),
-        ("2, warmup=-1", "warmup= takes an integer >= 0, got -1", ["-p", "shutdown"]),
+        ("0", "takes one integer n from 1 to 100000, got 0", []),
+        ("0", "takes one integer n from 1 to 100000, got 0", ["-p", "shutdown"]),
+        ("'3'", "takes one integer n from 1 to 100000, got '3'", []),
+        ("True", "takes one integer n from 1 to 100000, got True", []),
+        ("", "takes one integer n from 1 to 100000, got ()", []),
+        ("2, 3", "takes one integer n from 1 to 100000, got (2, 3)", []),
+        ("10**12", "takes one integer n from 1 to 100000, got 1000000000000", []),
+        ("100001", "takes one integer n from 1 to 100000, got 100001", ["-p", "shutdown"]),
+        ("cycles=100001", "takes one integer n from 1 to 100000, got 100001", []),
+        ("2, warmup=-1", "warmup= takes an integer from 0 to 100000, got -1", ["-p", "shutdown"]),
+        ("2, warmup=10**12", "warmup= takes an integer from 0 to 100000, got 1000000000000", []),
         ("2, speed=1", "unknown argument(s) speed; accepted: n", []),
     ],
 )
@@ -117,6 +124,38 @@ def test_bad_marker_arguments_are_collection_errors(
     assert result.ret == pytest.ExitCode.INTERRUPTED
     result.stdout.fnmatch_lines([f"*test_bad.py::test_it: @pytest.mark.shutdown_cycles*{said}*"])
     assert "1 error" in result.stdout.str()
+
+
+def _marked(mark: pytest.MarkDecorator) -> pytest.Item:
+    item = SimpleNamespace(nodeid="t.py::test_it", get_closest_marker=lambda name: mark.mark)
+    return item  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    "mark",
+    [
+        pytest.mark.shutdown_cycles(MAX_CYCLES, warmup=MAX_CYCLES),
+        pytest.mark.shutdown_cycles(cycles=MAX_CYCLES, warmup=0),
+        pytest.mark.shutdown_cycles(1),
+    ],
+)
+def test_the_bounds_themselves_are_accepted(mark: pytest.MarkDecorator) -> None:
+    n = mark.kwargs.get("cycles", mark.args[0] if mark.args else None)
+    assert cycles_of(_marked(mark)) == (n, mark.kwargs.get("warmup", 2))
+
+
+@pytest.mark.parametrize(
+    ("mark", "said"),
+    [
+        (pytest.mark.shutdown_cycles(MAX_CYCLES + 1), f"n from 1 to {MAX_CYCLES}, got 100001"),
+        (pytest.mark.shutdown_cycles(10**12), "got 1000000000000"),
+        (pytest.mark.shutdown_cycles(2, warmup=MAX_CYCLES + 1), f"from 0 to {MAX_CYCLES}, got"),
+    ],
+)
+def test_past_the_bounds_is_a_usage_error(mark: pytest.MarkDecorator, said: str) -> None:
+    with pytest.raises(pytest.UsageError, match="shutdown_cycles") as raised:
+        cycles_of(_marked(mark))
+    assert said in str(raised.value)
 
 
 ENGINE_FIXTURE = textwrap.dedent(

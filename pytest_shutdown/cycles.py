@@ -102,13 +102,15 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
 def fixture_cycles(request: pytest.FixtureRequest, fixture: str) -> int | None:
     """The cycle count an engine fixture was given (``indirect`` parametrization), or None.
 
-    Anything but a positive integer (or None) fails the fixture's setup, naming the fixture."""
+    Anything but an integer from 1 to :data:`MAX_CYCLES` (or None) fails the fixture's setup,
+    naming the fixture."""
     value = getattr(request, "param", None)
     if value is None:
         return None
     if not _positive(value, 1):
         pytest.fail(
-            f"fixture {fixture!r}: its parameter is a cycle count (a positive integer, e.g. "
+            f"fixture {fixture!r}: its parameter is a cycle count (an integer from 1 to "
+            f"{MAX_CYCLES}, e.g. "
             f'@pytest.mark.parametrize("{fixture}", [10], indirect=True)), got {value!r}',
             pytrace=False,
         )

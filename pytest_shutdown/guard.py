@@ -55,7 +55,7 @@ from pytest_shutdown.report import (
     render_findings,
 )
 from pytest_shutdown.resources import default_kinds
-from pytest_shutdown.resources.base import ResourceKind
+from pytest_shutdown.resources.base import ObjectKind, ResourceKind
 from pytest_shutdown.resources.marks import FingerprintPass
 from pytest_shutdown.resources.threads import TOOL_MODULES, is_tool_thread
 from pytest_shutdown.settings import (
@@ -398,6 +398,8 @@ class ShutdownGuard:
             marks=marks,
         )
         self._watch.gap_unread = gap_unread
+        if not gap_unread:  # the set-up's readings may have found an earlier test's late leak
+            self._report_late()
         origins.set_current_test(self._watch.nodeid)
         if marker_error is not None:  # the watch is set: its teardown finds what it expects
             pytest.fail(marker_error, pytrace=False)
@@ -459,24 +461,30 @@ class ShutdownGuard:
             else:
                 with budget:
                     result = yield
-        except (KeyboardInterrupt, SystemExit, pytest.exit.Exception):
+        except (KeyboardInterrupt, pytest.exit.Exception):
             self._watch = None
             raise
         except BaseException as exc:
             error = exc
         self._watch = None
-        origins.set_current_test(None)
         if error is not None and _is_pytest_timeout(error):
             watch.timed_out = True
+        cut_short = None
+        if isinstance(error, SystemExit):
+            # pytest reports it as the test's teardown error, skips the finalizers still due
+            # and goes on: the test is checked now, without a grace wait, and recorded.
+            watch.failed = True
+            cut_short = f"SystemExit({error.code!r}) in its teardown"
         fired = budget.outcome if budget is not None and budget.outcome.fired else None
         guard_start = time.monotonic()
         guard_error = None
-        try:
+        try:  # (the test is still the current one while its check runs: see _note_late)
             findings = self._check(watch)
             if watch.groups_before or _C10D in sys.modules:
                 findings += process_group_findings(f"test {item.name}", watch.groups_before)
         except Exception as exc:  # noqa: BLE001 - the guard's own failure is not the test's
             findings, guard_error = [], describe_guard_error(exc)
+        origins.set_current_test(None)
         guard_s = time.monotonic() - guard_start
         teardown_s = time.monotonic() - start  # the grace waited is part of the teardown
         if self._deferred is not None and self._deferred.due():  # earlier tests' verdicts
@@ -497,7 +505,7 @@ class ShutdownGuard:
             )
         # A test that already failed is one report: the findings go with its failure.
         reported = error is None and not watch.timed_out and not watch.failed
-        if not findings and fired is None and guard_error is None:
+        if not findings and fired is None and guard_error is None and cut_short is None:
             self.report.add_clean(watch.nodeid, teardown_s, guard_s, reported)
             if error is not None:
                 raise error
@@ -513,6 +521,7 @@ class ShutdownGuard:
                 reported=reported,
                 guard_s=guard_s,
                 guard_error=guard_error,
+                cut_short=cut_short,
             )
         )
         for finding in findings:
@@ -1091,6 +1100,10 @@ class ShutdownGuard:
         mode's pending candidates are confirmed first (waiting at most the rest of their grace)."""
         if self._deferred is not None and len(self._deferred):
             self._deferred.confirm_all(wait=session.exitstatus != pytest.ExitCode.INTERRUPTED)
+        late_finders = [k for k in self._objects if _finds_late(k)]
+        if late_finders:  # what left the last tests' trees after their checks
+            self._snapshot(late_finders)
+            self._report_late()
         now = time.monotonic()
         by_kind: dict[str, list[Any]] = {}
         for name, item in self._long_lived:
@@ -1113,6 +1126,8 @@ class ShutdownGuard:
         self._note_threads_blocking_exit()
         self._exitstatus = int(session.exitstatus)
         self._long_lived.clear()
+        if self._late_failures and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a late leak found in fail mode
         if hasattr(self.config, "workerinput"):
             return
         if self.settings.long_lived == "fail" and self.report.long_lived:
@@ -1145,6 +1160,15 @@ class ShutdownGuard:
         self._blocking_exit = blocking
         findings = leak_findings(Started(tuple(blocking)), grace=0.0, subject="the session")
         plain = [f.to_dict() for f in findings]
+        if self.settings.mode == "warn":  # the report says so until the exit is unblocked
+            records = [r for f in plain for r in f["details"].get("threads", [])]
+            self.report.exit_blocked(
+                blocking,
+                [
+                    {k: r.get(k) for k in ("name", "ident", "started_in", "started_at")}
+                    for r in records
+                ],
+            )
         for finding in plain:
             names = ", ".join(repr(t.name) for t in blocking)
             finding["message"] = (
@@ -1206,6 +1230,38 @@ class ShutdownGuard:
         if self.settings.mode == "fail":
             stop_processes(left, why="the session-end sweep (fail mode)")
 
+    _late_failures = 0
+
+    def _report_late(self) -> None:
+        """Report what the kinds found after the test that made it had ended (a launcher that
+        daemonises after a delay): a record for that test, a warning in warn mode; fail mode
+        stops it and the session fails."""
+        for kind in self._objects:
+            if not _finds_late(kind):
+                continue
+            for nodeid, items in kind.late_items().items():
+                name = nodeid.rpartition("::")[2] or nodeid
+                plain = [
+                    f.to_dict()
+                    for f in kind.findings(items, name, grace=0.0, extra={"found_late": True})
+                ]
+                for finding in plain:
+                    finding["message"] = finding["message"].replace(
+                        "(no grace was given)", "after the test had ended"
+                    ) + (
+                        " It left the test's tree later and was found by the test's name in its"
+                        " environment" + ("; stopped." if self.settings.mode == "fail" else ".")
+                    )
+                self.report.add_findings(nodeid, plain)
+                if self.settings.mode == "fail":
+                    kind.restore(items)
+                    self._late_failures += 1
+                else:
+                    warnings.warn(
+                        ShutdownLeakWarning(f"leaked by {nodeid}: " + self._render(plain)),
+                        stacklevel=1,
+                    )
+
     def _kill_children(self, watch: _Watch) -> list[dict[str, Any]]:
         """On budget expiry: kill the test's child processes (not those of live fixtures)."""
         from pytest_shutdown.checks.leaks import kill_process_trees  # noqa: PLC0415
@@ -1230,6 +1286,11 @@ class ShutdownGuard:
             if pids
             else []
         )
+
+
+def _finds_late(kind: ResourceKind) -> bool:
+    """Whether the kind reports items after their test ended (``late_items``, optional)."""
+    return getattr(type(kind), "late_items", ObjectKind.late_items) is not ObjectKind.late_items
 
 
 def _its_own_to_stop(owned: _Owned) -> None:

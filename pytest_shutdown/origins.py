@@ -39,6 +39,7 @@ __all__ = [
     "process_object",
     "python_thread_tid",
     "recorded_processes",
+    "current_test",
     "set_current_test",
     "started_between_tests",
     "starter_of",
@@ -112,6 +113,11 @@ def set_current_test(nodeid: str | None) -> None:
     """Tell the recorder which test runs now (the guard calls this around each test)."""
     global _current_test
     _current_test = nodeid
+
+
+def current_test() -> str | None:
+    """The node id of the test that runs now (None between tests)."""
+    return _current_test
 
 
 @functools.lru_cache(maxsize=1)

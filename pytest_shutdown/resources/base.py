@@ -96,6 +96,8 @@ class ResourceKind(Protocol):
 
     def targets(self, items: Sequence[Any]) -> Mapping[Any, object]: ...
 
+    def late_items(self) -> Mapping[str, Sequence[Any]]: ...
+
     def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]: ...
 
     def findings(
@@ -153,6 +155,11 @@ class ObjectKind:
     def restore(self, items: Sequence[Any]) -> None:
         return None
 
+    def late_items(self) -> Mapping[str, Sequence[Any]]:
+        """Items found after the test that made them had ended, by that test's node id (a
+        process that left the test's tree later); each handed out once."""
+        return {}
+
 
 class StateKind:
     """Defaults for a kind whose items are :class:`Change` records of process-wide state.
@@ -184,6 +191,9 @@ class StateKind:
         return self.rebase(before, start, end)
 
     def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
+        return {}
+
+    def late_items(self) -> Mapping[str, Sequence[Any]]:
         return {}
 
     def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:

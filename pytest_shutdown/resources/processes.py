@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -46,11 +47,20 @@ class ProcessKind(ObjectKind):
     #: Its items end by themselves (:meth:`still_there` says which have).
     ends_by_itself = True
 
+    def __init__(self) -> None:
+        #: The descendants the last snapshot or check saw (None before the first).
+        self._seen: frozenset[int] | None = None
+        #: Processes that appeared after the test their environment names had ended (a
+        #: launcher that daemonises after a delay, a fork-and-exit hopper): node id -> pids.
+        self._late: dict[str, set[int]] = {}
+
     def fingerprint(self) -> frozenset[int]:
         return descendant_pids()
 
     def snapshot(self) -> frozenset[int]:
-        return descendant_pids()
+        now = descendant_pids()
+        self._note_late(now)
+        return now
 
     def new_since(self, before: Any, allow: Allowance = None) -> Sequence[int]:
         if allow is True:
@@ -60,10 +70,43 @@ class ProcessKind(ObjectKind):
             # Orphans the subreaper adopted that ended (this test's or an earlier one's): reaped
             # at once, so that no zombie piles up under pytest.
             reap_adopted(p for p in now if not process_running(p))
+        late = self._note_late(now)
         if not now or now <= before:
             return ()
-        fresh = now - before - multiprocessing_helper_pids()
+        fresh = now - before - multiprocessing_helper_pids() - late
         return tuple(sorted(p for p in fresh if process_running(p)))
+
+    def _note_late(self, now: frozenset[int]) -> frozenset[int]:
+        """Of the processes new since the last look, those whose environment names a test
+        other than the one running now (``PYTEST_CURRENT_TEST``, inherited when they were
+        executed): they left that test's tree after its check. Kept for :meth:`late_items`,
+        left out of the running test's new items."""
+        seen, self._seen = self._seen, now
+        if seen is None or now <= seen:
+            return frozenset()
+        current = origins.current_test()
+        inherited = _own_initial_test()
+        late = set()
+        for pid in now - seen:
+            test = started_in_test(pid)
+            if test == inherited:  # a fork without exec shows pytest's own initial block
+                continue
+            nodeid = test.rsplit(" (", 1)[0] if test else None
+            if nodeid and nodeid != current and process_running(pid):
+                self._late.setdefault(nodeid, set()).add(pid)
+                late.add(pid)
+        return frozenset(late)
+
+    def late_items(self) -> dict[str, tuple[int, ...]]:
+        """The processes found after their test ended (see :meth:`_note_late`), still running,
+        by the test that started them; each is handed out once."""
+        late, self._late = self._late, {}
+        found = {}
+        for nodeid, pids in late.items():
+            running = tuple(sorted(p for p in pids if process_running(p)))
+            if running:
+                found[nodeid] = running
+        return found
 
     def targets(self, items: Sequence[int]) -> Mapping[Any, object]:
         from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
@@ -156,6 +199,13 @@ def _stop_pools_of(pids: Sequence[int], why: str) -> set[int]:
         stopper.join(POOL_STOP_S)
         handed.update(mine)
     return handed
+
+
+@functools.lru_cache(maxsize=1)
+def _own_initial_test() -> str | None:
+    """``PYTEST_CURRENT_TEST`` in the environment this process was executed with (a pytest run
+    started by another run's test has one): what a child forked without ``exec`` shows."""
+    return started_in_test(os.getpid())
 
 
 def describe_reparented(record: dict[str, Any]) -> None:

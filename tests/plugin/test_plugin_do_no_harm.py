@@ -7,8 +7,12 @@ fail. Warn gives plain's outcome on every test; fail adds errors only on tests t
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 
+import psutil
 import pytest
 
 pytestmark = pytest.mark.skipif(
@@ -311,3 +315,51 @@ def test_execnets_own_group_fixture_owns_its_gateways(pytester: pytest.Pytester)
     assert len(by_mode["plain"]) == 4 and set(by_mode["plain"].values()) == {"PASSED"}
     assert by_mode["warn"] == by_mode["plain"]
     assert by_mode["fail"] == by_mode["plain"]
+
+
+# --- a process that leaves the tree after the check is still its test's ----------------------
+
+LATE_DAEMON = """
+import subprocess, time
+
+def test_daemonises_late():
+    # the launcher ends 0.5 s after the test; its daemon then leaves the tree
+    subprocess.Popen(["sh", "-c", "sleep 0.5; setsid sleep 300 & echo $! > {pidfile}; exit 0"])
+
+def test_next():
+    import os
+    deadline = time.monotonic() + 30  # the daemon has started (its pid is written)
+    while not os.path.exists({pidfile!r}) or not open({pidfile!r}).read().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+def test_last():
+    pass
+"""
+
+
+@pytest.mark.parametrize("mode", ["warn", "fail"])
+def test_a_process_that_leaves_the_tree_after_the_check_is_blamed_on_its_test(
+    pytester: pytest.Pytester, mode: str
+) -> None:
+    pidfile = pytester.path / "late.pid"
+    pytester.makepyfile(test_late=LATE_DAEMON.replace("{pidfile!r}", repr(str(pidfile))).replace(
+        "{pidfile}", str(pidfile)))
+    try:
+        result = pytester.runpytest_subprocess(
+            "-p", "shutdown", f"--shutdown-guard={mode}", "-p", "no:randomly", timeout=90
+        )
+        pid = int(pidfile.read_text())
+        result.stdout.fnmatch_lines(
+            [
+                f"test_late.py::test_daemonises_late: [[]process-leak[]] 1 child process started "
+                f"in test_daemonises_late still running after the test had ended: {pid} (sleep).*"
+            ]
+        )
+        assert result.ret == (1 if mode == "fail" else 0)
+        if mode == "fail":
+            assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    finally:
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)

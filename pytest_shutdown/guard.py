@@ -126,6 +126,10 @@ _NO_MARKS: tuple[AllowLeaks | None, float | None, str | None] = (None, None, Non
 _QUIET_GAPS_TRUSTED = 8
 _PROBE_EVERY = 8
 
+#: Extra looks of the fail-mode session-end sweep for a process that hopped (forked and
+#: exited) between the look and the kill.
+_SWEEP_ROUNDS = 5
+
 _PYTEST_TIMEOUT_MARK = "from pytest-timeout"
 #: Process groups exist only once torch.distributed is loaded: no lookup per test before.
 _C10D = "torch.distributed.distributed_c10d"
@@ -1229,6 +1233,14 @@ class ShutdownGuard:
         self.report.add_findings("<session end>", plain)
         if self.settings.mode == "fail":
             stop_processes(left, why="the session-end sweep (fail mode)")
+            # A fork-and-exit hopper may have hopped between the look and the kill: look again
+            # (a few rounds, each one pass), and stop what still carries the marker.
+            for _ in range(_SWEEP_ROUNDS):
+                again = frozenset(self.containment.stray_marked(kept)) - kept
+                again = frozenset(p for p in again if process_running(p))
+                if not again:
+                    break
+                stop_processes(sorted(again), why="the session-end sweep (fail mode)")
 
     _late_failures = 0
 

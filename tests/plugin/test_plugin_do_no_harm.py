@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 
 import psutil
 import pytest
@@ -363,3 +364,50 @@ def test_a_process_that_leaves_the_tree_after_the_check_is_blamed_on_its_test(
         if pidfile.exists():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+HOPPER = """
+import subprocess, sys, time
+HOP = '''
+import os, sys, time
+with open(sys.argv[1], "a") as f: f.write(str(os.getpid()) + "\\\\n")
+end = time.monotonic() + 30
+while time.monotonic() < end:
+    time.sleep(0.05)
+    if os.fork():
+        os._exit(0)
+    with open(sys.argv[1], "a") as f: f.write(str(os.getpid()) + "\\\\n")
+'''
+
+def test_hopper():
+    subprocess.Popen([sys.executable, "-c", HOP, {hops!r}])
+
+def test_next():
+    time.sleep(0.5)
+"""
+
+
+def test_a_fork_and_exit_hopper_is_blamed_on_its_test_and_does_not_outlive_fail_mode(
+    pytester: pytest.Pytester,
+) -> None:
+    hops = pytester.path / "hops.txt"
+    pytester.makepyfile(test_hop=HOPPER.replace("{hops!r}", repr(str(hops))))
+
+    def alive() -> list[int]:
+        pids = [int(p) for p in hops.read_text().split()] if hops.exists() else []
+        return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+    try:
+        result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly", timeout=90)
+        result.stdout.fnmatch_lines(
+            ["test_hop.py::test_hopper: [[]process-leak[]] *after the test had ended*"]
+        )
+        assert result.ret == 1
+        deadline = time.monotonic() + 5  # a kill in flight lands
+        while alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(), "the hopper outlived the fail-mode run"
+    finally:
+        for pid in alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -485,13 +485,19 @@ class ShutdownReport:
                 f"class attributes; {self.settings.long_lived}ed):"
             )
             for item in self.long_lived:
-                label = (
-                    repr(item.get("name"))
-                    if item["kind"] == "thread"
-                    else f"{item.get('pid')} ({item.get('name') or '?'})"
-                )
+                kind, name = item["kind"], item.get("name")
+                if kind == "thread":
+                    label = f"thread {name!r}"
+                elif kind == "port":  # its pid is the holder's, not a port number
+                    label = f"{name or 'socket'} (process {item.get('pid')})"
+                elif kind == "fd":
+                    label = f"fd {item.get('fd')} ({name or '?'})"
+                elif item.get("pid") is None:
+                    label = f"{kind} {name or '?'}"
+                else:
+                    label = f"{kind} {item.get('pid')} ({name or '?'})"
                 lines.append(
-                    f"  {item['kind']} {label} owned by {item['owner']['kind']} "
+                    f"  {label} owned by {item['owner']['kind']} "
                     f"{item['owner']['name']}, first started in {item['first_test']}"
                 )
         for lost in self.lost_workers:

@@ -186,6 +186,47 @@ def test_shared_and_lazy_pools_are_not_the_tests_leak(
     )
 
 
+def test_a_long_lived_socket_is_named_by_its_address_and_its_process(
+    pytester: pytest.Pytester,
+) -> None:
+    """A unix socket has no port: the summary names its path and the process holding it,
+    never ``port <pid>``; a TCP port is named by its address and port."""
+    pytester.makepyfile(
+        test_sockets=textwrap.dedent(
+            """
+            import socket
+
+            UNIX = TCP = None
+
+            def test_binds_module_sockets():
+                global UNIX, TCP
+                UNIX = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                TCP = socket.socket()
+                UNIX.bind("s.sock")
+                UNIX.listen()
+                TCP.bind(("127.0.0.1", 0))
+                TCP.listen()
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "-p", "no:randomly", "--shutdown-report=r.json"
+    )
+    result.assert_outcomes(passed=1)
+    ports = [r for r in _report(pytester)["long_lived"] if r["kind"] == "port"]
+    assert len(ports) == 2, ports
+    (pid,) = {r["pid"] for r in ports}  # the inner run's, which holds both
+    result.stdout.fnmatch_lines_random(
+        [
+            f"  listening unix socket *s.sock (process {pid}) owned by module-global "
+            "test_sockets.UNIX, first started in test_sockets.py::test_binds_module_sockets",
+            f"  TCP socket listening on 127.0.0.1:* (process {pid}) owned by module-global "
+            "test_sockets.TCP, *",
+        ]
+    )
+    assert f"port {pid}" not in result.stdout.str()
+
+
 def test_long_lived_resources_can_fail_the_session(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         test_global=textwrap.dedent(

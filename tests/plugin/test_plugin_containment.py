@@ -8,7 +8,6 @@ pytest has exited, and kills whatever is left in its ``finally``.
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 import textwrap
@@ -277,5 +276,41 @@ def test_the_environment_marker_and_subreaper_are_set_and_put_back(
     plain.assert_outcomes(failed=1)  # without the guard: no marker, no subreaper
 
 
-def test_os_environ_is_untouched_without_the_guard() -> None:
-    assert "PYTEST_SHUTDOWN_SESSION" not in os.environ or os.environ.get("PYTEST_XDIST_WORKER")
+@pytest.mark.parametrize("inherited", [None, "outer-token"], ids=["unset", "inherited"])
+@pytest.mark.parametrize(
+    "args", [[], ["-p", "shutdown", "--shutdown-guard=off"]], ids=["plain", "off"]
+)
+def test_os_environ_is_untouched_without_the_guard(
+    pytester: pytest.Pytester,
+    monkeypatch: pytest.MonkeyPatch,
+    inherited: str | None,
+    args: list[str],
+) -> None:
+    """A run without the guard (the plugin not asked for, or its guard off) neither sets the
+    marker nor drops one it inherited (an outer guarded session's): inside its test, and after
+    its session, the environment says what it said before the run."""
+    pytester.makepyfile(
+        test_env=textwrap.dedent(
+            """
+            import os
+
+            def test_environment_as_inherited():
+                assert os.environ.get("PYTEST_SHUTDOWN_SESSION") == os.environ.get("WANT_MARKER")
+            """
+        )
+    )
+    pytester.makeconftest(
+        """
+        import os
+        def pytest_unconfigure(config):
+            print("AFTER", repr(os.environ.get("PYTEST_SHUTDOWN_SESSION")))
+        """
+    )
+    for name in ("PYTEST_SHUTDOWN_SESSION", "WANT_MARKER"):
+        if inherited is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, inherited)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", *args)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines([f"AFTER {inherited!r}"])

@@ -10,9 +10,13 @@ appended and flushed as it happens:
 * ``{"type": "long_lived", "item": {...}}``: a thread or process owned by a module global or a
   class attribute, still alive at session end (who owns it, which test first started it);
 * ``{"type": "worker", "worker": "gw0", "lost": bool, "error": "..."}``: an xdist worker ended;
-* ``{"type": "end", "exitstatus": int, "aborted": bool, "interrupted": bool}``: the last
-  line; ``aborted`` when the process ended at once (a teardown hung past its second budget, a
-  signal the main thread could not take), ``interrupted`` when Ctrl-C or SIGTERM ended it.
+* ``{"type": "end", "exitstatus": int, "aborted": bool, "interrupted": bool}``: the session's
+  end; ``aborted`` when the process ended at once (a teardown hung past its second budget, a
+  signal the main thread could not take), ``interrupted`` when Ctrl-C or SIGTERM ended it;
+  ``exit_blocked_by`` (warn mode): the non-daemon threads tests left, alive then, that the
+  interpreter's exit waits for;
+* ``{"type": "exit_unblocked"}``: after such an end, those threads ended and the process got
+  past the exit's join (the last line then).
 
 So a run killed by SIGKILL, ``os._exit`` (pytest-timeout's ``thread`` method) or a double
 Ctrl-C keeps every finished test's findings. At session end the JSON report is assembled from
@@ -21,8 +25,9 @@ the log; after a killed run the same assembly is one command::
     python -m pytest_shutdown.records report.records.jsonl -o report.json
 
 The assembled document says ``"complete": false`` (and why, under ``incomplete``) when the
-log has no ``end`` line, an aborted or interrupted one, a lost xdist worker or a test the guard
-failed to check. Only regular files are written (:func:`refusal_of_target`).
+log has no ``end`` line, an aborted or interrupted one, one whose exit is still blocked, a lost
+xdist worker, a test the guard failed to check or one whose teardown ``SystemExit`` cut
+short. Only regular files are written (:func:`refusal_of_target`).
 
 Once a run has started, ``PATH`` never describes an earlier run: at session start it is
 replaced by :func:`in_progress_report` (``"complete": false``, the run's pid and start time),
@@ -275,7 +280,8 @@ def _merge(kept: dict[str, Any], record: Mapping[str, Any]) -> None:
 def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Fold log entries into: ``head``, ``records`` (one per test and worker, merged, only
     those with findings, a budget event or a slow guard), ``durations``, ``guard_times``,
-    ``long_lived``, ``workers``, ``lost_workers``, ``complete`` and ``exitstatus``."""
+    ``long_lived``, ``workers``, ``lost_workers``, ``complete``, ``exitstatus`` and
+    ``exit_blocked_by``."""
     head: dict[str, Any] = {}
     kept: dict[tuple[str, Any], dict[str, Any]] = {}
     durations: list[float] = []
@@ -285,6 +291,8 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     lost: list[dict[str, Any]] = []
     end: Mapping[str, Any] | None = None
     unchecked = 0
+    cut_short: list[str] = []
+    unblocked = False
     for entry in entries:
         kind = entry.get("type")
         if kind == "session":
@@ -299,7 +307,15 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
             slow = float(record.get("guard_s", 0.0)) >= SLOW_GUARD_S
             if record.get("guard_error"):
                 unchecked += 1
-            if record.get("findings") or record.get("budget") or slow or record.get("guard_error"):
+            if record.get("cut_short"):
+                cut_short.append(str(record.get("nodeid")))
+            if (
+                record.get("findings")
+                or record.get("budget")
+                or slow
+                or record.get("guard_error")
+                or record.get("cut_short")
+            ):
                 key = (str(record.get("nodeid")), record.get("worker"))
                 if key in kept:
                     _merge(kept[key], record)
@@ -316,6 +332,10 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
                 lost.append(worker)
         elif kind == "end":
             end = entry
+        elif kind == "exit_unblocked":
+            unblocked = True
+    blocked = [] if end is None or unblocked else list(end.get("exit_blocked_by") or [])
+    why = _incomplete(end, lost, unchecked, cut_short, blocked)
     return {
         "head": head,
         "records": sorted(kept.values(), key=lambda r: str(r.get("nodeid"))),
@@ -324,21 +344,36 @@ def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "long_lived": long_lived,
         "workers": sorted(workers),
         "lost_workers": lost,
-        "complete": end is not None and _incomplete(end, lost, unchecked) is None,
-        "incomplete": _incomplete(end, lost, unchecked),
+        "complete": end is not None and why is None,
+        "incomplete": why,
         "interrupted": bool(end is not None and end.get("interrupted")),
         "exitstatus": end.get("exitstatus") if end is not None else None,
+        "exit_blocked_by": blocked,
     }
 
 
 def _incomplete(
-    end: Mapping[str, Any] | None, lost: Sequence[Mapping[str, Any]], unchecked: int = 0
+    end: Mapping[str, Any] | None,
+    lost: Sequence[Mapping[str, Any]],
+    unchecked: int = 0,
+    cut_short: Sequence[str] = (),
+    blocked: Sequence[Mapping[str, Any]] = (),
 ) -> str | None:
     """Why the report is not complete (``None`` when it is)."""
     if end is None:
         return "the run did not end in order (the record log has no end line)"
     if end.get("aborted"):
         return f"the process ended at once (exit status {end.get('exitstatus')})"
+    if blocked:
+        count = len(blocked)
+        names = ", ".join(
+            f"{t.get('name')!r} (started in {t.get('started_in') or '?'})" for t in blocked
+        )
+        return (
+            f"the process has not exited: the session ended (exit status "
+            f"{end.get('exitstatus')}), but the interpreter's exit waits for {count} non-daemon "
+            f"thread{'s' if count != 1 else ''} the tests left: {names}"
+        )
     if end.get("interrupted"):
         return f"the session was interrupted (exit status {end.get('exitstatus')})"
     if end.get("log_error"):
@@ -348,6 +383,12 @@ def _incomplete(
         return f"worker {workers} ended before its session did"
     if unchecked:
         return f"the guard failed on {unchecked} test{'s' if unchecked > 1 else ''} (not checked)"
+    if cut_short:
+        count = len(cut_short)
+        return (
+            f"the teardown of {count} test{'s' if count != 1 else ''} was cut short by "
+            f"SystemExit (the finalizers still due did not run): {', '.join(cut_short)}"
+        )
     return None
 
 
@@ -390,6 +431,7 @@ def assemble(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "incomplete": data["incomplete"],
         "interrupted": data["interrupted"],
         "exitstatus": data["exitstatus"],
+        "exit_blocked_by": data["exit_blocked_by"],
         "workers": data["workers"],
         "lost_workers": data["lost_workers"],
         "summary": {

@@ -9,11 +9,13 @@ crashes loses only the test it was running; it is listed under ``lost_workers``.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Generator, Iterable, Mapping
@@ -92,6 +94,7 @@ def plain_record(
     budget: dict[str, Any] | None = None,
     reported: bool = True,
     guard_error: str | None = None,
+    cut_short: str | None = None,
 ) -> dict[str, Any]:
     """A test's record as the log, the JSON report and xdist carry it."""
     plain = {
@@ -105,6 +108,8 @@ def plain_record(
     }
     if guard_error is not None:
         plain["guard_error"] = guard_error
+    if cut_short is not None:
+        plain["cut_short"] = cut_short
     return plain
 
 
@@ -126,6 +131,9 @@ class TestRecord:
     guard_s: float = 0.0
     #: The guard's own failure while checking this test (the test was not checked).
     guard_error: str | None = None
+    #: What cut the test's teardown short (``SystemExit`` in a finalizer: pytest skipped the
+    #: finalizers still due), ``None`` when it ran to its end.
+    cut_short: str | None = None
 
     def to_plain(self) -> dict[str, Any]:
         return plain_record(
@@ -137,6 +145,7 @@ class TestRecord:
             self.budget,
             self.reported,
             self.guard_error,
+            self.cut_short,
         )
 
     @classmethod
@@ -150,6 +159,7 @@ class TestRecord:
             reported=bool(data.get("reported", True)),
             guard_s=float(data.get("guard_s", 0.0)),
             guard_error=data.get("guard_error"),
+            cut_short=data.get("cut_short"),
         )
 
 
@@ -271,6 +281,12 @@ class ShutdownReport:
         self._pid = os.getpid()
         self._interrupted = False
         self._finished = False
+        #: Warn mode: the non-daemon threads tests left, alive at session end, that the exit
+        #: waits for, and how the report describes them (:meth:`exit_blocked`).
+        self._blocking: list[threading.Thread] = []
+        self._blocked_by: list[dict[str, Any]] = []
+        #: The report says the exit is blocked; the log stays open until it is not.
+        self._awaiting_exit = False
         #: Controller: the folder where a worker that ends at once leaves its last records.
         self._spill_dir: str | None = None
         if settings.report_path is not None and self.worker is None:
@@ -542,7 +558,10 @@ class ShutdownReport:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         if self._on_hung_teardown in HANG_HANDLERS:
             HANG_HANDLERS.remove(self._on_hung_teardown)
-        if self.log is not None:
+        if self._awaiting_exit and not any(t.is_alive() for t in self._blocking):
+            atexit.unregister(self._exit_unblocked)
+            self._exit_unblocked()  # they ended already: the exit waits for nothing of theirs
+        if self.log is not None and not self._awaiting_exit:
             self.log.close()  # a run that never reached its end releases the path too
         if self._spill_dir is not None and os.getpid() == self._pid:
             shutil.rmtree(self._spill_dir, ignore_errors=True)
@@ -686,10 +705,54 @@ class ShutdownReport:
         end: dict[str, Any] = {"type": "end", "exitstatus": exitstatus, "aborted": aborted}
         if interrupted:
             end["interrupted"] = True
+        blocked = [] if aborted else self._still_blocking()
+        if blocked:
+            end["exit_blocked_by"] = blocked
         self._accept(end)
         if self.log.error is not None:
             end["log_error"] = self.log.error
-        self.log.close()
+        if blocked:  # kept open (and locked) until the exit is no longer blocked
+            self._awaiting_exit = True
+            atexit.register(self._exit_unblocked)  # runs after the exit's join of the threads
+        else:
+            self.log.close()
+        self._write_report()
+
+    def exit_blocked(
+        self, threads: list[threading.Thread], described: list[dict[str, Any]]
+    ) -> None:
+        """Warn mode, at session end: non-daemon threads the tests left are alive, and the
+        interpreter's exit will wait for them. Until they end, the report says the process has
+        not exited (``exit_blocked_by``, ``"complete": false``): a reader of the report while
+        the process hangs never sees a clean success."""
+        self._blocking = list(threads)
+        self._blocked_by = list(described)
+
+    def _still_blocking(self) -> list[dict[str, Any]]:
+        return [
+            described
+            for thread, described in zip(self._blocking, self._blocked_by, strict=False)
+            if thread.is_alive()
+        ]
+
+    def _exit_unblocked(self) -> None:
+        """The threads the exit waited for ended (at exit: ``atexit`` runs after the
+        interpreter's join): the record log says so, and the report is complete again."""
+        if not self._awaiting_exit or self.log is None or os.getpid() != self._pid:
+            return
+        self._awaiting_exit = False
+        self._blocking = []
+        try:
+            self._accept({"type": "exit_unblocked"})
+            self._write_report()
+        except Exception:  # noqa: BLE001, S110 - never an error at exit: the report stays as it was
+            pass
+        finally:
+            self.log.close()
+
+    def _write_report(self) -> None:
+        if self.settings.report_path is None:
+            return
         document = assemble([{"type": "session", **self._head()}, *self.entries])
         try:
             write_report(document, self.settings.report_path)
@@ -763,6 +826,11 @@ class ShutdownReport:
             )
         elif self._report_written:
             state = " (marked incomplete)" if problem is not None else ""
+            if self._awaiting_exit:
+                state += (
+                    " (it says the process has not exited until the non-daemon threads the "
+                    "exit waits for have ended)"
+                )
             terminalreporter.line(f"shutdown report written to {self.settings.report_path}{state}")
 
 

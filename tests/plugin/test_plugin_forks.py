@@ -15,6 +15,7 @@ FORKING_TESTS = textwrap.dedent(
     """
     import multiprocessing
     import os
+    import select
     import signal
     import subprocess
     import sys
@@ -28,11 +29,17 @@ FORKING_TESTS = textwrap.dedent(
         time.sleep(60)
 
 
+    def _ready_then_sleep(ready):
+        ready.set()  # past its start-up: the SIGTERM finds the child as a test's code would
+        time.sleep(60)
+
+
     def test_process_terminate_gives_sigterm():
         for _ in range(3):
-            proc = FORK.Process(target=_sleep)
+            ready = FORK.Event()
+            proc = FORK.Process(target=_ready_then_sleep, args=(ready,))
             proc.start()
-            time.sleep(0.05)
+            assert ready.wait(30), "the child never started"
             proc.terminate()
             proc.join(10)
             assert proc.exitcode == -signal.SIGTERM
@@ -49,17 +56,29 @@ FORKING_TESTS = textwrap.dedent(
 
 
     def test_raw_fork_dies_of_sigterm():
+        read_end, write_end = os.pipe()
         pid = os.fork()
         if pid == 0:
-            # The child reports what it inherited, then waits to be killed.
+            # The child reports what it inherited, says it is ready, then waits to be killed.
             handler = signal.getsignal(signal.SIGTERM)
             if handler is not signal.SIG_DFL:
                 os._exit(3)
             if threading.Thread.start.__module__ != "threading":
                 os._exit(4)
+            os.write(write_end, b"r")
             time.sleep(60)
             os._exit(0)
-        time.sleep(0.2)
+        os.close(write_end)
+        try:
+            readable, _, _ = select.select([read_end], [], [], 30)
+            said = os.read(read_end, 1) if readable else b""
+        finally:
+            os.close(read_end)
+        if said != b"r":  # exited early (3 or 4: it inherited the plugin), or never started
+            os.kill(pid, signal.SIGKILL)  # a zombie already, or stuck: reaped either way
+            _, status = os.waitpid(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            raise AssertionError(f"the child never got ready (exit status {code})")
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -85,9 +104,10 @@ FORKING_TESTS = textwrap.dedent(
 
     def test_forkserver_child_terminates():
         ctx = multiprocessing.get_context("forkserver")
-        proc = ctx.Process(target=_sleep)
+        ready = ctx.Event()
+        proc = ctx.Process(target=_ready_then_sleep, args=(ready,))
         proc.start()
-        time.sleep(0.1)
+        assert ready.wait(30), "the forkserver's child never started"
         proc.terminate()
         proc.join(20)
         assert proc.exitcode == -signal.SIGTERM

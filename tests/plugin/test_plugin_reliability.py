@@ -4,6 +4,7 @@ is right)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import resource
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -109,7 +111,8 @@ STUCK_IN_C = textwrap.dedent(
         libc = ctypes.CDLL(None)
         mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER
         libc.pthread_mutex_lock(mutex)
-        pathlib.Path("stuck").write_text("yes")
+        pathlib.Path("stuck.tmp").write_text(str(ctypes.addressof(mutex)))
+        pathlib.Path("stuck.tmp").rename("stuck")  # the address whole, or no file
         libc.pthread_mutex_lock(mutex)  # a default mutex locked twice: never returns
     """
 )
@@ -131,11 +134,17 @@ def test_a_signal_ends_a_run_blocked_in_c(
     pytester.makepyfile(test_stuck=STUCK_IN_C)
     proc = popen_pytest(pytester, *ARGS, "--shutdown-report=r.json")
     wait_for(pytester.path / "stuck", proc, "the C deadlock")
-    time.sleep(0.3)
+    mutex = int((pytester.path / "stuck").read_text())
+    _wait_until(proc, lambda: _blocked_on(proc.pid, mutex), "its main thread blocked on the mutex")
     sent = time.monotonic()
     for _ in range(count):
+        switches = _voluntary_switches(proc.pid)
         proc.send_signal(signum)
-        time.sleep(0.3)
+        # Each signal is one: delivered (its C-level handler ran, the dump written), and a thread
+        # of the plugin's (the watcher) woke, slept its drain window and waits again.
+        _wait_until(proc, lambda: not _pending(proc.pid, signum), f"signal {signum} delivered")
+        waiting = functools.partial(_woke_and_waits, proc.pid, switches)
+        _wait_until(proc, waiting, "the watcher waiting again")
     returncode, out = finish(proc, timeout=60)
     took = time.monotonic() - sent
     assert returncode == status, out
@@ -145,6 +154,72 @@ def test_a_signal_ends_a_run_blocked_in_c(
     assert report["complete"] is False and report["exitstatus"] == status
     codes = {t["nodeid"]: [f["code"] for f in t["findings"]] for t in report["tests"]}
     assert codes == {"test_stuck.py::test_a_finishes_with_a_finding": ["thread-leak"]}
+
+
+def _wait_until(proc: subprocess.Popen[bytes], ready: Callable[[], bool], what: str) -> None:
+    """Polls ``ready`` (with a deadline); the process having ended counts as ready: what it
+    printed then tells whether the run went as the test expects."""
+    deadline = time.monotonic() + 60
+    while not ready():
+        if proc.poll() is not None:
+            return
+        if time.monotonic() > deadline:
+            proc.kill()
+            out = proc.communicate(timeout=30)[0].decode(errors="replace")
+            pytest.fail(f"the inner run never reached {what}:\n{out}")
+        time.sleep(0.005)
+
+
+def _blocked_on(pid: int, address: int) -> bool:
+    """Whether thread ``pid`` (a process's main thread) is in a system call whose first argument
+    is ``address``: ``futex`` on the mutex's word, the only call taking that address."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/syscall").read_text().split()
+    except OSError:  # no such file here, or not ours to read: its wait channel then
+        try:
+            return "futex" in Path(f"/proc/{pid}/task/{pid}/wchan").read_text()
+        except OSError:
+            return False
+    return len(fields) > 1 and fields[0] != "running" and int(fields[1], 16) == address
+
+
+def _pending(pid: int, signum: int) -> bool:
+    """Whether ``signum`` waits to be delivered to the process or one of its threads."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+        masks = [int(line.split()[1], 16) for line in status if line[:6] in ("SigPnd", "ShdPnd")]
+    except (OSError, ValueError, IndexError):
+        return False
+    return any(mask & (1 << (signum - 1)) for mask in masks)
+
+
+def _thread_states(pid: int) -> dict[int, tuple[str, int]]:
+    """tid → (state, voluntary context switches) of every thread of ``pid`` but its main one."""
+    found: dict[int, tuple[str, int]] = {}
+    try:
+        tids = [int(name) for name in os.listdir(f"/proc/{pid}/task") if int(name) != pid]
+    except OSError:
+        return found
+    for tid in tids:
+        try:
+            lines = Path(f"/proc/{pid}/task/{tid}/status").read_text().splitlines()
+        except OSError:
+            continue
+        fields = dict(line.split(":", 1) for line in lines if ":" in line)
+        found[tid] = (fields["State"].split()[0], int(fields["voluntary_ctxt_switches"]))
+    return found
+
+
+def _voluntary_switches(pid: int) -> dict[int, int]:
+    return {tid: switches for tid, (_, switches) in _thread_states(pid).items()}
+
+
+def _woke_and_waits(pid: int, before: dict[int, int]) -> bool:
+    """Whether a thread has blocked twice since ``before`` (woken by the dump, it slept, and
+    blocked again) and no thread but the main one runs: the signal's dump was read."""
+    now = _thread_states(pid)
+    woke = any(switches >= before.get(tid, 0) + 2 for tid, (_, switches) in now.items())
+    return woke and all(state == "S" for state, _ in now.values())
 
 
 # --- item 2: a full disk or a file-size limit does not stop the run ---------------------------

@@ -53,6 +53,42 @@ def busy_pair(log: str) -> Iterator[EngineProcManager]:
         manager.shutdown(0)
 
 
+def _state(pid: int) -> str | None:
+    """The state letter of process ``pid`` (``/proc/PID/stat``), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+class _FutexStreak:
+    """True once thread ``pid`` (a process's main thread) was seen asleep in a futex with the
+    same count of voluntary context switches ``needed`` readings in a row: blocked, not woken."""
+
+    def __init__(self, pid: int, needed: int = 10) -> None:
+        self.pid, self.needed = pid, needed
+        self.last: str | None = None
+        self.streak = 0
+
+    def __call__(self) -> bool:
+        task = f"/proc/{self.pid}/task/{self.pid}"
+        try:
+            with open(f"{task}/wchan") as wchan, open(f"{task}/status") as status:
+                in_futex = "futex" in wchan.read()
+                switches = next(
+                    line for line in status if line.startswith("voluntary_ctxt_switches")
+                )
+        except (OSError, StopIteration):
+            in_futex, switches = False, None
+        if in_futex and switches is not None and switches == self.last:
+            self.streak += 1
+        else:
+            self.streak = 0
+        self.last = switches if in_futex else None
+        return self.streak >= self.needed
+
+
 def by_rank(log: str, name: str) -> dict[int, dict]:
     return {e["dp_rank"]: e for e in events(log, name)}
 
@@ -175,7 +211,12 @@ def test_a_rank_blocked_in_the_dp_collective_gets_out_when_told_to_stop(
     assert rank0.pid is not None and rank1.pid is not None
     os.kill(rank1.pid, signal.SIGSTOP)
     try:
-        time.sleep(0.3)  # rank 0 is now waiting for rank 1 inside the all-reduce
+        wait_for(lambda: _state(rank1.pid) == "T", HANG_S, "rank 1 stopped")
+        # Rank 0 finishes at most the step rank 1 already took part in, then waits for it in
+        # the all-reduce: its main thread asleep in a futex, and never woken (a stepping rank's
+        # main thread wakes every step), over several readings in a row.
+        still = _FutexStreak(rank0.pid)
+        wait_for(still, HANG_S, "rank 0 blocked in the all-reduce", poll=0.01)
         os.kill(rank0.pid, signal.SIGTERM)
         rank0.join(HANG_S)
     finally:

@@ -1251,7 +1251,8 @@ class ShutdownGuard:
         for kind in self._objects:
             if not _finds_late(kind):
                 continue
-            for nodeid, items in kind.late_items().items():
+            late_items = getattr(kind, "late_items")  # noqa: B009 - optional, see _finds_late
+            for nodeid, items in late_items().items():
                 name = nodeid.rpartition("::")[2] or nodeid
                 plain = [
                     f.to_dict()

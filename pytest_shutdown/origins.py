@@ -39,6 +39,7 @@ __all__ = [
     "process_object",
     "python_thread_tid",
     "recorded_processes",
+    "recorded_segment",
     "current_test",
     "set_current_test",
     "started_between_tests",
@@ -326,12 +327,14 @@ def install() -> None:
     threading.Thread.start = start  # type: ignore[method-assign]
     subprocess.Popen.__init__ = popen  # type: ignore[method-assign]
     _wrap_start_new_thread()
-    loaded = sys.modules.get(_PROCESS_MODULE)
-    if loaded is not None:
-        _wrap_process_start(loaded)
-    else:
-        _process_start_pending.append(_AfterImport(_PROCESS_MODULE, _wrap_process_start))
-        sys.meta_path.insert(0, _process_start_pending[0])
+    for module_name, wrap in ((_PROCESS_MODULE, _wrap_process_start), (_SHM_MODULE, _wrap_shm)):
+        loaded = sys.modules.get(module_name)
+        if loaded is not None:
+            wrap(loaded)
+        else:
+            waiting = _AfterImport(module_name, wrap)
+            _process_start_pending.append(waiting)
+            sys.meta_path.insert(0, waiting)
     undo_in_forked_child("origins", _uninstall_in_forked_child)
 
 
@@ -390,7 +393,7 @@ _process_start_pending: list[_AfterImport] = []
 def _wrap_process_start(module: Any) -> None:
     if not _installs or "process" in _originals:
         return
-    _stop_waiting_for_import()
+    _stop_waiting_for_import(_PROCESS_MODULE)
     process_start = module.BaseProcess.start
 
     def start_process(self: Any, *args: Any, **kwargs: Any) -> Any:
@@ -408,11 +411,108 @@ def _wrap_process_start(module: Any) -> None:
     module.BaseProcess.start = start_process
 
 
-def _stop_waiting_for_import() -> None:
-    for waiting in _process_start_pending:
-        if waiting in sys.meta_path:
-            sys.meta_path.remove(waiting)
-    _process_start_pending.clear()
+def _stop_waiting_for_import(name: str | None = None) -> None:
+    """Take the meta path entries waiting for ``name`` (all when None) out of the path."""
+    for waiting in list(_process_start_pending):
+        if name is None or waiting.name == name:
+            if waiting in sys.meta_path:
+                sys.meta_path.remove(waiting)
+            _process_start_pending.remove(waiting)
+
+
+# --- shared-memory segments ---------------------------------------------------------------------
+
+_SHM_MODULE = "multiprocessing.shared_memory"
+#: Segment creations kept (oldest dropped first).
+SEGMENT_LIMIT = 4096
+#: segment name (as in ``/dev/shm``) -> (a weak reference to the ``SharedMemory`` object that
+#: created it, where, the creating pid), for each ``SharedMemory(create=True)`` while recording.
+_segments: OrderedDict[str, tuple[Callable[[], Any], Origin, int]] = OrderedDict()
+#: The claims this process wrote (see :func:`segment_claim`), removed by the last uninstall.
+_claims: list[str] = []
+
+
+def claims_dir() -> str:
+    """Where each recording process claims the segments it created (one empty file per name,
+    holding its pid): another pytest process of the user (an xdist worker) reads them to tell
+    its own descendants' segments from this process's."""
+    import tempfile  # noqa: PLC0415
+
+    return os.path.join(tempfile.gettempdir(), f"pytest-shutdown-shm-{os.getuid()}")
+
+
+def segment_claim(name: str) -> int | None:
+    """The pid of the recording process that created segment ``name``, when one claimed it."""
+    try:
+        with open(os.path.join(claims_dir(), name), encoding="ascii") as f:
+            return int(f.read().strip() or "0") or None
+    except (OSError, ValueError):
+        return None
+
+
+def _claim(name: str) -> None:
+    folder = claims_dir()
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        path = os.path.join(folder, name)
+        with open(path, "w", encoding="ascii") as f:
+            f.write(str(os.getpid()))
+        _claims.append(path)
+    except OSError:
+        pass
+
+
+def _drop_claims() -> None:
+    for path in _claims:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    _claims.clear()
+
+
+def _wrap_shm(module: Any) -> None:
+    """Record each ``SharedMemory(create=True)``: the segment's name, its object, where."""
+    if not _installs or "shm" in _originals:
+        return
+    _stop_waiting_for_import(_SHM_MODULE)
+    init = module.SharedMemory.__init__
+
+    def shm_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        create = kwargs.get("create", args[1] if len(args) > 1 else False)
+        origin = None
+        if create:
+            try:
+                origin = _capture()
+            except Exception:  # pragma: no cover - recording must never break a creation
+                pass
+        init(self, *args, **kwargs)
+        if origin is None:
+            return
+        name = str(getattr(self, "_name", "") or "").lstrip("/")
+        if not name:
+            return
+        try:
+            ref: Callable[[], Any] = weakref.ref(self)
+        except TypeError:  # pragma: no cover
+            ref = lambda: None  # noqa: E731
+        _segments[name] = (ref, origin, os.getpid())
+        _segments.move_to_end(name)
+        while len(_segments) > SEGMENT_LIMIT:
+            _segments.popitem(last=False)
+        _claim(name)
+
+    _originals["shm"] = (init, shm_init)
+    module.SharedMemory.__init__ = shm_init
+
+
+def recorded_segment(name: str) -> tuple[object | None, Origin, int] | None:
+    """``(the live SharedMemory object or None, where it was created, the creating pid)`` of a
+    segment this process created while recording; None when it did not."""
+    entry = _segments.get(name)
+    if entry is None:
+        return None
+    return entry[0](), entry[1], entry[2]
 
 
 class _AfterImport:
@@ -454,6 +554,8 @@ def _uninstall_in_forked_child() -> None:
     _installs = 1
     _current_test = None
     _processes.clear()  # the parent's children are not this child's
+    _segments.clear()
+    _claims.clear()  # the parent's claims are the parent's to remove
     uninstall()
 
 
@@ -474,6 +576,9 @@ def uninstall() -> None:
     loaded = sys.modules.get(_PROCESS_MODULE)
     if loaded is not None:
         places["process"] = (loaded.BaseProcess, "start")
+    shm = sys.modules.get(_SHM_MODULE)
+    if shm is not None:
+        places["shm"] = (shm.SharedMemory, "__init__")
     for key, (original, wrapper) in list(_originals.items()):
         if key not in places:
             continue
@@ -481,6 +586,7 @@ def uninstall() -> None:
         if owner.__dict__.get(attr) is wrapper:
             setattr(owner, attr, original)
     _originals.clear()
+    _drop_claims()
     forget_in_child("origins")
 
 

@@ -179,6 +179,16 @@ def _opaque(obj: object) -> bool:
     return False
 
 
+def _is_mock_class(obj: object) -> bool:
+    """A ``unittest.mock`` class (``NonCallableMock`` and its subclasses, each mock's own
+    subclass among them): never an owner, never walked through. A mock fabricates attributes on
+    demand (``MagicMock.__aiter__``, ``_mock_children``), so reaching a test's object through one
+    says nothing about what outlives the test: mocks are never owners."""
+    mock = sys.modules.get("unittest.mock")
+    base = getattr(mock, "NonCallableMock", None)
+    return base is not None and _is_a(obj, type) and issubclass(obj, base)  # type: ignore[arg-type]
+
+
 def _is_tool_object(obj: object) -> bool:
     return _is_tool_module(getattr(type(obj), "__module__", None) or "")
 
@@ -342,6 +352,8 @@ def find_owners(
         """One referrer of the frontier: settled when it is an owner, else walked next."""
         ref_id = id(ref)
         if ref_id in skip or _is_a(ref, _NEVER_OWNERS) or _is_tool_object(ref) or _opaque(ref):
+            return
+        if _is_mock_class(ref):
             return
         # Which frontier nodes does it hold? It carries their unanswered labels.
         known = labels_of.get(ref_id, frozenset())

@@ -9,7 +9,10 @@ or a block narrower than a test::
 
 raises :class:`~pytest_shutdown.findings.ShutdownContractError` with ``fd-leak``,
 ``port-leak`` and ``shm-leak`` findings for what the block opened and left (after ``grace``
-seconds, one deadline for all kinds).
+seconds, one deadline for all kinds). While the block runs, creation sites are recorded
+(:func:`pytest_shutdown.origins.install`, as the guard does): a ``SharedMemory`` the block
+created and left is named by the line that created it, whatever its name, and a segment a
+child started in the block created and left behind when it exited is found too.
 """
 
 from __future__ import annotations
@@ -57,8 +60,16 @@ def no_os_leaks(
     ):
         raise ValueError(f"grace: expected a number of seconds >= 0, got {grace!r}")
     kinds = os_resource_kinds(fds=fds, ports=ports, shm=shm)
-    before = [kind.snapshot() for kind in kinds]
-    yield
+    from pytest_shutdown import origins  # noqa: PLC0415
+
+    if shm:
+        origins.install()  # counted: nested in a guarded run, the guard's recording goes on
+    try:
+        before = [kind.snapshot() for kind in kinds]
+        yield
+    finally:
+        if shm:
+            origins.uninstall()
     deadline = time.monotonic() + grace
     findings: list[Finding] = []
     for kind, snapshot in zip(kinds, before, strict=True):

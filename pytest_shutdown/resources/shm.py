@@ -1,12 +1,26 @@
 """The ``shm`` resource kind: POSIX shared-memory segments (``/dev/shm``) a test left behind.
 
 A segment is the test's when it appeared in ``/dev/shm`` during the test, belongs to this user,
-and either a process of this tree (the pytest process or a descendant) holds it (maps it or has
-it open) or no process holds it at all: its creator, a descendant that died or closed it
-without unlinking, is gone (vLLM #51579: a SIGKILLed worker's ring buffer). A segment held only
-by a process outside this tree is someone else's. It is named by segment name, size, and the
-processes holding it; ``creator`` is known when the name carries it (the reference engine's
-segments: ``psd_<pid>_...``, the pid of the process that named it and must see it unlinked).
+and any of these ties it to this tree (the pytest process and its descendants):
+
+* this process created it: each ``SharedMemory(create=True)`` is recorded while the guard
+  records creation sites (:mod:`pytest_shutdown.origins`), whatever its name, so a segment closed
+  but never unlinked is found and named by the call that created it (file:line);
+* a process of the tree holds it (maps it or has it open);
+* nobody holds it and its name carries a pid of the tree (``psd_<pid>_...``: vLLM #51579, a
+  SIGKILLed worker's ring buffer);
+* nobody at all holds it (every process on the host is looked at, only then), it appeared after
+  the test's baseline, a process of the tree was started since then, and no other recording
+  process (another xdist worker) claims it: a descendant created it and exited.
+
+A segment held only by a process outside this tree, or that another xdist worker created, is
+someone else's. It is named by segment name, size, the processes holding it, and where it was
+created when recorded; ``creator`` is the recorded creating pid, else the one its name carries.
+
+Ownership (:meth:`ShmKind.targets`): the recorded ``SharedMemory`` object stands for its segment,
+the ``multiprocessing.synchronize.SemLock`` whose name matches stands for ``sem.<name>``, so that
+a segment or a semaphore a module global, a class attribute or a wider-scope fixture's value
+reaches (an executor's call queue's locks) is owned, never a test's.
 
 Cheap: a snapshot is one ``fstat`` of ``/dev/shm`` (its modification time and size change on
 every create and unlink); the folder is listed only when they moved. torch's shared-memory
@@ -19,9 +33,11 @@ import fnmatch
 import gc
 import os
 import re
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pytest_shutdown import origins
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.resources import _cheap
@@ -48,14 +64,18 @@ _listing: tuple[tuple[int, int] | None, Mapping[str, int]] | None = None
 
 
 class ShmSnapshot(FrozenRecord):
-    """``/dev/shm``'s state reading and its entries (name -> inode) when it was taken."""
+    """``/dev/shm``'s state reading and its entries (name -> inode) when it was taken (``taken``:
+    the wall clock then, the start of the window a descendant's segment must appear in)."""
 
-    __slots__ = ("state", "entries")
+    __slots__ = ("state", "entries", "taken")
     state: tuple[int, int] | None
     entries: Mapping[str, int]
+    taken: float
 
-    def __init__(self, state: tuple[int, int] | None, entries: Mapping[str, int]) -> None:
-        super().__init__(state, entries)
+    def __init__(
+        self, state: tuple[int, int] | None, entries: Mapping[str, int], taken: float = 0.0
+    ) -> None:
+        super().__init__(state, entries, taken)
 
 
 @lazy_dataclass(frozen=True)
@@ -101,7 +121,7 @@ def _listed(state: tuple[int, int] | None) -> Mapping[str, int]:
 def take_shm_snapshot() -> ShmSnapshot:
     """The segments now; one ``fstat`` when ``/dev/shm`` did not change."""
     state = _cheap.shm_state()
-    return ShmSnapshot(state, _listed(state))
+    return ShmSnapshot(state, _listed(state), time.time())
 
 
 def _never_blamed(name: str) -> bool:
@@ -151,16 +171,25 @@ def settle(items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
 # --- who holds it ------------------------------------------------------------------------------
 
 
-def _holds(pid: int | str, paths: Mapping[str, str]) -> set[str]:
-    """Which of ``paths`` (path → name) ``pid`` maps or has open."""
+def _holds(
+    pid: int | str, paths: Mapping[str, str], inodes: Mapping[int, str] | None = None
+) -> set[str]:
+    """Which of ``paths`` (path → name) ``pid`` maps or has open. A mapping is matched by path,
+    or by inode (``inodes``: inode → name): glibc's ``sem_open`` maps a temporary file that it
+    then links under the semaphore's name, so the map shows ``/dev/shm/sem.XXXXXX (deleted)``."""
     found: set[str] = set()
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
             for line in f:
                 if "/dev/shm/" in line:
-                    path = line.rstrip("\n").split(None, 5)[-1].removesuffix(" (deleted)")
+                    fields = line.rstrip("\n").split(None, 5)
+                    path = fields[-1].removesuffix(" (deleted)")
                     if path in paths:
                         found.add(paths[path])
+                    elif inodes and len(fields) == 6 and fields[4].isdigit():
+                        name = inodes.get(int(fields[4]))
+                        if name is not None:
+                            found.add(name)
     except OSError:
         pass
     base = f"/proc/{pid}/fd"
@@ -182,8 +211,14 @@ def holders_of(names: Iterable[str], pids: Iterable[int]) -> dict[str, list[int]
     """name → the pids among ``pids`` that map the segment or hold it open."""
     paths = {os.path.join(_cheap.SHM_DIR, name): name for name in names}
     found: dict[str, list[int]] = {name: [] for name in paths.values()}
+    inodes: dict[int, str] = {}
+    for path, name in paths.items():
+        try:
+            inodes[os.stat(path).st_ino] = name
+        except OSError:
+            pass
     for pid in pids:
-        for name in _holds(pid, paths):
+        for name in _holds(pid, paths, inodes):
             found[name].append(pid)
     return found
 
@@ -223,21 +258,119 @@ def attribute(
     return mine, holders
 
 
-def _segment_objects(names: Iterable[str]) -> dict[str, list[object]]:
-    """name → ``multiprocessing.shared_memory.SharedMemory`` objects attached to it."""
+def created_here(items: Sequence[ShmItem]) -> tuple[list[ShmItem], list[ShmItem]]:
+    """The items this process created (a recorded ``SharedMemory(create=True)``), and the rest."""
+    pid = os.getpid()
+    mine: list[ShmItem] = []
+    rest: list[ShmItem] = []
+    for item in items:
+        record = origins.recorded_segment(item.name)
+        (mine if record is not None and record[2] == pid else rest).append(item)
+    return mine, rest
+
+
+#: A segment's change time and the wall clock of the baseline are compared with this slack.
+_WINDOW_SLACK_S = 0.05
+
+
+def left_by_descendants(
+    items: Sequence[ShmItem], tree: Iterable[int], since: float
+) -> list[ShmItem]:
+    """Of ``items`` (held by no process of ``tree``, named by none of its pids), those a
+    descendant created and left when it exited: a process of the tree (a recorded
+    ``Process``/``Popen``) was started since ``since``, the segment appeared after ``since``, no
+    other recording process claims it (another xdist worker's own), and no process on the host
+    holds it. Every process is looked at only when the first three hold."""
+    if not items or since <= 0:
+        return []
+    started = {pid for pid, at in origins.recorded_processes().items() if at >= since}
+    if not started:
+        return []
+    ours = {os.getpid(), *tree, *started}
+    candidates = []
+    for item in items:
+        claim = origins.segment_claim(item.name)
+        if claim is not None and claim not in ours:
+            continue  # another pytest process (an xdist worker) created it
+        try:
+            changed = os.stat(item.path).st_ctime
+        except OSError:
+            continue
+        if changed >= since - _WINDOW_SLACK_S:
+            candidates.append(item)
+    if not candidates:
+        return []
+    outside = [pid for pid in _all_pids() if pid not in ours]
+    held = holders_of([item.name for item in candidates], outside)
+    return [item for item in candidates if not held[item.name]]
+
+
+_SHM_MODULE = "multiprocessing.shared_memory"
+_SYNC_MODULE = "multiprocessing.synchronize"
+
+
+def _object_name(obj: object) -> str | None:
+    """The ``/dev/shm`` name a ``SharedMemory`` or ``SemLock`` object stands for."""
     import sys  # noqa: PLC0415
 
-    module = sys.modules.get("multiprocessing.shared_memory")
+    shm = sys.modules.get(_SHM_MODULE)
+    if shm is not None and issubclass(type(obj), shm.SharedMemory):
+        name = getattr(obj, "_name", None)
+        return str(name).lstrip("/") if name else None
+    sync = sys.modules.get(_SYNC_MODULE)
+    if sync is not None and issubclass(type(obj), sync.SemLock):
+        try:
+            name = obj._semlock.name  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a half-made or unpickled lock
+            return None
+        return "sem." + str(name).lstrip("/") if name else None
+    return None
+
+
+def _segment_objects(names: Iterable[str]) -> dict[str, list[object]]:
+    """name → the ``SharedMemory`` objects attached to it (``sem.<name>``: the
+    ``multiprocessing.synchronize.SemLock`` objects of that semaphore). Recorded creations
+    first, then what a recently found owner reaches forwards (no heap pass), then one pass over
+    the heap for the rest."""
+    import sys  # noqa: PLC0415
+
     wanted = set(names)
     found: dict[str, list[object]] = {}
-    if module is None or not wanted:
+    for name in list(wanted):
+        record = origins.recorded_segment(name)
+        if record is not None and record[0] is not None and _object_name(record[0]) == name:
+            found[name] = [record[0]]
+            wanted.discard(name)
+    kinds = tuple(
+        kind
+        for kind in (
+            getattr(sys.modules.get(_SHM_MODULE), "SharedMemory", None),
+            getattr(sys.modules.get(_SYNC_MODULE), "SemLock", None),
+        )
+        if kind is not None
+    )
+    if not wanted or not kinds:
         return found
-    kind = module.SharedMemory
-    for obj in gc.get_objects():
-        if issubclass(type(obj), kind):
-            name = str(getattr(obj, "_name", "")).lstrip("/")
-            if name in wanted:
-                found.setdefault(name, []).append(obj)
+    from pytest_shutdown.ownership import reached_by_recent_owners  # noqa: PLC0415
+
+    def stands_for_wanted(obj: object) -> bool:
+        return issubclass(type(obj), kinds) and _object_name(obj) in wanted
+
+    for obj in reached_by_recent_owners(stands_for_wanted):
+        reached = _object_name(obj)
+        if reached is not None:
+            found.setdefault(reached, []).append(obj)
+    wanted.difference_update(found)
+    if not wanted:
+        return found
+    objects = gc.get_objects()
+    types = {kind for kind in set(map(type, objects)) if issubclass(kind, kinds)}
+    for obj in objects:
+        if type(obj) in types:
+            named = _object_name(obj)
+            if named is not None and named in wanted:
+                found.setdefault(named, []).append(obj)
+    del objects
     return found
 
 
@@ -246,10 +379,19 @@ def describe(item: ShmItem, holders: Sequence[int]) -> dict[str, Any]:
         size: int | None = os.stat(item.path).st_size
     except OSError:
         size = None
+    record = origins.recorded_segment(item.name)
     match = _CREATOR.match(item.name)
-    creator: dict[str, Any] | None = None  # the process that named it, responsible for it
-    if match:
+    creator: dict[str, Any] | None = None  # the process that created it, responsible for it
+    created_at = site = None
+    if record is not None:
+        origin, pid = record[1], record[2]
+        created_at = origins.render_origin(origin)
+        if origin.frames:
+            filename, lineno = origin.frames[0][0], origin.frames[0][1]
+            site = f"{filename}:{lineno}"
+    elif match:
         pid = int(match.group(1))
+    if record is not None or match:
         alive = os.path.exists(f"/proc/{pid}")
         creator = {"pid": pid, "alive": alive, "process": _process_name(pid) if alive else None}
     kind = "semaphore" if item.name.startswith("sem.") else "segment"
@@ -257,17 +399,26 @@ def describe(item: ShmItem, holders: Sequence[int]) -> dict[str, Any]:
     if held:
         who = "held by " + ", ".join(f"pid {h['pid']} ({h['process']})" for h in held)
     elif creator is not None and not creator["alive"]:
-        who = f"no process holds it; pid {creator['pid']}, which named it, is gone"
+        did = "created" if record is not None else "named"
+        who = f"no process holds it; pid {creator['pid']}, which {did} it, is gone"
+    elif record is not None and creator is not None:
+        who = (
+            f"no process holds it: pid {creator['pid']} ({creator['process']}) created it and "
+            "closed it without unlinking it"
+        )
     else:
         who = "no process holds it (its creator exited or closed it without unlinking it)"
     sized = f", {size} bytes" if size is not None else ""
+    where = f", created at {site}" if site is not None else ""
     return {
         "name": item.name,
         "kind": kind,
         "size": size,
         "holders": held,
         "creator": creator,
-        "what": f"{kind} /dev/shm/{item.name}{sized}, {who}",
+        "site": site,
+        "created_at": created_at,
+        "what": f"{kind} /dev/shm/{item.name}{sized}{where}, {who}",
     }
 
 
@@ -340,9 +491,14 @@ class ShmKind:
             return items
         from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
 
-        mine, holders = attribute(items, [os.getpid(), *descendant_pids()])
+        created, rest = created_here(items)
+        tree = [os.getpid(), *descendant_pids()]
+        held, holders = attribute(rest, tree) if rest else ([], {})
         self._holders.update(holders)
-        return mine
+        unexplained = [item for item in rest if item not in held]
+        left = left_by_descendants(unexplained, tree, before.taken)
+        mine = set(created) | set(held) | set(left)
+        return [item for item in items if item in mine]
 
     def absorb(
         self, before: ShmSnapshot, start: ShmSnapshot | None, end: ShmSnapshot | None = None
@@ -358,13 +514,14 @@ class ShmKind:
         for name, inode in end.entries.items():
             if start.entries.get(name) != inode:
                 entries[name] = inode
-        return ShmSnapshot(before.state, entries)
+        return ShmSnapshot(before.state, entries, before.taken)
 
     def diff(self, before: object, after: object) -> tuple[()]:
         return ()
 
     def targets(self, items: Sequence[ShmItem]) -> dict[ShmItem, object]:
-        """The ``SharedMemory`` object attached to each segment (its owner owns the segment)."""
+        """The object that stands for each segment (its owner owns the segment): the recorded
+        or a live ``SharedMemory`` attached to it; for ``sem.<name>``, the ``SemLock``."""
         objects = _segment_objects(item.name for item in items)
         return {item: objects[item.name][0] for item in items if objects.get(item.name)}
 

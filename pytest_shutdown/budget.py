@@ -21,7 +21,15 @@ stack to stderr and ends the process with exit code
 Coexistence with pytest-timeout: if its signal timer is already armed and due before the budget,
 pytest-timeout governs and the budget does not arm (one hang is never reported twice); otherwise
 its timer is paused while the budget is armed, and its handler and its remaining time are
-restored when the budget is disarmed.
+restored when the budget is disarmed. pytest-timeout's timer is told by its handler (a function
+of the ``pytest_timeout`` module). Any other ``SIGALRM`` timer (the test's own ``signal.alarm``
+or periodic ``setitimer``) never stands the budget aside: it keeps running, and a ``SIGALRM``
+the watchdog did not send goes on to the handler that was in place (the test's), which is put
+back when the budget is disarmed.
+
+Elapsed times are read from the real ``time.monotonic``, taken when the plugin is loaded (this
+module is imported only when a budget is first used, maybe after a test patched the clock): a
+test that patches or freezes ``time.monotonic`` (monkeypatch, freezegun) does not reach it.
 """
 
 from __future__ import annotations
@@ -31,7 +39,6 @@ import os
 import signal
 import sys
 import threading
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import field
@@ -39,6 +46,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
+from pytest_shutdown.interrupts import real_monotonic as _now
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.own_threads import start_own_thread
 
@@ -51,6 +59,13 @@ HANDOFF_S = 1.0
 HANG_HANDLERS_S = 5.0
 
 HAVE_SIGALRM = hasattr(signal, "SIGALRM") and hasattr(signal, "setitimer")
+
+
+def _is_pytest_timeout_handler(handler: object) -> bool:
+    """Whether a SIGALRM handler is pytest-timeout's (its ``signal`` method's)."""
+    module = getattr(getattr(handler, "__func__", handler), "__module__", None)
+    return isinstance(module, str) and module.partition(".")[0] == "pytest_timeout"
+
 
 #: CPython 3.11 keeps one interpreter-wide "an async exception is pending" flag. Any
 #: ``PyThreadState_SetAsyncExc`` call sets it, also one that *clears* a thread's exception (NULL),
@@ -144,6 +159,9 @@ class BudgetOutcome:
     budget_s: float
     method: str = "none"
     fired: bool = False
+    #: A SIGALRM timer armed before the budget and due before it was left to run: pytest-timeout's
+    #: (the budget then stands aside: method "none"), or the test's own (the budget is armed
+    #: beside it, and its SIGALRM goes to its handler).
     deferred_to_timeout: bool = False
     elapsed_s: float = 0.0
     threads: list[dict[str, Any]] = field(default_factory=list)
@@ -191,8 +209,10 @@ class TeardownBudget:
         self._fires = 0
         self._start = 0.0
         self._old_handler: Any = None
-        self._old_timer: tuple[float, float] = (0.0, 0.0)
+        self._old_timer: tuple[float, float] = (0.0, 0.0)  # pytest-timeout's, paused
         self._armed = False
+        #: Set by the watchdog just before it sends SIGALRM: any other SIGALRM is a timer's.
+        self._sent = False
         self._lock = threading.Lock()
         self._kill_lock = threading.RLock()
         self._kill_started = False
@@ -214,7 +234,7 @@ class TeardownBudget:
     def _expire(self) -> None:
         """In the watchdog, at the first expiry: record the time and every thread's stack."""
         self.outcome.fired = True
-        self.outcome.elapsed_s = time.monotonic() - self._start
+        self.outcome.elapsed_s = _now() - self._start
         self.outcome.threads = all_stacks()
 
     def _kill_once(self) -> None:
@@ -233,7 +253,7 @@ class TeardownBudget:
             self._killed.set()
 
     def __enter__(self) -> TeardownBudget:
-        self._start = time.monotonic()
+        self._start = _now()
         if self.seconds <= 0:
             self.outcome.method = "none"
             return self
@@ -257,7 +277,7 @@ class TeardownBudget:
         elif self.outcome.method == "thread":
             self._disarm_thread()
         if not self.outcome.fired:
-            self.outcome.elapsed_s = time.monotonic() - self._start
+            self.outcome.elapsed_s = _now() - self._start
 
     # --- the watchdog ---
 
@@ -297,6 +317,7 @@ class TeardownBudget:
 
     def _interrupt(self) -> None:
         if self.outcome.method == "signal":
+            self._sent = True
             signal.pthread_kill(self._target, signal.SIGALRM)
             return
         import ctypes  # noqa: PLC0415 - only the thread method needs it
@@ -308,7 +329,7 @@ class TeardownBudget:
     def _end_hung_process(self) -> None:
         """The teardown ignored the budget for a second budget: report, dump stacks, exit."""
         self.outcome.hung = True
-        self.outcome.elapsed_s = time.monotonic() - self._start
+        self.outcome.elapsed_s = _now() - self._start
         self.outcome.threads = all_stacks()
         handled = threading.Event()
 
@@ -348,23 +369,43 @@ class TeardownBudget:
 
     def _arm_signal(self) -> None:
         delay, interval = signal.getitimer(signal.ITIMER_REAL)
+        timeouts = _is_pytest_timeout_handler(signal.getsignal(signal.SIGALRM))
         if delay and delay <= self.seconds:
-            # Another timer (pytest-timeout's) is due first: it governs this hang.
-            self.outcome.method = "none"
-            self.outcome.deferred_to_timeout = True
-            return
-        self._old_timer = (delay, interval)
-        if delay:
-            signal.setitimer(signal.ITIMER_REAL, 0)  # paused: its handler is not installed now
+            self.outcome.deferred_to_timeout = True  # its SIGALRM goes to its handler
+            if timeouts:
+                # pytest-timeout's timer is due first: it governs this hang.
+                self.outcome.method = "none"
+                return
+        if delay and timeouts:
+            # paused (its handler is not installed now); put back with what was left
+            self._old_timer = (delay, interval)
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        # Any other timer (the test's own) keeps running: _on_signal passes its SIGALRM on.
         self._old_handler = signal.signal(signal.SIGALRM, self._on_signal)
         self._armed = True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         __tracebackhide__ = True
+        if not self._sent:
+            self._pass_on(signum, frame)  # the test's own timer went off
+            return
+        self._sent = False
         if not self._armed:
             return
         self._kill_once()  # here, so that the teardown sees its children gone when it resumes
         raise ShutdownBudgetExceeded(self._message())
+
+    def _pass_on(self, signum: int, frame: FrameType | None) -> None:
+        """A SIGALRM the watchdog did not send: what the handler in place before would do."""
+        __tracebackhide__ = True
+        old = self._old_handler
+        if callable(old):
+            old(signum, frame)
+        elif old is not None and old == signal.SIG_DFL:
+            # Without the plugin the timer's SIGALRM ends the process (its default action).
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGALRM)
+        # SIG_IGN, or a handler installed outside Python: nothing to do here
 
     def _disarm_signal(self) -> None:
         if not self._armed:
@@ -378,8 +419,8 @@ class TeardownBudget:
         handler = self._old_handler if self._old_handler is not None else signal.SIG_DFL
         signal.signal(signal.SIGALRM, handler)
         delay, interval = self._old_timer
-        if delay:
-            remaining = delay - (time.monotonic() - self._start)
+        if delay:  # pytest-timeout's, paused: re-armed with what was left
+            remaining = delay - (_now() - self._start)
             signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), interval)
 
     # --- thread method ---

@@ -19,7 +19,14 @@ ignores it. If the main thread has not taken the signal within :data:`TAKE_SIGNA
 (for SIGTERM: our handler has not run; for SIGINT: the main thread's frame has not moved), or
 on a second SIGTERM, the watcher ends the process at once: it writes the record log's end and
 the report (``"complete": false``), dumps every thread's stack to stderr and exits with 143
-(SIGTERM) or 130 (SIGINT).
+(SIGTERM) or 130 (SIGINT). Its line says where the main thread is (its top Python frame, "in a
+call into C" only when that frame is in a call with no Python code below it), never more than
+it knows: for SIGINT only that the main thread did not move.
+
+pytest takes a KeyboardInterrupt only in its test loop (``_pytest.main._main``). A first
+SIGTERM that comes once the loop is over (after a Ctrl-C, pytest tears the session down after
+the loop) would escape pytest with a traceback and exit status 1: it ends the process at once,
+as a second SIGTERM does (143, and the report says so).
 
 Nothing is installed when a handler other than the default one is already in place (the user's
 code installed its own), on an xdist worker (the controller ends the workers), or outside the
@@ -35,7 +42,9 @@ code, our handler sees it is not in the process that installed it and does the d
 
 from __future__ import annotations
 
+import dis
 import faulthandler
+import linecache
 import os
 import select
 import signal
@@ -61,8 +70,83 @@ STOP_TIMEOUT_S = 1.0
 EXIT_STATUS: dict[int, int] = {signal.SIGTERM: 143, signal.SIGINT: 130}
 
 
+#: Why a first SIGTERM ends the process at once when pytest's test loop is over.
+LOOP_OVER = (
+    "it came after pytest's test loop was over (in the session's teardown or end, or after a "
+    "Ctrl-C), where the session can no longer be ended in order"
+)
+
+#: The real clock and sleep, taken when the plugin is loaded and held where a test's
+#: monkeypatching (or freezegun, which rewrites every module global that holds the real
+#: functions) does not reach them: the watcher's deadlines and the budget's times use them.
+_CLOCK = (time.monotonic, time.sleep)
+
+
+def real_monotonic() -> float:
+    """``time.monotonic()``, whatever a test did to ``time.monotonic`` since the plugin loaded."""
+    return _CLOCK[0]()
+
+
 class SigtermInterrupted(KeyboardInterrupt):
     """The KeyboardInterrupt that SIGTERM raises under the shutdown plugin."""
+
+
+def _loop_code() -> Any:
+    try:
+        from _pytest.main import _main  # noqa: PLC0415 - pytest's test loop, once
+
+        return _main.__code__
+    except (ImportError, AttributeError):  # pragma: no cover - another pytest: assume the loop
+        return None
+
+
+_LOOP_CODE: list[Any] = []
+
+
+def _in_test_loop(frame: FrameType | None) -> bool:
+    """Whether pytest's test loop (``_pytest.main._main``: collection and the tests) is on the
+    main thread's stack, where pytest takes a KeyboardInterrupt and ends the session in order."""
+    if not _LOOP_CODE:
+        _LOOP_CODE.append(_loop_code())
+    code = _LOOP_CODE[0]
+    if code is None:
+        return True
+    current: FrameType | None = frame if frame is not None else sys._getframe()
+    while current is not None:
+        if current.f_code is code:
+            return True
+        current = current.f_back
+    return False
+
+
+def _call_opcodes() -> frozenset[int]:
+    return frozenset(op for name, op in dis.opmap.items() if name.startswith(("CALL", "PRECALL")))
+
+
+_CALLS = _call_opcodes()
+
+
+def where_main_thread_is() -> str:
+    """Where the main thread is, as far as is known: its top Python frame, and whether that
+    frame is in a call with no Python code below it (a call into C, such as ``time.sleep``)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    if frame is None:
+        return "where it is is not known"
+    code = frame.f_code
+    place = f"{os.path.basename(code.co_filename)}:{frame.f_lineno} in {code.co_name}"
+    try:
+        line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+    except Exception:  # noqa: BLE001 - the place without its source line
+        line = ""
+    if line:
+        place += f" ({line})"
+    try:
+        calling = code.co_code[frame.f_lasti] in _CALLS
+    except (IndexError, TypeError):
+        calling = False
+    if calling:
+        return f"it is in a call into C from {place}"
+    return f"its top Python frame is {place}"
 
 
 class SigtermEndsSessionInOrder:
@@ -88,11 +172,20 @@ class SigtermEndsSessionInOrder:
             return
         self._sigterms += 1
         watch = self._watch
+        # A second SIGTERM ends now, whatever the main thread does. So does one that comes
+        # where pytest no longer takes an interrupt (its test loop is over: the session-scoped
+        # teardown after the tests or after a Ctrl-C, the summary): raised there, it would
+        # escape pytest with a traceback and exit status 1.
+        why = None
+        if self._sigterms > 1:
+            why = "a second SIGTERM"
+        elif not _in_test_loop(frame):
+            why = LOOP_OVER
         if watch is not None:
             watch.taken.set()
-            if self._sigterms > 1:  # a second SIGTERM: end now, whatever the main thread does
-                watch.end_at_once(signal.SIGTERM, "a second SIGTERM")
-        elif self._sigterms > 1:
+            if why is not None:
+                watch.end_at_once(signal.SIGTERM, why)
+        elif why is not None:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
         raise SigtermInterrupted("SIGTERM: the session ends in order (teardown, summary, report)")
@@ -224,7 +317,7 @@ class _SignalWatch:
             timeout = None
             if pending:
                 due = min(since for since, _ in pending.values()) + TAKE_SIGNAL_S
-                timeout = max(due - time.monotonic(), 0.0)
+                timeout = max(due - _CLOCK[0](), 0.0)
             try:
                 ready, _, _ = select.select(list(receivers), [], [], timeout)
             except (OSError, ValueError):
@@ -236,22 +329,27 @@ class _SignalWatch:
                 if not ours:
                     continue  # another process's signal (a child forked in C): not ours
                 signum = receivers[receiver]
-                time.sleep(0.05)  # one signal writes one dump: read the rest of it
+                _CLOCK[1](0.05)  # one signal writes one dump: read the rest of it
                 self._drain(receiver)
                 if signum == signal.SIGTERM:
                     sigterms += 1
                     if sigterms > 1:
                         self.end_at_once(signal.SIGTERM, "a second SIGTERM")
-                pending[signum] = (time.monotonic(), self._main_position())
-            now = time.monotonic()
+                pending[signum] = (_CLOCK[0](), self._main_position())
+            now = _CLOCK[0]()
             for signum, (since, where) in list(pending.items()):
                 if signum == signal.SIGTERM and self.taken.is_set():
                     del pending[signum]  # the main thread took it: the session ends in order
                 elif signum == signal.SIGINT and self._main_position() != where:
                     del pending[signum]  # the main thread moved: Python's handler ran
                 elif now - since >= TAKE_SIGNAL_S:
-                    why = f"the main thread did not take it within {TAKE_SIGNAL_S:g} s"
-                    self.end_at_once(signum, why + " (blocked in a C call)")
+                    # Only what is known: our SIGTERM handler did not run; for SIGINT, the main
+                    # thread did not move (Python's handler may have run: a slow `finally`).
+                    if signum == signal.SIGTERM:
+                        why = f"the main thread did not take it within {TAKE_SIGNAL_S:g} s"
+                    else:
+                        why = f"the main thread did not move within {TAKE_SIGNAL_S:g} s of it"
+                    self.end_at_once(signum, f"{why}: {where_main_thread_is()}")
 
     def _receive(self, receiver: socket.socket) -> bool | None:
         """Read the datagrams waiting until one of this process's: whether one came (None: the

@@ -498,25 +498,76 @@ def started_since(
     return Started(new_threads, new_pids)
 
 
-def multiprocessing_helper_pids() -> frozenset[int]:
-    """Pids of this process's multiprocessing fork server and resource tracker, if running.
+#: The last part of the name of a module that keeps a process-lifetime helper in a module global:
+#: multiprocessing's and every fork's (``multiprocess``, loky, joblib's vendored loky, ...).
+HELPER_MODULE_NAMES = ("resource_tracker", "forkserver", "resource_sharer")
 
-    Both are started on first use and live as long as this process by design: they are never a
-    test's leak (the processes the fork server starts are, and stay checked). loky's own
-    resource tracker (also joblib's vendored copy) is the same kind of helper; it is started
-    with a bare fork/exec, so no Process object leads the ownership search to it.
+#: last parts -> (len(sys.modules) when listed, the names of the modules so named then)
+_modules_named_seen: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {}
+
+
+def modules_named(*last: str) -> tuple[str, ...]:
+    """The names of the loaded modules whose last part is one of ``last``, whatever package
+    they are in. Listed again only after an import (cheap: one pass over ``sys.modules``)."""
+    seen = _modules_named_seen.get(last)
+    count = len(sys.modules)
+    if seen is not None and seen[0] == count:
+        return seen[1]
+    names = tuple(name for name in list(sys.modules) if name.rpartition(".")[2] in last)
+    _modules_named_seen[last] = (count, names)
+    return names
+
+
+def helper_module_names() -> tuple[str, ...]:
+    """The names of the loaded modules called ``resource_tracker``, ``forkserver`` or
+    ``resource_sharer``, whatever package they are in."""
+    return modules_named(*HELPER_MODULE_NAMES)
+
+
+def process_lifetime_helpers() -> list[object]:
+    """The process-lifetime helper objects of multiprocessing and of every fork of it.
+
+    Recognised by what they are, not by a list of packages: a module global of a module named
+    ``resource_tracker``/``forkserver``/``resource_sharer`` (any package) that is an instance of
+    a class that module defines (``ResourceTracker``, ``ForkServer``, ``_ResourceSharer``).
+    """
+    found: list[object] = []
+    for name in helper_module_names():
+        namespace = getattr(sys.modules.get(name), "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for value in list(namespace.values()):
+            if getattr(type(value), "__module__", None) == name and not isinstance(value, type):
+                found.append(value)
+    return found
+
+
+def helper_numbers(helper: object, suffix: str) -> set[int]:
+    """The non-negative ints ``helper`` keeps in attributes named ``*<suffix>`` (``_pid``,
+    ``_forkserver_pid``; ``_fd``, ``_forkserver_alive_fd``)."""
+    try:
+        attrs = vars(helper)
+    except TypeError:
+        return set()
+    return {
+        value
+        for attr, value in list(attrs.items())
+        if attr.endswith(suffix) and type(value) is int and value >= 0
+    }
+
+
+def multiprocessing_helper_pids() -> frozenset[int]:
+    """Pids of this process's fork servers and resource trackers, if running.
+
+    Each is started on first use and lives as long as this process by design: never a test's
+    leak (the processes a fork server starts are, and stay checked). The standard library's,
+    loky's (also joblib's vendored copy), ``multiprocess``'s and any other fork's alike: see
+    :func:`process_lifetime_helpers`. loky's and the trackers are started with a bare
+    fork/exec, so no Process object leads the ownership search to them.
     """
     pids: set[int] = set()
-    for module, owner, attr in (
-        ("multiprocessing.forkserver", "_forkserver", "_forkserver_pid"),
-        ("multiprocessing.resource_tracker", "_resource_tracker", "_pid"),
-        ("loky.backend.resource_tracker", "_resource_tracker", "_pid"),
-        ("joblib.externals.loky.backend.resource_tracker", "_resource_tracker", "_pid"),
-    ):
-        loaded = sys.modules.get(module)  # not imported here: unused means not running
-        pid = getattr(getattr(loaded, owner, None), attr, None)
-        if isinstance(pid, int):
-            pids.add(pid)
+    for helper in process_lifetime_helpers():
+        pids.update(p for p in helper_numbers(helper, "pid") if p > 0)
     return frozenset(pids)
 
 

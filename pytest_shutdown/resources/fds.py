@@ -158,37 +158,30 @@ def _item(fd: int) -> FdItem | None:
     return FdItem(fd, target, (st.st_dev, st.st_ino))
 
 
-#: (module, helper object, attribute) of the standard library's process-lifetime helpers'
-#: descriptors: multiprocessing's resource tracker pipe and fork-server lifeline (and loky's).
-_HELPER_FDS = (
-    ("multiprocessing.resource_tracker", "_resource_tracker", "_fd"),
-    ("multiprocessing.forkserver", "_forkserver", "_forkserver_alive_fd"),
-    ("loky.backend.resource_tracker", "_resource_tracker", "_fd"),
-    ("joblib.externals.loky.backend.resource_tracker", "_resource_tracker", "_fd"),
-)
-
-
 def helper_fds() -> frozenset[int]:
-    """Descriptors the standard library's process-lifetime helpers hold (started on first use,
-    kept until exit by design): never a test's leak."""
-    found = set()
-    for module, owner, attr in _HELPER_FDS:
-        loaded = sys.modules.get(module)  # not imported here: unused means not open
-        fd = getattr(getattr(loaded, owner, None), attr, None)
-        if isinstance(fd, int) and fd >= 0:
-            found.add(fd)
-    found.update(_resource_sharer_fds())
+    """Descriptors the process-lifetime helpers of multiprocessing and of every fork of it hold
+    (started on first use, kept until exit by design): never a test's leak. A resource tracker's
+    pipe (``_fd``), a fork server's lifeline (``_forkserver_alive_fd``), whatever package the
+    ``resource_tracker``/``forkserver`` module is in (see
+    :func:`~pytest_shutdown.checks.leaks.process_lifetime_helpers`)."""
+    from pytest_shutdown.checks.leaks import (  # noqa: PLC0415 - only when something is new
+        helper_numbers,
+        process_lifetime_helpers,
+    )
+
+    found: set[int] = set()
+    for helper in process_lifetime_helpers():
+        found.update(helper_numbers(helper, "fd"))
+        if type(helper).__name__ == "_ResourceSharer":
+            found.update(_resource_sharer_fds(helper))
     return frozenset(found)
 
 
-def _resource_sharer_fds() -> set[int]:
-    """Descriptors multiprocessing's ``resource_sharer`` holds for a child to fetch (a
-    ``DupFd``/``DupSocket`` registered there stays until it is fetched) and its listener's."""
-    module = sys.modules.get("multiprocessing.resource_sharer")
-    sharer = getattr(module, "_resource_sharer", None)
+def _resource_sharer_fds(sharer: object) -> set[int]:
+    """Descriptors a ``resource_sharer`` (multiprocessing's or a fork's) holds for a child to
+    fetch (a ``DupFd``/``DupSocket`` registered there stays until it is fetched) and its
+    listener's."""
     found: set[int] = set()
-    if sharer is None:
-        return found
     for entry in list((getattr(sharer, "_cache", None) or {}).values()):
         for function in entry if isinstance(entry, tuple) else ():
             for cell in getattr(function, "__closure__", None) or ():
@@ -208,26 +201,31 @@ def _resource_sharer_fds() -> set[int]:
 
 
 def finalizer_fds() -> frozenset[int]:
-    """Descriptors multiprocessing closes itself when their object goes: a process's sentinel
-    and pipe ends (``util.Finalize(popen, util.close_fds, fds)``). They live exactly as long as
-    the ``Process`` object that holds them: the object's holder owns them, not the test."""
-    util = sys.modules.get("multiprocessing.util")
-    registry = getattr(util, "_finalizer_registry", None)
-    if not registry:
-        return frozenset()
-    closers = {getattr(util, "close_fds", None), os.close}
+    """Descriptors multiprocessing (or a fork of it) closes itself when their object goes: a
+    process's sentinel and pipe ends (``util.Finalize(popen, util.close_fds, fds)``). They live
+    exactly as long as the ``Process`` object that holds them: the object's holder owns them,
+    not the test."""
+    from pytest_shutdown.checks.leaks import modules_named  # noqa: PLC0415
+
     found: set[int] = set()
-    for finalizer in list(registry.values()):
-        if getattr(finalizer, "_callback", None) not in closers:
+    for name in modules_named("util"):  # multiprocessing's, and every fork's (multiprocess)
+        util = sys.modules.get(name)
+        registry = getattr(util, "_finalizer_registry", None)
+        if not registry or not isinstance(registry, dict):
             continue
-        for arg in getattr(finalizer, "_args", None) or ():
-            values = arg if isinstance(arg, (list, tuple)) else (arg,)
-            found.update(v for v in values if isinstance(v, int) and not isinstance(v, bool))
+        closers = {getattr(util, "close_fds", None), os.close}
+        for finalizer in list(registry.values()):
+            if getattr(finalizer, "_callback", None) not in closers:
+                continue
+            for arg in getattr(finalizer, "_args", None) or ():
+                values = arg if isinstance(arg, (list, tuple)) else (arg,)
+                found.update(v for v in values if isinstance(v, int) and not isinstance(v, bool))
     return frozenset(found)
 
 
-def _never_blamed(item: FdItem) -> bool:
-    return item.fd in _cheap.own_handles() or item.fd in helper_fds() or any(
+def _never_blamed(item: FdItem, helpers: frozenset[int] | None = None) -> bool:
+    helpers = helper_fds() if helpers is None else helpers
+    return item.fd in _cheap.own_handles() or item.fd in helpers or any(
         fnmatch.fnmatchcase(item.target, pattern) for pattern in PROCESS_LIFETIME_TARGETS
     )
 
@@ -238,9 +236,14 @@ def new_fds(before: FdSnapshot) -> list[FdItem]:
     Lists ``/proc/self/fd``: the guard asks only when the fingerprint moved (a test that
     swapped one descriptor for another leaves the count as it was)."""
     items = []
+    helpers: frozenset[int] | None = None
     for fd in sorted(_listed() - before.fds):
         item = _item(fd)
-        if item is not None and not _never_blamed(item):
+        if item is None:
+            continue
+        if helpers is None:
+            helpers = helper_fds()
+        if not _never_blamed(item, helpers):
             items.append(item)
     return items
 
@@ -454,6 +457,135 @@ def held_by_tools(wrapped: Mapping[int, Sequence[object]]) -> set[int]:
     return held
 
 
+# --- descriptors no Python object wraps ----------------------------------------------------------
+
+#: Native libraries that keep process-lifetime helpers of their own (I/O threads, mailboxes):
+#: (a name in ``/proc/self/maps``, the library's name in findings, the Python module that loads
+#: it), looked for only while that module is imported.
+NATIVE_LIBRARIES: tuple[tuple[str, str, str], ...] = (("libzmq", "libzmq", "zmq"),)
+#: The ``anon_inode`` kinds such libraries' helpers hold (a mailbox's eventfd, a poller).
+_NATIVE_HELPER_KINDS = frozenset({"eventfd", "eventpoll"})
+
+#: (len(sys.modules) when /proc/self/maps was read, the libraries loaded then)
+_native_seen: tuple[int, tuple[str, ...]] | None = None
+
+
+def loaded_native_libraries() -> tuple[str, ...]:
+    """The :data:`NATIVE_LIBRARIES` loaded into this process (read from ``/proc/self/maps``,
+    again only after another module was imported: that is how such a library comes in)."""
+    global _native_seen
+    count = len(sys.modules)
+    seen = _native_seen
+    if seen is not None and seen[0] == count:
+        return seen[1]
+    wanted = [entry for entry in NATIVE_LIBRARIES if entry[2] in sys.modules]
+    loaded: tuple[str, ...] = ()
+    if wanted:
+        try:
+            with open("/proc/self/maps", "rb") as f:
+                maps = f.read()
+        except OSError:
+            maps = b""
+        loaded = tuple(name for mapped, name, _ in wanted if mapped.encode() in maps)
+    _native_seen = (count, loaded)
+    return loaded
+
+
+def _anon_kind(target: str) -> str | None:
+    return target[len("anon_inode:"):].strip("[]") if target.startswith("anon_inode:") else None
+
+
+def _epoll_watches(fd: int) -> set[int]:
+    """The descriptors the epoll instance ``fd`` watches (``tfd:`` lines of its fdinfo)."""
+    watched: set[int] = set()
+    try:
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("tfd:"):
+                    watched.add(int(line.split()[1]))
+    except (OSError, ValueError, IndexError):
+        pass
+    return watched
+
+
+#: ``Context.underlying`` of each zmq context an earlier search saw alive -> the descriptors
+#: it was given then (none: its own were open before any later test began, so it explains
+#: none of a later test's new ones; a repeated search of the same check gives it the same).
+_zmq_contexts_seen: dict[int, frozenset[int]] = {}
+
+
+def _zmq_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
+    """fd -> (the zmq object whose native code holds it, what to call it), for the eventfd and
+    epoll descriptors among ``items``.
+
+    A socket's mailbox is its ``FD`` (exact). The rest of a context's (its own mailbox; its
+    reaper's and each I/O thread's mailbox and poller: 1 eventfd, then 1 + n eventfds and
+    1 + n epoll instances once a socket started it, n its I/O threads) are given to a context
+    only when exactly one live context that no earlier search saw has exactly that shape, and
+    each poller among them watches one of those eventfds: anything else stays unexplained.
+    One pass over the heap; asked only when such descriptors are left and libzmq is loaded."""
+    zmq = sys.modules.get("zmq")
+    socket_type, context_type = getattr(zmq, "Socket", None), getattr(zmq, "Context", None)
+    fd_option, io_threads = getattr(zmq, "FD", 14), getattr(zmq, "IO_THREADS", 1)
+    if not isinstance(socket_type, type) or not isinstance(context_type, type):
+        return {}
+    anon = {item.fd: _anon_kind(item.target) for item in items}
+    wanted = {fd for fd, kind in anon.items() if kind in _NATIVE_HELPER_KINDS}
+    if not wanted:
+        return {}
+    objects = gc.get_objects()
+    kinds = {k for k in set(map(type, objects)) if issubclass(k, (socket_type, context_type))}
+    found = list(compress(objects, map(kinds.__contains__, map(type, objects))))
+    del objects
+    owners: dict[int, tuple[object, str]] = {}
+    contexts: dict[int, object] = {}
+    for obj in found:
+        try:
+            if getattr(obj, "closed", True):
+                continue
+            if isinstance(obj, socket_type):
+                number = obj.get(fd_option)  # type: ignore[attr-defined]
+                context = obj.context  # type: ignore[attr-defined]
+                if isinstance(number, int) and number in wanted:
+                    owners[number] = (context, "libzmq's mailbox of a socket of")
+            else:
+                contexts.setdefault(int(obj.underlying), obj)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001, S112 - a socket closed meanwhile, a shadow context
+            continue
+    del found
+    rest = wanted - owners.keys()
+    eventfds = {fd for fd in rest if anon[fd] == "eventfd"}
+    polls = rest - eventfds
+    given = frozenset(rest)
+    candidates = []
+    for address, context in contexts.items():
+        if _zmq_contexts_seen.get(address, given) != given:
+            continue
+        try:
+            threads = int(context.get(io_threads))  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - terminated meanwhile
+            continue
+        if (len(eventfds), len(polls)) in ((2 + threads, 1 + threads), (1, 0)):
+            candidates.append(address)
+    if len(_zmq_contexts_seen) > 10_000:
+        _zmq_contexts_seen.clear()
+    for address in contexts:
+        _zmq_contexts_seen.setdefault(address, frozenset())
+    if len(candidates) == 1 and all(_epoll_watches(fd) & eventfds for fd in polls):
+        _zmq_contexts_seen[candidates[0]] = given
+        for fd in rest:
+            owners[fd] = (contexts[candidates[0]], "libzmq's mailbox or poller of")
+    return owners
+
+
+def native_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
+    """fd -> (the Python object whose native code holds it, what it is to that object), for
+    descriptors no Python object wraps: what a loaded native library's objects explain."""
+    if "libzmq" in loaded_native_libraries():
+        return _zmq_owners(items)
+    return {}
+
+
 def _python_name(obj: object) -> str:
     kind = type(obj)
     return f"{kind.__module__}.{kind.__qualname__}".replace("builtins.", "").replace("_io.", "io.")
@@ -479,7 +611,7 @@ def fd_findings(
         Finding(
             "fd-leak",
             f"{count} file descriptor{'s' if count != 1 else ''} opened in {subject} still open "
-            f"{_after(grace)}: {listed}{more}.",
+            f"{_after(grace)}: {listed}{more}.{_native_note(records)}",
             {"fds": [dict(r) for r in records], "grace_s": grace, **dict(extra or {})},
         )
     ]
@@ -487,6 +619,39 @@ def fd_findings(
 
 def _after(grace: float) -> str:
     return f"{grace:g} s after it ended" if grace > 0 else "when it ended"
+
+
+def _native_phrase(
+    record: Mapping[str, Any], libraries: Sequence[str], holder: str | None
+) -> str:
+    """What a descriptor no Python object wraps is, and who may hold it (native code, or a raw
+    ``os`` call): never a guess that the test's own code opened it."""
+    kind = record.get("kind") or "descriptor"
+    noun = {"eventpoll": "epoll instance"}.get(kind, kind)
+    phrase = f"no Python object wraps this {noun}: native code or a raw os call holds it"
+    if holder is not None:
+        return f"no Python object wraps this {noun}: it is {holder}"
+    if libraries and kind in _NATIVE_HELPER_KINDS:
+        phrase += f"; likely held by {libraries[0]}'s native code"
+    return phrase
+
+
+def _native_note(records: Sequence[Mapping[str, Any]]) -> str:
+    """The finding's last sentence when some descriptors have no Python object."""
+    native = [r for r in records if r.get("native")]
+    if not native:
+        return ""
+    count = len(native)
+    which = "it has" if len(records) == 1 else (
+        f"{count} of them have" if count != len(records) else "they have"
+    )
+    libraries = sorted({r["likely_library"] for r in native if r.get("likely_library")})
+    likely = "".join(f"; likely held by {lib}'s native code" for lib in libraries)
+    return (
+        f" {which[0].upper()}{which[1:]} no Python object (native code or a raw os call){likely}."
+        " If only the first test that uses a library shows it, it is a process-wide resource"
+        " created on first use."
+    )
 
 
 def _innermost(objects: Sequence[object]) -> object:
@@ -512,6 +677,8 @@ class FdKind:
         #: fd -> the types of the Python objects wrapping it (names only: holding the objects
         #: would keep a dropped socket from being collected and closed)
         self._types: dict[int, list[str]] = {}
+        #: fd -> what native code holds it, for those :func:`native_owners` explained
+        self._native: dict[int, str] = {}
 
     def fingerprint(self) -> FdFingerprint:
         return fd_fingerprint()
@@ -589,8 +756,22 @@ class FdKind:
         return reading("fd_known_wrappers", dict)
 
     def targets(self, items: Sequence[FdItem]) -> dict[FdItem, object]:
+        """The wrapper of each descriptor; for one no Python object wraps, the object whose
+        native code holds it where a loaded library tells (:func:`native_owners`): a zmq
+        context kept in a module global owns its mailboxes and pollers."""
         wrapped = self._wrappers(item.fd for item in items)
-        return {item: _innermost(wrapped[item.fd]) for item in items if wrapped.get(item.fd)}
+        found: dict[FdItem, object] = {
+            item: _innermost(wrapped[item.fd]) for item in items if wrapped.get(item.fd)
+        }
+        bare = [item for item in items if item not in found]
+        if bare:
+            owners = native_owners(bare)
+            for item in bare:
+                if item.fd in owners:
+                    obj, what = owners[item.fd]
+                    found[item] = obj
+                    self._native[item.fd] = f"{what} {_python_name(obj)}"
+        return found
 
     def settle(self, items: Sequence[FdItem], deadline: float) -> list[FdItem]:
         return settle(items, deadline)
@@ -612,14 +793,22 @@ class FdKind:
     def describe(self, items: Sequence[FdItem]) -> list[dict[str, Any]]:
         table = _socket_table(items)
         records = []
+        libraries = None
         for item in items:
             record = describe_fd(item, table)
             held = self._types.get(item.fd) or []
             record["python_objects"] = held
-            record["opened_by"] = (
-                f"held by {', '.join(held)}" if held
-                else "no Python object wraps it (a raw os.open/os.pipe/os.dup descriptor?)"
-            )
+            if held:
+                record["opened_by"] = f"held by {', '.join(held)}"
+            else:
+                if libraries is None:
+                    libraries = loaded_native_libraries()
+                record["opened_by"] = _native_phrase(
+                    record, libraries, self._native.get(item.fd)
+                )
+                record["native"] = True
+                if libraries and record["kind"] in _NATIVE_HELPER_KINDS:
+                    record["likely_library"] = libraries[0]
             records.append(record)
         return records
 
@@ -633,9 +822,11 @@ class FdKind:
     ) -> list[Finding]:
         records = self.describe(items)
         self._types.clear()
+        self._native.clear()
         return fd_findings(records, subject=subject, grace=grace, extra=extra)
 
     def restore(self, items: Sequence[FdItem]) -> None:
         """Nothing: a descriptor may still be used by whoever holds it; closing it under them
         could make their next write land in a file the next test opens."""
         self._types.clear()
+        self._native.clear()

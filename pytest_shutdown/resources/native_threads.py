@@ -187,13 +187,16 @@ class NativeThreadKind(ObjectKind):
         fresh = frozenset(t for t in fresh if t not in known and not python_thread_tid(t))
         if not fresh:
             return ()
+        return self._not_allowed(sorted(fresh), allow if isinstance(allow, tuple) else ())
+
+    def _not_allowed(self, tids: Sequence[int], extra: Sequence[Any] = ()) -> tuple[int, ...]:
+        """The tasks among ``tids`` still there whose kernel name no allowed pattern matches."""
         patterns = [p for p in self.allowed if not p.startswith("@")]
-        if isinstance(allow, tuple):
-            patterns.extend(allow)
+        patterns.extend(p for p in extra if isinstance(p, str))
         main_name = _comm(os.getpid())
         openmp: bool | None = None if "@openmp" in self.allowed else False  # looked up lazily
         found = []
-        for tid in sorted(fresh):
+        for tid in tids:
             name = _comm(tid, None)
             if name is None:
                 continue  # ended since the listing (a joined thread's task lingers a moment)
@@ -231,6 +234,10 @@ class NativeThreadKind(ObjectKind):
             # the threads kind answers for it.
             known = {t.native_id for t in threading.enumerate()}
             left = tuple(t for t in left if t not in known)
+        if left:
+            # A native thread names itself once it runs (libzmq's ZMQbg/Reaper, torch's pt_*):
+            # caught before that it had its starter's name; its name now may be an allowed one.
+            left = self._not_allowed(left)
         return left
 
     def findings(

@@ -92,7 +92,7 @@ def test_a_pipe_left_open_is_named_by_its_ends() -> None:
         assert set(found) == {r, w}
         assert found[r]["kind"] == "pipe" and "read end" in found[r]["what"]
         assert "write end" in found[w]["what"]
-        assert "raw os.open" in found[r]["opened_by"]  # no Python object wraps it
+        assert found[r]["opened_by"].startswith("no Python object wraps this pipe")
     finally:
         os.close(r)
         os.close(w)

@@ -265,6 +265,9 @@ class ShutdownGuard:
         #: The resource kinds walked after every test, in the order their findings are listed.
         self.kinds: list[ResourceKind] = default_kinds(settings.resources, settings=settings)
         self._objects = [k for k in self.kinds if not k.stateful]
+        for kind in self._objects:
+            if _finds_late(kind):  # the guard keeps the current test: late items are told apart
+                kind.track_late = True  # type: ignore[attr-defined]
         self._states = [k for k in self.kinds if k.stateful]
         self._by_name = {k.name: k for k in self.kinds}
         #: The kinds whose fingerprints the fast path compares: not one whose fingerprint is

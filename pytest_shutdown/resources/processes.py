@@ -48,6 +48,9 @@ class ProcessKind(ObjectKind):
     ends_by_itself = True
 
     def __init__(self) -> None:
+        #: Whether processes that appear after their test are told apart (the guard turns it
+        #: on: it keeps origins' current test; a helper's block has no test to compare with).
+        self.track_late = False
         #: The descendants the last snapshot or check saw (None before the first).
         self._seen: frozenset[int] | None = None
         #: Processes that appeared after the test their environment names had ended (a
@@ -82,7 +85,7 @@ class ProcessKind(ObjectKind):
         executed): they left that test's tree after its check. Kept for :meth:`late_items`,
         left out of the running test's new items."""
         seen, self._seen = self._seen, now
-        if seen is None or now <= seen:
+        if not self.track_late or seen is None or now <= seen:
             return frozenset()
         current = origins.current_test()
         inherited = _own_initial_test()

@@ -165,13 +165,13 @@ def load_settings(config: pytest.Config) -> GuardSettings:
     graphs_dir = _path_option(config, "shutdown_graphs", "--shutdown-graphs", "a folder path")
     if graphs_dir is not None:
         _check_graphs_dir(graphs_dir, str(config.getoption("shutdown_graphs")))
-    long_lived = _long_lived(config)
+    long_lived = _choice_of(config, "shutdown_long_lived", LONG_LIVED_CHOICES)
     resources = resource_kinds(config)
     lines = config.getini("shutdown_native_threads_allow") or ()
     native_allow = tuple(str(p).strip() for p in lines if str(p).strip())
     return GuardSettings(
         mode, grace, budget, report_path, platform, graphs_dir, long_lived, resources,
-        native_allow, _containment(config),
+        native_allow, _choice_of(config, "shutdown_containment", CONTAINMENT_CHOICES),
     )
 
 
@@ -318,24 +318,16 @@ def shows_details(config: pytest.Config) -> bool:
     )
 
 
-def _containment(config: pytest.Config) -> str:
-    option = config.getoption("shutdown_containment", default=None)
+def _choice_of(config: pytest.Config, name: str, accepted: Sequence[str]) -> str:
+    """The option ``--NAME`` (dashes), else the ini key ``name``, else the first accepted value;
+    validated against ``accepted``."""
+    option = config.getoption(name, default=None)
     if option is not None:
-        return _choice(str(option).strip(), "--shutdown-containment", CONTAINMENT_CHOICES)
-    ini = str(config.getini("shutdown_containment") or "").strip()
+        return _choice(str(option).strip(), "--" + name.replace("_", "-"), accepted)
+    ini = str(config.getini(name) or "").strip()
     if ini:
-        return _choice(ini, "shutdown_containment (ini)", CONTAINMENT_CHOICES)
-    return "marker"
-
-
-def _long_lived(config: pytest.Config) -> str:
-    option = config.getoption("shutdown_long_lived", default=None)
-    if option is not None:
-        return _choice(str(option).strip(), "--shutdown-long-lived", LONG_LIVED_CHOICES)
-    ini = str(config.getini("shutdown_long_lived") or "").strip()
-    if ini:
-        return _choice(ini, "shutdown_long_lived (ini)", LONG_LIVED_CHOICES)
-    return "list"
+        return _choice(ini, f"{name} (ini)", accepted)
+    return accepted[0]
 
 
 def _path_option(config: pytest.Config, dest: str, option: str, what: str) -> Path | None:

@@ -314,3 +314,17 @@ def test_os_environ_is_untouched_without_the_guard(
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-s", *args)
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines([f"AFTER {inherited!r}"])
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--shutdown-containment=adopt",), ("-o", "shutdown_containment=both")],
+    ids=["option", "ini"],
+)
+def test_an_unknown_containment_is_a_usage_error_naming_the_accepted_values(
+    pytester: pytest.Pytester, args: tuple[str, ...]
+) -> None:
+    pytester.makepyfile(test_one="def test_one(): pass")
+    result = pytester.runpytest_subprocess("-p", "shutdown", *args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*shutdown*containment*not accepted*marker*subreaper*"])

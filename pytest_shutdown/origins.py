@@ -41,6 +41,7 @@ __all__ = [
     "recorded_processes",
     "recorded_segment",
     "current_test",
+    "imported_by",
     "set_current_test",
     "started_between_tests",
     "starter_of",
@@ -77,6 +78,9 @@ class Origin:
     #: (the test then, ``None`` before any test; ``"unknown"`` when it was not recorded).
     starter: str | None = None
     starter_test: str | None = None
+    #: The module being imported when it was created (its import's ``<module>`` frame was on
+    #: the stack, called by the import machinery): what it made belongs to that import.
+    imported: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"started_at": render_origin(self), "started_in": self.test, "what": self.what}
@@ -188,6 +192,7 @@ def _capture(what: str | None = None, depth: int = 2) -> Origin:
     frame: types.FrameType | None = sys._getframe(depth)  # the caller of the wrapped start()
     user: list[tuple[str, int, str, bool]] = []
     library: list[tuple[str, int, str, bool]] = []
+    imported: str | None = None
     walked = 0
     while frame is not None and walked < WALK_LIMIT and len(user) < USER_FRAMES:
         code = frame.f_code
@@ -197,6 +202,7 @@ def _capture(what: str | None = None, depth: int = 2) -> Origin:
             where = _frame_kinds[filename] = _frame_kind(filename)
         if where == _TOOL:
             if user:
+                frame = None  # nothing above is looked at for an import either
                 break  # the test tools' frames above the test are no one's creation site
         elif where == _LIBRARY:
             if not user and len(library) < LIBRARY_FRAMES:
@@ -205,8 +211,12 @@ def _capture(what: str | None = None, depth: int = 2) -> Origin:
         elif where == _USER:
             name = getattr(code, "co_qualname", code.co_name)
             user.append((filename, frame.f_lineno, name, True))
+        if imported is None and code.co_name == "<module>":
+            imported = _module_being_imported(frame)
         frame = frame.f_back
         walked += 1
+    if imported is None and frame is not None:  # the user frames ran out first: look on
+        imported = _importing(frame, WALK_LIMIT - walked, seen_user=bool(user))
     if what is not None:  # name the pool: the innermost method that started the process
         starter = next((f[2] for f in library + user if "." in f[2]), None)
         if starter is not None and not starter.endswith(".start"):
@@ -220,7 +230,45 @@ def _capture(what: str | None = None, depth: int = 2) -> Origin:
             starter = "?"
         started = _threads.get(current)
         starter_test = started.test if started is not None else "unknown"
-    return Origin(tuple(user + library), _current_test, what, starter, starter_test)
+    return Origin(tuple(user + library), _current_test, what, starter, starter_test, imported)
+
+
+def _module_being_imported(frame: types.FrameType) -> str | None:
+    """The name of the module whose top-level code ``frame`` runs, when the import machinery
+    runs it (``<frozen importlib._bootstrap>``, or a loader's ``exec_module``: pytest's
+    assertion rewriter execs test modules and conftests itself); None for other ``<module>``
+    frames (``exec`` of a string, ``python -c``, ``runpy``)."""
+    back = frame.f_back
+    if back is None:
+        return None
+    code = back.f_code
+    if not (code.co_filename.startswith("<frozen importlib") or code.co_name == "exec_module"):
+        return None
+    name = frame.f_globals.get("__name__")
+    return name if isinstance(name, str) and name != "__main__" else None
+
+
+def _importing(
+    frame: types.FrameType | None, limit: int = WALK_LIMIT, *, seen_user: bool = False
+) -> str | None:
+    """The innermost module being imported on the stack from ``frame`` outwards (at most
+    ``limit`` frames; the test tools' frames above user code end the search)."""
+    while frame is not None and limit > 0:
+        code = frame.f_code
+        if code.co_name == "<module>":
+            found = _module_being_imported(frame)
+            if found is not None:
+                return found
+        filename = code.co_filename
+        where = _frame_kinds.get(filename)
+        if where is None:
+            where = _frame_kinds[filename] = _frame_kind(filename)
+        if where == _TOOL and seen_user:
+            return None
+        seen_user = seen_user or where == _USER
+        frame = frame.f_back
+        limit -= 1
+    return None
 
 
 def render_origin(origin: Origin) -> str:
@@ -349,6 +397,12 @@ def _wrap_start_new_thread() -> None:
         ran = _weak_run(function)
         if ran is None:
             return original(function, args) if kwargs is None else original(function, args, kwargs)
+        try:
+            importing = _importing(sys._getframe(1))
+            if importing is not None:
+                _remember_import(ran, importing)
+        except Exception:  # noqa: BLE001, S110 - recording must never break a start
+            pass
 
         def run(*a: Any, **k: Any) -> Any:
             _native_runs[threading.get_native_id()] = ran
@@ -377,6 +431,43 @@ def _weak_run(function: Any) -> Any:
         return weakref.ref(candidate)
     except TypeError:
         return None
+
+
+#: id of what a ``_thread.start_new_thread`` thread started during an import runs for -> (a weak
+#: reference to it, the module being imported), the newest last.
+_imported_runs: OrderedDict[int, tuple[Any, str]] = OrderedDict()
+
+
+def _remember_import(ref: Any, module: str) -> None:
+    obj = ref()
+    if obj is None:
+        return
+    _imported_runs[id(obj)] = (ref, module)
+    _imported_runs.move_to_end(id(obj))
+    while len(_imported_runs) > PYTHON_TID_LIMIT:
+        _imported_runs.popitem(last=False)
+
+
+def imported_by(obj: object) -> str | None:
+    """The module whose import created ``obj``, for what this module records the creation of:
+    a ``threading.Thread``, a ``subprocess.Popen`` or ``multiprocessing.Process``, a
+    ``SharedMemory`` segment, what a ``_thread.start_new_thread`` thread runs for; None when
+    it was created outside any import, or not recorded."""
+    origin = origin_of(obj)
+    if origin is None:
+        shm = sys.modules.get(_SHM_MODULE)
+        kind = getattr(shm, "SharedMemory", None)
+        if kind is not None and issubclass(type(obj), kind):
+            name = str(getattr(obj, "_name", "") or "").lstrip("/")
+            entry = _segments.get(name)
+            if entry is not None and entry[0]() is obj:
+                origin = entry[1]
+    if origin is not None:
+        return origin.imported
+    run = _imported_runs.get(id(obj))
+    if run is not None and run[0]() is obj:
+        return run[1]
+    return None
 
 
 def native_thread_runs(tid: int) -> object | None:

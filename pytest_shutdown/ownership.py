@@ -7,7 +7,12 @@ test reaches it. Owners, narrowest first:
   through the objects it holds (an executor's worker set, an engine's renderer pool);
 * a module global or a class attribute (a singleton pool, a pool created at import);
 * a process-lifetime helper of the standard library (multiprocessing's fork server and resource
-  tracker, the ``resource_sharer`` listener thread).
+  tracker, the ``resource_sharer`` listener thread);
+* the import of a module: what a module's top-level code created while it was being imported
+  (its recorded creation site ran under the import machinery, see
+  :func:`pytest_shutdown.origins.imported_by`) lives as long as the module, whichever test
+  happened to import it first. It is the answer of last resort: a fixture, global or class
+  attribute that reaches the object is named instead.
 
 :func:`find_owners` answers for a set of suspects at once, walking *backwards* through
 ``gc.get_referrers`` one level at a time (one heap scan per level, not per object), from the
@@ -44,7 +49,7 @@ from pytest_shutdown import _FROZEN_AT_IMPORT, origins
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
 
-__all__ = ["Owner", "find_owners", "stdlib_helper_threads"]
+__all__ = ["Owner", "find_owners", "singleton_slot", "stdlib_helper_threads"]
 
 #: Levels walked backwards at most (an engine's pool is about ten references deep).
 MAX_DEPTH = 14
@@ -102,8 +107,9 @@ _REGISTRIES = (
 class Owner:
     """What outlives the test and reaches a thread or process.
 
-    ``kind``: ``"fixture"``, ``"module-global"``, ``"class-attribute"`` or ``"stdlib-helper"``;
-    ``name``: the fixture name, ``module.attribute``, ``Class.attribute`` or the helper;
+    ``kind``: ``"fixture"``, ``"module-global"``, ``"class-attribute"``, ``"stdlib-helper"``
+    or ``"import"``; ``name``: the fixture name, ``module.attribute``, ``Class.attribute``, the
+    helper or the module whose import created it;
     ``path``: the reference path from the owner down to the thread or process object.
     ``key`` is the caller's handle of a fixture owner (not rendered).
     """
@@ -122,6 +128,7 @@ class Owner:
             "module-global": "module global",
             "class-attribute": "class attribute",
             "stdlib-helper": "standard-library helper",
+            "import": "the import of",
         }.get(self.kind, self.kind)
         return f"{label} {self.name}"
 
@@ -346,6 +353,7 @@ def find_owners(
         del left  # it holds the targets: the walk below would take it for a referrer of each
         frontier = unanswered(frontier)
     if not walk:
+        answers.update(_import_owners(targets, answers))
         return answers
 
     def take(ref: Any, frontier_ids: AbstractSet[int], into: list[object]) -> None:
@@ -427,9 +435,23 @@ def find_owners(
     if len(answers) < len(keys) and gc.get_freeze_count() > _FROZEN_AT_IMPORT:
         left = {key: targets[key] for key in keys if key not in answers}
         answers.update(_forward_owners(left, fixture_roots, modules, deadline + max_seconds))
+    if len(answers) < len(keys):
+        answers.update(_import_owners(targets, answers))
     if follow_starters and len(answers) < len(keys):
         answers.update(_owners_through_starters(targets, answers, fixture_roots, max_seconds))
     return answers
+
+
+def _import_owners(targets: Mapping[Any, object], answers: Mapping[Any, Owner]) -> dict[Any, Owner]:
+    """The unanswered targets created while a module was being imported: that import's."""
+    found: dict[Any, Owner] = {}
+    for key, target in targets.items():
+        if key in answers:
+            continue
+        module = origins.imported_by(target)
+        if module is not None:
+            found[key] = Owner("import", module, f"created while {module} was being imported")
+    return found
 
 
 def _namespaces() -> tuple[dict[int, str], set[int]]:
@@ -925,3 +947,81 @@ def objects_of(
                 break
             current = parents.get(current)
     return found
+
+
+def singleton_slot(origin: origins.Origin | None, obj: object) -> tuple[Owner, object] | None:
+    """The class attribute or module global that the code which created ``obj`` assigned it to
+    (a process-lifetime singleton: tqdm's ``cls.monitor = TMonitor(cls, ...)``), read from the
+    recorded creation site ``origin``: the first user frame outside ``obj``'s own methods is
+    the call that made it, and its source line assigns the result to ``cls.attr``, to
+    ``Class.attr`` of a class of that module, or to a global of that module. None otherwise (a
+    local, an instance attribute, a call whose line says nothing): the object is then the
+    caller's. Returned with what the slot holds now: it may hold ``obj`` no more (the library
+    released its singleton; what still refers to it, an ``atexit`` registration, is how such a
+    singleton is meant to end)."""
+    if origin is None:
+        return None
+    own = {getattr(klass, "__qualname__", "") + "." for klass in type(obj).__mro__[:-1]}
+    for filename, lineno, qualname, is_user in origin.frames:
+        if not is_user:
+            continue
+        if any(qualname.startswith(prefix) for prefix in own):
+            continue  # the object's own method (its __init__ registering the hook)
+        return _assigned_slot(filename, lineno, qualname)
+    return None
+
+
+def _assigned_slot(filename: str, lineno: int, qualname: str) -> tuple[Owner, object] | None:
+    import ast  # noqa: PLC0415 - only for an atexit registration left after a test
+    import linecache  # noqa: PLC0415
+
+    line = linecache.getline(filename, lineno).strip()
+    try:
+        statement = ast.parse(line).body[0] if line else None
+    except (SyntaxError, IndexError, ValueError):
+        return None  # a statement over several lines: not read
+    if isinstance(statement, ast.Assign):
+        targets = statement.targets
+    elif isinstance(statement, ast.AnnAssign):
+        targets = [statement.target]
+    else:
+        return None
+    found = _module_of_file(filename, _namespaces()[0])
+    if found is None:
+        return None
+    namespace, module_name = found
+    for target in targets:
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name):
+            holder = target.value.id
+            if holder == "cls" and "." in qualname:
+                holder = qualname.rsplit(".", 2)[-2]  # the classmethod's class
+            klass = namespace.get(holder)
+            if _is_a(klass, type):
+                owner = Owner(
+                    "class-attribute",
+                    f"{module_name}.{klass.__qualname__}.{target.attr}",  # type: ignore[union-attr]
+                    f"assigned at {filename}:{lineno}",
+                )
+                return owner, vars(klass).get(target.attr)
+        elif isinstance(target, ast.Name) and target.id in namespace:
+            if qualname == "<module>" or target.id in _declared_global(filename, qualname):
+                where = f"assigned at {filename}:{lineno}"
+                owner = Owner("module-global", f"{module_name}.{target.id}", where)
+                return owner, namespace.get(target.id)
+    return None
+
+
+def _declared_global(filename: str, qualname: str) -> frozenset[str]:
+    """The names the function ``qualname`` of the module in ``filename`` declares ``global``."""
+    found = _module_of_file(filename, _namespaces()[0])
+    if found is None:
+        return frozenset()
+    obj: Any = found[0].get(qualname.split(".")[0])
+    for part in qualname.split(".")[1:]:
+        obj = getattr(obj, part, None)
+    code = getattr(getattr(obj, "__func__", obj), "__code__", None)
+    if code is None:
+        return frozenset()
+    # A global assigned in the function is stored by name (STORE_GLOBAL): it is in co_names,
+    # not in co_varnames; a local of the same name would be in co_varnames.
+    return frozenset(n for n in code.co_names if n not in code.co_varnames)

@@ -14,9 +14,12 @@ import pytest
 MARKER = "exercises"
 
 # `vllm._aiter_ops` sets os.environ["AITER_SITUV2_A4W4"] = "1" when it is imported (for ROCm's
-# AITER kernels, on every platform): an import-time change of process-wide state, which the
-# guard reports as `global-state` on whichever check first builds an engine config. A vLLM
-# process has it imported by then; here it is imported at collection, before any check.
+# AITER kernels, on every platform): an import-time change of process-wide state. The guard
+# takes it for the import's, not the test's, when the module's source assigns the variable by
+# its quoted name (docs/ownership.md, "Process-wide state"). Should a vLLM set it another way
+# (a computed name), it would be reported as `global-state` on whichever check first builds an
+# engine config: the module is still imported here, at collection, before any check, as a vLLM
+# process has it imported by then.
 if importlib.util.find_spec("vllm") is not None:
     try:
         importlib.import_module("vllm._aiter_ops")

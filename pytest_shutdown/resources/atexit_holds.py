@@ -7,7 +7,13 @@ bound method of, or reaches, an object the test created (one no wider-scope fixt
 global owns) holds that object, and all it holds, until the interpreter exits: SGLang's
 ``Engine.__init__`` registers ``atexit.register(self.shutdown)``, so every engine a test suite
 creates stays alive. Module-level functions and callbacks that hold only plain values are never
-reported. Nothing is restored: unregistering someone's exit hook would change their exit.
+reported, nor are the registrations of process-lifetime objects: one made while a module was
+being imported (the import's), and one whose object was created to be a class attribute's or
+a module global's (a library's singleton: tqdm's ``cls.monitor = TMonitor(...)``, whose
+``__init__`` registers ``atexit.register(self.exit)``), even once the library released it:
+atexit is how such a singleton is meant to end. (While the attribute still holds it, the
+ownership search names that owner and the registration is listed as long-lived.) Nothing is
+restored: unregistering someone's exit hook would change their exit.
 """
 
 from __future__ import annotations
@@ -48,7 +54,11 @@ class AtexitKind(ObjectKind):
     def new_since(self, before: Any, allow: Allowance = None) -> Sequence[Any]:
         if allow is True or atexit_calls.count() == before:
             return ()
-        return tuple(r for r in atexit_calls.since(before) if atexit_calls.reached_objects(r))
+        return tuple(
+            r
+            for r in atexit_calls.since(before)
+            if (held := atexit_calls.reached_objects(r)) and not _process_lifetime(r, held[0])
+        )
 
     def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
         # The object the callback holds decides whose the registration is: a fixture's value
@@ -117,3 +127,20 @@ class AtexitKind(ObjectKind):
 def _type_name(obj: object) -> str:
     cls = type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _process_lifetime(registration: Any, held: object) -> bool:
+    """A registration made by an import, or for a singleton its library released (a singleton
+    still held is left to the ownership search, which lists it)."""
+    origin = registration.origin
+    if origin is None:
+        return False
+    if getattr(origin, "imported", None) is not None:
+        return True
+    from pytest_shutdown.ownership import singleton_slot  # noqa: PLC0415 - only when left
+
+    try:
+        slot = singleton_slot(origin, held)
+    except Exception:  # noqa: BLE001 - reading the site must never break the check
+        return False
+    return slot is not None and slot[1] is not held

@@ -10,12 +10,22 @@ Never reported: what pytest, its plugins and pytest-shutdown change themselves (
 hook installed whose function lives in their modules; ``PYTEST_CURRENT_TEST``, ``PYTEST_XDIST_*``,
 ``PYTEST_SHUTDOWN_*``). A wider-scope fixture's changes are the fixture's, checked when it is
 torn down. Fail mode puts back what it can (gc, handlers, hooks, start method, environment).
+
+An environment variable set by a module's import is the import's, not the test's: vLLM's
+``vllm._aiter_ops`` sets ``AITER_SITUV2_A4W4=1`` at import, whichever test imports it first. A
+changed variable is left out when a module imported since the baseline (``sys.modules`` grew:
+the snapshot keeps a mark of it that never compares unequal) has source that assigns it (the
+variable's name quoted after ``environ[``, in ``environ.setdefault(``/``environ.update(`` or
+``putenv(``: a text search of each new module's file, made only when a variable changed). A
+change the test made itself is still reported unless the test also imported, in the same test,
+a module whose source assigns that very variable.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import re
 import signal
 import sys
 import threading
@@ -154,6 +164,8 @@ class GlobalStateKind(StateKind):
         self._environ: dict[str, str] = {}
         self._signals_seen: tuple[Any, ...] = ()
         self._signals_marked: tuple[Any, ...] = ()
+        #: variable -> the module whose import set it (not reported: see the module's doc)
+        self.set_by_imports: dict[str, str] = {}
         self.snapshot()
 
     def snapshot(self) -> dict[str, Any]:
@@ -178,6 +190,7 @@ class GlobalStateKind(StateKind):
         context = sys.modules.get("multiprocessing.context")
         default = getattr(context, "_default_context", None)
         return {
+            "modules": _ModulesMark(),
             "gc": (gc.isenabled(), gc.get_threshold()),
             "signals": tuple(map(_getsignal, self._numbers)),
             "start_method": getattr(default, "_actual_context", None),
@@ -267,7 +280,13 @@ class GlobalStateKind(StateKind):
                     Change(hook, _describe(old), _describe(new), undo=_bind(setter, old))
                 )
         if not _environment_equal(before["environ"], after["environ"]):
-            changes.extend(_environment_changes(before["environ"], after["environ"]))
+            imported: dict[str, str] = {}
+            mark = before.get("modules")
+            if isinstance(mark, _ModulesMark):
+                names = _changed_names(before["environ"], after["environ"])
+                imported = _set_by_imports(names, mark) if names else {}
+                self.set_by_imports.update(imported)
+            changes.extend(_environment_changes(before["environ"], after["environ"], imported))
         return changes
 
     def rebase(self, before: dict[str, Any], start: dict[str, Any], end: dict[str, Any]) -> Any:
@@ -342,10 +361,80 @@ def _start_method_name(context: Any, default: Any) -> str:
     return str(getattr(context, "_name", context))
 
 
-def _environment_changes(before: Mapping[str, str], after: Mapping[str, str]) -> list[Change]:
+class _ModulesMark:
+    """How ``sys.modules`` looked at a snapshot (its size, its last module's name): the modules
+    imported since are the ones after it. Always equal to another mark: a snapshot or a
+    fingerprint does not move because a module was imported."""
+
+    __slots__ = ("last", "size")
+
+    def __init__(self) -> None:
+        self.size = len(sys.modules)
+        self.last = next(reversed(sys.modules), None)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ModulesMark)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def since(self) -> list[tuple[str, Any]]:
+        """The modules imported since the mark (when its last module is gone, the newest
+        ``size`` less as many as there were: a module removed since shifts the count)."""
+        items = list(sys.modules.items())
+        names = [name for name, _ in items]
+        if self.last is not None and self.last in sys.modules:
+            start = len(names) - names[::-1].index(self.last)
+        else:
+            start = min(self.size, len(items))
+        return items[start:]
+
+
+def _assigns(name: str) -> re.Pattern[str]:
+    quoted = rf"""['"]{re.escape(name)}['"]"""
+    return re.compile(
+        rf"environ\s*\[\s*{quoted}\s*\]\s*=(?!=)|environ\s*\.\s*(?:setdefault|update)\s*\(\s*"
+        rf"(?:{{\s*)?{quoted}|putenv\s*\(\s*{quoted}"
+    )
+
+
+def _set_by_imports(names: Sequence[str], mark: _ModulesMark) -> dict[str, str]:
+    """Of the variables ``names``, those a module imported since ``mark`` assigns in its
+    source -> that module."""
+    found: dict[str, str] = {}
+    patterns = {name: _assigns(name) for name in names}
+    for module_name, module in mark.since():
+        filename = getattr(module, "__file__", None)
+        if not isinstance(filename, str) or not filename.endswith(".py"):
+            continue
+        try:
+            with open(filename, encoding="utf-8", errors="replace") as f:
+                source = f.read()
+        except OSError:
+            continue
+        for name, pattern in patterns.items():
+            if name not in found and name in source and pattern.search(source):
+                found[name] = module_name
+        if len(found) == len(names):
+            break
+    return found
+
+
+def _changed_names(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
+    return [
+        key
+        for key in sorted(set(before) | set(after))
+        if not key.startswith(_TOOL_ENV_PREFIXES)
+        and before.get(key, _MISSING) != after.get(key, _MISSING)
+    ]
+
+
+def _environment_changes(
+    before: Mapping[str, str], after: Mapping[str, str], skip: Mapping[str, str] | None = None
+) -> list[Change]:
     changes = []
     for key in sorted(set(before) | set(after)):
-        if key.startswith(_TOOL_ENV_PREFIXES):
+        if key.startswith(_TOOL_ENV_PREFIXES) or (skip is not None and key in skip):
             continue
         old, new = before.get(key, _MISSING), after.get(key, _MISSING)
         if old == new:

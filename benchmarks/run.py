@@ -45,6 +45,11 @@ BENCHMARKS = {
         "30 tests, one in three leaking a thread or a process for 1 s, and their clean twin: "
         "warn/plain and fail/plain",
     ),
+    "os": ("os_resources.py", "the fds, ports and shm kinds' cost per clean test"),
+    "distributed": (
+        "distributed_matrix.py",
+        "the distributed orphan matrix: 60 cells of frontend, EngineCores and gloo ranks",
+    ),
     "suite": ("suite.py", "the whole suite under make test"),
 }
 #: Each benchmark must end within this (every wait has a deadline); each run inside one has

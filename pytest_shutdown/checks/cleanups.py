@@ -666,6 +666,3 @@ def labels_performed(counter: CleanupCounter, round_name: str) -> list[str]:
         if counter.count(index, round_name) > 0
     ]
 
-
-def spec_by_label(specs: Iterable[CleanupSpec]) -> Mapping[str, CleanupSpec]:
-    return {spec.label: spec for spec in specs}

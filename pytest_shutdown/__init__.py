@@ -70,7 +70,7 @@ _LAZY: dict[str, str] = {
     "assert_second_engine_clean": "pytest_shutdown.checks.second_engine",
     "detect_platform": "pytest_shutdown.devices",
     "memory_reader": "pytest_shutdown.devices",
-    "ShutdownLeakWarning": "pytest_shutdown.guard",
+    "ShutdownLeakWarning": "pytest_shutdown.leak_warning",
     "ShutdownBudgetExceeded": "pytest_shutdown.budget",
     # the values of the plugin's fixtures, for type hints in a test or conftest
     "ShutdownTimeouts": "pytest_shutdown.matrix",
@@ -148,6 +148,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.devices import detect_platform, memory_reader
     from pytest_shutdown.findings import FINDING_CODES, Finding, ShutdownContractError
     from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
-    from pytest_shutdown.guard import ShutdownLeakWarning
+    from pytest_shutdown.leak_warning import ShutdownLeakWarning
     from pytest_shutdown.matrix import ShutdownTimeouts
     from pytest_shutdown.resources.check import no_os_leaks

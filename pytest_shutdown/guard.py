@@ -44,6 +44,7 @@ from pytest_shutdown.checks.leaks import Started, descendant_pids, thread_name
 from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.moments import one_moment
 from pytest_shutdown.node_markers import scanned_names_are_hooks
 from pytest_shutdown.pending import DeferredLeaks
@@ -89,10 +90,6 @@ _WALK_AFTER_S = 0.01
 Snapshot = dict[str, Any]
 #: kind name -> the items of that kind (objects, or Change records of a state kind)
 Found = dict[str, tuple[Any, ...]]
-
-
-class ShutdownLeakWarning(pytest.PytestWarning):
-    """Emitted by ``pytest -p shutdown --shutdown-guard=warn`` for each test that leaked."""
 
 
 class _GuardError(ShutdownContractError, Failed):

@@ -422,12 +422,18 @@ class _Run:
                 "victim_pid": victim.pid, "victim_name": victim.name,
                 "waited_s": round(duration, 3)}
         findings = []
-        # Survivors are frozen (SIGSTOP) while the stacks of the others are taken: one's death
-        # must not change where another is stuck (a rank whose store server was the root).
-        self._frozen = {p.pid for p in left if p.pid != self.root and _signal(p.pid, "SIGSTOP")}
-        for proc in sorted(left, key=lambda p: (p.pid != self.root, p.pid)):
+        # Every survivor, the root too, is frozen (SIGSTOP) while the stacks are taken: one's
+        # death must not change where another is stuck (a rank whose store server was the root,
+        # a root whose join() returns once the rank it joins is gone). Stacks are taken from the
+        # deepest process up, the root last: a rank that dies with its parent (PR_SET_PDEATHSIG,
+        # which even a stopped process obeys) still shows the collective it is blocked in.
+        self._frozen = {p.pid for p in left if _signal(p.pid, "SIGSTOP")}
+        ordered = sorted(left, key=lambda p: (p.pid != self.root, p.pid))
+        facts_of: dict[int, dict[str, Any]] = {}
+        environs: dict[int, dict[str, str] | None] = {}
+        for proc in ordered:  # what /proc says, while every survivor is still there
             first = self.seen.get(proc.key, proc)
-            facts = {
+            facts_of[proc.pid] = {
                 **cell,
                 "pid": proc.pid,
                 "name": proc.name,
@@ -438,8 +444,12 @@ class _Run:
                 "age_s": _rounded(proc.age_s()),
                 "device_memory_bytes": device_memory_of(proc.pid),
             }
-            environ = read_environ(proc.pid)  # before the stacks: SIGABRT ends the process
-            stacks = self._stacks(proc)
+            environs[proc.pid] = read_environ(proc.pid)
+        stacks_of = {proc.pid: self._stacks(proc) for proc in _descendants_first(left)}
+        for proc in ordered:
+            facts = facts_of[proc.pid]
+            environ = environs[proc.pid]
+            stacks = stacks_of[proc.pid]
             facts["stacks"] = stacks
             blocked = blocked_in(stacks)
             wait = collective_wait(stacks)
@@ -495,6 +505,22 @@ class _Run:
                 [p.pid for p in members], why="the tree check ends the tree it ran", timeout=0.0
             )
             wait_gone([p.pid for p in members], 5.0)
+
+
+def _descendants_first(processes: Sequence[TreeProcess]) -> list[TreeProcess]:
+    """``processes`` ordered so that each comes after every one of its descendants among them."""
+    parent = {p.pid: p.ppid for p in processes}
+
+    def depth(pid: int) -> int:
+        seen = {pid}
+        found = 0
+        while parent.get(pid) in parent and parent[pid] not in seen:
+            pid = parent[pid]
+            seen.add(pid)
+            found += 1
+        return found
+
+    return sorted(processes, key=lambda p: (-depth(p.pid), p.pid))
 
 
 _EXIT_FRAMES = (

@@ -6,11 +6,21 @@ as the driver. Session scope (a cluster takes tens of seconds to start); ``basel
 cluster's available resources when it was ready, for ``assert_ray_released``. ``remove_node()``
 takes the worker node away (a node failure) and ``restore()`` puts one back. Ray is imported when
 the fixture is first used; without it the test skips, naming the extra to install.
+
+The set-up does what Ray starts once per process, so that it is the fixture's (the guard's
+wider-scope accounting), not the first test's: ``ray.init`` and one actor call (the driver's
+connections Ray opens on first use). The teardown stops the cluster, drops every reference to
+it, unregisters the nodes' ``atexit`` hooks (each keeps its ``Node`` alive) and puts back what
+``ray.init`` and the nodes changed: the SIGTERM handler, ``PYTHONBREAKPOINT`` and
+:data:`LOOPBACK_ENV`.
 """
 
 from __future__ import annotations
 
+import atexit
+import gc
 import os
+import signal
 from collections.abc import Iterator
 from dataclasses import field
 from typing import Any
@@ -36,6 +46,10 @@ class RayCluster:
     address: str
     baseline: dict[str, float]
     worker_nodes: list[Any] = field(default_factory=list)
+    #: The process-wide state before the set-up (SIGTERM handler, environment), put back by
+    #: ``stop_cluster``; the ``atexit`` hooks Ray registered meanwhile, unregistered there.
+    saved: dict[str, Any] = field(default_factory=dict)
+    hooks: list[Any] = field(default_factory=list)
 
     def remove_node(self) -> None:
         """Kill the worker node's processes (its raylet and its workers), as a node failure."""
@@ -51,36 +65,109 @@ class RayCluster:
         self.cluster.wait_for_nodes()
 
 
+#: The environment variables ``start_cluster`` (and ``ray.init``) set, put back at the end.
+SAVED_ENV = (*LOOPBACK_ENV, "PYTHONBREAKPOINT")
+
+
 def start_cluster() -> RayCluster:
+    from pytest_shutdown import atexit_calls  # noqa: PLC0415
+
+    saved: dict[str, Any] = {"SIGTERM": signal.getsignal(signal.SIGTERM)}
+    saved.update({name: os.environ.get(name) for name in SAVED_ENV})
     os.environ.update(LOOPBACK_ENV)  # for Ray's own processes (they read it at import)
     import ray  # noqa: PLC0415
     from ray._private import ray_constants  # noqa: PLC0415
     from ray.cluster_utils import Cluster  # noqa: PLC0415
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray before, maybe
-    cluster = Cluster(
-        initialize_head=True,
-        head_node_args={"num_cpus": CPUS_PER_NODE, "num_gpus": 0, "include_dashboard": False,
-                        "node_ip_address": "127.0.0.1"},
-    )
-    try:
-        worker = cluster.add_node(num_cpus=CPUS_PER_NODE, num_gpus=0,
-                                  node_ip_address="127.0.0.1")
-        cluster.wait_for_nodes()
-        ray.init(address=cluster.address, include_dashboard=False)
-    except BaseException:
-        cluster.shutdown()
-        raise
-    return RayCluster(cluster, cluster.address, dict(ray.available_resources()), [worker])
+    with atexit_calls.recording():  # the nodes' atexit hooks, to unregister at the end
+        first = atexit_calls.count()
+        cluster = Cluster(
+            initialize_head=True,
+            head_node_args={"num_cpus": CPUS_PER_NODE, "num_gpus": 0, "include_dashboard": False,
+                            "node_ip_address": "127.0.0.1"},
+        )
+        started = RayCluster(cluster, cluster.address, {}, [], saved)
+        try:
+            started.worker_nodes.append(
+                cluster.add_node(num_cpus=CPUS_PER_NODE, num_gpus=0, node_ip_address="127.0.0.1")
+            )
+            cluster.wait_for_nodes()
+            ray.init(address=cluster.address, include_dashboard=False)
+            _first_use(ray)
+        except BaseException:
+            started.hooks = _node_hooks(atexit_calls.since(first))
+            stop_cluster(started)
+            raise
+        started.hooks = _node_hooks(atexit_calls.since(first))
+    started.baseline = dict(ray.available_resources())
+    # The session's own SIGTERM handler again (pytest-shutdown's ends the session in order, and
+    # this fixture's teardown stops the cluster): ray.init's and the head node's only exit.
+    _put_back_sigterm(saved)
+    return started
+
+
+def _node_hooks(registrations: list[Any]) -> list[Any]:
+    """The ``atexit`` hooks among ``registrations`` that hold one of Ray's ``Node`` objects."""
+    from pytest_shutdown.atexit_calls import reached_objects  # noqa: PLC0415
+
+    def holds_node(registration: Any) -> bool:
+        return any(
+            type(held).__name__ == "Node" and type(held).__module__.startswith("ray.")
+            for held in reached_objects(registration)
+        )
+
+    return [r.func for r in registrations if holds_node(r)]
+
+
+def _put_back_sigterm(saved: dict[str, Any]) -> None:
+    if "SIGTERM" in saved and signal.getsignal(signal.SIGTERM) is not saved["SIGTERM"]:
+        signal.signal(signal.SIGTERM, saved["SIGTERM"])
+
+
+def _first_use(ray: Any) -> None:
+    """One actor call: the driver's connections and threads Ray opens on first use are the
+    set-up's, not the first test's."""
+
+    @ray.remote(num_cpus=0)
+    class Warm:
+        def pid(self) -> int:
+            return os.getpid()
+
+    actor = Warm.remote()  # type: ignore[attr-defined]
+    ray.get(actor.pid.remote(), timeout=60)
+    ray.kill(actor)
 
 
 def stop_cluster(started: RayCluster) -> None:
+    """Shut the driver and the cluster down, then put back what the set-up changed."""
     import ray  # noqa: PLC0415
 
     try:
         ray.shutdown()
     finally:
-        started.cluster.shutdown()
+        try:
+            started.cluster.shutdown()
+        finally:
+            _put_back(started)
+
+
+def _put_back(started: RayCluster) -> None:
+    for hook in started.hooks:  # each one holds a stopped Node (and its clients) alive
+        atexit.unregister(hook)
+    started.hooks.clear()
+    started.worker_nodes.clear()
+    started.cluster = None
+    saved = started.saved
+    _put_back_sigterm(saved)
+    for name in SAVED_ENV:
+        if name not in saved:
+            continue
+        if saved[name] is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = saved[name]
+    gc.collect()  # the nodes' GCS clients end their threads and close their descriptors
 
 
 def running_cluster() -> Iterator[RayCluster]:

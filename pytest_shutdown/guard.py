@@ -262,6 +262,7 @@ class ShutdownGuard:
         #: The resource kinds walked after every test, in the order their findings are listed.
         self.kinds: list[ResourceKind] = default_kinds(settings.resources, settings=settings)
         self._objects = [k for k in self.kinds if not k.stateful]
+        self._allowed_late = {}
         for kind in self._objects:
             if _finds_late(kind):  # the guard keeps the current test: late items are told apart
                 kind.track_late = True  # type: ignore[attr-defined]
@@ -734,6 +735,8 @@ class ShutdownGuard:
             allowance = allow.allowance(kind.allow_key) if allow is not None else None
             if allowance is True:
                 allowed.add(kind.name)
+                # what leaves the tree later is allowed too (the session-end sweep lists it)
+                self._allowed_late.setdefault(watch.nodeid, set()).add(kind.name)
                 continue
             if not getattr(kind, "ends_by_itself", False):
                 later.append((kind, allowance))
@@ -1243,6 +1246,9 @@ class ShutdownGuard:
                 stop_processes(sorted(again), why="the session-end sweep (fail mode)")
 
     _late_failures = 0
+    #: node id -> the kinds its markers allow anything (``allow_leaks(processes=True)``): what
+    #: is found of them after the test is allowed too.
+    _allowed_late: dict[str, set[str]]
 
     def _report_late(self) -> None:
         """Report what the kinds found after the test that made it had ended (a launcher that
@@ -1253,6 +1259,8 @@ class ShutdownGuard:
                 continue
             late_items = getattr(kind, "late_items")  # noqa: B009 - optional, see _finds_late
             for nodeid, items in late_items().items():
+                if kind.name in self._allowed_late.get(nodeid, ()):
+                    continue  # its test allowed such leaks
                 name = nodeid.rpartition("::")[2] or nodeid
                 plain = [
                     f.to_dict()

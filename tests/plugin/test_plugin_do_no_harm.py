@@ -412,3 +412,45 @@ def test_a_fork_and_exit_hopper_is_blamed_on_its_test_and_does_not_outlive_fail_
         for pid in alive():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+ALLOWED_LATE = """
+import subprocess, time, os, pytest
+
+@pytest.mark.allow_leaks(processes=True, reason="a daemon the suite keeps")
+def test_daemonises_late_allowed():
+    subprocess.Popen(["sh", "-c", "sleep 0.3; setsid sleep 60 & echo $! > {pidfile}; exit 0"])
+
+def test_next():
+    deadline = time.monotonic() + 30
+    while not os.path.exists({pidfile!r}) or not open({pidfile!r}).read().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+def test_last():
+    pass
+"""
+
+
+def test_a_late_process_of_a_test_that_allows_process_leaks_is_not_blamed(
+    pytester: pytest.Pytester,
+) -> None:
+    """``allow_leaks(processes=True)`` covers what leaves the tree after the test too: no
+    finding on any test, nothing killed under the later tests; fail mode's session-end sweep
+    still lists and stops it."""
+    pidfile = pytester.path / "allowed.pid"
+    pytester.makepyfile(
+        test_allowed=ALLOWED_LATE.replace("{pidfile!r}", repr(str(pidfile))).replace(
+            "{pidfile}", str(pidfile)
+        )
+    )
+    try:
+        result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly", timeout=90)
+        result.assert_outcomes(passed=3)
+        out = result.stdout.str()
+        assert "after the test had ended" not in out
+        result.stdout.fnmatch_lines(["<session end>: [[]process-leak[]]*killed."])
+    finally:
+        if pidfile.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pidfile.read_text()), signal.SIGKILL)

@@ -615,7 +615,13 @@ def test_a_thread_ending_just_after_the_test_costs_no_ownership_walk(
     before the ownership search (whose backward walk is a heap pass per level); one running
     past the grace is still a thread-leak and its pipe an fd-leak."""
     pytester.makepyfile(test_queue=ON_ITS_WAY_OUT)
-    pytester.makeconftest(COUNT_HEAP_PASSES)
+    # The brief wait and the walk's start made generous (they are 20 and 10 ms): on a loaded
+    # machine the feeder thread may take longer than 10 ms to end, and this tests that what
+    # ends within them is let go before any walk, not how fast the machine is.
+    pytester.makeconftest(
+        COUNT_HEAP_PASSES
+        + "\nimport pytest_shutdown.guard as _g\n_g._BRIEF_S = 0.25\n_g._WALK_AFTER_S = 0.2\n"
+    )
     result = pytester.runpytest_subprocess(
         "-p", "shutdown", "--shutdown-grace=0.3", "--shutdown-report=r.json", "-p", "no:randomly"
     )

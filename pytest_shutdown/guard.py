@@ -263,6 +263,9 @@ class ShutdownGuard:
         self.kinds: list[ResourceKind] = default_kinds(settings.resources, settings=settings)
         self._objects = [k for k in self.kinds if not k.stateful]
         self._allowed_late = {}
+        #: ``(kind, item)`` keys whose owner search in this check was cut short by its bounds:
+        #: reported, never stopped (fail mode kills only what is certainly the test's).
+        self._uncertain: set[tuple[str, Any]] = set()
         for kind in self._objects:
             if _finds_late(kind):  # the guard keeps the current test: late items are told apart
                 kind.track_late = True  # type: ignore[attr-defined]
@@ -902,6 +905,7 @@ class ShutdownGuard:
         owners = find_owners(
             targets, self._fixture_roots(), near=self._known_referrers(targets)
         )
+        self._uncertain |= owners.uncertain
         for name, items in list(leaving.items()):
             kept = tuple(i for i in items if (name, i) not in owners)
             if kept:
@@ -929,6 +933,7 @@ class ShutdownGuard:
 
     def _check(self, watch: _Watch) -> list[Finding]:
         allowed: set[str] = set()
+        self._uncertain = set()
         # One moment up to the grace: the kinds share their readings (the fd kind its heap
         # scan for the descriptors' wrappers, between new_since and the ownership search);
         # a second one after a brief wait for new threads and processes on their way out.
@@ -1020,8 +1025,20 @@ class ShutdownGuard:
                 where = (str(path), (lineno or 0) + 1)
                 self._deferred.defer(watch.nodeid, watch.item.name, where, kind, items, now)
             elif items:
-                findings.extend(kind.findings(items, watch.item.name, grace=grace))
-                restore.append((kind, items))
+                found_now = kind.findings(items, watch.item.name, grace=grace)
+                certain = tuple(i for i in items if (kind.name, i) not in self._uncertain)
+                if len(certain) < len(items) and self.settings.mode == "fail":
+                    note = (  # reported, never stopped: see find_owners
+                        f" {len(items) - len(certain)} of them not stopped: their owner search"
+                        " was cut short, so they may be a wider fixture's or a global's."
+                    )
+                    found_now = [
+                        Finding(f.code, f.message + note, {**f.details, "not_stopped": True})
+                        for f in found_now
+                    ]
+                findings.extend(found_now)
+                if certain:
+                    restore.append((kind, certain))
         if self.settings.mode == "fail":  # warn mode changes nothing in the run
             for kind, items in restore:
                 kind.restore(items)
@@ -1081,6 +1098,7 @@ class ShutdownGuard:
         owners = find_owners(
             targets, self._fixture_roots(), near=self._known_referrers(targets)
         )
+        self._uncertain |= owners.uncertain
         if not owners:
             return found
         for fixturedef, owned in self._owned.items():

@@ -264,9 +264,11 @@ def find_owners(
     shortcut: bool = True,
     walk: bool = True,
     near: Mapping[Any, Sequence[object]] | None = None,
-) -> dict[Any, Owner]:
+) -> Owners:
     """Find the owner of each target object (a thread, a Process/Popen); unowned ones are left
-    out of the answer.
+    out of the answer. Those whose backward walk was cut short by the bounds (time, nodes,
+    depth) with referrers still unexplored are in the answer's ``uncertain``: reported, never
+    stopped by fail mode.
 
     First, without a heap pass (``shortcut``): forwards from each live wider-scope fixture's
     value, then from the module globals and class attributes that owned something lately
@@ -290,7 +292,7 @@ def find_owners(
     modules' globals.
     """
     if not targets:
-        return {}
+        return Owners()
     deadline = time.monotonic() + max_seconds
     modules, shared_skip = _namespaces()
     skip = set(shared_skip)  # the walk adds its own bookkeeping
@@ -354,7 +356,7 @@ def find_owners(
         frontier = unanswered(frontier)
     if not walk:
         answers.update(_import_owners(targets, answers))
-        return answers
+        return Owners(answers)
 
     def take(ref: Any, frontier_ids: AbstractSet[int], into: list[object]) -> None:
         """One referrer of the frontier: settled when it is an owner, else walked next."""
@@ -439,7 +441,17 @@ def find_owners(
         answers.update(_import_owners(targets, answers))
     if follow_starters and len(answers) < len(keys):
         answers.update(_owners_through_starters(targets, answers, fixture_roots, max_seconds))
-    return answers
+    owners = Owners(answers)
+    if walk and frontier:  # referrers left unexplored: no owner found is not "none"
+        owners.uncertain = frozenset(key for key in keys if key not in answers)
+    return owners
+
+
+class Owners(dict):  # type: ignore[type-arg]
+    """:func:`find_owners`' answer: key -> :class:`Owner`; ``uncertain``: the keys without one
+    whose search was cut short (fail mode reports them and stops nothing)."""
+
+    uncertain: frozenset[Any] = frozenset()
 
 
 def _import_owners(targets: Mapping[Any, object], answers: Mapping[Any, Owner]) -> dict[Any, Owner]:

@@ -454,3 +454,37 @@ def test_a_late_process_of_a_test_that_allows_process_leaks_is_not_blamed(
         if pidfile.exists():
             with contextlib.suppress(ProcessLookupError, ValueError):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+CUT_SHORT = """
+import subprocess, sys
+
+KEEP = []
+
+def test_keeps_a_process_deep_in_a_global():
+    KEEP.append([[subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]])
+
+def test_the_process_was_not_stopped():
+    proc = KEEP[0][0][0]
+    try:
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait(10)
+"""
+
+
+def test_fail_mode_reports_but_does_not_stop_what_an_owner_search_could_not_finish(
+    pytester: pytest.Pytester,
+) -> None:
+    """An owner search cut short by its bounds (here its depth, made 1) cannot say the process
+    is the test's: reported, not killed; the later test still finds it running."""
+    pytester.makeconftest(
+        "import pytest_shutdown.ownership as o\no.find_owners.__kwdefaults__['max_depth'] = 1\n"
+    )
+    pytester.makepyfile(test_cut=CUT_SHORT)
+    result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly", timeout=90)
+    result.stdout.fnmatch_lines(
+        ["*[[]process-leak[]]*1 of them not stopped: their owner search was cut short*"]
+    )
+    result.assert_outcomes(passed=2, errors=1)

@@ -115,7 +115,7 @@ def clean_shapes() -> list[tuple[str, Callable[[], None]]]:
 
 
 def llm_check(out: list[Figure]) -> None:
-    from pytest_shutdown import measure_growth
+    from pytest_shutdown.checks.growth import measure_growth
     from pytest_shutdown.engine import ReferenceLLM
     from pytest_shutdown.fixtures import scaled_down_config
 
@@ -178,7 +178,7 @@ def census_cost(repeat: int, out: list[Figure]) -> None:
 
 
 def clean_engines(cycles: int, out: list[Figure]) -> None:
-    from pytest_shutdown import measure_growth
+    from pytest_shutdown.checks.growth import measure_growth
 
     total = 0
     shapes = clean_shapes()

@@ -101,8 +101,8 @@ def measure(repeat: int) -> list[Figure]:
         assert_idempotent_shutdown,
         assert_nonblocking_shutdown,
         assert_timeout_decoupling,
-        check_finalizers,
     )
+    from pytest_shutdown.checks.finalization import check_finalizers
     from pytest_shutdown.engine.renderer import ReferenceRenderer
     from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
 

@@ -1,15 +1,20 @@
 """pytest-shutdown: make the shutdown paths of inference engines testable.
 
-The public API is re-exported here (the reference engine's in :mod:`pytest_shutdown.engine`, the
-device readers in :mod:`pytest_shutdown.devices`; docs/api.md lists all three). Names are resolved
-lazily so that importing the package (or loading the pytest plugin) stays cheap and never imports
-torch.
+The helpers are re-exported here, one name per contract (docs/api.md states the rule); the
+reference engine is in :mod:`pytest_shutdown.engine`, the device readers in
+:mod:`pytest_shutdown.devices`, and the harness plumbing in :mod:`pytest_shutdown.orphans` (process
+trees) and :mod:`pytest_shutdown.harness` (everything else). Names are resolved lazily so that
+importing the package (or loading the pytest plugin) stays cheap and never imports torch.
+
+The names that left the top level are still importable from here for one release, with a
+``DeprecationWarning`` naming their replacement (``_DEPRECATED``).
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
@@ -26,13 +31,11 @@ _LAZY: dict[str, str] = {
     "assert_idempotent_shutdown": "pytest_shutdown.checks.idempotence",
     "NothingCountedError": "pytest_shutdown.checks.idempotence",
     "assert_finalizes_on_gc": "pytest_shutdown.checks.finalization",
-    "check_finalizers": "pytest_shutdown.checks.finalization",
     "assert_finalizers_ok": "pytest_shutdown.checks.finalization",
     "assert_nonblocking_shutdown": "pytest_shutdown.checks.executors",
     "no_leaks": "pytest_shutdown.checks.leaks",
     "assert_no_collateral": "pytest_shutdown.checks.collateral",
     "no_global_state_changes": "pytest_shutdown.checks.state",
-    "kill_process_trees": "pytest_shutdown.checks.leaks",
     "assert_device_memory_released": "pytest_shutdown.checks.leaks",
     "no_os_leaks": "pytest_shutdown.resources.check",
     "timeout_matrix": "pytest_shutdown.checks.timeouts",
@@ -42,34 +45,18 @@ _LAZY: dict[str, str] = {
     "probe_exit": "pytest_shutdown.checks.exits",
     "ExitRecord": "pytest_shutdown.checks.exits",
     "assert_not_force_killed": "pytest_shutdown.checks.exits",
-    "outcome_from_processes": "pytest_shutdown.checks.exits",
     "assert_freeze_policy": "pytest_shutdown.checks.freeze",
-    "freeze_scenarios": "pytest_shutdown.checks.freeze",
     "FreezeScenario": "pytest_shutdown.checks.freeze",
     "timeout_passed_to": "pytest_shutdown.checks.spies",
     "NotCalledError": "pytest_shutdown.checks.spies",
-    "zero_window_override": "pytest_shutdown.checks.timeouts",
     "kill_tree_at": "pytest_shutdown.checks.orphans",
-    "assert_tree_dies": "pytest_shutdown.checks.orphans",
     "TreeDeath": "pytest_shutdown.checks.orphans",
     "assert_process_group_destroyed": "pytest_shutdown.checks.process_groups",
-    "process_groups": "pytest_shutdown.checks.process_groups",
-    "collective_wait": "pytest_shutdown.checks.collectives",
     "assert_ray_released": "pytest_shutdown.checks.ray_resources",
-    "ray_leftovers": "pytest_shutdown.checks.ray_resources",
-    "release_ray_leftovers": "pytest_shutdown.checks.ray_resources",
-    "TreeLauncher": "pytest_shutdown.checks.tree_launcher",
-    "TreeProcess": "pytest_shutdown.checks.tree",
-    "report_phase": "pytest_shutdown.checks.phases",
-    "wanted_phase": "pytest_shutdown.checks.phases",
     "CheckReport": "pytest_shutdown.checks.report",
-    "configure_graphs": "pytest_shutdown.checks.backrefs",
     "assert_no_growth": "pytest_shutdown.checks.growth",
-    "measure_growth": "pytest_shutdown.checks.growth",
     "GrowthRecord": "pytest_shutdown.checks.growth",
     "assert_second_engine_clean": "pytest_shutdown.checks.second_engine",
-    "detect_platform": "pytest_shutdown.devices",
-    "memory_reader": "pytest_shutdown.devices",
     "ShutdownLeakWarning": "pytest_shutdown.leak_warning",
     "ShutdownBudgetExceeded": "pytest_shutdown.budget",
     # the values of the plugin's fixtures, for type hints in a test or conftest
@@ -80,14 +67,70 @@ _LAZY: dict[str, str] = {
 
 __all__ = ["__version__", *_LAZY]
 
+_ORPHANS = "pytest_shutdown.orphans"
+_HARNESS = "pytest_shutdown.harness"
+_DEVICES = "pytest_shutdown.devices"
+
+#: Names that left the top level: ``name -> (module to take it from, what to use instead)``.
+#: Each still resolves, to the same object, with a ``DeprecationWarning``, for one release.
+_DEPRECATED: dict[str, tuple[str, str]] = {
+    # harness plumbing, moved to a public submodule
+    "TreeLauncher": (_ORPHANS, "pytest_shutdown.orphans.TreeLauncher"),
+    "TreeProcess": (_ORPHANS, "pytest_shutdown.orphans.TreeProcess"),
+    "report_phase": (_ORPHANS, "pytest_shutdown.orphans.report_phase"),
+    "wanted_phase": (_ORPHANS, "pytest_shutdown.orphans.wanted_phase"),
+    "kill_process_trees": (_ORPHANS, "pytest_shutdown.orphans.kill_process_trees"),
+    "zero_window_override": (_HARNESS, "pytest_shutdown.harness.zero_window_override"),
+    "freeze_scenarios": (_HARNESS, "pytest_shutdown.harness.freeze_scenarios"),
+    "outcome_from_processes": (_HARNESS, "pytest_shutdown.harness.outcome_from_processes"),
+    "configure_graphs": (_HARNESS, "pytest_shutdown.harness.configure_graphs"),
+    "process_groups": (_HARNESS, "pytest_shutdown.harness.process_groups"),
+    "collective_wait": (_HARNESS, "pytest_shutdown.harness.collective_wait"),
+    "release_ray_leftovers": (_HARNESS, "pytest_shutdown.harness.release_ray_leftovers"),
+    # exported twice: the device readers' own module is their one home
+    "detect_platform": (_DEVICES, "pytest_shutdown.devices.detect_platform"),
+    "memory_reader": (_DEVICES, "pytest_shutdown.devices.memory_reader"),
+    # a second verb for a contract that keeps one
+    "check_finalizers": (
+        "pytest_shutdown.checks.finalization",
+        "pytest_shutdown.assert_finalizers_ok (the ShutdownContractError it raises carries "
+        "the same findings as .findings)",
+    ),
+    "ray_leftovers": (
+        "pytest_shutdown.checks.ray_resources",
+        "pytest_shutdown.assert_ray_released (the ShutdownContractError it raises carries "
+        "the same findings as .findings)",
+    ),
+    "measure_growth": (
+        "pytest_shutdown.checks.growth",
+        "pytest_shutdown.assert_no_growth (it returns the same GrowthRecord when nothing grew; "
+        "the ShutdownContractError it raises carries the findings)",
+    ),
+    "assert_tree_dies": (
+        "pytest_shutdown.checks.orphans",
+        "pytest_shutdown.kill_tree_at (assert record.died, record.findings), or the kill_tree "
+        "fixture",
+    ),
+}
+
 
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pytest_shutdown' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value
+        return value
+    if name in _DEPRECATED:
+        home, replacement = _DEPRECATED[name]
+        # not cached in globals(): every import of a deprecated name warns
+        warnings.warn(
+            f"pytest_shutdown.{name} is deprecated and leaves the top level in the next release; "
+            f"use {replacement}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(home), name)
+    raise AttributeError(f"module 'pytest_shutdown' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
@@ -96,56 +139,27 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.budget import ShutdownBudgetExceeded
-    from pytest_shutdown.checks.backrefs import configure_graphs
-    from pytest_shutdown.checks.collectives import collective_wait
+    from pytest_shutdown.checks.collateral import assert_no_collateral
     from pytest_shutdown.checks.executors import assert_nonblocking_shutdown
-    from pytest_shutdown.checks.exits import (
-        ExitRecord,
-        assert_not_force_killed,
-        outcome_from_processes,
-        probe_exit,
-    )
-    from pytest_shutdown.checks.finalization import (
-        assert_finalizers_ok,
-        assert_finalizes_on_gc,
-        check_finalizers,
-    )
-    from pytest_shutdown.checks.freeze import (
-        FreezeScenario,
-        assert_freeze_policy,
-        freeze_scenarios,
-    )
-    from pytest_shutdown.checks.growth import GrowthRecord, assert_no_growth, measure_growth
+    from pytest_shutdown.checks.exits import ExitRecord, assert_not_force_killed, probe_exit
+    from pytest_shutdown.checks.finalization import assert_finalizers_ok, assert_finalizes_on_gc
+    from pytest_shutdown.checks.freeze import FreezeScenario, assert_freeze_policy
+    from pytest_shutdown.checks.growth import GrowthRecord, assert_no_growth
     from pytest_shutdown.checks.idempotence import NothingCountedError, assert_idempotent_shutdown
-    from pytest_shutdown.checks.leaks import (
-        assert_device_memory_released,
-        kill_process_trees,
-        no_leaks,
-    )
-    from pytest_shutdown.checks.orphans import TreeDeath, assert_tree_dies, kill_tree_at
-    from pytest_shutdown.checks.phases import report_phase, wanted_phase
-    from pytest_shutdown.checks.process_groups import (
-        assert_process_group_destroyed,
-        process_groups,
-    )
-    from pytest_shutdown.checks.ray_resources import (
-        assert_ray_released,
-        ray_leftovers,
-        release_ray_leftovers,
-    )
+    from pytest_shutdown.checks.leaks import assert_device_memory_released, no_leaks
+    from pytest_shutdown.checks.orphans import TreeDeath, kill_tree_at
+    from pytest_shutdown.checks.process_groups import assert_process_group_destroyed
+    from pytest_shutdown.checks.ray_resources import assert_ray_released
     from pytest_shutdown.checks.report import CheckReport
     from pytest_shutdown.checks.second_engine import assert_second_engine_clean
     from pytest_shutdown.checks.spies import NotCalledError, timeout_passed_to
+    from pytest_shutdown.checks.state import no_global_state_changes
     from pytest_shutdown.checks.timeouts import (
         TimeoutCell,
         TimeoutMatrix,
         assert_timeout_decoupling,
         timeout_matrix,
-        zero_window_override,
     )
-    from pytest_shutdown.checks.tree import TreeProcess
-    from pytest_shutdown.checks.tree_launcher import TreeLauncher
-    from pytest_shutdown.devices import detect_platform, memory_reader
     from pytest_shutdown.findings import FINDING_CODES, Finding, ShutdownContractError
     from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
     from pytest_shutdown.leak_warning import ShutdownLeakWarning

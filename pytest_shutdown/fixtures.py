@@ -484,14 +484,16 @@ class ShutdownCheck:
         import functools
 
         import pytest_shutdown
+        from pytest_shutdown.checks.finalization import check_finalizers
         from pytest_shutdown.checks.leaks import assert_device_memory_released
         from pytest_shutdown.findings import ShutdownContractError
 
-        helper: Callable[..., Any] = (
-            assert_device_memory_released
-            if name == "assert_device_memory_released"
-            else getattr(pytest_shutdown, name)
-        )
+        # not from the top level: check_finalizers left it (a DeprecationWarning there)
+        off_top: dict[str, Callable[..., Any]] = {
+            "assert_device_memory_released": assert_device_memory_released,
+            "check_finalizers": check_finalizers,
+        }
+        helper: Callable[..., Any] = off_top.get(name) or getattr(pytest_shutdown, name)
         if name == "no_leaks":
             return self._bound_context(helper)
 

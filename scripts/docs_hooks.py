@@ -22,7 +22,13 @@ CODES_MARKER = "<!-- generated: finding codes -->"
 REFERENCE_MARKER = "<!-- generated: api reference -->"
 
 #: The public modules, in the order of the reference page.
-PUBLIC_MODULES = ("pytest_shutdown", "pytest_shutdown.engine", "pytest_shutdown.devices")
+PUBLIC_MODULES = (
+    "pytest_shutdown",
+    "pytest_shutdown.engine",
+    "pytest_shutdown.devices",
+    "pytest_shutdown.orphans",
+    "pytest_shutdown.harness",
+)
 #: Names documented in prose rather than rendered (a plain string).
 NOT_RENDERED = frozenset({"__version__"})
 

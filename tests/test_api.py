@@ -1,5 +1,7 @@
 """Every name docs/api.md documents imports from the module it names, without torch when the page
-says so; the examples a reader copies import only those names."""
+says so; the examples a reader copies import only those names. The top level keeps one verb per
+contract (40 names at most); the names that left it still import, with a DeprecationWarning that
+names their replacement."""
 
 from __future__ import annotations
 
@@ -9,9 +11,12 @@ import json
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+
+import pytest_shutdown
 
 ROOT = Path(__file__).resolve().parent.parent
 API = ROOT / "docs" / "api.md"
@@ -55,7 +60,13 @@ def documented() -> dict[str, dict[str, bool]]:
 
 
 DOCUMENTED = documented()
-PUBLIC_MODULES = ("pytest_shutdown", "pytest_shutdown.engine", "pytest_shutdown.devices")
+PUBLIC_MODULES = (
+    "pytest_shutdown",
+    "pytest_shutdown.engine",
+    "pytest_shutdown.devices",
+    "pytest_shutdown.orphans",
+    "pytest_shutdown.harness",
+)
 
 
 def test_the_api_page_documents_the_public_modules() -> None:
@@ -101,10 +112,92 @@ def test_names_that_need_torch_import_with_torch() -> None:
                 assert getattr(imported, name) is not None, f"{module}.{name}"
 
 
-@pytest.mark.parametrize("module", ["pytest_shutdown", "pytest_shutdown.engine"])
+@pytest.mark.parametrize("module", PUBLIC_MODULES)
 def test_the_page_lists_exactly_what_the_module_exports(module: str) -> None:
     exported = set(importlib.import_module(module).__all__)
     assert set(DOCUMENTED[module]) == exported
+
+
+# -- one verb per contract: the top level, and the names that left it ----------------------------
+
+MAX_TOP_LEVEL_NAMES = 40
+DEPRECATED = pytest_shutdown._DEPRECATED  # noqa: SLF001 - the map under test
+
+
+def test_the_top_level_keeps_at_most_40_names_and_lists_only_them() -> None:
+    names = pytest_shutdown.__all__
+    assert len(names) <= MAX_TOP_LEVEL_NAMES, f"{len(names)} names: move plumbing to a submodule"
+    assert len(set(names)) == len(names)
+    assert dir(pytest_shutdown) == sorted(names)
+    assert not set(DEPRECATED) & set(names)
+
+
+def test_every_name_in_all_imports_without_a_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name in pytest_shutdown.__all__:
+            assert getattr(pytest_shutdown, name) is not None, name
+        namespace: dict[str, object] = {}
+        exec(f"from pytest_shutdown import {', '.join(pytest_shutdown.__all__)}", namespace)
+
+
+def test_a_name_in_a_public_module_is_in_no_other() -> None:
+    homes: dict[str, str] = {}
+    for module in PUBLIC_MODULES:
+        for name in importlib.import_module(module).__all__:
+            assert name not in homes, f"{name} is exported by {homes.get(name)} and {module}"
+            homes[name] = module
+
+
+@pytest.mark.parametrize("module", ["pytest_shutdown.orphans", "pytest_shutdown.harness"])
+def test_a_harness_module_resolves_what_it_lists(module: str) -> None:
+    imported = importlib.import_module(module)
+    assert sorted(imported.__all__) == sorted(imported._LAZY)  # noqa: SLF001
+    assert dir(imported) == sorted(imported.__all__)
+    with pytest.raises(AttributeError, match="no_such_name"):
+        imported.no_such_name  # noqa: B018
+
+
+@pytest.mark.parametrize("name", sorted(DEPRECATED))
+def test_a_deprecated_name_warns_with_its_replacement_and_is_the_same_object(name: str) -> None:
+    home, replacement = DEPRECATED[name]
+    expected = getattr(importlib.import_module(home), name)
+
+    with pytest.warns(DeprecationWarning) as caught:
+        value = getattr(pytest_shutdown, name)
+
+    assert value is expected
+    (message,) = {str(w.message) for w in caught}
+    assert f"pytest_shutdown.{name} is deprecated" in message and replacement in message
+    assert caught[0].filename == __file__, "the warning points at the caller's line"
+    # the replacement it names exists: a public module's name, or a helper kept at the top level
+    new = replacement.split()[0]
+    module, _, new_name = new.rpartition(".")
+    assert module in PUBLIC_MODULES and new_name in importlib.import_module(module).__all__, new
+    if new_name == name:  # moved, not replaced: the new spelling gives the very same object
+        assert getattr(importlib.import_module(module), name) is expected
+
+
+def test_a_deprecated_name_warns_on_a_from_import_and_each_time() -> None:
+    for _ in range(2):
+        namespace: dict[str, object] = {}
+        with pytest.warns(DeprecationWarning, match="pytest_shutdown.orphans.TreeLauncher"):
+            exec("from pytest_shutdown import TreeLauncher", namespace)
+        assert namespace["TreeLauncher"] is importlib.import_module(
+            "pytest_shutdown.orphans"
+        ).TreeLauncher
+    with pytest.raises(ImportError):
+        exec("from pytest_shutdown import no_such_helper", {})
+
+
+def test_the_api_page_lists_every_deprecated_name() -> None:
+    text = API.read_text(encoding="utf-8")
+    table = text[text.index("## Moved and deprecated names") :]
+    table = table[: table.index("\n## ")]
+    listed = dict(re.findall(r"^\| `(\w+)` \| `([\w.]+)`", table, re.M))
+    assert set(listed) == set(DEPRECATED)
+    for name, new in listed.items():
+        assert new in DEPRECATED[name][1], f"docs/api.md: {name} -> {new}"
 
 
 def _imports_from_the_package(path: Path) -> list[tuple[str, str, int]]:
@@ -155,4 +248,5 @@ def test_every_dotted_name_a_page_mentions_resolves(page: Path) -> None:
     for dotted in set(re.findall(r"`(pytest_shutdown(?:\.\w+)+)[`(]", text)):
         if dotted.startswith("pytest_shutdown.engine"):
             pytest.importorskip("torch", reason="the engine's modules may need torch")
+        assert dotted.split(".")[1] not in DEPRECATED, f"{page.name}: {dotted} is deprecated"
         assert _resolve(dotted) is not None, f"{page.name}: {dotted}"

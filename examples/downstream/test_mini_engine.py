@@ -33,7 +33,7 @@ def test_generate_then_shut_down_three_times_from_racing_threads(mini_engine: Mi
 
 
 def test_our_finalizers_do_not_keep_the_engine_alive(mini_engine: MiniEngine) -> None:
-    # raises with every finding's whole message; `check_finalizers` returns them as a list
+    # raises with every finding's whole message (the list is the error's `.findings`)
     assert_finalizers_ok(mini_engine)
     assert_finalizers_ok(mini_engine.renderer)
 

@@ -9,12 +9,9 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: these run in `make ray-check`")
 
-from pytest_shutdown import (  # noqa: E402
-    ShutdownContractError,
-    assert_ray_released,
-    release_ray_leftovers,
-)
+from pytest_shutdown import ShutdownContractError, assert_ray_released  # noqa: E402
 from pytest_shutdown.engine import EngineConfig, RayEngine, RayFaults  # noqa: E402
+from pytest_shutdown.harness import release_ray_leftovers  # noqa: E402
 
 CONFIG = EngineConfig(platform="cpu", data_parallel_size=2, kv_cache_bytes=1 << 16)
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown import ShutdownContractError, TreeProcess
+from pytest_shutdown import ShutdownContractError
+from pytest_shutdown.orphans import TreeProcess
 
 LAUNCHER = [sys.executable, str(Path(__file__).with_name("downstream_launcher.py")),
             "--workers", "2"]

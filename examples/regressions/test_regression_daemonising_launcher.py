@@ -18,7 +18,8 @@ import sys
 
 import pytest
 
-from pytest_shutdown import ShutdownContractError, kill_process_trees, no_leaks
+from pytest_shutdown import ShutdownContractError, no_leaks
+from pytest_shutdown.orphans import kill_process_trees
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="re-parenting is contained on Linux"

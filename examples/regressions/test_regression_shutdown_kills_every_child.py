@@ -14,7 +14,8 @@ from multiprocessing import resource_tracker
 import psutil
 import pytest
 
-from pytest_shutdown import ShutdownContractError, assert_no_collateral, kill_process_trees
+from pytest_shutdown import ShutdownContractError, assert_no_collateral
+from pytest_shutdown.orphans import kill_process_trees
 
 WORKER = "import time\nfor _ in range(600): time.sleep(0.1)"
 

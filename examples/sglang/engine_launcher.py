@@ -54,7 +54,7 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
     from sglang_engines import make_engine
 
-    from pytest_shutdown import report_phase
+    from pytest_shutdown.orphans import report_phase
 
     engine = make_engine()
     wait_until_armed()

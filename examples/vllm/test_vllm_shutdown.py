@@ -45,10 +45,9 @@ from pytest_shutdown import (  # noqa: E402
     assert_nonblocking_shutdown,
     assert_not_force_killed,
     assert_timeout_decoupling,
-    outcome_from_processes,
     timeout_passed_to,
-    zero_window_override,
 )
+from pytest_shutdown.harness import outcome_from_processes, zero_window_override  # noqa: E402
 
 GRACE = ROCM_ENGINE_PROCESS_SHUTDOWN_TIMEOUT_S
 

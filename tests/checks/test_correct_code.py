@@ -16,8 +16,8 @@ from pytest_shutdown import (
     assert_finalizes_on_gc,
     assert_idempotent_shutdown,
     assert_nonblocking_shutdown,
-    check_finalizers,
 )
+from pytest_shutdown.checks.finalization import check_finalizers
 
 
 def _square(x: int) -> int:

@@ -12,8 +12,8 @@ from pytest_shutdown import (
     ShutdownContractError,
     assert_finalizers_ok,
     assert_finalizes_on_gc,
-    check_finalizers,
 )
+from pytest_shutdown.checks.finalization import check_finalizers
 
 _KEPT: list[object] = []
 

@@ -14,9 +14,9 @@ import threading
 
 import pytest
 
-from pytest_shutdown import ShutdownContractError, assert_no_growth, measure_growth
+from pytest_shutdown import ShutdownContractError, assert_no_growth
 from pytest_shutdown.checks import census
-from pytest_shutdown.checks.growth import judge, nearest_holder, noise
+from pytest_shutdown.checks.growth import judge, measure_growth, nearest_holder, noise
 from pytest_shutdown.devices import NvmlProcessReader
 from tests.gpu.gpu_fakes import FakeNvml, Gpu
 

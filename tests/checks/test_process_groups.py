@@ -8,8 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from pytest_shutdown import ShutdownContractError, assert_process_group_destroyed, process_groups
+from pytest_shutdown import ShutdownContractError, assert_process_group_destroyed
 from pytest_shutdown.checks.process_groups import group_names, process_group_findings
+from pytest_shutdown.harness import process_groups
 
 dist = pytest.importorskip("torch.distributed", reason="process groups need torch")
 

@@ -29,14 +29,12 @@ from pytest_shutdown import (
     assert_nonblocking_shutdown,
     assert_not_force_killed,
     assert_timeout_decoupling,
-    freeze_scenarios,
-    outcome_from_processes,
     timeout_matrix,
     timeout_passed_to,
-    zero_window_override,
 )
 from pytest_shutdown.checks.idempotence import NothingCountedError
 from pytest_shutdown.checks.spies import NotCalledError
+from pytest_shutdown.harness import freeze_scenarios, outcome_from_processes, zero_window_override
 
 
 @contextlib.contextmanager

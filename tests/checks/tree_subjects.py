@@ -139,7 +139,7 @@ def child_stuck_at_exit() -> int:
 
 def declares_its_phases() -> int:
     """Declares the phases it can reach (``wanted_phase(known=...)``), then reports ``ready``."""
-    from pytest_shutdown import wanted_phase  # noqa: PLC0415
+    from pytest_shutdown.orphans import wanted_phase  # noqa: PLC0415
 
     stop = _stop_on_sigterm()
     wanted_phase(known=("starting", "ready"))

@@ -20,7 +20,8 @@ import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: these run in `make ray-check`")
 
-from pytest_shutdown import assert_ray_released, ray_leftovers  # noqa: E402
+from pytest_shutdown import assert_ray_released  # noqa: E402
+from pytest_shutdown.checks.ray_resources import ray_leftovers  # noqa: E402
 from pytest_shutdown.engine import EngineConfig, RayEngine  # noqa: E402
 from pytest_shutdown.engine.ray_engine import NAME_PREFIX  # noqa: E402
 
@@ -94,9 +95,6 @@ def test_an_actor_whose_process_was_killed_still_shuts_down_clean(
                         deadline_s=DEADLINE_S)
 
 
-@pytest.mark.allow_leaks(
-    processes=True, reason="the node that replaces the removed one belongs to the session's cluster"
-)
 def test_an_engine_that_lost_a_node_still_shuts_down_clean(ray_cluster: Any) -> None:
     engine = RayEngine(CONFIG)
     try:

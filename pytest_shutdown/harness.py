@@ -1,0 +1,56 @@
+"""Harness plumbing: what builds a helper's inputs, reads a diagnosis, or cleans up after one.
+
+None of these checks a contract (the helpers of :mod:`pytest_shutdown` do): ``expected=`` for
+a documented override of the timeout matrix, the freeze policy's default scenarios, an outcome
+record read from processes, where backref pictures go, the process groups and the collective a
+stack dump shows, and the release of what a leaky engine left on a Ray cluster. Names are
+resolved lazily; none imports torch or Ray until it is called.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY: dict[str, str] = {
+    "zero_window_override": "pytest_shutdown.checks.timeouts",
+    "freeze_scenarios": "pytest_shutdown.checks.freeze",
+    "outcome_from_processes": "pytest_shutdown.checks.exits",
+    "configure_graphs": "pytest_shutdown.checks.backrefs",
+    "process_groups": "pytest_shutdown.checks.process_groups",
+    "collective_wait": "pytest_shutdown.checks.collectives",
+    "release_ray_leftovers": "pytest_shutdown.checks.ray_resources",
+}
+
+__all__ = [
+    "zero_window_override",
+    "freeze_scenarios",
+    "outcome_from_processes",
+    "configure_graphs",
+    "process_groups",
+    "collective_wait",
+    "release_ray_leftovers",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytest_shutdown.harness' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.checks.backrefs import configure_graphs
+    from pytest_shutdown.checks.collectives import collective_wait
+    from pytest_shutdown.checks.exits import outcome_from_processes
+    from pytest_shutdown.checks.freeze import freeze_scenarios
+    from pytest_shutdown.checks.process_groups import process_groups
+    from pytest_shutdown.checks.ray_resources import release_ray_leftovers
+    from pytest_shutdown.checks.timeouts import zero_window_override

@@ -1,0 +1,49 @@
+"""The process-tree harness behind ``kill_tree_at`` and ``@pytest.mark.orphan_matrix``.
+
+What a test or an engine under test calls around a killed tree, not a contract of its own (the
+contract is :func:`pytest_shutdown.kill_tree_at`, and the ``kill_tree`` fixture): the warm
+launcher that starts trees, a tree's process as read from ``/proc``, the phase announcements an
+engine makes and reads, and the killer that ends process trees. Names are resolved lazily:
+``report_phase`` and ``wanted_phase`` import nothing else, so an engine process can call them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_LAZY: dict[str, str] = {
+    "TreeLauncher": "pytest_shutdown.checks.tree_launcher",
+    "TreeProcess": "pytest_shutdown.checks.tree",
+    "report_phase": "pytest_shutdown.checks.phases",
+    "wanted_phase": "pytest_shutdown.checks.phases",
+    "kill_process_trees": "pytest_shutdown.checks.leaks",
+}
+
+__all__ = [
+    "TreeLauncher",
+    "TreeProcess",
+    "report_phase",
+    "wanted_phase",
+    "kill_process_trees",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pytest_shutdown.orphans' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.checks.leaks import kill_process_trees
+    from pytest_shutdown.checks.phases import report_phase, wanted_phase
+    from pytest_shutdown.checks.tree import TreeProcess
+    from pytest_shutdown.checks.tree_launcher import TreeLauncher

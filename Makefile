@@ -9,6 +9,8 @@
 #   make test TEST_WORKERS=2       xdist workers (default 3)
 #   make vllm-check               the helpers on vLLM's own classes (examples/vllm) in a side
 #                                 venv, .venv-vllm, with the vllm 0.33.0 wheel; not part of test
+#   make vllm-suite               a CPU subset of vLLM 0.33.0's own tests (its sdist, in
+#                                 .venv-vllm-suite) plain, warn and fail; outcomes, findings
 #   make ray-check                the engine's DP ranks as Ray actors on a local two-node cluster
 #                                 (tests/on_ray, examples/on_ray) in a side venv, .venv-ray; not in test
 #   make test-pythons             the guard's and the helpers' tests (tests/plugin, resources,
@@ -29,7 +31,7 @@ TEST_WORKERS ?= 3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test demo docs lint clean vllm-check ray-check sglang-check test-pythons
+.PHONY: venv test demo docs lint clean vllm-check vllm-suite ray-check sglang-check test-pythons
 
 venv: $(STAMP)
 
@@ -55,6 +57,9 @@ test-pythons:
 
 vllm-check:
 	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/vllm-check
+
+vllm-suite:
+	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" $(PYTHON) scripts/vllm-suite
 
 ray-check:
 	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/ray-check

@@ -706,7 +706,7 @@ class ShutdownGuard:
             if kind.stateful:
                 items = self._fixture_state_left(kind, owned, state_now)
             else:
-                items = left.get(kind.name, ())
+                items = self._not_kept_by_libraries(kind, owned, left.get(kind.name, ()))
             if items:
                 findings.extend(kind.findings(items, owned.subject(), grace=grace, extra=extra))
                 restore.append((kind, items))
@@ -714,6 +714,29 @@ class ShutdownGuard:
             for kind, items in restore:
                 kind.restore(items)
         return findings
+
+    def _not_kept_by_libraries(
+        self, kind: ResourceKind, owned: _Owned, items: tuple[Any, ...]
+    ) -> tuple[Any, ...]:
+        """``items`` less what a loaded native library keeps for the process's lifetime (the
+        kind's ``kept_by_libraries``: Ray's gRPC pollers and log files after ``ray.shutdown()``):
+        opened by the fixture's set-up, open for good whatever its teardown does, with no
+        Python object to close. Listed as long-lived at session end, not a finding."""
+        kept_by = getattr(kind, "kept_by_libraries", None)
+        if not items or kept_by is None:
+            return items
+        kept = kept_by(items)
+        for item, library in kept.items():
+            key = (kind.name, item)
+            if key not in self._long_lived:
+                what = item.long_lived() if hasattr(item, "long_lived") else {"kind": kind.name}
+                self._long_lived[key] = {
+                    **what,
+                    "owner": {"kind": "native library", "name": library, "path": ""},
+                    "first_test": owned.subject(),
+                    "started_at": None,
+                }
+        return tuple(i for i in items if i not in kept) if kept else items
 
     def _left(
         self,

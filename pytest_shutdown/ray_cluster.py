@@ -9,18 +9,26 @@ the fixture is first used; without it the test skips, naming the extra to instal
 
 The set-up does what Ray starts once per process, so that it is the fixture's (the guard's
 wider-scope accounting), not the first test's: ``ray.init`` and one actor call (the driver's
-connections Ray opens on first use). The teardown stops the cluster, drops every reference to
-it, unregisters the nodes' ``atexit`` hooks (each keeps its ``Node`` alive) and puts back what
-``ray.init`` and the nodes changed: the SIGTERM handler, ``PYTHONBREAKPOINT`` and
-:data:`LOOPBACK_ENV`.
+connections Ray opens on first use). It swaps the nodes' ``atexit`` hooks (each keeps its
+``Node`` alive) for one of the cluster's own. ``restore()`` starts the replacement node in a child
+process (:class:`NodeProcess`) this value holds, so that nothing of it is the calling test's. The
+teardown stops the replacement node and the cluster, drops every reference to them, unregisters
+the cluster's hook and puts back what ``ray.init`` and the nodes changed: the SIGTERM handler,
+``PYTHONBREAKPOINT`` and :data:`LOOPBACK_ENV`.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import gc
 import os
+import select
 import signal
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from dataclasses import field
 from typing import Any
@@ -32,6 +40,9 @@ from pytest_shutdown.lazy_dataclass import lazy_dataclass
 #: Ray binds every node to the loopback in this mode, even on Linux.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 CPUS_PER_NODE = 2
+#: How long a replacement node may take to start, and to stop before its processes are killed.
+NODE_START_S = 60.0
+NODE_STOP_S = 20.0
 SKIP_REASON = (
     "the ray_cluster fixture needs Ray: pip install 'pytest-shutdown[ray]' (`make ray-check` "
     "builds .venv-ray with it)"
@@ -54,15 +65,102 @@ class RayCluster:
     def remove_node(self) -> None:
         """Kill the worker node's processes (its raylet and its workers), as a node failure."""
         node = self.worker_nodes.pop()
-        self.cluster.remove_node(node, allow_graceful=False)
+        if isinstance(node, NodeProcess):
+            node.kill()
+        else:
+            self.cluster.remove_node(node, allow_graceful=False)
 
     def restore(self) -> None:
-        """Put a worker node back after ``remove_node``; wait until the cluster sees it."""
+        """Put a worker node back after ``remove_node``; wait until the cluster sees it. The
+        replacement runs in a child process (:class:`NodeProcess`) this value holds: its
+        processes, ports and threads are the fixture's, not the calling test's, and the
+        fixture's teardown stops it."""
         while len(self.worker_nodes) < 1:
-            self.worker_nodes.append(
-                self.cluster.add_node(num_cpus=CPUS_PER_NODE, node_ip_address="127.0.0.1")
-            )
-        self.cluster.wait_for_nodes()
+            self.worker_nodes.append(NodeProcess.start(self.address))
+
+
+@lazy_dataclass
+class NodeProcess:
+    """A worker node started in a child process (:data:`NODE_SCRIPT`), in a session of its
+    own: a node failure kills its whole process group, the fixture's teardown ends it in order
+    (SIGTERM: the node stops its raylet and workers, then exits)."""
+
+    process: Any
+    node_id: str
+
+    @classmethod
+    def start(cls, address: str, timeout_s: float = NODE_START_S) -> NodeProcess:
+        import ray  # noqa: PLC0415
+
+        env = {**os.environ, **LOOPBACK_ENV}
+        process = subprocess.Popen(
+            [sys.executable, "-c", NODE_SCRIPT, address, str(CPUS_PER_NODE)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env,
+            start_new_session=True,
+        )
+        started = cls(process, "")
+        try:
+            assert process.stdout is not None
+            deadline = time.monotonic() + timeout_s
+            ready, _, _ = select.select([process.stdout], [], [], timeout_s)
+            line = process.stdout.readline().strip() if ready else ""
+            if not line:
+                raise RuntimeError(f"the replacement node did not start in {timeout_s:.0f} s")
+            started.node_id = line
+            while not any(
+                n["NodeID"] == line and n["Alive"] for n in ray.nodes()
+            ):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the cluster did not see node {line} in {timeout_s:.0f} s")
+                time.sleep(0.1)
+        except BaseException:
+            started.stop()
+            raise
+        return started
+
+    def kill(self) -> None:
+        """A node failure: SIGKILL to every process of the node at once."""
+        with contextlib.suppress(OSError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._close()
+
+    def stop(self, timeout_s: float = NODE_STOP_S) -> None:
+        """SIGTERM (the node kills its raylet and workers, then exits); the process group
+        killed after ``timeout_s``."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(OSError):  # whatever of the node outlived it
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+        self._close()
+
+    def _close(self) -> None:
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+#: A worker node in its own process: ``ray.cluster_utils.Cluster.add_node``'s settings, its
+#: node id printed once it runs; SIGTERM stops it (the node's own handler).
+NODE_SCRIPT = """
+import signal, sys
+from ray._private.node import Node
+from ray._private.parameter import RayParams
+params = RayParams(
+    gcs_address=sys.argv[1], num_cpus=int(sys.argv[2]), num_gpus=0,
+    node_ip_address="127.0.0.1", object_store_memory=150 * 1024 * 1024,
+    min_worker_port=0, max_worker_port=0, include_log_monitor=False, node_manager_port=0,
+)
+params.dashboard_agent_listen_port = None
+node = Node(params, head=False, shutdown_at_exit=True, spawn_reaper=False)
+print(node.node_id, flush=True)
+while True:
+    signal.pause()
+"""
 
 
 #: The environment variables ``start_cluster`` (and ``ray.init``) set, put back at the end.
@@ -96,10 +194,10 @@ def start_cluster() -> RayCluster:
             ray.init(address=cluster.address, include_dashboard=False)
             _first_use(ray)
         except BaseException:
-            started.hooks = _node_hooks(atexit_calls.since(first))
+            _swap_node_hooks(started, _node_hooks(atexit_calls.since(first)))
             stop_cluster(started)
             raise
-        started.hooks = _node_hooks(atexit_calls.since(first))
+        _swap_node_hooks(started, _node_hooks(atexit_calls.since(first)))
     started.baseline = dict(ray.available_resources())
     # The session's own SIGTERM handler again (pytest-shutdown's ends the session in order, and
     # this fixture's teardown stops the cluster): ray.init's and the head node's only exit.
@@ -118,6 +216,26 @@ def _node_hooks(registrations: list[Any]) -> list[Any]:
         )
 
     return [r.func for r in registrations if holds_node(r)]
+
+
+def _swap_node_hooks(started: RayCluster, hooks: list[Any]) -> None:
+    """Unregister the nodes' ``atexit`` hooks now and register one of the cluster's own
+    instead, which stops it at exit if the teardown never ran. Each node's hook holds its
+    ``Node`` (and its GCS client, whose native thread runs as long as it lives): recorded as a
+    registration of the set-up, it would keep them alive until the set-up's record goes, past
+    the check of the teardown. The cluster's own holds ``started``, which holds no node after
+    the teardown."""
+    for hook in hooks:
+        atexit.unregister(hook)
+    if not started.hooks:
+        hook = functools.partial(_stop_at_exit, started)
+        atexit.register(hook)
+        started.hooks.append(hook)
+
+
+def _stop_at_exit(started: RayCluster) -> None:
+    if started.cluster is not None:
+        stop_cluster(started)
 
 
 def _put_back_sigterm(saved: dict[str, Any]) -> None:
@@ -147,13 +265,18 @@ def stop_cluster(started: RayCluster) -> None:
         ray.shutdown()
     finally:
         try:
-            started.cluster.shutdown()
+            for node in started.worker_nodes:  # a replacement node first: the head is its GCS
+                if isinstance(node, NodeProcess):
+                    node.stop()
         finally:
-            _put_back(started)
+            try:
+                started.cluster.shutdown()
+            finally:
+                _put_back(started)
 
 
 def _put_back(started: RayCluster) -> None:
-    for hook in started.hooks:  # each one holds a stopped Node (and its clients) alive
+    for hook in started.hooks:  # the cluster's own (see _swap_node_hooks)
         atexit.unregister(hook)
     started.hooks.clear()
     started.worker_nodes.clear()

@@ -48,6 +48,7 @@ __all__ = [
     "FdSnapshot",
     "describe_fd",
     "fd_findings",
+    "kept_by_libraries",
     "FdFingerprint",
     "new_fds",
     "open_fds",
@@ -491,6 +492,56 @@ def loaded_native_libraries() -> tuple[str, ...]:
     return loaded
 
 
+#: Native libraries that keep descriptors for the rest of the process once they were used, no
+#: Python object wrapping them: (the Python module that loads it, a name in ``/proc/self/maps``,
+#: the library's name in the summary, globs of the link targets it keeps). Ray's core keeps,
+#: after ``ray.shutdown()``, gRPC's event engine pollers and its singleton GCS I/O context
+#: (epoll, eventfd, timerfd, a socket) and its core worker's log files.
+PROCESS_LIFETIME_NATIVE: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    (
+        "ray._raylet",
+        "/ray/_raylet.so",
+        "Ray's core (ray._raylet)",
+        (
+            "anon_inode:[[]eventpoll[]]",
+            "anon_inode:[[]eventfd[]]",
+            "anon_inode:[[]timerfd[]]",
+            "socket:[[]*[]]",
+            "*/session_*/logs/*",
+        ),
+    ),
+)
+
+
+def kept_by_libraries(items: Sequence[FdItem]) -> dict[FdItem, str]:
+    """item -> the library that keeps it for the process's lifetime
+    (:data:`PROCESS_LIFETIME_NATIVE`): its module is imported, its shared object mapped into the
+    process, the link target one it keeps, and no Python object wraps the descriptor. For what a
+    wider-scope fixture's set-up opened and its teardown could not close: listed as long-lived,
+    not a finding."""
+    wanted = [entry for entry in PROCESS_LIFETIME_NATIVE if entry[0] in sys.modules]
+    if not wanted or not items:
+        return {}
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            maps = f.read()
+    except OSError:
+        return {}
+    loaded = [entry for entry in wanted if entry[1].encode() in maps]
+    if not loaded:
+        return {}
+    matched = {}
+    for item in still_open(items):
+        for _, _, library, patterns in loaded:
+            if any(fnmatch.fnmatchcase(item.target, p) for p in patterns):
+                matched[item] = library
+                break
+    if not matched:
+        return {}
+    wrapped = wrappers_of(item.fd for item in matched)
+    return {item: library for item, library in matched.items() if not wrapped.get(item.fd)}
+
+
 def _anon_kind(target: str) -> str | None:
     return target[len("anon_inode:"):].strip("[]") if target.startswith("anon_inode:") else None
 
@@ -775,6 +826,11 @@ class FdKind:
 
     def settle(self, items: Sequence[FdItem], deadline: float) -> list[FdItem]:
         return settle(items, deadline)
+
+    def kept_by_libraries(self, items: Sequence[FdItem]) -> dict[FdItem, str]:
+        """What a loaded library keeps for the process's lifetime (:func:`kept_by_libraries`):
+        the guard lists it as long-lived at a wider-scope fixture's teardown."""
+        return kept_by_libraries(items)
 
     def settle_long_lived(
         self, items: Sequence[FdItem], deadline: float, *, thorough: bool

@@ -44,6 +44,8 @@ DEFAULT_ALLOWED: tuple[str, ...] = (
     "c10*",
     "grpc_*",  # gRPC core: timer manager, executors, resolvers
     "grpcpp_*",
+    "event_engine*",  # gRPC's EventEngine thread pool (the process-wide default engine)
+    "gcs_client_io_s",  # Ray's core: the function-local static GCS client I/O context
     "default-executo",
     "resolver-execut",
     "timer_manager",

@@ -637,6 +637,106 @@ def native_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
     return {}
 
 
+#: Attribute names under which pure-Python code keeps a raw descriptor number (multiprocessing's
+#: heap ``Arena.fd``, a resource tracker's ``_fd``, a selector's ``_fileno``...).
+_FD_ATTRIBUTES = ("fd", "_fd", "fileno_", "_fileno", "_fd_number")
+
+
+def same_file_fds(fds: Iterable[int]) -> dict[int, list[int]]:
+    """fd -> the other descriptors of this process open on the same regular file, for a file
+    this process maps (``mmap.mmap`` keeps a duplicate of the descriptor it maps:
+    multiprocessing's heap arena is two descriptors, one kept as ``Arena.fd``, one inside the
+    mmap object). Only mapped files: two descriptors of one log file or of ``/dev/null`` are
+    two things."""
+    keys: dict[tuple[int, int], list[int]] = {}
+    wanted: dict[int, tuple[int, int]] = {}
+    mapped: set[int] | None = None
+    for fd in fds:
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue
+        if not stat.S_ISREG(info.st_mode):
+            continue
+        if mapped is None:
+            mapped = _mapped_inodes()
+        if info.st_ino in mapped:
+            wanted[fd] = (info.st_dev, info.st_ino)
+    if not wanted:
+        return {}
+    try:
+        listed = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        return {}
+    targets = set(wanted.values())
+    for fd in listed:
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            continue
+        key = (info.st_dev, info.st_ino)
+        if key in targets:
+            keys.setdefault(key, []).append(fd)
+    return {fd: [o for o in keys.get(key, ()) if o != fd] for fd, key in wanted.items()}
+
+
+#: Packages whose objects keep descriptor numbers as records of what others opened (this
+#: plugin's items, pytest's capture), never as their holders.
+_RECORD_PACKAGES = frozenset({"pytest_shutdown", "_pytest", "pytest", "pluggy", "xdist"})
+
+
+def _is_our_record(obj: object) -> bool:
+    module = getattr(type(obj), "__module__", None) or ""
+    return module.partition(".")[0] in _RECORD_PACKAGES
+
+
+def _mapped_inodes() -> set[int]:
+    """The inodes of the files this process maps (``/proc/self/maps``' fifth column)."""
+    found: set[int] = set()
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            for line in f:
+                fields = line.split(maxsplit=5)
+                if len(fields) > 4 and fields[4] != b"0":
+                    found.add(int(fields[4]))
+    except (OSError, ValueError):
+        pass
+    return found
+
+
+def int_fd_holders(fds: Iterable[int]) -> dict[int, tuple[object, str]]:
+    """fd -> (the object, the attribute) that keeps descriptor ``fd`` as a plain number: no
+    Python object wraps it, but an object of pure Python holds it (multiprocessing's heap keeps
+    each arena's descriptor as ``Arena.fd``, the arenas held by the class attribute
+    ``BufferWrapper._heap``): the ownership search explains that object. One pass over the
+    heap, made only for descriptors nothing wraps; a number held by two objects is nobody's."""
+    wanted = set(fds)
+    if not wanted:
+        return {}
+    import gc  # noqa: PLC0415
+
+    found: dict[int, tuple[object, str]] = {}
+    twice: set[int] = set()
+    for obj in gc.get_objects():
+        if issubclass(type(obj), type) or _is_our_record(obj):
+            continue
+        try:
+            namespace = object.__getattribute__(obj, "__dict__")
+        except Exception:  # noqa: BLE001 - no __dict__, or a hostile one: not a holder
+            continue
+        if type(namespace) is not dict:
+            continue
+        for attribute in _FD_ATTRIBUTES:
+            value = namespace.get(attribute)
+            if type(value) is int and value in wanted:
+                if value in found and found[value][0] is not obj:
+                    twice.add(value)
+                found[value] = (obj, attribute)
+    for fd in twice:
+        del found[fd]
+    return found
+
+
 def _python_name(obj: object) -> str:
     kind = type(obj)
     return f"{kind.__module__}.{kind.__qualname__}".replace("builtins.", "").replace("_io.", "io.")
@@ -822,6 +922,25 @@ class FdKind:
                     obj, what = owners[item.fd]
                     found[item] = obj
                     self._native[item.fd] = f"{what} {_python_name(obj)}"
+        bare = [item for item in items if item not in found]
+        if bare:  # kept as a number, or a copy of one kept (mmap dups the descriptor it maps)
+            siblings = same_file_fds(item.fd for item in bare)
+            others = {fd for fds in siblings.values() for fd in fds}
+            holders = int_fd_holders({item.fd for item in bare} | others)
+            held = self._wrappers(others) if others else {}
+            for item in bare:
+                for fd in (item.fd, *siblings.get(item.fd, ())):
+                    if fd in holders:
+                        obj, attribute = holders[fd]
+                        what = f"kept as {_python_name(obj)}.{attribute}"
+                    elif held.get(fd):
+                        obj = _innermost(held[fd])
+                        what = f"a copy of fd {fd}, wrapped by {_python_name(obj)}"
+                    else:
+                        continue
+                    found[item] = obj
+                    self._native[item.fd] = what if fd == item.fd else f"{what} (as fd {fd})"
+                    break
         return found
 
     def settle(self, items: Sequence[FdItem], deadline: float) -> list[FdItem]:

@@ -973,14 +973,33 @@ def singleton_slot(origin: origins.Origin | None, obj: object) -> tuple[Owner, o
     singleton is meant to end)."""
     if origin is None:
         return None
-    own = {getattr(klass, "__qualname__", "") + "." for klass in type(obj).__mro__[:-1]}
+    classes = type(obj).__mro__[:-1]
+    own = {getattr(klass, "__qualname__", "") + "." for klass in classes}
+    # Before Python 3.11 a frame names its function only (no co_qualname): a method of the
+    # object's classes is then told by where its code is (file and lines).
+    spans = [span for klass in classes for span in _method_spans(klass)]
     for filename, lineno, qualname, is_user in origin.frames:
         if not is_user:
             continue
-        if any(qualname.startswith(prefix) for prefix in own):
+        if any(qualname.startswith(prefix) for prefix in own) or any(
+            filename == file and first <= lineno <= last for file, first, last in spans
+        ):
             continue  # the object's own method (its __init__ registering the hook)
         return _assigned_slot(filename, lineno, qualname)
     return None
+
+
+def _method_spans(klass: type) -> list[tuple[str, int, int]]:
+    """(file, first line, last line) of each function defined in ``klass``'s body."""
+    spans = []
+    for value in vars(klass).values():
+        code = getattr(getattr(value, "__func__", value), "__code__", None)
+        if code is None:
+            continue
+        lines = [line for _, _, line in code.co_lines() if line is not None]
+        if lines:
+            spans.append((code.co_filename, code.co_firstlineno, max(lines)))
+    return spans
 
 
 def _assigned_slot(filename: str, lineno: int, qualname: str) -> tuple[Owner, object] | None:

@@ -24,6 +24,9 @@ _entry: bytes | None = None
 _found: set[int] = set()
 #: The last pid looked at; None before the first look.
 _looked_to: int | None = None
+#: The tree at the last look: a process that was in it then and is not now (its parent exited
+#: after the look) is looked at again, whatever its number.
+_last_tree: frozenset[int] = frozenset()
 #: More pids than this allocated since the last look (or the numbers wrapped): one pass over
 #: ``/proc`` instead of one lookup per number.
 _RANGE_LIMIT = 4096
@@ -33,18 +36,19 @@ def watch_marker(name: str | None, token: str | None = None) -> object:
     """Look for processes carrying ``name=token`` from now on (None: stop looking). Returns
     what was watched before, for :func:`restore_watch` (an inline pytester run's session
     inside a guarded one gives the outer session's watch back when it ends)."""
-    global _entry, _found, _looked_to
-    previous = (_entry, _found, _looked_to)
+    global _entry, _found, _looked_to, _last_tree
+    previous = (_entry, _found, _looked_to, _last_tree)
     _entry = None if name is None or token is None else f"{name}={token}\0".encode()
     _found = set()
     _looked_to = None
+    _last_tree = frozenset()
     return previous
 
 
 def restore_watch(previous: object) -> None:
     """Put back what :func:`watch_marker` returned."""
-    global _entry, _found, _looked_to
-    _entry, _found, _looked_to = previous  # type: ignore[misc]
+    global _entry, _found, _looked_to, _last_tree
+    _entry, _found, _looked_to, _last_tree = previous  # type: ignore[misc]
 
 
 def watching() -> bool:
@@ -84,7 +88,7 @@ def _leads_and_runs(pid: int) -> bool:
 def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset[int]:
     """The session's processes outside ``tree`` (this process's descendants now), given
     ``ns_last_pid`` read before ``tree`` was walked; empty while no marker is watched."""
-    global _looked_to
+    global _looked_to, _last_tree
     if _entry is None:
         return frozenset()
     me = os.getpid()
@@ -98,6 +102,8 @@ def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset
         candidates = list(range(_looked_to + 1, now + 1))
     if now is not None:
         _looked_to = now
+    candidates.extend(_last_tree - tree)  # left the tree since the last look
+    _last_tree = tree
     for pid in candidates:
         if pid != me and pid not in tree and _leads_and_runs(pid) and carries_marker(pid):
             _found.add(pid)

@@ -91,7 +91,7 @@ class ProcessKind(ObjectKind):
         inherited = _own_initial_test()
         late = set()
         for pid in now - seen:
-            test = started_in_test(pid)
+            test = _test_of(pid)
             if test == inherited:  # a fork without exec shows pytest's own initial block
                 continue
             nodeid = test.rsplit(" (", 1)[0] if test else None
@@ -202,6 +202,25 @@ def _stop_pools_of(pids: Sequence[int], why: str) -> set[int]:
         stopper.join(POOL_STOP_S)
         handed.update(mine)
     return handed
+
+
+def _test_of(pid: int, tries: int = 5) -> str | None:
+    """:func:`started_in_test`, read again a few times (a millisecond apart) while the process's
+    environment reads empty: a process caught in the middle of an ``exec`` (``setsid``, a
+    shell's subshell) shows none for a moment, and would be taken for the running test's."""
+    for attempt in range(tries):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            return None
+        if env or attempt == tries - 1:
+            break
+        time.sleep(0.001)
+    for entry in env.split(b"\0"):
+        if entry.startswith(b"PYTEST_CURRENT_TEST="):
+            return entry.partition(b"=")[2].decode(errors="replace")
+    return None
 
 
 @functools.lru_cache(maxsize=1)

@@ -292,6 +292,8 @@ def left_by_descendants(
         claim = origins.segment_claim(item.name)
         if claim is not None and claim not in ours:
             continue  # another pytest process (an xdist worker) created it
+        if _names_a_live_stranger(item.name, ours):
+            continue  # its name carries the pid of a running process not ours (its creator's)
         try:
             changed = os.stat(item.path).st_ctime
         except OSError:
@@ -303,6 +305,21 @@ def left_by_descendants(
     outside = [pid for pid in _all_pids() if pid not in ours]
     held = holders_of([item.name for item in candidates], outside)
     return [item for item in candidates if not held[item.name]]
+
+
+def _names_a_live_stranger(name: str, ours: set[int]) -> bool:
+    """Whether a number in ``name`` is the pid of a running process that is not one of
+    ``ours`` (names like ``psm_<pid>_...``: made by another session's process, whose child may
+    have created it)."""
+    import re  # noqa: PLC0415
+
+    for token in re.split(r"[^0-9A-Za-z]+", name):  # whole numbers only, not a uuid's digits
+        if not token.isdigit() or len(token) > 9:
+            continue
+        pid = int(token)
+        if pid > 1 and pid not in ours and os.path.exists(f"/proc/{pid}/stat"):
+            return True
+    return False
 
 
 _SHM_MODULE = "multiprocessing.shared_memory"

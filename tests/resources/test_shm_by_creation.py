@@ -159,6 +159,15 @@ def test_a_segment_a_descendant_created_and_left_is_found(recording: None) -> No
     assert [i.name for i in ShmKind().new_since(before) if i.name == name] == [name]
 
 
+def test_a_segment_named_after_a_running_stranger_is_not_a_descendants(recording: None) -> None:
+    """A child of another session's process (its pid in the segment's name, running, not ours)
+    made it: this test started a child meanwhile, but the segment is not its descendant's."""
+    name = f"{PREFIX}_{os.getppid()}_from_child_{uuid.uuid4().hex}"
+    before = take_shm_snapshot()
+    _run_child(name)
+    assert [i for i in ShmKind().new_since(before) if i.name == name] == []
+
+
 def test_a_segment_another_recording_process_claims_is_not_found(recording: None) -> None:
     """Another xdist worker's segment (its claim names a pid outside this tree) is not ours,
     even when this test started a child meanwhile."""

@@ -9,8 +9,9 @@ resolved lazily; none imports torch or Ray until it is called.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pytest_shutdown.lazy_exports import lazy_exports
 
 _LAZY: dict[str, str] = {
     "zero_window_override": "pytest_shutdown.checks.timeouts",
@@ -33,17 +34,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pytest_shutdown.harness' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports('pytest_shutdown.harness', _LAZY, globals())
 
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -9,8 +9,9 @@ engine makes and reads, and the killer that ends process trees. Names are resolv
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pytest_shutdown.lazy_exports import lazy_exports
 
 _LAZY: dict[str, str] = {
     "TreeLauncher": "pytest_shutdown.checks.tree_launcher",
@@ -29,17 +30,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pytest_shutdown.orphans' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports('pytest_shutdown.orphans', _LAZY, globals())
 
 
 if TYPE_CHECKING:  # pragma: no cover

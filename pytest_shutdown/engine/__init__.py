@@ -8,8 +8,9 @@ first used (``EngineCore`` and everything that runs one: ``EngineProcManager``, 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from pytest_shutdown.lazy_exports import lazy_exports
 
 _LAZY: dict[str, str] = {
     # no torch
@@ -55,17 +56,7 @@ _LAZY: dict[str, str] = {
 __all__ = list(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'pytest_shutdown.engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_exports('pytest_shutdown.engine', _LAZY, globals())
 
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -5,6 +5,7 @@ Real processes and real signals; the bounds only catch a hang (a rank that never
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -36,10 +37,10 @@ def dp_config(**changes: object) -> EngineConfig:
     return fast_config(**base)
 
 
-@pytest.fixture
-def busy_pair(log: str) -> Iterator[EngineProcManager]:
+@contextlib.contextmanager
+def _stepping_pair(config: EngineConfig, log: str) -> Iterator[EngineProcManager]:
     """A dp=2 engine whose two ranks both step (a long request each), shut down at the end."""
-    manager = EngineProcManager(dp_config(), lifecycle_log=log)
+    manager = EngineProcManager(config, lifecycle_log=log)
     try:
         for rank in (0, 1):
             manager.add_request(f"r{rank}", [1, 2, 3], 1_000_000, rank=rank)
@@ -51,6 +52,33 @@ def busy_pair(log: str) -> Iterator[EngineProcManager]:
             if proc.pid is not None and proc.exitcode is None:
                 os.kill(proc.pid, signal.SIGCONT)
         manager.shutdown(0)
+
+
+@pytest.fixture
+def busy_pair(log: str) -> Iterator[EngineProcManager]:
+    """A dp=2 engine whose two ranks both step, with ``dp_config()``'s short deadlines."""
+    with _stepping_pair(dp_config(), log) as manager:
+        yield manager
+
+
+@pytest.fixture
+def patient_pair(log: str) -> Iterator[EngineProcManager]:
+    """A stepping dp=2 engine whose only short wait is gloo's noticing a dead peer.
+
+    When a rank dies the manager's monitor shuts the others down (as vLLM's engine client does):
+    SIGTERM, then SIGKILL after ``default_process_timeout_s``; a rank told to stop while inside
+    a collective is ended by its watchdog after ``collective_abort_grace_s``. With
+    ``dp_config()``'s 3 s and 0.3 s, a survivor that a loaded machine did not run for that long
+    was killed (or ended by its watchdog) before it logged its failed all-reduce: the test
+    measured the machine's speed. Here both are far beyond anything a busy machine takes, and
+    the collective timeout too, so that only a peer seen gone can fail the all-reduce.
+    """
+    config = dp_config(
+        default_process_timeout_s=HANG_S, collective_abort_grace_s=HANG_S,
+        collective_timeout_s=4 * HANG_S,
+    )
+    with _stepping_pair(config, log) as manager:
+        yield manager
 
 
 def _state(pid: int) -> str | None:
@@ -185,20 +213,35 @@ def test_a_stop_told_to_one_rank_stops_the_group_and_it_is_destroyed(
     assert {rank: e["ending"] for rank, e in left.items()} == {0: "destroyed", 1: "destroyed"}
 
 
+@pytest.mark.parametrize("where", ["anywhere", "blocked-in-all-reduce"])
 @pytest.mark.parametrize("killed", [0, 1], ids=["store-host-rank0", "rank1"])
 def test_a_sigkilled_dp_rank_makes_its_peer_leave_the_collective_and_exit(
-    busy_pair: EngineProcManager, log: str, killed: int
+    patient_pair: EngineProcManager, log: str, killed: int, where: str
 ) -> None:
-    victim = busy_pair.processes[killed]
+    """The survivor's all-reduce fails (gloo sees the peer's sockets close) whether it was inside
+    it, blocked waiting for the peer, or entered it after the peer was gone; it leaves the group
+    by the abort and exits (vLLM's DP ranks: never the collective destroy, never a hang)."""
+    victim = patient_pair.processes[killed]
     survivor_rank = 1 - killed
-    survivor = busy_pair.processes[survivor_rank]
-    assert victim.pid is not None
+    survivor = patient_pair.processes[survivor_rank]
+    assert victim.pid is not None and survivor.pid is not None
+    if where == "blocked-in-all-reduce":
+        # The victim stopped, the survivor finishes at most the step the victim took part in
+        # and then waits for it inside the all-reduce (its main thread asleep, never woken).
+        os.kill(victim.pid, signal.SIGSTOP)
+        wait_for(lambda: _state(victim.pid) == "T", HANG_S, f"rank {killed} stopped")
+        wait_for(
+            _FutexStreak(survivor.pid), HANG_S, f"rank {survivor_rank} blocked in the all-reduce",
+            poll=0.01,
+        )
     os.kill(victim.pid, signal.SIGKILL)
-    survivor.join(HANG_S)
+    survivor.join(3 * HANG_S)
     assert survivor.exitcode is not None, f"{survivor.name} hung after its DP peer was SIGKILLed"
+    assert events(log, "dp_collective_abandoned") == []  # it got out by itself, not the watchdog
     (failed,) = events(log, "dp_collective_failed")
-    # The all-reduce failed at once: gloo saw the peer's sockets close.
     assert failed["dp_rank"] == survivor_rank
+    # Gloo saw the peer's sockets close (reset, closed by peer), not its deadline run out.
+    assert "timed out" not in failed["error"].lower(), failed["error"]
     left = by_rank(log, "dp_group_left")
     assert left[survivor_rank]["ending"] == "aborted"  # a peer gone: abort, never the destroy
 

@@ -76,8 +76,10 @@ _recent: collections.OrderedDict[tuple[str, Any, str], None] = collections.Order
 _TOOL_PACKAGES = frozenset(
     {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
 )
-#: ... except the reference engine: its objects own pools like any engine's.
-_CODE_UNDER_TEST = "pytest_shutdown.engine"
+#: ... except the reference engine: its objects own pools like any engine's; and the
+#: ``ray_cluster`` fixture's value: it holds the replacement node's process tree, the
+#: fixture's (a walk stopped at it blamed that tree on the test that called ``restore()``).
+_CODE_UNDER_TEST = ("pytest_shutdown.engine", "pytest_shutdown.ray_cluster")
 #: ... and execnet's master side: only a test suite makes a ``Group`` or a ``Gateway`` in a
 #: process that runs tests (an xdist worker's own gateway is ``execnet.gateway_base``'s). A
 #: session fixture's group owns the gateways a function fixture makes (execnet's own suite):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import subprocess
 import sys
 import threading
 import types
@@ -72,6 +73,26 @@ def test_a_fixture_value_owns_what_it_holds() -> None:
         assert (owner.kind, owner.key) == ("fixture", "key")
     finally:
         value["engine"].pool.shutdown()
+
+
+@pytest.mark.parametrize("shortcut", [True, False], ids=["forwards", "backwards"])
+def test_the_ray_cluster_fixtures_value_owns_the_replacement_node_it_holds(shortcut: bool) -> None:
+    """The ``ray_cluster`` fixture's value is walked through like an engine's, not skipped as
+    the plugin's own bookkeeping: the replacement node's process (``restore()``) is the
+    fixture's, not the test's that called it."""
+    from pytest_shutdown.ray_cluster import NodeProcess, RayCluster  # noqa: PLC0415
+
+    process = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
+    try:
+        value = RayCluster(None, "127.0.0.1:0", {}, [NodeProcess(process, "node")])
+        roots = {id(value): ("key", "'ray_cluster' (session scope)", value)}
+        owner = find_owners({"node": process}, roots, shortcut=shortcut)["node"]
+        assert (owner.kind, owner.key, owner.path) == (
+            "fixture", "key", ".worker_nodes[0].process"
+        )
+    finally:
+        process.kill()
+        process.wait(10)
 
 
 def test_a_thread_in_a_local_and_a_dropped_object_are_unowned() -> None:

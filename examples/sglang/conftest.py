@@ -3,8 +3,10 @@
 ``make sglang-check`` runs them.
 
 ``@pytest.mark.exercises("sglang.module.function")`` names that code; the terminal summary
-prints one line per check: its outcome, its name and the SGLang code it ran on. Runs offline:
-the only model is ``tiny_model/config.json``.
+prints one line per check: its outcome, its name, the SGLang code it ran on and the codes of the
+findings it raised (``XFAIL ... [atexit-holds-object]``), then, indented, each line the check
+recorded with ``record_property("found", text)`` (the finding on SGLang's object and the site
+that made it). Runs offline: the only model is ``tiny_model/config.json``.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 MARKER = "exercises"
+#: ``record_property(FOUND, text)``: what the check found, printed under its summary line
+FOUND = "found"
+#: the codes of a test's ShutdownContractError on its report (pytest_shutdown.contract_errors)
+CODES = "shutdown_codes"
 #: Each Engine start spawns workers that import sglang: seconds on a quiet box, minutes on a
 #: loaded 2-core one. The project's 120 s pytest-timeout would cut them off.
 TIMEOUT_S = 900
-_OUTCOMES: dict[str, tuple[str, str]] = {}
+_OUTCOMES: dict[str, tuple[str, str, str, list[str]]] = {}
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -55,14 +61,22 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     target = dict(report.user_properties).get(MARKER)
     if target is not None and (report.when == "call" or not report.passed):
         outcome = "XFAIL" if hasattr(report, "wasxfail") and report.skipped else report.outcome
-        _OUTCOMES[report.nodeid] = (outcome.upper(), str(target))
+        codes = str(getattr(report, CODES, "") or "")
+        found = [str(value) for name, value in report.user_properties if name == FOUND]
+        _OUTCOMES[report.nodeid] = (outcome.upper(), str(target), codes, found)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _OUTCOMES:
         return
     terminalreporter.section("the SGLang code each check exercised")
-    rows = [(o, nodeid.rsplit("::", 1)[-1], t) for nodeid, (o, t) in _OUTCOMES.items()]
-    width = max(len(name) for _o, name, _t in rows)
-    for outcome, name, target in rows:
-        terminalreporter.write_line(f"{outcome:<7} {name:<{width}}  {target}")
+    rows = [(nodeid.rsplit("::", 1)[-1], *row) for nodeid, row in _OUTCOMES.items()]
+    width = max(len(row[0]) for row in rows)
+    for name, outcome, target, codes, found in rows:
+        shown = f"  [{codes}]" if codes else ""
+        terminalreporter.write_line(f"{outcome:<7} {name:<{width}}  {target}{shown}")
+        for text in found:
+            first, *rest = text.splitlines() or [""]
+            terminalreporter.write_line(f"{'':<8}{first}")
+            for line in rest:
+                terminalreporter.write_line(f"{'':<10}{line}")

@@ -2,7 +2,7 @@
 
     python engine_launcher.py
 
-Builds a ``FakeEngine`` (SGLang's ``Engine.__init__`` on fake workers), says ``ready`` with
+Builds SGLang's ``Engine`` on fake workers (``sglang_engines.make_engine``), says ``ready`` with
 ``report_phase`` and serves until it is killed, as a process holding an ``sgl.Engine`` does.
 The tree: this process (root), ``sglang::scheduler`` and ``sglang::detokenizer`` (spawned by
 SGLang, each armed with SGLang's ``kill_itself_when_parent_died``) and multiprocessing's

@@ -1,7 +1,8 @@
 """SGLang's ``Engine`` on fake workers, and the scoped kill its shutdown should have been.
 
-``FakeEngine`` is ``sglang.srt.entrypoints.engine.Engine`` with only its three override points
-replaced (``run_scheduler_process_func``, ``run_detokenizer_process_func``,
+``make_engine`` builds an instance of ``sglang.srt.entrypoints.engine.Engine`` itself (not a
+subclass: a finding names SGLang's class) with only its three override points replaced on the
+instance (``run_scheduler_process_func``, ``run_detokenizer_process_func``,
 ``init_tokenizer_manager_func``, see ``fake_workers``): ``Engine.__init__`` and
 ``_launch_subprocesses`` (``_set_envs_and_config``: the SIGQUIT handler and
 ``mp.set_start_method("spawn", force=True)``; the spawned scheduler and detokenizer, the
@@ -28,19 +29,28 @@ TINY_MODEL = str(Path(__file__).with_name("tiny_model"))
 MUTANT_ENV = "SGLANG_CHECK_MUTANT"
 
 
-class FakeEngine(Engine):
-    """SGLang's Engine whose scheduler, detokenizer and tokenizer manager need no model."""
+#: The override points ``Engine`` offers for its private forks (class attributes it reads as
+#: ``self.<name>``), each set to a stand-in that needs no model.
+FAKES: dict[str, Callable[..., Any]] = {
+    "run_scheduler_process_func": fake_workers.fake_scheduler,
+    "run_detokenizer_process_func": fake_workers.fake_detokenizer,
+    "init_tokenizer_manager_func": fake_workers.fake_tokenizer_manager,
+}
 
-    run_scheduler_process_func = staticmethod(fake_workers.fake_scheduler)
-    run_detokenizer_process_func = staticmethod(fake_workers.fake_detokenizer)
-    init_tokenizer_manager_func = staticmethod(fake_workers.fake_tokenizer_manager)
 
+def make_engine() -> Engine:
+    """SGLang's Engine on the tiny model, on CPU, on fake workers, SGLang's defaults otherwise.
 
-def make_engine() -> FakeEngine:
-    """A FakeEngine on the tiny model, on CPU, with SGLang's defaults otherwise."""
-    return FakeEngine(
+    The object is an ``Engine`` (``type(engine) is Engine``): the stand-ins are set on the
+    instance before SGLang's own ``Engine.__init__`` runs on it, so what holds the engine
+    (``atexit.register(self.shutdown)``) holds SGLang's class, and a finding says so.
+    """
+    engine = Engine.__new__(Engine)
+    vars(engine).update(FAKES)  # instance attributes win over the class's staticmethods
+    engine.__init__(
         model_path=TINY_MODEL, device="cpu", skip_tokenizer_init=True, load_format="dummy"
     )
+    return engine
 
 
 def kill_own_children(engine: Engine) -> Callable[..., None]:

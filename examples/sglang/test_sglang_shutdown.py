@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import gc
 import importlib.util
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+from collections.abc import Callable
 from multiprocessing import resource_tracker
 from pathlib import Path
 
@@ -34,6 +36,7 @@ from sglang.srt.utils import kill_process_tree  # noqa: E402
 from sglang_engines import make_engine, shutdown_scoped  # noqa: E402
 
 from pytest_shutdown import (  # noqa: E402
+    Finding,
     ShutdownContractError,
     assert_finalizes_on_gc,
     assert_idempotent_shutdown,
@@ -42,6 +45,11 @@ from pytest_shutdown import (  # noqa: E402
 
 HERE = Path(__file__).parent
 UPSTREAM = "sglang 0.5.23 python/sglang/srt/entrypoints/engine.py"
+#: SGLang's class, as a finding names an object's class; its file, as a creation site names it
+ENGINE = "sglang.srt.entrypoints.engine.Engine"
+ENGINE_FILE = os.path.join("sglang", "srt", "entrypoints", "engine.py")
+#: ``record_property(FOUND, text)``: a line the summary of conftest.py prints under the check
+FOUND = "found"
 #: Every test that builds an Engine leaves what Engine.__init__ does to the process (the forced
 #: start method, the SIGQUIT handler, the atexit hold, and the first time the process's event
 #: loop: uvloop's epoll, io_uring, eventfd and pipes, never closed) and, on Engine.shutdown,
@@ -102,13 +110,18 @@ def test_a_shutdown_scoped_to_the_engines_children_kills_nothing_else() -> None:
     reason=f"{UPSTREAM} Engine.__init__: atexit.register(self.shutdown) keeps every Engine "
     "alive until the interpreter exits",
 )
-def test_a_dropped_engine_is_collected() -> None:
+def test_a_dropped_engine_is_collected(record_property: Callable[[str, object], None]) -> None:
     try:
         assert_finalizes_on_gc(make_engine)
     except ShutdownContractError as error:
         # gc.get_referrers cannot see atexit's hold: the helper names atexit as the root
         assert error.codes == ["not-collected"], error.codes
-        assert "atexit" in str(error), str(error)
+        (finding,) = error.findings
+        assert finding.details.get("root") == "atexit", str(error)
+        (callback,) = finding.details["atexit_callbacks"]
+        assert callback["callback"] == f"{ENGINE}.shutdown", callback
+        assert ENGINE_FILE in callback["registered_at"], callback  # Engine.__init__'s call
+        record_property(FOUND, f"not-collected: {finding.message}")
         raise
     finally:
         gc.collect()
@@ -128,40 +141,71 @@ INNER_TEST = """
 """
 
 
-class GuardReported(AssertionError):
-    """The guard's findings on the inner run, as the strict xfail's reason."""
-
-
 # the resource tracker an earlier test's Engine.shutdown() SIGKILLed is still a zombie child of
 # this process when this test starts (nobody reaps it): the guard would blame this test
 @pytest.mark.allow_leaks(collateral=True, reason="an earlier Engine.shutdown()'s victim")
 @pytest.mark.exercises("sglang.srt.entrypoints.engine.Engine.__init__ (under the guard)")
 @pytest.mark.xfail(
     strict=True,
-    raises=GuardReported,
-    reason=f"{UPSTREAM} _set_envs_and_config: mp.set_start_method('spawn', force=True) and "
-    "signal.signal(SIGQUIT, ...) for the whole process, never put back; Engine.__init__: "
-    "atexit.register(self.shutdown); the event loop it creates for the process is never closed",
+    raises=ShutdownContractError,
+    reason=f"{UPSTREAM} Engine.__init__: atexit.register(self.shutdown) holds every Engine until "
+    "the interpreter exits; _set_envs_and_config: mp.set_start_method('spawn', force=True) and "
+    "signal.signal(SIGQUIT, ...) for the whole process, never put back; the event loop it "
+    "creates for the process is never closed",
 )
-def test_the_guard_sees_a_test_that_builds_an_engine_leave_the_process_clean() -> None:
+def test_the_guard_sees_a_test_that_builds_an_engine_leave_the_process_clean(
+    record_property: Callable[[str, object], None],
+) -> None:
+    """The guard, in its own pytest run, on a test that builds and shuts down SGLang's Engine.
+
+    Its findings (read from that run's ``--shutdown-report``) are raised here as they are, so
+    the status line and the summary of this run show them: the guard's ``atexit-holds-object``
+    on the real ``Engine``, with the site of the ``atexit.register`` call that holds it.
+    """
+    findings = guard_findings_on(INNER_TEST)
+    if not findings:
+        return  # the guard found nothing: the strict xfail turns XPASS and fails the run
+    text = "\n".join(str(ShutdownContractError([f])) for f in findings)
+    codes = {f.code for f in findings}
+    assert "global-state" in codes, text
+    assert "start method" in text and "SIGQUIT" in text, text
+    assert "fd-leak" in codes and "epoll instance" in text, text  # its event loop
+    # Engine.__init__'s atexit.register(self.shutdown), found by the guard on the Engine itself
+    held = [f for f in findings if f.code == "atexit-holds-object"]
+    assert held, f"the guard no longer finds the Engine held by atexit:\n{text}"
+    (finding,) = held
+    assert finding.details["held"] == [ENGINE], finding.details
+    assert finding.details["callback"] == f"{ENGINE}.shutdown", finding.details
+    site = str(finding.details["registered_at"])
+    assert ENGINE_FILE in site and "atexit.register(self.shutdown)" in site, site
+    record_property(FOUND, f"atexit-holds-object: {finding.message}")
+    record_property(FOUND, "registered at:\n" + site.replace(f"{os.getcwd()}{os.sep}", ""))
+    raise ShutdownContractError(findings)
+
+
+def guard_findings_on(source: str) -> list[Finding]:
+    """The guard's findings (fail mode) on the test file ``source``, run by its own pytest."""
     path = os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])
     env = {**os.environ, "PYTHONPATH": path}
     # a plain temporary folder: pytest's session-scoped tmp_path_factory, set up inside this
     # test, would own (and be blamed for) what earlier tests left behind
     with tempfile.TemporaryDirectory(prefix="sglang-guard-") as folder:
-        Path(folder, "test_inner.py").write_text(textwrap.dedent(INNER_TEST), encoding="utf-8")
+        Path(folder, "test_inner.py").write_text(textwrap.dedent(source), encoding="utf-8")
+        report_path = Path(folder, "shutdown.json")
         result = subprocess.run(
             [sys.executable, "-m", "pytest", "-p", "shutdown", "-p", "no:cacheprovider",
-             "-p", "no:randomly", "-q", "-W", "ignore", "test_inner.py"],
+             "-p", "no:randomly", "-q", "-W", "ignore", f"--shutdown-report={report_path}",
+             "test_inner.py"],
             cwd=folder, env=env, capture_output=True, text=True, timeout=600,
         )
-    out = result.stdout + result.stderr
-    if result.returncode != 0:
-        assert "global-state" in out, out[-4000:]
-        assert "start method" in out and "SIGQUIT" in out, out[-4000:]
-        assert "atexit-holds-object" in out, out[-4000:]  # the Engine's atexit.register
-        assert "fd-leak" in out and "epoll instance" in out, out[-4000:]  # its event loop
-        raise GuardReported(out[-2000:])
+        out = result.stdout + result.stderr
+        # 0: nothing found; 1: the guard failed the test; anything else: the run broke
+        assert result.returncode in (0, 1), out[-4000:]
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    assert report["complete"], (report.get("incomplete"), out[-4000:])
+    findings = [Finding.from_dict(f) for test in report["tests"] for f in test["findings"]]
+    assert bool(findings) == (result.returncode == 1), out[-4000:]
+    return findings
 
 
 def running_resource_tracker() -> int:

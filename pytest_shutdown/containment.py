@@ -217,10 +217,14 @@ def first_ancestor(pid: int, test: str | None = None) -> tuple[int, str] | None:
             return candidate, "session leader"
         if candidate == pgid and candidate != pid:
             return candidate, "process group leader"
+    # Each recorded time is when the ``start()``/``Popen()`` call began, before its fork: never
+    # after anything the recorded process started, however late its parent ran again. The
+    # 0.05 s is for the tick resolution of ``pid``'s start time.
     started = _started_at(pid)
-    before = [c for c, at in recorded.items() if started is None or at <= started + 0.05]
-    before = [c for c in before if c != pid]
-    return (before[-1], "started before it") if before else None
+    before = [
+        c for c, at in recorded.items() if c != pid and (started is None or at <= started + 0.05)
+    ]
+    return (max(before, key=recorded.__getitem__), "started before it") if before else None
 
 
 def _started_at(pid: int) -> float | None:

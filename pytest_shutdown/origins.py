@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import types
 import weakref
 from collections import OrderedDict, deque
@@ -310,15 +311,18 @@ def recorded_processes(test: str | None = None) -> dict[int, float]:
     }
 
 
+#: pid -> the wall-clock time its ``start()``/``Popen()`` call began: before the fork, so never
+#: later than the process's own start, nor than that of anything it starts. (Taken when the
+#: call returned, it came after the exec; a parent a busy machine did not run for a while
+#: there recorded its child later than the grandchild the child had started meanwhile, and
+#: :func:`pytest_shutdown.containment.first_ancestor` matched no ancestor at all.)
 _started_wall: dict[int, float] = {}
 
 
-def _remember_process(pid: int | None, obj: Any, origin: Origin) -> None:
+def _remember_process(pid: int | None, obj: Any, origin: Origin, called_at: float) -> None:
     if not isinstance(pid, int):
         return
-    import time  # noqa: PLC0415
-
-    _started_wall[pid] = time.time()
+    _started_wall[pid] = called_at
     try:
         ref: Callable[[], Any] = weakref.ref(obj)
     except TypeError:  # pragma: no cover - not weak-referenceable
@@ -363,13 +367,14 @@ def install() -> None:
 
     def popen(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
         origin = None
+        called_at = time.time()
         try:
             origin = _capture()
         except Exception:  # pragma: no cover
             pass
         popen_init(self, *args, **kwargs)
         if origin is not None:
-            _remember_process(getattr(self, "pid", None), self, origin)
+            _remember_process(getattr(self, "pid", None), self, origin, called_at)
 
     _originals.update({"thread": (thread_start, start), "popen": (popen_init, popen)})
     threading.Thread.start = start  # type: ignore[method-assign]
@@ -489,13 +494,15 @@ def _wrap_process_start(module: Any) -> None:
 
     def start_process(self: Any, *args: Any, **kwargs: Any) -> Any:
         origin = None
+        called_at = time.time()
         try:
             origin = _capture(_describe_process(self))
         except Exception:  # pragma: no cover
             pass
         result = process_start(self, *args, **kwargs)
         if origin is not None:
-            _remember_process(getattr(getattr(self, "_popen", None), "pid", None), self, origin)
+            pid = getattr(getattr(self, "_popen", None), "pid", None)
+            _remember_process(pid, self, origin, called_at)
         return result
 
     _originals["process"] = (process_start, start_process)

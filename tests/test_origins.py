@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 SCRIPT = textwrap.dedent(
     """
@@ -86,3 +89,99 @@ def test_the_library_is_told_apart_without_importing_sysconfig() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[-1] == "ok"
+
+
+#: A parent that a busy machine does not run again between its child's exec and the return of
+#: ``Popen()``: the child (a shell) starts a background job and exits meanwhile. Simulated
+#: without load: ``_execute_child`` returns only once the grandchild runs and its start time is
+#: well in the past. The grandchild is re-parented; it must still be matched to the ``Popen``.
+LATE_PARENT_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    from pytest_shutdown import containment, origins
+
+    PIDFILE = sys.argv[1]
+    execute_child = subprocess.Popen._execute_child
+
+    def late_parent(self, *args, **kwargs):
+        execute_child(self, *args, **kwargs)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the grandchild runs, long enough ago
+            try:
+                grandchild = int(open(PIDFILE).read())
+            except (OSError, ValueError):
+                grandchild = None
+            started = grandchild and containment._started_at(grandchild)
+            if started and time.time() > started + 0.5:
+                return
+            time.sleep(0.01)
+        raise AssertionError("the grandchild never started")
+
+    subprocess.Popen._execute_child = late_parent
+    origins.install()
+    shell = subprocess.Popen(["sh", "-c", f"sleep 60 & echo $! > {PIDFILE}"])
+    grandchild = int(open(PIDFILE).read())
+    try:
+        shell.wait(30)
+        print(containment.first_ancestor(grandchild) == (shell.pid, "started before it"))
+    finally:
+        os.kill(grandchild, signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc start times")
+def test_a_grandchild_started_before_its_parents_popen_returned_is_matched_to_it(
+    tmp_path: Path,
+) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", LATE_PARENT_SCRIPT, str(tmp_path / "grandchild.pid")],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"], "the grandchild was matched to no ancestor"
+
+
+#: A leaked child no ``Popen``/``Process`` started (a bare ``os.fork``): its record says that
+#: where it was started is unknown, and the rendered finding says so too.
+BARE_FORK_SCRIPT = textwrap.dedent(
+    """
+    import os, signal, time
+    from pytest_shutdown import origins
+    from pytest_shutdown.report import render_findings
+    from pytest_shutdown.resources.processes import ProcessKind
+
+    origins.install()
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(60)
+        os._exit(0)
+    try:
+        (finding,) = ProcessKind().findings([pid], "test_x", grace=0)
+        (record,) = finding.details["processes"]
+        assert str(record.get("started_at")).startswith("unknown: no Popen"), record
+        text = render_findings([finding.to_dict()])
+        assert "    started at (user frames first):" in text, text
+        assert "      unknown: no Popen or multiprocessing start" in text, text
+        print("ok")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    """
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+def test_a_leaked_process_of_no_recorded_start_says_its_site_is_unknown() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", BARE_FORK_SCRIPT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ok"]

@@ -29,7 +29,14 @@ from pytest_shutdown.containment import (
 )
 from pytest_shutdown.resources.base import Allowance, ObjectKind
 
-__all__ = ["REPORTED", "ProcessKind", "parent_pids"]
+__all__ = ["REPORTED", "UNKNOWN_SITE", "ProcessKind", "parent_pids"]
+
+#: A leaked process's ``started_at`` when no ``Popen``/``Process`` start was recorded for it nor
+#: for an ancestor it can be matched to.
+UNKNOWN_SITE = (
+    "unknown: no Popen or multiprocessing start was recorded for it or an ancestor (a bare "
+    "os.fork, os.posix_spawn, native code, or a start outside the test's Python code)"
+)
 
 #: Pids reported as ``process-leak`` (oldest dropped first): a later test that ends one of
 #: them is cleaning up, not killing a bystander (see the collateral kind).
@@ -143,6 +150,8 @@ class ProcessKind(ObjectKind):
         for finding in found:
             for record in finding.details.get("processes", ()):
                 describe_reparented(record)
+                if not record.get("started_at"):  # said, never left out
+                    record["started_at"] = UNKNOWN_SITE
         REPORTED.update(dict.fromkeys(items))
         while len(REPORTED) > 4096:
             del REPORTED[next(iter(REPORTED))]

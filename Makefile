@@ -12,7 +12,8 @@
 #   make vllm-suite               a CPU subset of vLLM 0.33.0's own tests (its sdist, in
 #                                 .venv-vllm-suite) plain, warn and fail; outcomes, findings
 #   make ray-check                the engine's DP ranks as Ray actors on a local two-node cluster
-#                                 (tests/on_ray, examples/on_ray) in a side venv, .venv-ray; not in test
+#                                 (tests/on_ray, examples/on_ray) in a side venv, .venv-ray; not in
+#                                 test; in .ci/run after make test-pythons
 #   make test-pythons             the guard's and the helpers' tests (tests/plugin, resources,
 #                                 checks, interrupts, ownership) on Python 3.10, 3.12 and 3.13
 #                                 (pyenv or PATH; one absent is skipped), each in a side venv,

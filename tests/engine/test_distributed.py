@@ -5,6 +5,7 @@ Real gloo groups of forked ranks over a TCPStore on 127.0.0.1; nccl where a CUDA
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import threading
@@ -86,16 +87,30 @@ def test_a_free_port_is_on_the_loopback_and_bindable() -> None:
 
 
 # -- real gloo ranks ---------------------------------------------------------------------------
-def _rank_main(rank: int, port: int, die_after_step: bool, out: Connection) -> None:
+def _rank_main(
+    rank: int,
+    port: int,
+    die_after_step: bool,
+    out: Connection,
+    rank1_alive: Connection,
+    not_mine: Connection | None,
+) -> None:
+    """``rank1_alive``: the read end of a pipe whose only write end left open is rank 1's (the
+    others close theirs: ``not_mine``), so that it reads EOF once rank 1 has exited."""
     import torch.distributed as dist
 
+    if not_mine is not None:
+        not_mine.close()
     group = RankGroup(rank, 2, port, deadlines=FAST)
     group.join()
     result: dict[str, Any] = {"step": group.step()}
     if die_after_step and rank == 1:
         os._exit(9)
     if die_after_step:
-        time.sleep(0.2)
+        # Rank 1 is gone (its end of the pipe closed) before this rank enters the next step.
+        if rank1_alive.poll(60):
+            with contextlib.suppress(EOFError):
+                rank1_alive.recv_bytes()
         try:
             group.step()
             result["second_step"] = "ok"
@@ -118,10 +133,16 @@ def two_ranks() -> Iterator[Any]:
         store = host_store(port, 2, FAST)
         ctx = multiprocessing.get_context("fork")
         pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
+        alive_r, alive_w = ctx.Pipe(duplex=False)
         for rank in range(2):
-            proc = ctx.Process(target=_rank_main, args=(rank, port, die_after_step, pipes[rank][1]))
+            # Rank 0, forked with a copy of the write end, closes it first thing.
+            not_mine = alive_w if rank == 0 else None
+            args = (rank, port, die_after_step, pipes[rank][1], alive_r, not_mine)
+            proc = ctx.Process(target=_rank_main, args=args)
             proc.start()
             procs.append(proc)
+        alive_w.close()  # rank 1 keeps the last copy
+        alive_r.close()
         results = []
         for rank, (reader, _) in enumerate(pipes):
             if die_after_step and rank == 1:

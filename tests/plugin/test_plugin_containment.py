@@ -218,7 +218,17 @@ def test_adopted_zombies_are_reaped(pytester: pytest.Pytester) -> None:
                 subprocess.run(
                     ["sh", "-c", "sleep 0.3 & echo $! > orphan.pid"], check=True
                 )
-                time.sleep(1.0)
+                pid = int(open("orphan.pid").read())
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:  # until it has ended (a zombie, or reaped)
+                    try:
+                        if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                            break
+                    except psutil.NoSuchProcess:
+                        break
+                    time.sleep(0.02)
+                else:
+                    raise AssertionError("the orphan never ended")
 
             def test_no_zombie_left():
                 pid = int(open("orphan.pid").read())

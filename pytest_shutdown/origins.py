@@ -526,8 +526,13 @@ SEGMENT_LIMIT = 4096
 #: segment name (as in ``/dev/shm``) -> (a weak reference to the ``SharedMemory`` object that
 #: created it, where, the creating pid), for each ``SharedMemory(create=True)`` while recording.
 _segments: OrderedDict[str, tuple[Callable[[], Any], Origin, int]] = OrderedDict()
-#: The claims this process wrote (see :func:`segment_claim`), removed by the last uninstall.
+#: The claims this process wrote (see :func:`segment_claim`), removed by the last uninstall
+#: (but for those of segments still there).
 _claims: list[str] = []
+#: A claim written this long before its segment's change time is of an earlier segment of that
+#: name (a claim is written just after the creation it claims).
+CLAIM_SLACK_S = 0.05
+_SHM_DIR = "/dev/shm"
 
 
 def claims_dir() -> str:
@@ -540,10 +545,16 @@ def claims_dir() -> str:
 
 
 def segment_claim(name: str) -> int | None:
-    """The pid of the recording process that created segment ``name``, when one claimed it."""
+    """The pid of the recording process that created segment ``name``, when one claimed it
+    (the segment there now: a claim older than it is of an earlier segment of that name)."""
+    path = os.path.join(claims_dir(), name)
     try:
-        with open(os.path.join(claims_dir(), name), encoding="ascii") as f:
-            return int(f.read().strip() or "0") or None
+        with open(path, encoding="ascii") as f:
+            pid = int(f.read().strip() or "0") or None
+            claimed = os.fstat(f.fileno()).st_mtime
+        if claimed < os.stat(os.path.join(_SHM_DIR, name)).st_ctime - CLAIM_SLACK_S:
+            return None
+        return pid
     except (OSError, ValueError):
         return None
 
@@ -561,7 +572,12 @@ def _claim(name: str) -> None:
 
 
 def _drop_claims() -> None:
+    """Remove this process's claims, but for those of segments still there (left behind): a
+    pytest process still running beside this one (another xdist worker, in its check) must
+    still tell them from its own descendants' once this one has ended."""
     for path in _claims:
+        if os.path.exists(os.path.join(_SHM_DIR, os.path.basename(path))):
+            continue
         try:
             os.unlink(path)
         except OSError:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import subprocess
 import sys
 import threading
 import types
@@ -31,7 +32,10 @@ from pytest_shutdown.resources.shm import ShmKind, take_shm_snapshot
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
 
 #: Every segment these tests (and their inner runs) make starts with this: cleaned up after each.
-PREFIX = "psdcreation"
+#: This module's segments, and only its own in this process: the cleanup unlinks what carries
+#: the prefix, and the same module runs at once in other xdist workers (one token, no separator:
+#: no part of a name that reads as a pid).
+PREFIX = "psdcreation" + uuid.uuid4().hex[:8]
 GRACE = "--shutdown-grace=0.2"
 
 
@@ -182,6 +186,39 @@ def test_a_segment_another_recording_process_claims_is_not_found(recording: None
         assert [i for i in ShmKind().new_since(before) if i.name == name] == []
     finally:
         os.unlink(claim)
+
+
+#: A recording process (an xdist worker) that creates a segment, leaves it and ends.
+LEAVES_A_SEGMENT = """
+import sys
+from multiprocessing import resource_tracker, shared_memory
+from pytest_shutdown import origins
+
+origins.install()
+seg = shared_memory.SharedMemory(name=sys.argv[1], create=True, size=64)
+seg.close()
+resource_tracker.unregister(seg._name, "shared_memory")  # left behind, as by a leaky test
+origins.uninstall()
+"""
+
+
+def test_a_claim_outlives_its_ended_creator_while_its_segment_is_there() -> None:
+    """A worker whose session ended before another's check (its own ran first) still tells
+    that one its leaked segment is not a descendant's; a later segment of that name is not its."""
+    name = _name("left")
+    done = subprocess.run(
+        [sys.executable, "-c", LEAVES_A_SEGMENT, name], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    claim = os.path.join(origins.claims_dir(), name)
+    try:
+        assert origins.segment_claim(name) is not None, "the claim went with its creator"
+        old = os.stat(f"/dev/shm/{name}").st_ctime - 10  # as if written for an earlier segment
+        os.utime(claim, (old, old))
+        assert origins.segment_claim(name) is None
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(claim)
 
 
 def test_a_segment_left_with_no_child_started_is_not_a_descendants(recording: None) -> None:
@@ -389,17 +426,29 @@ from multiprocessing import shared_memory
 
 PREFIX = "{prefix}"
 
+def _until_there(name):
+    # Each test waits for the other worker's leak (and its claim, written just after it): the
+    # one created second appears while the other test runs, however late a busy machine
+    # started either worker.
+    from pytest_shutdown import origins
+    claim = os.path.join(origins.claims_dir(), name)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if os.path.exists("/dev/shm/" + name) and os.path.exists(claim):
+            return
+        time.sleep(0.02)
+
 def test_worker_a():
     subprocess.run([sys.executable, "-c", "pass"], check=True)  # a child: descendants count
     seg = shared_memory.SharedMemory(name=PREFIX + "_a", create=True, size=64)
     seg.close()
-    time.sleep(1.5)  # the other worker's leak appears meanwhile
+    _until_there(PREFIX + "_b")
 
 def test_worker_b():
     seg = shared_memory.SharedMemory(name=PREFIX + "_b", create=True, size=64)
     seg.close()
     subprocess.run([sys.executable, "-c", "pass"], check=True)
-    time.sleep(1.5)
+    _until_there(PREFIX + "_a")
 """
 
 

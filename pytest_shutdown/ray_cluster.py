@@ -11,7 +11,8 @@ The set-up does what Ray starts once per process, so that it is the fixture's (t
 wider-scope accounting), not the first test's: ``ray.init`` and one actor call (the driver's
 connections Ray opens on first use). It swaps the nodes' ``atexit`` hooks (each keeps its
 ``Node`` alive) for one of the cluster's own. ``restore()`` starts the replacement node in a child
-process (:class:`NodeProcess`) this value holds, so that nothing of it is the calling test's. The
+process (:class:`NodeProcess`) this value holds, so that nothing of it is the calling test's. No
+node's environment names a test (``PYTEST_CURRENT_TEST``): its workers are no test's. The
 teardown stops the replacement node and the cluster, drops every reference to them, unregisters
 the cluster's hook and puts back what ``ray.init`` and the nodes changed: the SIGTERM handler,
 ``PYTHONBREAKPOINT`` and :data:`LOOPBACK_ENV`.
@@ -39,6 +40,8 @@ from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 #: Ray binds every node to the loopback in this mode, even on Linux.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+#: pytest's name of the running test, which an executed program inherits: no node carries it.
+CURRENT_TEST_VAR = "PYTEST_CURRENT_TEST"
 CPUS_PER_NODE = 2
 #: How long a replacement node may take to start, and to stop before its processes are killed.
 NODE_START_S = 60.0
@@ -93,6 +96,7 @@ class NodeProcess:
         import ray  # noqa: PLC0415
 
         env = {**os.environ, **LOOPBACK_ENV}
+        env.pop(CURRENT_TEST_VAR, None)  # the fixture's node, not the calling test's
         process = subprocess.Popen(
             [sys.executable, "-c", NODE_SCRIPT, address, str(CPUS_PER_NODE)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True, env=env,
@@ -167,6 +171,20 @@ while True:
 SAVED_ENV = (*LOOPBACK_ENV, "PYTHONBREAKPOINT")
 
 
+@contextlib.contextmanager
+def _naming_no_test() -> Iterator[None]:
+    """``PYTEST_CURRENT_TEST`` out of the environment meanwhile: the nodes Ray starts inherit it,
+    and so would every worker their raylets start later, for any test. The guard takes a new
+    process whose environment names another test for that test's late leak: a later test's
+    actor would be blamed on the test during whose set-up the cluster started."""
+    current = os.environ.pop(CURRENT_TEST_VAR, None)
+    try:
+        yield
+    finally:
+        if current is not None:
+            os.environ[CURRENT_TEST_VAR] = current
+
+
 def start_cluster() -> RayCluster:
     from pytest_shutdown import atexit_calls  # noqa: PLC0415
 
@@ -178,7 +196,7 @@ def start_cluster() -> RayCluster:
     from ray.cluster_utils import Cluster  # noqa: PLC0415
 
     ray_constants.ENABLE_RAY_CLUSTER = False  # this process imported Ray before, maybe
-    with atexit_calls.recording():  # the nodes' atexit hooks, to unregister at the end
+    with _naming_no_test(), atexit_calls.recording():  # the nodes' atexit hooks: unregistered
         first = atexit_calls.count()
         cluster = Cluster(
             initialize_head=True,

@@ -16,12 +16,14 @@ import sys
 import time
 from typing import Any
 
+import psutil
 import pytest
 
 pytest.importorskip("ray", reason="Ray is not installed: these run in `make ray-check`")
 
 from pytest_shutdown import assert_ray_released  # noqa: E402
 from pytest_shutdown.checks.ray_resources import ray_leftovers  # noqa: E402
+from pytest_shutdown.containment import started_in_test  # noqa: E402
 from pytest_shutdown.engine import EngineConfig, RayEngine  # noqa: E402
 from pytest_shutdown.engine.ray_engine import NAME_PREFIX  # noqa: E402
 
@@ -106,3 +108,19 @@ def test_an_engine_that_lost_a_node_still_shuts_down_clean(ray_cluster: Any) -> 
     finally:
         ray_cluster.restore()
     assert_ray_released(engine.name, ray_cluster.baseline, deadline_s=DEADLINE_S)
+
+
+def test_no_process_of_the_cluster_names_a_test(ray_cluster: Any) -> None:
+    """The nodes (the replacement one of the test above included) and the workers their raylets
+    start are the fixture's: none names a test in its environment, or the guard would take a
+    later test's actor for a late leak of the test during which its node was started."""
+    engine = RayEngine(CONFIG)
+    try:
+        raylets = [p.pid for p in psutil.Process().children(recursive=True) if p.name() == "raylet"]
+        assert len(raylets) == 2
+        named = {pid: started_in_test(pid) for pid in (*raylets, *engine.pids)}
+        assert named == dict.fromkeys(named)
+    finally:
+        engine.shutdown()
+    assert_ray_released(engine.name, ray_cluster.baseline, pids=engine.pids,
+                        deadline_s=DEADLINE_S)

@@ -15,6 +15,7 @@ never the host's whole process table, and nothing is read while no pid was alloc
 from __future__ import annotations
 
 import os
+import time
 
 __all__ = ["carries_marker", "escaped_processes", "restore_watch", "watch_marker", "watching"]
 
@@ -27,6 +28,11 @@ _looked_to: int | None = None
 #: The tree at the last look: a process that was in it then and is not now (its parent exited
 #: after the look) is looked at again, whatever its number.
 _last_tree: frozenset[int] = frozenset()
+#: Processes whose environment read empty at the last look (inside an exec, or started with
+#: none): read again at the next one.
+_unread: set[int] = set()
+#: How long a new process whose environment reads empty is read again (see carries_marker).
+EXEC_PATIENCE_S = 0.25
 #: More pids than this allocated since the last look (or the numbers wrapped): one pass over
 #: ``/proc`` instead of one lookup per number.
 _RANGE_LIMIT = 4096
@@ -36,10 +42,11 @@ def watch_marker(name: str | None, token: str | None = None) -> object:
     """Look for processes carrying ``name=token`` from now on (None: stop looking). Returns
     what was watched before, for :func:`restore_watch` (an inline pytester run's session
     inside a guarded one gives the outer session's watch back when it ends)."""
-    global _entry, _found, _looked_to, _last_tree
-    previous = (_entry, _found, _looked_to, _last_tree)
+    global _entry, _found, _looked_to, _last_tree, _unread
+    previous = (_entry, _found, _looked_to, _last_tree, _unread)
     _entry = None if name is None or token is None else f"{name}={token}\0".encode()
     _found = set()
+    _unread = set()
     _looked_to = None
     _last_tree = frozenset()
     return previous
@@ -47,8 +54,8 @@ def watch_marker(name: str | None, token: str | None = None) -> object:
 
 def restore_watch(previous: object) -> None:
     """Put back what :func:`watch_marker` returned."""
-    global _entry, _found, _looked_to, _last_tree
-    _entry, _found, _looked_to, _last_tree = previous  # type: ignore[misc]
+    global _entry, _found, _looked_to, _last_tree, _unread
+    _entry, _found, _looked_to, _last_tree, _unread = previous  # type: ignore[misc]
 
 
 def watching() -> bool:
@@ -56,16 +63,32 @@ def watching() -> bool:
     return _entry is not None
 
 
-def carries_marker(pid: int) -> bool:
-    """Whether process ``pid`` carries the watched marker in its environment."""
+def carries_marker(pid: int, patience_s: float = 0.0) -> bool:
+    """Whether process ``pid`` carries the watched marker in its environment (see
+    :func:`_marker_of`)."""
+    return _marker_of(pid, patience_s) is True
+
+
+def _marker_of(pid: int, patience_s: float) -> bool | None:
+    """Whether ``pid`` carries the watched marker; None when its environment reads empty, even
+    after reading it again for up to ``patience_s``: a process caught inside an ``execve`` (a
+    shell's background job between its fork and the exec of its program, which a busy machine
+    may not have run yet) shows none until the exec is done."""
     entry = _entry
     if entry is None:
         return False
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return entry in f.read()
-    except OSError:
-        return False
+    deadline = time.monotonic() + patience_s
+    delay = 0.002
+    while True:
+        environ = _read_environ(pid)
+        if environ is None:
+            return False
+        if environ:
+            return entry in environ
+        if time.monotonic() >= deadline or not _leads_and_runs(pid):
+            return None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.02)
 
 
 def _leads_and_runs(pid: int) -> bool:
@@ -88,7 +111,7 @@ def _leads_and_runs(pid: int) -> bool:
 def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset[int]:
     """The session's processes outside ``tree`` (this process's descendants now), given
     ``ns_last_pid`` read before ``tree`` was walked; empty while no marker is watched."""
-    global _looked_to, _last_tree
+    global _looked_to, _last_tree, _unread
     if _entry is None:
         return frozenset()
     me = os.getpid()
@@ -104,12 +127,42 @@ def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset
         _looked_to = now
     candidates.extend(_last_tree - tree)  # left the tree since the last look
     _last_tree = tree
+    again, _unread = _unread, set()
     for pid in candidates:
-        if pid != me and pid not in tree and _leads_and_runs(pid) and carries_marker(pid):
+        if pid == me or pid in tree or not _leads_and_runs(pid) or _is_kernel_thread(pid):
+            continue
+        marked = _marker_of(pid, EXEC_PATIENCE_S)
+        if marked:
+            _found.add(pid)
+        elif marked is None:
+            _unread.add(pid)  # read once more, with no wait, at the next look
+    for pid in again - _unread:
+        if pid not in tree and _leads_and_runs(pid) and carries_marker(pid):
             _found.add(pid)
     if _found:
         _found.difference_update([p for p in _found if p in tree or not _leads_and_runs(p)])
     return frozenset(_found)
+
+
+def _is_kernel_thread(pid: int) -> bool:
+    """A kernel thread (``PF_KTHREAD`` in its flags): no environment, ever."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return bool(int(stat.rsplit(b")", 1)[1].split()[6]) & _PF_KTHREAD)
+    except (OSError, IndexError, ValueError):
+        return False
+
+
+_PF_KTHREAD = 0x00200000
+
+
+def _read_environ(pid: int) -> bytes | None:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return None
 
 
 def _listing() -> list[str]:

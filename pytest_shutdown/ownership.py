@@ -45,7 +45,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from pytest_shutdown import _FROZEN_AT_IMPORT, origins
+from pytest_shutdown import origins
+from pytest_shutdown._import_time import FROZEN_AT_IMPORT as _FROZEN_AT_IMPORT
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
 
@@ -895,7 +896,7 @@ def _forward_owners(
 ) -> dict[Any, Owner]:
     """Search forwards from each owner candidate (fixtures first, then module globals) for the
     targets, one shared visited set and node budget: what an earlier root reaches is its."""
-    from pytest_shutdown.checks.backrefs import _edges  # noqa: PLC0415 - only when frozen
+    from pytest_shutdown.backrefs import _edges  # noqa: PLC0415 - only when frozen
 
     wanted: dict[int, list[Any]] = {}
     for key, target in targets.items():

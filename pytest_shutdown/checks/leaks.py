@@ -38,10 +38,10 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown import origins
 from pytest_shutdown._os import escaped
-from pytest_shutdown.checks.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.forks import this_pid
 from pytest_shutdown.held_open import read_held
+from pytest_shutdown.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
 

@@ -248,7 +248,7 @@ class PortKind:
         }
         others = [item for item in items if item.pid != me]
         if others:
-            from pytest_shutdown.checks.tree import read_stat  # noqa: PLC0415
+            from pytest_shutdown._os.proc_stat import read_stat  # noqa: PLC0415
 
             pids = tuple(sorted({item.pid for item in others}))
             parents = {}

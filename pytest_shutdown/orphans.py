@@ -18,7 +18,7 @@ _LAZY: dict[str, str] = {
     "TreeProcess": "pytest_shutdown.checks.tree",
     "report_phase": "pytest_shutdown._os.phases",
     "wanted_phase": "pytest_shutdown._os.phases",
-    "kill_process_trees": "pytest_shutdown.checks.leaks",
+    "kill_process_trees": "pytest_shutdown.resources.primitives",
 }
 
 __all__ = [
@@ -35,6 +35,6 @@ __getattr__, __dir__ = lazy_exports('pytest_shutdown.orphans', _LAZY, globals())
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown._os.phases import report_phase, wanted_phase
-    from pytest_shutdown.checks.leaks import kill_process_trees
     from pytest_shutdown.checks.tree import TreeProcess
     from pytest_shutdown.checks.tree_launcher import TreeLauncher
+    from pytest_shutdown.resources.primitives import kill_process_trees

@@ -1,8 +1,8 @@
 """The guard: per-test and per-fixture accounting of threads, child processes and gc freezes.
 
 For every test (setup, call and teardown together) the guard takes a snapshot before setup and
-compares after teardown, using the primitives of :mod:`pytest_shutdown.checks.leaks`. Whose leak
-is it (:mod:`pytest_shutdown.ownership`, decided before any grace is waited): threads and
+compares after teardown, using the primitives of :mod:`pytest_shutdown.resources.primitives`.
+Whose leak is it (:mod:`pytest_shutdown.ownership`, decided before any grace is waited): threads and
 processes started while a fixture of wider scope was being set up, or that its value reaches,
 belong to that fixture; they are checked, and blamed on it, when that fixture is torn down.
 Those a module global or class attribute reaches are never a test's leak; the ones still alive

@@ -45,8 +45,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from pytest_shutdown import origins
-from pytest_shutdown._import_time import FROZEN_AT_IMPORT as _FROZEN_AT_IMPORT
+from pytest_shutdown import _FROZEN_AT_IMPORT, origins
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
 

@@ -164,7 +164,7 @@ def helper_fds() -> frozenset[int]:
     (started on first use, kept until exit by design): never a test's leak. A resource tracker's
     pipe (``_fd``), a fork server's lifeline (``_forkserver_alive_fd``), whatever package the
     ``resource_tracker``/``forkserver`` module is in (see
-    :func:`~pytest_shutdown.checks.leaks.process_lifetime_helpers`)."""
+    :func:`~pytest_shutdown.resources.primitives.process_lifetime_helpers`)."""
     from pytest_shutdown.resources.primitives import (  # noqa: PLC0415 - only when something is new
         helper_numbers,
         process_lifetime_helpers,

@@ -196,7 +196,7 @@ def _filled(cell: Any) -> bool:
 
 def holders_of(obj: object) -> list[Registration]:
     """Recorded registrations whose callback or arguments reach ``obj`` (forwards, bounded)."""
-    from pytest_shutdown.checks.backrefs import find_path  # noqa: PLC0415
+    from pytest_shutdown.backrefs import find_path  # noqa: PLC0415
 
     found = []
     for registration in list(_registrations):

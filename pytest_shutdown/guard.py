@@ -1,8 +1,8 @@
 """The guard: per-test and per-fixture accounting of threads, child processes and gc freezes.
 
 For every test (setup, call and teardown together) the guard takes a snapshot before setup and
-compares after teardown, using the primitives of :mod:`pytest_shutdown.checks.leaks`. Whose leak
-is it (:mod:`pytest_shutdown.ownership`, decided before any grace is waited): threads and
+compares after teardown, using the primitives of :mod:`pytest_shutdown.resources.primitives`.
+Whose leak is it (:mod:`pytest_shutdown.ownership`, decided before any grace is waited): threads and
 processes started while a fixture of wider scope was being set up, or that its value reaches,
 belong to that fixture; they are checked, and blamed on it, when that fixture is torn down.
 Those a module global or class attribute reaches are never a test's leak; the ones still alive
@@ -40,7 +40,6 @@ from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that my
 from _pytest.scope import Scope
 
 from pytest_shutdown import origins
-from pytest_shutdown.checks.leaks import Started, descendant_pids, thread_name
 from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings import Finding, ShutdownContractError
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
@@ -58,6 +57,7 @@ from pytest_shutdown.report import (
 from pytest_shutdown.resources import default_kinds
 from pytest_shutdown.resources.base import ObjectKind, ResourceKind
 from pytest_shutdown.resources.marks import FingerprintPass
+from pytest_shutdown.resources.primitives import Started, descendant_pids, thread_name
 from pytest_shutdown.resources.threads import TOOL_MODULES, is_tool_thread
 from pytest_shutdown.settings import (
     AllowLeaks,
@@ -1187,7 +1187,7 @@ class ShutdownGuard:
     def _note_threads_blocking_exit(self) -> None:
         """Non-daemon threads tests leaked (reported as ``thread-leak``) still alive block the
         interpreter's exit (``threading._shutdown`` joins them): say so; fail mode bounds it."""
-        from pytest_shutdown.checks.leaks import leak_findings  # noqa: PLC0415
+        from pytest_shutdown.resources.primitives import leak_findings  # noqa: PLC0415
 
         kind = self._by_name.get("threads")
         tools = getattr(kind, "tools", None)
@@ -1238,12 +1238,12 @@ class ShutdownGuard:
         reaped. Not on the xdist controller (its workers sweep their own)."""
         if self.config.pluginmanager.hasplugin("dsession"):
             return
-        from pytest_shutdown.checks.leaks import (  # noqa: PLC0415
+        from pytest_shutdown.containment import reap_adopted  # noqa: PLC0415
+        from pytest_shutdown.resources.primitives import (  # noqa: PLC0415
             _walk_descendants,
             multiprocessing_helper_pids,
             process_running,
         )
-        from pytest_shutdown.containment import reap_adopted  # noqa: PLC0415
         from pytest_shutdown.resources.processes import (  # noqa: PLC0415
             ProcessKind,
             stop_processes,
@@ -1326,7 +1326,7 @@ class ShutdownGuard:
 
     def _kill_children(self, watch: _Watch) -> list[dict[str, Any]]:
         """On budget expiry: kill the test's child processes (not those of live fixtures)."""
-        from pytest_shutdown.checks.leaks import kill_process_trees  # noqa: PLC0415
+        from pytest_shutdown.resources.primitives import kill_process_trees  # noqa: PLC0415
         from pytest_shutdown.resources.processes import ProcessKind, parent_pids  # noqa: PLC0415
 
         kind = self._by_name.get("processes")
@@ -1364,7 +1364,7 @@ def _its_own_to_stop(owned: _Owned) -> None:
     if not pids:
         return
     from pytest_shutdown._os.killer import record_ordered_end, tree_of  # noqa: PLC0415
-    from pytest_shutdown.checks.leaks import process_running  # noqa: PLC0415
+    from pytest_shutdown.resources.primitives import process_running  # noqa: PLC0415
 
     tree = [m for pid in pids for m in tree_of(pid) if process_running(m)]
     record_ordered_end(tree, f"the teardown of fixture {owned.fixture!r} ({owned.scope} scope)")

@@ -106,7 +106,7 @@ PYTHON_TID_LIMIT = 4096
 _native_runs: OrderedDict[int, Any] = OrderedDict()
 #: The same ids in the order their threads started (the last ones), and how many threads were
 #: started in all: what a move of ``ns_last_pid`` is made of when this process created nothing
-#: else (:func:`pytest_shutdown.checks.leaks.descendant_pids`).
+#: else (:func:`pytest_shutdown.resources.primitives.descendant_pids`).
 _recent_tids: deque[int] = deque(maxlen=64)
 _tids_started = 0
 _originals: dict[str, Any] = {}

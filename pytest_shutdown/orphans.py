@@ -16,9 +16,9 @@ from pytest_shutdown.lazy_exports import lazy_exports
 _LAZY: dict[str, str] = {
     "TreeLauncher": "pytest_shutdown.checks.tree_launcher",
     "TreeProcess": "pytest_shutdown.checks.tree",
-    "report_phase": "pytest_shutdown.checks.phases",
-    "wanted_phase": "pytest_shutdown.checks.phases",
-    "kill_process_trees": "pytest_shutdown.checks.leaks",
+    "report_phase": "pytest_shutdown._os.phases",
+    "wanted_phase": "pytest_shutdown._os.phases",
+    "kill_process_trees": "pytest_shutdown.resources.primitives",
 }
 
 __all__ = [
@@ -34,7 +34,7 @@ __getattr__, __dir__ = lazy_exports('pytest_shutdown.orphans', _LAZY, globals())
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.checks.leaks import kill_process_trees
-    from pytest_shutdown.checks.phases import report_phase, wanted_phase
+    from pytest_shutdown._os.phases import report_phase, wanted_phase
     from pytest_shutdown.checks.tree import TreeProcess
     from pytest_shutdown.checks.tree_launcher import TreeLauncher
+    from pytest_shutdown.resources.primitives import kill_process_trees

@@ -895,7 +895,7 @@ def _forward_owners(
 ) -> dict[Any, Owner]:
     """Search forwards from each owner candidate (fixtures first, then module globals) for the
     targets, one shared visited set and node budget: what an earlier root reaches is its."""
-    from pytest_shutdown.checks.backrefs import _edges  # noqa: PLC0415 - only when frozen
+    from pytest_shutdown.backrefs import _edges  # noqa: PLC0415 - only when frozen
 
     wanted: dict[int, list[Any]] = {}
     for key, target in targets.items():

@@ -37,7 +37,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pytest_shutdown.budget import reset_async_exc_flag
+from pytest_shutdown._os.async_exc import reset_async_exc_flag
 
 #: Method names that mark an object as a resource with a cleanup.
 CLEANUP_METHODS: tuple[str, ...] = ("close", "shutdown", "terminate", "release", "stop")
@@ -578,7 +578,7 @@ class CleanupCounter:
         restored on exit, also when the block raises. On CPython 3.11 a stuck async-exception
         flag (left by anyone clearing a thread's async exception) is reset first: with it, the
         first profiled Python call would spin forever (see
-        :data:`pytest_shutdown.budget.STALE_ASYNC_EXC_LOOPS`).
+        :data:`pytest_shutdown._os.async_exc.STALE_ASYNC_EXC_LOOPS`).
         """
         with self._lock:
             if round_name not in self._rounds:

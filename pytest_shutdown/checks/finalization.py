@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from pytest_shutdown import atexit_calls
-from pytest_shutdown.checks.backrefs import (
+from pytest_shutdown.backrefs import (
     GRAPHS,
     backref_chain,
     draw_backrefs,
@@ -122,7 +122,7 @@ def assert_finalizes_on_gc(
     ``graphs_dir``: on a failed collection, also draw the object's referrers there
     (``objgraph.show_backrefs``; a PNG with graphviz's ``dot``, else the ``.dot`` source) while
     the object is still alive; the finding's ``details["graph"]`` names the files. Default: the
-    folder set by :func:`pytest_shutdown.checks.backrefs.configure_graphs` (the plugin's
+    folder set by :func:`pytest_shutdown.backrefs.configure_graphs` (the plugin's
     ``--shutdown-graphs=DIR``), else no picture.
     """
     __tracebackhide__ = True  # a failure points at the caller's line

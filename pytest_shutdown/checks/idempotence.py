@@ -170,7 +170,7 @@ def _one_call(
         try:
             bound()
         except BaseException as exc:  # noqa: BLE001 - reported as data, never swallowed silently
-            from pytest_shutdown.budget import ShutdownBudgetExceeded  # noqa: PLC0415
+            from pytest_shutdown._os.async_exc import ShutdownBudgetExceeded  # noqa: PLC0415
 
             # Interruptions are not the shutdown raising: a teardown budget cuts the check short.
             if isinstance(exc, (KeyboardInterrupt, SystemExit, ShutdownBudgetExceeded)):

@@ -23,27 +23,14 @@ reader with ``name`` and ``used_bytes()`` (see :class:`pytest_shutdown.devices.M
 
 from __future__ import annotations
 
-import fnmatch
 import gc
 import math
-import os
-import sys
-import threading
 import time
-import traceback
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from collections.abc import Set as AbstractSet
-from dataclasses import field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
-from pytest_shutdown import origins
-from pytest_shutdown._os import escaped
-from pytest_shutdown.checks.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown.findings import Finding, ShutdownContractError
-from pytest_shutdown.forks import this_pid
-from pytest_shutdown.held_open import read_held
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.moments import reading
+from pytest_shutdown.hidden import contextmanager  # no contextlib frame on failure
 
 if TYPE_CHECKING:  # pragma: no cover
 
@@ -66,673 +53,91 @@ __all__ = [
     "thread_name",
 ]
 
-#: A predicate that returns True for a thread that must not be reported.
-ThreadFilter = Callable[[threading.Thread], bool]
-#: One entry of ``allow=``: a glob pattern matched against the thread name, or a predicate.
-AllowRule = str | ThreadFilter
-
-#: Threads whose name starts with this prefix belong to pytest-shutdown itself (watchdogs); they
-#: are never reported.
-OWN_THREAD_PREFIX = "pytest-shutdown"
-
-#: Frames kept per thread stack in a finding (the innermost ones).
-STACK_LIMIT = 40
-
-#: How long to wait for leaked-looking threads and processes before paying for one gc.collect():
-#: an executor dropped without shutdown() ends its workers only when it is collected.
-_COLLECT_AFTER_S = 0.05
-
-#: psutil.STATUS_ZOMBIE and psutil.STATUS_DEAD (psutil is imported only when a child exists).
-_PROCESS_STATES_ENDED = frozenset({"zombie", "dead"})
-
-
-@lazy_dataclass(frozen=True)
-class LeakSnapshot:
-    """What existed when the snapshot was taken.
-
-    ``threads`` holds the live ``threading.Thread`` objects (identity, not ident: idents are
-    reused); ``pids`` the live descendant processes (recursive), empty when this process had no
-    child at all; ``freeze_count`` is ``gc.get_freeze_count()``.
-    """
-
-    threads: frozenset[threading.Thread]
-    pids: frozenset[int]
-    freeze_count: int
-    taken_at: float = field(default_factory=time.monotonic, compare=False)
-
-
-@lazy_dataclass(frozen=True)
-class Started:
-    """Threads and processes started after a snapshot that are still running."""
-
-    threads: tuple[threading.Thread, ...] = ()
-    pids: tuple[int, ...] = ()
-
-    def __bool__(self) -> bool:
-        return bool(self.threads or self.pids)
-
-    def without(
-        self, threads: Iterable[threading.Thread] = (), pids: Iterable[int] = ()
-    ) -> Started:
-        """Return a copy without the given threads and pids (e.g. those owned by a fixture)."""
-        skip_threads = set(threads)
-        skip_pids = set(pids)
-        return Started(
-            tuple(t for t in self.threads if t not in skip_threads),
-            tuple(p for p in self.pids if p not in skip_pids),
-        )
-
-
-# --- snapshots -------------------------------------------------------------------------------
-
-
-def child_state() -> int | None:
-    """One ``waitid(WNOHANG | WNOWAIT)``: None when this process has no child at all, 0 when it
-    has children and none has ended, else the pid of an ended child not reaped yet (a zombie).
-    Inside :func:`pytest_shutdown.moments.one_moment`, read once."""
-    return reading("child_state", _read_child_state)
-
-
-def _read_child_state() -> int | None:
-    waitid = getattr(os, "waitid", None)
-    if waitid is None:  # pragma: no cover - not Unix
-        return 0
-    try:
-        info = waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return None
-    except OSError:  # pragma: no cover - e.g. EINTR; be safe and look
-        return 0
-    return info.si_pid if info is not None else 0
-
-
-def _may_have_children() -> bool:
-    """Return False only when this process certainly has no child process (one system call)."""
-    return child_state() is not None
-
-
-#: The last pid the kernel allocated in this pid namespace (Linux). While it has not moved, no
-#: process (nor thread) was created anywhere, so no new descendant can exist.
-_LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
-#: (this process's pid, ns_last_pid at the scan, the descendants found by that scan, how many
-#: threads this process had started then)
-_scan_cache: tuple[int, bytes, frozenset[int], int] | None = None
-
-
-def last_pid() -> bytes | None:
-    """The last pid (or tid) the kernel allocated in this pid namespace; None where it cannot be
-    read. Inside :func:`pytest_shutdown.moments.one_moment`, read once."""
-    return reading("ns_last_pid", _last_pid)
-
-
-def _last_pid() -> bytes | None:
-    """``ns_last_pid`` now: one ``pread`` of the file held open."""
-    return read_held(_LAST_PID_PATH, 32)
-
-
-def own_tasks() -> list[str]:
-    """The tids of this process's tasks (the names in ``/proc/self/task``; none where it cannot
-    be listed). Inside :func:`pytest_shutdown.moments.one_moment`, listed once: the descendants'
-    walk and the native threads kind both read it."""
-    return reading("own_tasks", _list_own_tasks)
-
-
-def _list_own_tasks() -> list[str]:
-    try:
-        return os.listdir("/proc/self/task")
-    except OSError:
-        return []
-
-
-def _children_of(pid: int, own: bool = False) -> list[int] | None:
-    """The children of ``pid`` (this process's when ``own``) from ``/proc/PID/task/*/children``
-    (each thread lists the children it forked); None where the kernel has no such file."""
-    try:
-        tids = own_tasks() if own else os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []  # gone
-    found: list[int] = []
-    for tid in tids:
-        try:
-            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
-        except FileNotFoundError:
-            if tid == str(pid) and os.path.isdir(f"/proc/{pid}/task/{tid}"):
-                return None  # the kernel was built without CONFIG_PROC_CHILDREN
-            continue
-        except OSError:
-            continue
-        try:
-            data = os.read(fd, 65536)
-            while len(data) % 65536 == 0 and data:  # a very wide tree: read on
-                more = os.read(fd, 65536)
-                if not more:
-                    break
-                data += more
-        except OSError:
-            data = b""
-        finally:
-            os.close(fd)
-        found.extend(int(p) for p in data.split())
-    return found
-
-
-def _walk_descendants(pid: int) -> frozenset[int] | None:
-    """Every descendant of ``pid``, walking the children lists down from it: the cost follows
-    this process's own descendants, never the host's process table. None where the kernel does
-    not list children (the caller scans the table instead)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    seen: set[int] = set()
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        children = _children_of(parent, own=parent == pid and pid == this_pid())
-        if children is None:
-            return None
-        for child in children:
-            if child not in seen:
-                seen.add(child)
-                stack.append(child)
-    return frozenset(seen)
-
-
-def descendant_pids() -> frozenset[int]:
-    """Return the pids of this process's descendants (recursive); cheap when nothing changed.
-
-    No child at all: one ``waitid`` call. Children, but no pid allocated since the last scan
-    (``ns_last_pid`` unchanged), or each one allocated since went to a thread this process
-    started or (a few, each looked up) to another process's family
-    (:func:`nothing_of_ours_since`): the last scan's answer. Otherwise, on Linux, a walk down the
-    children lists from this process (``/proc/PID/task/TID/children``: the cost follows this
-    process's descendants, not the host); elsewhere a process-table scan (psutil). Inside
-    :func:`pytest_shutdown.moments.one_moment`, read once.
-    """
-    return reading("descendant_pids", _read_descendants)
-
-
-def _read_descendants() -> frozenset[int]:
-    """The tree walk's answer, with the session's processes that left the tree (found by the
-    session marker while the guard contains without a subreaper:
-    :mod:`pytest_shutdown._os.escaped`)."""
-    tree = _read_descendant_pids()
-    if escaped.watching():
-        return tree | escaped.escaped_processes(tree, last_pid())
-    return tree
-
-
-def cached_descendants(marker: bytes) -> frozenset[int] | None:
-    """This process's descendants as the last scan at ``ns_last_pid`` == ``marker`` found them
-    (nothing was created since, so none is new); None when no scan was made at ``marker``."""
-    cached = _scan_cache
-    if cached is None or cached[1] != marker or cached[0] != this_pid():
-        return None
-    return cached[2]
-
-
-#: Pids allocated elsewhere that a check looks up one by one (``/proc/PID/stat``: whose child
-#: it is) before walking this process's descendants afresh is the cheaper answer: on a host
-#: whose processes come and go, a test sees a few; many at once are worth a walk.
-FOREIGN_LOOKUPS = 8
-#: What :func:`_parent_of` answers for a task it could not read (``-1`` is no pid).
-_UNREADABLE = -1
-
-
-def nothing_of_ours_since(
-    then: bytes, started: int, now: bytes, descendants: AbstractSet[int] | None = None
-) -> bool:
-    """Whether no task created since ``ns_last_pid`` read ``then`` until it read ``now`` is
-    this process's or its descendants'. The kernel allocates pids upwards from
-    ``ns_last_pid``, so every task created in between has a number in ``(then, now]``; each
-    must be a thread this process started (``started``:
-    :func:`pytest_shutdown.origins.threads_started` read before ``then``), or, with
-    ``descendants`` given (this process's descendants at ``then``) and at most
-    :data:`FOREIGN_LOOKUPS` of them, a task that is gone or whose parent is neither this
-    process, nor one of ``descendants``, nor this process's own parent (the parent that a
-    thread of this process names). A host whose processes come and go then costs a lookup per
-    pid it allocated, not a walk of the descendants and a listing of the tasks.
-
-    A task of another process that a descendant of ours created and then left (orphaned)
-    names its new parent: this process where it is a subreaper (containment), else a process
-    that no walk down from this process would have reached either."""
-    try:
-        start, end = int(then), int(now)
-    except ValueError:
-        return False
-    tids = origins.tids_started_since(started)
-    if tids is None:
-        return False
-    lookups = FOREIGN_LOOKUPS if descendants is not None else 0
-    if not 0 < end - start <= len(tids) + lookups:
-        return False  # more allocated than that, or the pids wrapped around
-    own = set(tids)
-    others = [pid for pid in range(start + 1, end + 1) if pid not in own]
-    if not others:
-        return True
-    if len(others) > lookups or descendants is None:
-        return False
-    ours = {this_pid(), os.getppid(), _UNREADABLE}
-    for pid in others:
-        parent = _parent_of(pid)  # None: gone, whatever it was
-        if parent is not None and (
-            parent in ours or parent in descendants or escaped.carries_marker(pid)
-        ):
-            return False
-    return True
-
-
-def _parent_of(pid: int) -> int | None:
-    """The parent of task ``pid`` (``/proc/PID/stat``, field 4: for a thread, its process's
-    parent); None when it is gone, :data:`_UNREADABLE` when it cannot be read."""
-    from pytest_shutdown.containment import stat_fields  # noqa: PLC0415 - its prctl: guard only
-
-    try:
-        fields = stat_fields(pid)
-    except OSError:
-        return _UNREADABLE
-    if fields is None:
-        return None
-    try:
-        return int(fields[1])
-    except (IndexError, ValueError):
-        return _UNREADABLE
-
-
-def descendants_if_nothing_of_ours(marker: bytes, started: int) -> frozenset[int] | None:
-    """The last scan's descendants, kept as the answer at ``ns_last_pid`` == ``marker`` when
-    no task created since that scan is this process's or a descendant's
-    (:func:`nothing_of_ours_since`); ``started`` is
-    :func:`pytest_shutdown.origins.threads_started` read before ``marker``. None when that is
-    not so: a walk is needed."""
-    global _scan_cache
-    cached = _scan_cache
-    pid = this_pid()
-    if cached is None or cached[0] != pid:
-        return None
-    # No descendant at the last scan: no pid is looked up, one ``waitid`` (no child now, no
-    # descendant) answers for all of them.
-    if not nothing_of_ours_since(cached[1], cached[3], marker, cached[2] or None):
-        return None
-    _scan_cache = (pid, marker, cached[2], started)
-    return cached[2]
-
-
-def _read_descendant_pids() -> frozenset[int]:
-    global _scan_cache
-    pid = this_pid()
-    started = origins.threads_started()  # before the marker: a thread started now is not ours
-    marker = last_pid()  # read before scanning: a process created during the scan moves it
-    kept = descendants_if_nothing_of_ours(marker, started) if marker is not None else None
-    if kept is not None:
-        return kept
-    cached = _scan_cache
-    unmoved = marker is not None and cached is not None and cached[:2] == (pid, marker)
-    if unmoved and cached is not None and not cached[2]:
-        return cached[2]  # no child then, and no pid allocated anywhere since: none now
-    if not _may_have_children():
-        _scan_cache = (pid, marker, frozenset(), started) if marker is not None else None
-        return frozenset()
-    if unmoved and cached is not None:
-        return cached[2]
-    walked = _walk_descendants(pid)
-    if walked is None:  # no /proc/PID/task/TID/children here: psutil scans the process table
-        import psutil  # noqa: PLC0415 - only paid for when a child process exists
-
-        try:
-            children = psutil.Process().children(recursive=True)
-        except psutil.Error:  # pragma: no cover - /proc unreadable
-            return frozenset()
-        walked = frozenset(child.pid for child in children)
-    found = walked
-    _scan_cache = (pid, marker, found, started) if marker is not None else None
-    return found
-
-
-def take_snapshot(*, threads: bool = True, processes: bool = True) -> LeakSnapshot:
-    """Record the live threads, descendant processes and the gc freeze count."""
-    return LeakSnapshot(
-        threads=frozenset(threading.enumerate()) if threads else frozenset(),
-        pids=descendant_pids() if processes else frozenset(),
-        freeze_count=gc.get_freeze_count(),
-    )
-
-
-# --- what was started ------------------------------------------------------------------------
-
-
-def thread_filter(allow: Iterable[AllowRule] = ()) -> ThreadFilter:
-    """Compile ``allow=`` into one predicate: True for a thread that must not be reported.
-
-    A string is a glob pattern (``fnmatch``, case-sensitive) matched against the thread's name,
-    e.g. ``"pydevd.*"`` or ``"ThreadPoolExecutor-*"``; a callable receives the
-    ``threading.Thread`` and returns True to ignore it. pytest-shutdown's own threads (names
-    starting with ``pytest-shutdown``) are always ignored.
-    """
-    patterns: list[str] = []
-    predicates: list[ThreadFilter] = []
-    for rule in allow:
-        if isinstance(rule, str):
-            patterns.append(rule)
-        elif callable(rule):
-            predicates.append(rule)
-        else:
-            raise TypeError(
-                f"allow: {rule!r} is neither a thread-name glob pattern (str) nor a predicate "
-                "taking a threading.Thread"
-            )
-
-    def allowed(thread: threading.Thread) -> bool:
-        name = thread_name(thread)
-        if name.startswith(OWN_THREAD_PREFIX):
-            return True
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns):
-            return True
-        return any(predicate(thread) for predicate in predicates)
-
-    return allowed
-
-
-def _thread_running(thread: threading.Thread) -> bool:
-    # Foreign threads seen through threading (_DummyThread) can be neither joined nor tracked.
-    return (
-        thread.is_alive()
-        and thread is not threading.current_thread()
-        and not isinstance(thread, threading._DummyThread)
-    )
-
-
-def _process_running(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (ended, not yet reaped by its owner) has ended. Read
-    from ``/proc/PID/stat`` (importing psutil would cost the first session that has a child
-    several milliseconds); psutil where there is no ``/proc``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        if os.path.exists("/proc/self/stat"):
-            return False  # gone (reaped)
-        data = None
-    except OSError:
-        data = None
-    if data is not None:
-        end = data.rfind(b")")
-        return data[end + 2 : end + 3] not in (b"Z", b"X", b"x")
-    import psutil  # noqa: PLC0415 - no /proc here
-
-    try:
-        return psutil.Process(pid).status() not in _PROCESS_STATES_ENDED
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:  # pragma: no cover - access denied: it exists
-        return True
-
-
-def process_running(pid: int) -> bool:
-    """True while the process ``pid`` runs (a zombie has ended)."""
-    return _process_running(pid)
-
-
-def started_since(
-    before: LeakSnapshot,
-    *,
-    threads: bool = True,
-    processes: bool = True,
-    allow: ThreadFilter | None = None,
-) -> Started:
-    """Return the threads and processes started after ``before`` and still running now.
-
-    Cheap: no process-table scan unless this process has a child, no waiting.
-    """
-    new_threads: tuple[threading.Thread, ...] = ()
-    if threads:
-        new_threads = tuple(
-            t
-            for t in threading.enumerate()
-            if t not in before.threads and _thread_running(t) and not (allow and allow(t))
-        )
-    new_pids: tuple[int, ...] = ()
-    if processes:
-        now = descendant_pids()
-        if now:
-            fresh = now - before.pids - multiprocessing_helper_pids()
-            new_pids = tuple(sorted(p for p in fresh if _process_running(p)))
-    return Started(new_threads, new_pids)
-
-
-#: The last part of the name of a module that keeps a process-lifetime helper in a module global:
-#: multiprocessing's and every fork's (``multiprocess``, loky, joblib's vendored loky, ...).
-HELPER_MODULE_NAMES = ("resource_tracker", "forkserver", "resource_sharer")
-
-#: last parts -> (len(sys.modules) when listed, the names of the modules so named then)
-_modules_named_seen: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {}
-
-
-def modules_named(*last: str) -> tuple[str, ...]:
-    """The names of the loaded modules whose last part is one of ``last``, whatever package
-    they are in. Listed again only after an import (cheap: one pass over ``sys.modules``)."""
-    seen = _modules_named_seen.get(last)
-    count = len(sys.modules)
-    if seen is not None and seen[0] == count:
-        return seen[1]
-    names = tuple(name for name in list(sys.modules) if name.rpartition(".")[2] in last)
-    _modules_named_seen[last] = (count, names)
-    return names
-
-
-def helper_module_names() -> tuple[str, ...]:
-    """The names of the loaded modules called ``resource_tracker``, ``forkserver`` or
-    ``resource_sharer``, whatever package they are in."""
-    return modules_named(*HELPER_MODULE_NAMES)
-
-
-def process_lifetime_helpers() -> list[object]:
-    """The process-lifetime helper objects of multiprocessing and of every fork of it.
-
-    Recognised by what they are, not by a list of packages: a module global of a module named
-    ``resource_tracker``/``forkserver``/``resource_sharer`` (any package) that is an instance of
-    a class that module defines (``ResourceTracker``, ``ForkServer``, ``_ResourceSharer``).
-    """
-    found: list[object] = []
-    for name in helper_module_names():
-        namespace = getattr(sys.modules.get(name), "__dict__", None)
-        if not isinstance(namespace, dict):
-            continue
-        for value in list(namespace.values()):
-            if getattr(type(value), "__module__", None) == name and not isinstance(value, type):
-                found.append(value)
-    return found
-
-
-def helper_numbers(helper: object, suffix: str) -> set[int]:
-    """The non-negative ints ``helper`` keeps in attributes named ``*<suffix>`` (``_pid``,
-    ``_forkserver_pid``; ``_fd``, ``_forkserver_alive_fd``)."""
-    try:
-        attrs = vars(helper)
-    except TypeError:
-        return set()
-    return {
-        value
-        for attr, value in list(attrs.items())
-        if attr.endswith(suffix) and type(value) is int and value >= 0
-    }
-
-
-def multiprocessing_helper_pids() -> frozenset[int]:
-    """Pids of this process's fork servers and resource trackers, if running.
-
-    Each is started on first use and lives as long as this process by design: never a test's
-    leak (the processes a fork server starts are, and stay checked). The standard library's,
-    loky's (also joblib's vendored copy), ``multiprocess``'s and any other fork's alike: see
-    :func:`process_lifetime_helpers`. loky's and the trackers are started with a bare
-    fork/exec, so no Process object leads the ownership search to them.
-    """
-    pids: set[int] = set()
-    for helper in process_lifetime_helpers():
-        pids.update(p for p in helper_numbers(helper, "pid") if p > 0)
-    return frozenset(pids)
-
-
-def await_exit(started: Started, grace: float, *, collect: bool = True) -> Started:
-    """Wait up to ``grace`` seconds (one deadline) for ``started`` to end; return what is left.
-
-    Threads are joined (a join returns as soon as its thread ends), processes are polled without
-    reaping them (their owners still need their exit status). When something is still running
-    after a short wait, one ``gc.collect()`` runs, since dropped executors stop their workers
-    only when collected (``collect=False`` skips it).
-    """
-    deadline = time.monotonic() + max(grace, 0.0)
-    collect_at = time.monotonic() + _COLLECT_AFTER_S
-    left = started
-    delay = 0.002
-    while True:
-        threads = tuple(t for t in left.threads if _thread_running(t))
-        pids = tuple(p for p in left.pids if _process_running(p))
-        left = Started(threads, pids)
-        now = time.monotonic()
-        if not left or now >= deadline:
-            return left
-        if collect and now >= collect_at:
-            collect = False
-            gc.collect()
-            continue
-        step = min(delay, deadline - now)
-        if threads:
-            threads[0].join(step)
-        else:
-            time.sleep(step)
-        delay = min(delay * 2, 0.05)
-
-
-# --- findings --------------------------------------------------------------------------------
-
-
-def thread_name(thread: threading.Thread) -> str:
-    """``thread.name``, or what ``threading`` stored, for a subclass whose ``name`` raises: a
-    hostile object is opaque to the guard, never the guard's error."""
-    try:
-        return str(thread.name)
-    except Exception:  # noqa: BLE001 - any error of the user's property
-        stored = vars(thread).get("_name")
-        if isinstance(stored, str):
-            return stored
-        return f"<{type(thread).__name__}, name unreadable>"
-
-
-def _thread_daemon(thread: threading.Thread) -> bool | None:
-    try:
-        return bool(thread.daemon)
-    except Exception:  # noqa: BLE001 - a subclass's property
-        return None
-
-
-def _thread_record(thread: threading.Thread, frames: dict[int, Any]) -> dict[str, Any]:
-    frame = frames.get(thread.ident) if thread.ident is not None else None
-    stack = "".join(traceback.format_stack(frame)[-STACK_LIMIT:]) if frame is not None else ""
-    origin = origins.origin_of_thread(thread)
-    return {
-        "name": thread_name(thread),
-        "ident": thread.ident,
-        "daemon": _thread_daemon(thread),
-        "stack": stack,
-        **(origin.to_dict() if origin is not None else {}),
-    }
-
-
-def _process_record(pid: int) -> dict[str, Any]:
-    import psutil  # noqa: PLC0415
-
-    record: dict[str, Any] = {"pid": pid, "name": None, "cmdline": [], "ppid": None}
-    origin = origins.origin_of_process(pid)
-    if origin is not None:  # what started it: the Process name and target, the creating code
-        record.update(origin.to_dict())
-    try:
-        proc = psutil.Process(pid)
-        with proc.oneshot():
-            record["name"] = proc.name()
-            record["ppid"] = proc.ppid()
-            record["cmdline"] = proc.cmdline()
-    except psutil.Error:
-        pass
-    return record
-
-
-def _after(grace: float) -> str:
-    """When something was found still running: after a grace, or at once (none was given)."""
-    return f"after the {grace:g} s grace" if grace > 0 else "(no grace was given)"
-
-
-def leak_findings(
-    left: Started,
-    *,
-    grace: float,
-    subject: str = "the block",
-    freeze_before: int | None = None,
-    freeze_after: int | None = None,
-    extra: dict[str, Any] | None = None,
-) -> list[Finding]:
-    """Render what is left as findings: ``thread-leak``, ``process-leak``, ``gc-frozen-leak``.
-
-    ``subject`` names where things were started (``"test_x"``, ``"fixture 'engine'"``); ``extra``
-    is merged into every finding's details (e.g. the owner of the leak).
-    """
-    findings: list[Finding] = []
-    extra = dict(extra or {})
-    if left.threads:
-        frames = sys._current_frames()
-        records = [_thread_record(t, frames) for t in left.threads]
-        blocks = " (non-daemon: it blocks the interpreter's exit)"
-        names = ", ".join(repr(r["name"]) + ("" if r["daemon"] else blocks) for r in records)
-        count = len(records)
-        findings.append(
-            Finding(
-                "thread-leak",
-                f"{count} thread{'s' if count != 1 else ''} started in {subject} still "
-                f"running {_after(grace)}: {names}.",
-                {"threads": records, "grace_s": grace, **extra},
-            )
-        )
-    if left.pids:
-        records = [_process_record(pid) for pid in left.pids]
-        described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in records)
-        count = len(records)
-        findings.append(
-            Finding(
-                "process-leak",
-                f"{count} child process{'es' if count != 1 else ''} started in {subject} still "
-                f"running {_after(grace)}: {described}.",
-                {"processes": records, "grace_s": grace, **extra},
-            )
-        )
-    # Only growth is a leak: frozen objects that die leave the permanent generation, so the count
-    # drifts down by itself while something else holds a freeze.
-    if freeze_before is not None and freeze_after is not None and freeze_after > freeze_before:
-        findings.append(
-            Finding(
-                "gc-frozen-leak",
-                f"gc.get_freeze_count() went from {freeze_before} to {freeze_after} in "
-                f"{subject}: a gc.freeze() was left behind.",
-                {"before": freeze_before, "after": freeze_after, **extra},
-            )
-        )
-    return findings
-
-
-# --- restoring order -------------------------------------------------------------------------
-
-
-def kill_process_trees(
-    pids: Iterable[int], *, timeout: float = 5.0, why: str = "kill_process_trees"
-) -> list[dict[str, Any]]:
-    """SIGKILL each process and all its descendants; wait (one deadline) until they have ended.
-
-    Processes are not reaped: their owners (``subprocess``, ``multiprocessing``) still collect
-    the exit status. Every kill goes through the one tree killer
-    (:func:`pytest_shutdown._os.killer.kill_trees`), which records it (``why``): a death asked
-    for is never collateral. Returns one record per process killed (pid, name, command line).
-    """
-    from pytest_shutdown._os.killer import kill_trees  # noqa: PLC0415
-
-    return kill_trees(pids, why=why, timeout=timeout, describe=_process_record)
-
+# Moved to pytest_shutdown.resources.primitives (issue 47); importable from here as before.
+from pytest_shutdown.resources.primitives import (
+    FOREIGN_LOOKUPS as FOREIGN_LOOKUPS,
+)
+from pytest_shutdown.resources.primitives import (
+    HELPER_MODULE_NAMES as HELPER_MODULE_NAMES,
+)
+from pytest_shutdown.resources.primitives import (
+    OWN_THREAD_PREFIX as OWN_THREAD_PREFIX,
+)
+from pytest_shutdown.resources.primitives import (
+    STACK_LIMIT as STACK_LIMIT,
+)
+from pytest_shutdown.resources.primitives import (
+    AllowRule as AllowRule,
+)
+from pytest_shutdown.resources.primitives import (
+    LeakSnapshot as LeakSnapshot,
+)
+from pytest_shutdown.resources.primitives import (
+    Started as Started,
+)
+from pytest_shutdown.resources.primitives import (
+    ThreadFilter as ThreadFilter,
+)
+from pytest_shutdown.resources.primitives import (
+    await_exit as await_exit,
+)
+from pytest_shutdown.resources.primitives import (
+    cached_descendants as cached_descendants,
+)
+from pytest_shutdown.resources.primitives import (
+    child_state as child_state,
+)
+from pytest_shutdown.resources.primitives import (
+    descendant_pids as descendant_pids,
+)
+from pytest_shutdown.resources.primitives import (
+    descendants_if_nothing_of_ours as descendants_if_nothing_of_ours,
+)
+from pytest_shutdown.resources.primitives import (
+    helper_module_names as helper_module_names,
+)
+from pytest_shutdown.resources.primitives import (
+    helper_numbers as helper_numbers,
+)
+from pytest_shutdown.resources.primitives import (
+    kill_process_trees as kill_process_trees,
+)
+from pytest_shutdown.resources.primitives import (
+    last_pid as last_pid,
+)
+from pytest_shutdown.resources.primitives import (
+    leak_findings as leak_findings,
+)
+from pytest_shutdown.resources.primitives import (
+    modules_named as modules_named,
+)
+from pytest_shutdown.resources.primitives import (
+    multiprocessing_helper_pids as multiprocessing_helper_pids,
+)
+from pytest_shutdown.resources.primitives import (
+    nothing_of_ours_since as nothing_of_ours_since,
+)
+from pytest_shutdown.resources.primitives import (
+    own_tasks as own_tasks,
+)
+from pytest_shutdown.resources.primitives import (
+    process_lifetime_helpers as process_lifetime_helpers,
+)
+from pytest_shutdown.resources.primitives import (
+    process_running as process_running,
+)
+from pytest_shutdown.resources.primitives import (
+    started_since as started_since,
+)
+from pytest_shutdown.resources.primitives import (
+    take_snapshot as take_snapshot,
+)
+from pytest_shutdown.resources.primitives import (
+    thread_filter as thread_filter,
+)
+from pytest_shutdown.resources.primitives import (
+    thread_name as thread_name,
+)
 
 # --- the helper ------------------------------------------------------------------------------
 

@@ -41,17 +41,17 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from pytest_shutdown._os.killer import kill_trees
+from pytest_shutdown._os.phases import (
+    WANTED_PHASE_ENV,
+    declared_phases,
+    phase_pattern,
+    reported_phases,
+)
 from pytest_shutdown.checks.collectives import (
     collective_hang_finding,
     collective_wait,
     rank_of,
     read_environ,
-)
-from pytest_shutdown.checks.phases import (
-    WANTED_PHASE_ENV,
-    declared_phases,
-    phase_pattern,
-    reported_phases,
 )
 from pytest_shutdown.checks.tree import TreeProcess, TreeResources, scan_tree, wait_gone
 from pytest_shutdown.checks.tree_launcher import RunRequest, TreeLauncher

@@ -38,7 +38,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pytest_shutdown._os.killer import kill_trees
-from pytest_shutdown.checks.phases import WANTED_PHASE_ENV
+from pytest_shutdown._os.phases import WANTED_PHASE_ENV
 from pytest_shutdown.checks.tree import TREE_MARKER_ENV, scan_tree
 from pytest_shutdown.prctl import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
 

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_shutdown.checks.phases import phase_pattern, report_phase, wanted_phase
+from pytest_shutdown._os.phases import phase_pattern, report_phase, wanted_phase
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.faults import ChildFaults
 from pytest_shutdown.engine.lifeline import set_process_name

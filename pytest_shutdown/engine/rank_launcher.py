@@ -34,7 +34,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from pytest_shutdown.checks.phases import report_phase, wanted_phase
+from pytest_shutdown._os.phases import report_phase, wanted_phase
 from pytest_shutdown.engine.distributed import (
     CollectiveWatchdog,
     GroupDeadlines,

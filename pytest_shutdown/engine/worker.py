@@ -36,7 +36,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, NoReturn
 
-from pytest_shutdown.checks.phases import report_phase, wanted_phase
+from pytest_shutdown._os.phases import report_phase, wanted_phase
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.distributed import (
     CollectiveWatchdog,

@@ -164,8 +164,8 @@ def helper_fds() -> frozenset[int]:
     (started on first use, kept until exit by design): never a test's leak. A resource tracker's
     pipe (``_fd``), a fork server's lifeline (``_forkserver_alive_fd``), whatever package the
     ``resource_tracker``/``forkserver`` module is in (see
-    :func:`~pytest_shutdown.checks.leaks.process_lifetime_helpers`)."""
-    from pytest_shutdown.checks.leaks import (  # noqa: PLC0415 - only when something is new
+    :func:`~pytest_shutdown.resources.primitives.process_lifetime_helpers`)."""
+    from pytest_shutdown.resources.primitives import (  # noqa: PLC0415 - only when something is new
         helper_numbers,
         process_lifetime_helpers,
     )
@@ -206,7 +206,7 @@ def finalizer_fds() -> frozenset[int]:
     process's sentinel and pipe ends (``util.Finalize(popen, util.close_fds, fds)``). They live
     exactly as long as the ``Process`` object that holds them: the object's holder owns them,
     not the test."""
-    from pytest_shutdown.checks.leaks import modules_named  # noqa: PLC0415
+    from pytest_shutdown.resources.primitives import modules_named  # noqa: PLC0415
 
     found: set[int] = set()
     for name in modules_named("util"):  # multiprocessing's, and every fork's (multiprocess)

@@ -6,9 +6,9 @@ import gc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_shutdown.checks.leaks import Started, leak_findings
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.resources.base import Change, StateKind
+from pytest_shutdown.resources.primitives import Started, leak_findings
 
 __all__ = ["FreezeKind"]
 

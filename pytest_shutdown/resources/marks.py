@@ -45,16 +45,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from pytest_shutdown import atexit_calls
-from pytest_shutdown.checks.leaks import (
+from pytest_shutdown.held_open import held_open
+from pytest_shutdown.moments import one_moment
+from pytest_shutdown.origins import threads_started
+from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR
+from pytest_shutdown.resources.primitives import (
     cached_descendants,
     descendant_pids,
     descendants_if_nothing_of_ours,
     nothing_of_ours_since,
 )
-from pytest_shutdown.held_open import held_open
-from pytest_shutdown.moments import one_moment
-from pytest_shutdown.origins import threads_started
-from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR
 
 __all__ = ["MARKS", "FingerprintPass"]
 

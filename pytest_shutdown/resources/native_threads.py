@@ -27,11 +27,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown import origins
-from pytest_shutdown.checks.leaks import last_pid, nothing_of_ours_since, own_tasks
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.forks import this_pid
 from pytest_shutdown.origins import python_thread_tid
 from pytest_shutdown.resources.base import Allowance, ObjectKind, after_grace
+from pytest_shutdown.resources.primitives import last_pid, nothing_of_ours_since, own_tasks
 
 __all__ = ["DEFAULT_ALLOWED", "NativeThreadKind"]
 

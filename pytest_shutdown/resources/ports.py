@@ -17,7 +17,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from pytest_shutdown.checks.leaks import descendant_pids, multiprocessing_helper_pids
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.resources import _cheap
@@ -30,6 +29,7 @@ from pytest_shutdown.resources.fds import (
     new_fds,
     take_fd_snapshot,
 )
+from pytest_shutdown.resources.primitives import descendant_pids, multiprocessing_helper_pids
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.resources.sockets import SocketInfo
@@ -248,7 +248,7 @@ class PortKind:
         }
         others = [item for item in items if item.pid != me]
         if others:
-            from pytest_shutdown.checks.tree import read_stat  # noqa: PLC0415
+            from pytest_shutdown._os.proc_stat import read_stat  # noqa: PLC0415
 
             pids = tuple(sorted({item.pid for item in others}))
             parents = {}

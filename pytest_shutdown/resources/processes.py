@@ -12,7 +12,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown import origins
-from pytest_shutdown.checks.leaks import (
+from pytest_shutdown.containment import (
+    _subreaper_now,
+    first_ancestor,
+    reap_adopted,
+    started_in_test,
+)
+from pytest_shutdown.resources.base import Allowance, ObjectKind
+from pytest_shutdown.resources.primitives import (
     Started,
     await_exit,
     descendant_pids,
@@ -21,13 +28,6 @@ from pytest_shutdown.checks.leaks import (
     multiprocessing_helper_pids,
     process_running,
 )
-from pytest_shutdown.containment import (
-    _subreaper_now,
-    first_ancestor,
-    reap_adopted,
-    started_in_test,
-)
-from pytest_shutdown.resources.base import Allowance, ObjectKind
 
 __all__ = ["REPORTED", "UNKNOWN_SITE", "ProcessKind", "parent_pids"]
 

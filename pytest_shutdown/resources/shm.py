@@ -506,7 +506,7 @@ class ShmKind:
         items = new_segments(before)
         if not items:
             return items
-        from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
+        from pytest_shutdown.resources.primitives import descendant_pids  # noqa: PLC0415
 
         created, rest = created_here(items)
         tree = [os.getpid(), *descendant_pids()]
@@ -552,7 +552,7 @@ class ShmKind:
         return _cheap.settle_listed(items, still_present, deadline, thorough=thorough)
 
     def describe(self, items: Sequence[ShmItem]) -> list[dict[str, Any]]:
-        from pytest_shutdown.checks.leaks import descendant_pids  # noqa: PLC0415
+        from pytest_shutdown.resources.primitives import descendant_pids  # noqa: PLC0415
 
         holders = holders_of([i.name for i in items], [os.getpid(), *descendant_pids()])
         return [describe(item, holders.get(item.name, ())) for item in items]

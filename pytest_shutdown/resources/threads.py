@@ -8,7 +8,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown import origins
-from pytest_shutdown.checks.leaks import (
+from pytest_shutdown.resources.base import Allowance, ObjectKind
+from pytest_shutdown.resources.primitives import (
     Started,
     ThreadFilter,
     await_exit,
@@ -16,7 +17,6 @@ from pytest_shutdown.checks.leaks import (
     thread_filter,
     thread_name,
 )
-from pytest_shutdown.resources.base import Allowance, ObjectKind
 
 __all__ = ["REPORTED", "TOOL_MODULES", "ThreadKind", "is_tool_thread"]
 

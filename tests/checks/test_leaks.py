@@ -50,7 +50,7 @@ def procs() -> Iterator[list[subprocess.Popen[bytes]]]:
 @pytest.fixture
 def walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the walks down the descendants' children lists (from no cached scan)."""
-    import pytest_shutdown.checks.leaks as leaks
+    import pytest_shutdown.resources.primitives as leaks
 
     scans: list[int] = []
     real_walk = leaks._walk_descendants
@@ -411,7 +411,7 @@ def test_device_memory_bad_arguments_are_rejected(kwargs: dict[str, float], name
 def test_process_table_is_rescanned_only_when_a_pid_was_allocated(
     monkeypatch: pytest.MonkeyPatch, procs: list[subprocess.Popen[bytes]], walks: list[int]
 ) -> None:
-    import pytest_shutdown.checks.leaks as leaks
+    import pytest_shutdown.resources.primitives as leaks
 
     procs.append(subprocess.Popen(["sleep", "60"]))  # a child exists: waitid cannot rule it out
     scans = walks
@@ -440,7 +440,7 @@ def test_process_table_is_rescanned_only_when_a_pid_was_allocated(
 def test_descendants_are_walked_from_this_process_not_the_whole_process_table(
     monkeypatch: pytest.MonkeyPatch, procs: list[subprocess.Popen[bytes]]
 ) -> None:
-    import pytest_shutdown.checks.leaks as leaks
+    import pytest_shutdown.resources.primitives as leaks
 
     shell = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60; wait"])
     procs.append(shell)
@@ -505,7 +505,7 @@ def test_pids_that_went_to_this_process_threads_need_no_walk_and_a_process_still
     walk stands. A process of ours started since is walked for; so is a thread still running
     that was started while nothing records the starts (it names this process's parent), not
     one already joined (gone: no descendant of anyone)."""
-    import pytest_shutdown.checks.leaks as leaks
+    import pytest_shutdown.resources.primitives as leaks
     from pytest_shutdown import origins
 
     procs.append(subprocess.Popen(["sleep", "60"]))  # a child exists: waitid cannot rule it out
@@ -561,7 +561,7 @@ def test_pids_that_went_to_this_process_threads_need_no_walk_and_a_process_still
 def test_only_pids_of_this_process_threads_since_the_scan(
     monkeypatch: pytest.MonkeyPatch, since: list[int] | None, marker: bytes, own: bool
 ) -> None:
-    import pytest_shutdown.checks.leaks as leaks
+    import pytest_shutdown.resources.primitives as leaks
     from pytest_shutdown import origins
 
     monkeypatch.setattr(origins, "tids_started_since", lambda count: since)
@@ -584,7 +584,7 @@ def test_pids_of_other_processes_since_the_scan_are_looked_up_one_by_one(
 ) -> None:
     """Thread 101 is this process's; 102 and 103 are looked up: the answer is "nothing of
     ours" only when each is gone or has a parent that is none of ours (descendants: 500)."""
-    import pytest_shutdown.checks.leaks as leaks
+    import pytest_shutdown.resources.primitives as leaks
     from pytest_shutdown import origins
 
     named = {"this process": os.getpid(), "its parent": os.getppid()}
@@ -608,7 +608,7 @@ def test_pids_of_other_processes_since_the_scan_are_looked_up_one_by_one(
 def test_more_pids_of_other_processes_than_the_lookups_ask_for_a_walk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import pytest_shutdown.checks.leaks as leaks
+    import pytest_shutdown.resources.primitives as leaks
     from pytest_shutdown import origins
 
     looked_up: list[int] = []
@@ -628,7 +628,7 @@ def test_with_no_descendant_at_the_last_scan_one_waitid_answers_for_other_pids(
 ) -> None:
     """No descendant then: a pid allocated elsewhere is not looked up, one ``waitid`` (no child
     now) says there is none; a child that appeared since is still walked for."""
-    import pytest_shutdown.checks.leaks as leaks
+    import pytest_shutdown.resources.primitives as leaks
 
     last_pid = [b"100\n"]
     children = [False]
@@ -650,7 +650,7 @@ def test_with_no_descendant_at_the_last_scan_one_waitid_answers_for_other_pids(
 def test_the_parent_of_a_task_is_read_from_proc() -> None:
     """Real tasks: a child names this process, a thread of this process names its parent, a
     reaped child is gone."""
-    import pytest_shutdown.checks.leaks as leaks
+    import pytest_shutdown.resources.primitives as leaks
 
     child = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE

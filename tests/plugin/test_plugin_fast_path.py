@@ -524,7 +524,7 @@ SPAWNER = textwrap.dedent(
 
 COUNT_WALKS_AND_LOOKUPS = CURRENT_TEST + textwrap.dedent(
     """
-    from pytest_shutdown.checks import leaks
+    from pytest_shutdown.resources import primitives as leaks
 
     WALKS = []
     LOOKUPS = []

@@ -32,12 +32,21 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_process_start_is_wrapped_when_multiprocessing_is_first_imported() -> None:
+def _run(script: str, *args: str, timeout: float = 60) -> str:
+    """Run ``script`` in a fresh interpreter; its stdout, once it exited 0."""
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "ok"
+    return result.stdout
+
+
+def test_process_start_is_wrapped_when_multiprocessing_is_first_imported() -> None:
+    assert _run(SCRIPT).splitlines()[-1] == "ok"
 
 
 def test_uninstall_before_the_import_leaves_multiprocessing_untouched() -> None:
@@ -54,11 +63,7 @@ def test_uninstall_before_the_import_leaves_multiprocessing_untouched() -> None:
         print("ok")
         """
     )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "ok"
+    assert _run(script).strip() == "ok"
 
 
 LIBRARY_SCRIPT = textwrap.dedent(
@@ -80,15 +85,7 @@ LIBRARY_SCRIPT = textwrap.dedent(
 def test_the_library_is_told_apart_without_importing_sysconfig() -> None:
     """A creation site's frames are sorted into the test's and the standard library's; that
     must not cost the session an import of ``sysconfig`` (10 ms) at its first thread."""
-    result = subprocess.run(
-        [sys.executable, "-c", LIBRARY_SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[-1] == "ok"
+    assert _run(LIBRARY_SCRIPT).splitlines()[-1] == "ok"
 
 
 #: A parent that a busy machine does not run again between its child's exec and the return of
@@ -134,15 +131,8 @@ LATE_PARENT_SCRIPT = textwrap.dedent(
 def test_a_grandchild_started_before_its_parents_popen_returned_is_matched_to_it(
     tmp_path: Path,
 ) -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", LATE_PARENT_SCRIPT, str(tmp_path / "grandchild.pid")],
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True"], "the grandchild was matched to no ancestor"
+    out = _run(LATE_PARENT_SCRIPT, str(tmp_path / "grandchild.pid"), timeout=90)
+    assert out.split() == ["True"], "the grandchild was matched to no ancestor"
 
 
 #: A leaked child no ``Popen``/``Process`` started (a bare ``os.fork``): its record says that
@@ -176,12 +166,4 @@ BARE_FORK_SCRIPT = textwrap.dedent(
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 def test_a_leaked_process_of_no_recorded_start_says_its_site_is_unknown() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", BARE_FORK_SCRIPT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["ok"]
+    assert _run(BARE_FORK_SCRIPT).split() == ["ok"]

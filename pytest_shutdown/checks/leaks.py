@@ -1,21 +1,9 @@
 """``no_leaks``: threads, child processes and gc freezes a block of code leaves behind.
 
-The module is built from small primitives that the pytest guard reuses, so the helper and the
-plugin share one implementation:
-
-* :func:`take_snapshot` records what exists now (threads, descendant processes, freeze count);
-* :func:`started_since` names what was started after a snapshot and is still running;
-* :func:`await_exit` gives those a grace period, polling against one deadline;
-* :func:`leak_findings` turns what is left into :class:`~pytest_shutdown.findings.Finding` data;
-* :func:`kill_process_trees` restores order afterwards.
-
-Cheap when nothing leaked: a snapshot is ``threading.enumerate()``, ``gc.get_freeze_count()`` and,
-for processes, one ``waitid(WNOHANG | WNOWAIT)`` system call that tells whether this process has
-any child at all. The descendants are walked only when a child exists and, on Linux, a pid was
-allocated since the last walk (``ns_last_pid``), down the children lists from this process (other
-platforms: psutil scans the process table); ``gc.collect()`` runs
-only when something is still alive after a short wait; stacks and command lines are read only
-for what is reported.
+Built on the primitives the guard's resource kinds share
+(:mod:`pytest_shutdown.resources.primitives`: snapshot, ``started_since``, ``await_exit``,
+``leak_findings``, ``kill_process_trees``), re-exported here: the helper and the plugin share one
+implementation, cheap when nothing leaked.
 
 :func:`assert_device_memory_released` checks the ``device-memory-held`` contract against any
 reader with ``name`` and ``used_bytes()`` (see :class:`pytest_shutdown.devices.MemoryReader`).

@@ -39,6 +39,7 @@ from pytest_shutdown.forks import this_pid
 from pytest_shutdown.held_open import read_held
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
+from pytest_shutdown.resources.base import after_grace
 
 #: A predicate that returns True for a thread that must not be reported.
 ThreadFilter = Callable[[threading.Thread], bool]
@@ -629,11 +630,6 @@ def _process_record(pid: int) -> dict[str, Any]:
     return record
 
 
-def _after(grace: float) -> str:
-    """When something was found still running: after a grace, or at once (none was given)."""
-    return f"after the {grace:g} s grace" if grace > 0 else "(no grace was given)"
-
-
 def leak_findings(
     left: Started,
     *,
@@ -660,7 +656,7 @@ def leak_findings(
             Finding(
                 "thread-leak",
                 f"{count} thread{'s' if count != 1 else ''} started in {subject} still "
-                f"running {_after(grace)}: {names}.",
+                f"running {after_grace(grace)}: {names}.",
                 {"threads": records, "grace_s": grace, **extra},
             )
         )
@@ -672,7 +668,7 @@ def leak_findings(
             Finding(
                 "process-leak",
                 f"{count} child process{'es' if count != 1 else ''} started in {subject} still "
-                f"running {_after(grace)}: {described}.",
+                f"running {after_grace(grace)}: {described}.",
                 {"processes": records, "grace_s": grace, **extra},
             )
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import select
 import socket
 import threading
@@ -54,8 +55,10 @@ class GroupDeadlines:
     def __post_init__(self) -> None:
         for name in ("store_timeout_s", "collective_timeout_s", "barrier_timeout_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                0 < value < 1e7
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not (0 < value < 1e7)
             ):
                 raise ValueError(f"GroupDeadlines.{name}: expected seconds > 0, got {value!r}")
 
@@ -99,10 +102,43 @@ def _nccl_available() -> bool:
 
 
 def free_port(host: str = STORE_HOST) -> int:
-    """A TCP port free on ``host`` right now (the OS picks it)."""
+    """A TCP port free on ``host`` right now, for a store that a child binds a moment later.
+
+    Taken below the kernel's ephemeral range (``ip_local_port_range``), where no outgoing
+    connection is ever given a port: a port the OS picks with ``bind(0)`` comes from that range,
+    and between this check and the child's bind another process's ``connect`` (a parallel test's
+    store client) could take it (``EADDRINUSE`` in one ``make test`` run). Falls back to the
+    OS's pick when no port below the range is free."""
+    low = _ephemeral_low()
+    for port in random.sample(range(_FIXED_PORTS_FROM, low), min(32, low - _FIXED_PORTS_FROM)):
+        if _bindable(host, port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+#: The lowest port :func:`free_port` picks (above the well-known and most registered services).
+_FIXED_PORTS_FROM = 20000
+
+
+def _ephemeral_low() -> int:
+    """The first port of the kernel's ephemeral range (Linux's default: 32768)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    return max(low, _FIXED_PORTS_FROM + 1)
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def host_store(port: int, world_size: int, deadlines: GroupDeadlines) -> Any:
@@ -110,8 +146,12 @@ def host_store(port: int, world_size: int, deadlines: GroupDeadlines) -> Any:
     import torch.distributed as dist  # noqa: PLC0415
 
     return dist.TCPStore(
-        STORE_HOST, port, world_size + 1, is_master=True,
-        timeout=timedelta(seconds=deadlines.store_timeout_s), wait_for_workers=False,
+        STORE_HOST,
+        port,
+        world_size + 1,
+        is_master=True,
+        timeout=timedelta(seconds=deadlines.store_timeout_s),
+        wait_for_workers=False,
     )
 
 
@@ -174,11 +214,17 @@ class RankGroup:
                 self._store = host_store(self.port, self.world_size, self.deadlines)
             else:
                 self._store = dist.TCPStore(
-                    STORE_HOST, self.port, self.world_size + 1, is_master=False,
+                    STORE_HOST,
+                    self.port,
+                    self.world_size + 1,
+                    is_master=False,
                     timeout=timedelta(seconds=self.deadlines.store_timeout_s),
                 )
             dist.init_process_group(
-                self.backend, store=self._store, rank=self.rank, world_size=self.world_size,
+                self.backend,
+                store=self._store,
+                rank=self.rank,
+                world_size=self.world_size,
                 timeout=timedelta(seconds=self.deadlines.collective_timeout_s),
             )
         finally:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
-import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+
+from pytest_shutdown.engine.distributed import free_port
 
 #: The deadline of every wait of these trees: far beyond the check's deadline.
 WAIT_S = 60.0
@@ -93,14 +94,8 @@ def _exiting_rank(rank: int, world: int, port: int, dead: int) -> None:
     _say(f"rank {rank} exiting")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _start_ranks(target: Callable[..., None], world: int, *args: object) -> None:
-    port = _free_port()
+    port = free_port()
     ctx = mp.get_context("fork")
     ranks = []
     for rank in range(world):

@@ -303,9 +303,7 @@ class ShutdownGuard:
         origins.install()
         #: Environment marker (+ subreaper, opt-in): nothing a test starts hides by being
         #: re-parented.
-        self.containment = Containment().engage(
-            subreaper=settings.containment == "subreaper"
-        )
+        self.containment = Containment().engage(subreaper=settings.containment == "subreaper")
         with one_moment():  # opens the readings' handles now, not inside the first test
             for kind in self.kinds:
                 kind.fingerprint()
@@ -925,9 +923,7 @@ class ShutdownGuard:
             return set()
         from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when left
 
-        owners = find_owners(
-            targets, self._fixture_roots(), near=self._known_referrers(targets)
-        )
+        owners = find_owners(targets, self._fixture_roots(), near=self._known_referrers(targets))
         self._uncertain |= owners.uncertain
         for name, items in list(leaving.items()):
             kept = tuple(i for i in items if (name, i) not in owners)
@@ -973,7 +969,10 @@ class ShutdownGuard:
             self._clean = (marks, before)
             return []
         self._clean = None
-        brief_s = 0.0 if watch.timed_out or watch.failed else min(_BRIEF_S, self.settings.grace_s)
+        # Warn mode waits for nothing, not even the brief wait: what is on its way out is
+        # dropped when its deferred verdict comes (pending.py).
+        waits = not (watch.timed_out or watch.failed or self._deferred is not None)
+        brief_s = min(_BRIEF_S, self.settings.grace_s) if waits else 0.0
         leaving: Found = {}
         left: Found | None = None
         with one_moment():
@@ -1026,9 +1025,7 @@ class ShutdownGuard:
             }
             before_restore = self._snapshot(self._states)
             findings.extend(
-                self._owned_findings(
-                    owned, left, state_at_finish, 0.0 if watch.timed_out else None
-                )
+                self._owned_findings(owned, left, state_at_finish, 0.0 if watch.timed_out else None)
             )
             after_restore = self._snapshot(self._states)
             for kind in self._states:  # an undo of the fixture's change is not the test's
@@ -1118,9 +1115,7 @@ class ShutdownGuard:
             return found
         from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when found
 
-        owners = find_owners(
-            targets, self._fixture_roots(), near=self._known_referrers(targets)
-        )
+        owners = find_owners(targets, self._fixture_roots(), near=self._known_referrers(targets))
         self._uncertain |= owners.uncertain
         if not owners:
             return found
@@ -1145,9 +1140,9 @@ class ShutdownGuard:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         """List the long-lived resources still alive; with ``--shutdown-long-lived=fail`` (on
         the controller, after the workers' lists are merged) they fail the session. Warn
-        mode's pending candidates are confirmed first (waiting at most the rest of their grace)."""
+        mode's pending candidates are confirmed first, with no wait (see pending.py)."""
         if self._deferred is not None and len(self._deferred):
-            self._deferred.confirm_all(wait=session.exitstatus != pytest.ExitCode.INTERRUPTED)
+            self._reported_at_end = self._deferred.confirm_all()
         late_finders = [k for k in self._objects if _finds_late(k)]
         if late_finders:  # what left the last tests' trees after their checks
             self._snapshot(late_finders)
@@ -1255,8 +1250,10 @@ class ShutdownGuard:
         if not now:
             return
         kept = set(self._session_start_pids) | set(multiprocessing_helper_pids())
-        for name, item in self._long_lived:
-            if name == "processes":  # a global's pool, listed as long-lived: not swept
+        for name, item in [*self._long_lived, *self._reported_at_end]:
+            # a global's pool, listed as long-lived, or a test's leak just reported with its
+            # test (warn mode, pending.py): not listed again
+            if name == "processes":
                 kept.add(item)
                 kept.update(_walk_descendants(item) or ())
         left = tuple(sorted(p for p in now - kept if process_running(p)))
@@ -1287,6 +1284,8 @@ class ShutdownGuard:
                 stop_processes(sorted(again), why="the session-end sweep (fail mode)")
 
     _late_failures = 0
+    #: Warn mode: ``(kind name, item)`` of the last tests' leaks reported at session end.
+    _reported_at_end: AbstractSet[tuple[str, Any]] = frozenset()
     #: node id -> the kinds its markers allow anything (``allow_leaks(processes=True)``): what
     #: is found of them after the test is allowed too.
     _allowed_late: dict[str, set[str]]

@@ -6,8 +6,8 @@ costs a leaky suite the whole grace per leaking test, even in warn mode, which p
 nothing in the run (a real suite ran 1.48x slower under warn mode than under plain pytest,
 nearly all of it grace waits). DESIGN.md §9, "Verdicts may wait; tests don't".
 
-So in warn mode the guard waits only its brief wait (a few milliseconds, for what is on its way
-out). What a test's own check still finds of an object kind (threads, processes, descriptors,
+So in warn mode the guard does not wait at all, not even fail mode's brief wait (20 ms, for what
+is on its way out: here it is dropped when its verdict comes). What a test's own check finds of an object kind (threads, processes, descriptors,
 ports, segments ...) after it is a *candidate*: queued here with its test (node id, name, where
 its warning points), its kind, its items, the findings as they read when the test ended (a kind
 may describe its items from readings of that moment only), and a deadline, the end of its
@@ -18,9 +18,11 @@ node id (merged into its record in the report, the JSON report and the terminal 
 xdist worker it travels with the teardown report being made, or with the session's last
 records), and a :class:`~pytest_shutdown.guard.ShutdownLeakWarning` that names the test,
 attributed to the test's own line (pytest lists it under the test during which it was
-confirmed). Items that ended in time are dropped: not a leak. At session end the guard waits at
-most until the latest deadline (never more than the grace; not at all once interrupted) and
-confirms the rest.
+confirmed). Items that ended in time are dropped: not a leak. At session end nothing is waited
+for: what is due is confirmed; what is still there of the rest (the last tests' candidates) is
+reported as still running when the session ended, how far into its grace. So warn mode's verdict
+on the last tests may name something that would have ended within its grace, and that fail mode
+(which waits it out) does not report; it is a warning that says so, never an outcome.
 
 What cannot follow a deferred verdict: the test's ``user_properties`` (its reports, and the
 junitxml properties made from them, are written before the grace runs out); a deferred leak
@@ -40,6 +42,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown.findings import Finding
+from pytest_shutdown.resources.base import after_grace
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.report import ShutdownReport
@@ -123,23 +126,27 @@ class DeferredLeaks:
             due.append(self._queue.popleft())
         self._confirm(due, now)
 
-    def confirm_all(self, wait: bool = True) -> None:
-        """Session end: confirm every candidate, each when its grace has run out (waiting at
-        most until the latest deadline, never more than the grace); ``wait=False``: now."""
+    def confirm_all(self) -> set[tuple[str, Any]]:
+        """Session end: confirm, with no wait, every candidate whose grace has run out; what is
+        still there of the others is reported as still running when the session ended (how far
+        into its grace), not waited for: warn mode costs a leaky suite no wait at its end.
+        Returns the ``(kind name, item)`` pairs reported so (the session-end sweep does not list
+        them a second time)."""
+        self.confirm_due()
         now = time.monotonic()
-        bound = now + self.grace_s if wait else now
-        while self._queue:
-            deadline = min(self._queue[0].deadline, bound)
-            batch: list[Candidate] = []
-            while self._queue and min(self._queue[0].deadline, bound) <= deadline:
-                batch.append(self._queue.popleft())
-            self._confirm(batch, deadline)
+        batch = list(self._queue)
+        self._queue.clear()
+        return self._confirm(batch, now, session_end=True)
 
-    def _confirm(self, batch: list[Candidate], deadline: float) -> None:
+    def _confirm(
+        self, batch: list[Candidate], deadline: float, session_end: bool = False
+    ) -> set[tuple[str, Any]]:
         """Report what of ``batch`` is still there at ``deadline`` (one settle per kind), one
-        record and one warning per test."""
+        record and one warning per test; ``session_end``: their grace has not run out.
+        Returns the ``(kind name, item)`` pairs reported."""
+        reported: set[tuple[str, Any]] = set()
         if not batch:
-            return
+            return reported
         by_kind: dict[int, list[Candidate]] = {}
         for candidate in batch:
             by_kind.setdefault(id(candidate.kind), []).append(candidate)
@@ -156,12 +163,18 @@ class DeferredLeaks:
         for candidate in batch:  # in the order the tests ended, each test's kinds in order
             left = tuple(i for i in candidate.items if (id(candidate.kind), i) in alive)
             if left:
+                reported.update((candidate.kind.name, i) for i in left)
                 found = by_test.setdefault(candidate.nodeid, [])
-                found.extend(self._findings(candidate, left))
+                made = self._findings(candidate, left)
+                if session_end:
+                    waited_s = deadline - (candidate.deadline - self.grace_s)
+                    made = [_at_session_end(f, waited_s, self.grace_s) for f in made]
+                found.extend(made)
         for candidate in batch:
             findings = by_test.pop(candidate.nodeid, None)
             if findings:
-                self._report(candidate, findings)
+                self._report(candidate, findings, session_end)
+        return reported
 
     def _findings(self, candidate: Candidate, left: tuple[Any, ...]) -> list[Finding]:
         if len(left) == len(candidate.items):
@@ -171,16 +184,32 @@ class DeferredLeaks:
         except Exception:  # noqa: BLE001 - the findings made at the test's end stand
             return candidate.findings
 
-    def _report(self, candidate: Candidate, findings: list[Finding]) -> None:
+    def _report(self, candidate: Candidate, findings: list[Finding], session_end: bool) -> None:
         plain = [f.to_dict() for f in findings]
         self.report.add_findings(candidate.nodeid, plain)
-        text = (
-            f"{self.render(plain)}\n(leaked by {candidate.nodeid}: confirmed once its "
-            f"{self.grace_s:g} s grace ran out, while later tests ran)"
+        when = (
+            "still running when the session ended, before its grace ran out"
+            if session_end
+            else f"confirmed once its {self.grace_s:g} s grace ran out, while later tests ran"
         )
+        text = f"{self.render(plain)}\n(leaked by {candidate.nodeid}: {when})"
         with warnings.catch_warnings():
             # Warn mode never fails a test: under -W error the warning is recorded, not raised.
             warnings.simplefilter("always", self.category)
             warnings.warn_explicit(
                 self.category(text), self.category, candidate.path, candidate.lineno
             )
+
+
+def _at_session_end(finding: Finding, waited_s: float, grace_s: float) -> Finding:
+    """``finding`` as it reads for an item still there at session end, ``waited_s`` into its
+    ``grace_s`` grace: the grace did not run out, and the message says so."""
+    waited = f"when the session ended, {waited_s:.2f} s into its {grace_s:g} s grace"
+    grace = after_grace(grace_s)
+    message = (
+        finding.message.replace(grace, waited)
+        if grace in finding.message
+        else f"{finding.message} (found {waited})"
+    )
+    details = {**finding.details, "session_end": True, "waited_s": round(waited_s, 3)}
+    return Finding(finding.code, message, details)

@@ -265,13 +265,17 @@ def test_the_report_folder_is_created_once_the_options_are_valid(
 
 def test_findings_at_session_end_are_not_counted_as_a_test(pytester: pytest.Pytester) -> None:
     """A process still running at session end made the summary say '2 of 1 test with
-    findings': the ``<session end>`` record is named, not counted as a test."""
+    findings': the ``<session end>`` record is named, not counted as a test. (Its grace runs
+    out during the second test: confirmed then, and still running at session end.)"""
     pytester.makepyfile(
         test_late="""
-        import subprocess, sys
+        import subprocess, sys, time
 
         def test_leaks_a_short_process():
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4)"])
+
+        def test_outlasts_the_grace():
+            time.sleep(0.5)
         """
     )
     result = pytester.runpytest_subprocess(
@@ -279,4 +283,4 @@ def test_findings_at_session_end_are_not_counted_as_a_test(pytester: pytest.Pyte
     )
     heads = [line for line in result.outlines if "with findings" in line]
     assert heads, result.stdout.str()
-    assert heads[0].startswith("1 of 1 test with findings, and findings at <session end> ("), heads
+    assert heads[0].startswith("1 of 2 tests with findings, and findings at <session end> ("), heads

@@ -101,9 +101,10 @@ def test_warn_mode_confirms_later_against_the_leaking_test(
 
 
 def test_warn_mode_waits_no_grace_per_leaking_test(pytester: pytest.Pytester) -> None:
-    """Ten tests that each leak a thread ending 1.5 s later, grace 2 s: the old synchronous
-    grace cost ~1.5 s a test (> 15 s in all); now the run takes well under 10 s, even on a busy
-    machine, and nothing is reported (each thread ended within its grace)."""
+    """Ten tests that each leak a thread ending 1.5 s later, grace 2 s, then a test of 2.5 s
+    (the graces run out during it): the old synchronous grace cost ~1.5 s a leaking test
+    (> 15 s in all); now the run takes well under 10 s, even on a busy machine, and nothing is
+    reported (each thread ended within its grace)."""
     pytester.makepyfile(
         test_many=textwrap.dedent(
             """
@@ -113,6 +114,9 @@ def test_warn_mode_waits_no_grace_per_leaking_test(pytester: pytest.Pytester) ->
             @pytest.mark.parametrize("n", range(10))
             def test_leak(n):
                 threading.Thread(target=time.sleep, args=(1.5,), daemon=True).start()
+
+            def test_slow():
+                time.sleep(2.5)
             """
         )
     )
@@ -121,9 +125,47 @@ def test_warn_mode_waits_no_grace_per_leaking_test(pytester: pytest.Pytester) ->
         "--shutdown-guard=warn", "--shutdown-grace=2", "-p", "no:randomly"
     )
     elapsed = time.monotonic() - start
-    result.assert_outcomes(passed=10)
-    result.stdout.fnmatch_lines(["*no findings in 10 tests (guard in warn mode, grace 2 s)*"])
+    result.assert_outcomes(passed=11)
+    result.stdout.fnmatch_lines(["*no findings in 11 tests (guard in warn mode, grace 2 s)*"])
     assert elapsed < 10.0, f"the run took {elapsed:.1f} s: a grace waited per leaking test?"
+
+
+def test_warn_mode_waits_for_nothing_at_session_end(pytester: pytest.Pytester) -> None:
+    """The last test's thread, still running when the session ends and 20 s from its end, is
+    reported with its test as still running then, how far into its 30 s grace; the run does not
+    wait for it (the old session-end wait took up to the rest of the grace: 20 s here)."""
+    pytester.makepyfile(
+        test_last=textwrap.dedent(
+            """
+            import threading, time
+
+            def test_leaks_last():
+                threading.Thread(
+                    target=time.sleep, args=(20,), name="slow-end", daemon=True
+                ).start()
+            """
+        )
+    )
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        "--shutdown-guard=warn", "--shutdown-grace=30", "--shutdown-report=r.json",
+        "-p", "no:randomly",
+    )
+    elapsed = time.monotonic() - start
+    result.assert_outcomes(passed=1, warnings=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*ShutdownLeakWarning: [[]thread-leak] 1 thread started in test_leaks_last still"
+            " running when the session ended, * s into its 30 s grace: 'slow-end'.",
+            "*(leaked by test_last.py::test_leaks_last: still running when the session ended,"
+            " before its grace ran out)",
+        ]
+    )
+    assert elapsed < 15.0, f"the run took {elapsed:.1f} s: the session end waited the grace?"
+    report = json.loads((pytester.path / "r.json").read_text())
+    (finding,) = [f for t in report["tests"] for f in t["findings"]]
+    assert finding["details"]["session_end"] is True
+    assert 0 <= finding["details"]["waited_s"] < 15
 
 
 def test_the_last_tests_leak_is_confirmed_at_session_end(
@@ -156,7 +198,7 @@ def test_the_last_tests_leak_is_confirmed_at_session_end(
         [
             "*ShutdownLeakWarning: [[]thread-leak] 1 thread started in test_leaks_last*",
             "*[[]process-leak] 1 child process started in test_leaks_last*",
-            "*(leaked by test_last.py::test_leaks_last: confirmed once its 0.5 s grace ran out*",
+            "*(leaked by test_last.py::test_leaks_last: still running when the session ended*",
             "test_last.py::test_leaks_last: [[]*",
             "test_last.py::test_leaks_last: [[]*",
         ]

@@ -7,8 +7,9 @@ nothing in the run (a real suite ran 1.48x slower under warn mode than under pla
 nearly all of it grace waits). DESIGN.md §9, "Verdicts may wait; tests don't".
 
 So in warn mode the guard does not wait at all, not even fail mode's brief wait (20 ms, for what
-is on its way out: here it is dropped when its verdict comes). What a test's own check finds of an object kind (threads, processes, descriptors,
-ports, segments ...) after it is a *candidate*: queued here with its test (node id, name, where
+is on its way out: here it is dropped when its verdict comes). What a test's own check finds
+of an object kind (threads, processes, descriptors, ports, segments ...) after its teardown is a
+*candidate*: queued here with its test (node id, name, where
 its warning points), its kind, its items, the findings as they read when the test ended (a kind
 may describe its items from readings of that moment only), and a deadline, the end of its
 grace. The next tests run at once. The queue is looked at after later tests' checks, cheaply:

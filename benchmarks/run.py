@@ -1,8 +1,9 @@
-"""Every figure of issue 8, each benchmark in a fresh interpreter, then one summary table.
+"""Every benchmark of this folder, each in a fresh interpreter, then one summary table.
 
-    .venv/bin/python benchmarks/run.py            # engine, guard, helpers (about a minute)
+    .venv/bin/python benchmarks/run.py            # all but the suite (about an hour: the guard's
+                                                  # budget alone takes 25-50 minutes)
     .venv/bin/python benchmarks/run.py --suite    # and the whole suite under `make test`
-    .venv/bin/python benchmarks/run.py --only engine,guard --markdown
+    .venv/bin/python benchmarks/run.py --only engine,os --markdown
 
 Each benchmark is a small module of this directory, run as a script with ``--json`` so that its
 figures come back as data; its own output (with every run and the ratios measured side by side)
@@ -30,28 +31,47 @@ sys.path.insert(0, str(HERE))
 
 from figures import Figure, markdown_table, read_json, table  # noqa: E402
 
-#: name -> (script, what it measures); in the order they run.
-BENCHMARKS = {
-    "engine": ("engine_lifecycle.py", "engine start-to-ready and graceful stop, vs spawn"),
-    "orphans": ("orphan_matrix.py", "tp=2 start/stop; the orphan matrix per cell and in total"),
+#: name -> (script and its arguments, what it measures); in the order they run. Every figure
+#: docs/benchmarks.md shows comes from one of these (tests/test_benchmarks.py checks the page).
+BENCHMARKS: dict[str, tuple[tuple[str, ...], str]] = {
+    "engine": (("engine_lifecycle.py",), "engine start-to-ready and graceful stop, vs spawn"),
+    "orphans": (("orphan_matrix.py",), "tp=2 start/stop; the orphan matrix per cell and in total"),
     "guard": (
-        "guard_budget.py",
+        ("guard_budget.py",),
         "the guard's budget: fixed cost, per-test slope, real suites (warn, fail), pid churn",
     ),
-    "helpers": ("helpers.py", "assertion helpers on a clean renderer; leak diagnosis at 165k"),
-    "growth": ("growth.py", "ReferenceLLM 10-cycle growth check; census at 200k; clean shapes"),
+    "helpers": (("helpers.py",), "assertion helpers on a clean renderer; leak diagnosis at 165k"),
+    "growth": (("growth.py",), "ReferenceLLM 10-cycle growth check; census at 200k; clean shapes"),
     "leaky": (
-        "leaky_suite.py",
+        ("leaky_suite.py",),
         "30 tests, one in three leaking a thread or a process for 1 s, and their clean twin: "
         "warn/plain and fail/plain",
     ),
-    "os": ("os_resources.py", "the fds, ports and shm kinds' cost per clean test"),
+    "harm": (
+        ("third_party.py", "--suites", "pebble,loky,tqdm,joblib,execnet,pexpect,sh", "--rounds",
+         "1"),
+        "issue 44's seven real suites, one round: per-test outcomes plain vs warn vs fail",
+    ),
+    "os": (("os_resources.py",), "the fds, ports and shm kinds' share of a clean test's check"),
     "distributed": (
-        "distributed_matrix.py",
+        ("distributed_matrix.py",),
         "the distributed orphan matrix: 60 cells of frontend, EngineCores and gloo ranks",
     ),
-    "suite": ("suite.py", "the whole suite under make test"),
+    "distributed-dp": (
+        ("distributed_matrix.py", "--dp-process-group", "gloo"),
+        "the same 60 cells with the EngineCores in a gloo DP group of their own",
+    ),
+    "suite": (("suite.py",), "the whole suite under make test"),
 }
+#: The scripts a benchmark above runs as its parts (``guard_budget.py`` imports them; each also
+#: runs alone), and the modules they share: every other script of this folder is listed above.
+PARTS = {
+    "guard_overhead.py": "guard",
+    "third_party.py": "guard",
+    "churn.py": "guard",
+    "counted.py": "guard",
+}
+SHARED = ("figures.py", "runs.py", "run.py")
 #: Each benchmark must end within this (every wait has a deadline); each run inside one has
 #: its own, shorter deadline.
 DEADLINE_S = 3600.0
@@ -90,13 +110,13 @@ def machine() -> list[str]:
 
 def run_benchmark(name: str, workdir: Path) -> list[Figure]:
     """Run one benchmark script in a fresh interpreter; its figures, or none if it failed."""
-    script, what = BENCHMARKS[name]
+    (script, *args), what = BENCHMARKS[name]
     out = workdir / f"{name}.json"
     print(f"\n=== {name}: {what}", flush=True)
     t0 = time.perf_counter()
     try:
         done = subprocess.run(
-            [sys.executable, str(HERE / script), "--json", str(out)], timeout=DEADLINE_S
+            [sys.executable, str(HERE / script), *args, "--json", str(out)], timeout=DEADLINE_S
         )
     except subprocess.TimeoutExpired:
         print(f"=== {name}: did not finish within {DEADLINE_S:.0f} s", flush=True)

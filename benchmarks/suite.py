@@ -1,7 +1,8 @@
-"""Wall time of the whole test suite under ``make test`` (``pytest -n 2``), with its slowest tests.
+"""Wall time of the whole test suite under ``make test`` (``pytest -n 3``), with its slowest tests.
 
-Runs ``make test PYTEST_ARGS="--durations=N"`` in the repository root, prints the wall time, the
-slowest tests pytest reports and its summary line. Target: 3 minutes on 2 cores. Not a test.
+Runs ``make test PYTEST_ARGS="--durations=N -q"`` in the repository root (``TEST_WORKERS``, 3 by
+default, xdist workers), prints the wall time, the slowest tests pytest reports and its summary
+line. Target: 3 minutes on 2 cores. Not a test.
 
     .venv/bin/python benchmarks/suite.py [--durations 15] [--root DIR] [--pytest-args ARGS]
                                          [--json PATH]
@@ -61,7 +62,8 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     wall, status, output = run_suite(args.durations, args.root, args.pytest_args)
-    print(f"make test (pytest -n 2) in {args.root}, {os.cpu_count()} CPUs: "
+    workers = os.environ.get("TEST_WORKERS", "3")
+    print(f"make test (pytest -n {workers}) in {args.root}, {os.cpu_count()} CPUs: "
           f"{wall:.1f} s wall, exit {status}")
     for line in slowest(output):
         print(f"  {line}")
@@ -69,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
         print("  WARNING: the suite did not pass; its wall time is not comparable")
         print("\n".join(f"  | {line}" for line in output.splitlines()[-30:]))
     result = [
-        Figure("whole suite, make test (pytest -n 2)", wall, "s", limit=TARGET_S,
+        Figure(f"whole suite, make test (pytest -n {workers})", wall, "s", limit=TARGET_S,
                note=f"exit {status} {args.pytest_args}".rstrip()),
     ]
     if args.json:

@@ -331,15 +331,6 @@ class ShutdownReport:
             )
             self._pending.append({"type": "record", "record": record.to_plain(), "timed": False})
 
-    def pending_findings(self, nodeid: str) -> list[dict[str, Any]]:
-        """The findings recorded for ``nodeid`` in the running test, not yet sent."""
-        return [
-            finding
-            for entry in self._pending
-            if entry["type"] == "record" and entry["record"]["nodeid"] == nodeid
-            for finding in entry["record"]["findings"]
-        ]
-
     def _accept(self, entry: dict[str, Any]) -> None:
         if this_pid() != self._pid:
             return  # a forked child that runs on: only the session's own process records
@@ -449,10 +440,6 @@ class ShutdownReport:
 
     def counts(self) -> dict[str, int]:
         return dict(Counter(f["code"] for r in self.records for f in r.findings))
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON document of ``--shutdown-report`` for what was accepted so far."""
-        return assemble([{"type": "session", **self._head()}, *self.entries])
 
     def summary_lines(
         self, verbose: bool, collection_errors: int = 0, details: bool = False

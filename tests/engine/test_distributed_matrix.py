@@ -60,6 +60,6 @@ def test_with_the_dp_group_on_a_dead_or_stopped_dp_rank_takes_the_whole_tree_alo
 ) -> None:
     """The EngineCores in a DP group of their own too: no rank stays in the DP all-reduce.
 
-    (``benchmarks/distributed_matrix.py`` was run with the DP group on over all 60 cells.)
+    (``benchmarks/distributed_matrix.py --dp-process-group gloo`` runs all 60 cells so.)
     """
     _kill(kill_tree, orphan_cell, dp_process_group="gloo")

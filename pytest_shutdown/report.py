@@ -460,84 +460,14 @@ class ShutdownReport:
         """The lines of the terminal section ``shutdown``: the result first, then the settings;
         each finding with the facts that locate it, or with ``details`` every fact it has."""
         records = sorted(self.records, key=lambda r: r.nodeid)
-        counts = self.counts()
-        # Findings of no test (``<session end>``, ``<fixture NAME>``) are named, not counted as
-        # tests: "2 of 1 test" misled.
-        flagged = sum(1 for r in records if r.findings and not r.nodeid.startswith("<"))
-        beyond = sorted({r.nodeid for r in records if r.findings and r.nodeid.startswith("<")})
-        setting = f"guard in {self.settings.mode} mode, grace {self.settings.grace_s:g} s"
-        if self.settings.budget_s:
-            setting += f", budget {self.settings.budget_s:g} s"
         tests = len(self.durations)
-        if counts:
-            by_code = ", ".join(f"{code}: {n}" for code, n in sorted(counts.items()))
-            head = f"{flagged} of {tests} test{'s' if tests != 1 else ''} with findings"
-            if beyond:
-                head += f", and findings at {', '.join(beyond)}"
-            head += f" ({by_code})"
-        elif tests:
-            head = f"no findings in {tests} test{'s' if tests > 1 else ''}"
-        else:
-            head = "the guard checked nothing"
-        if collection_errors:
-            errors = f"{collection_errors} collection error{'s' if collection_errors > 1 else ''}"
-            head += f"; not checked: {errors}" if tests else f": {errors}"
-        elif not tests:
-            head += ": no test ran"
-        lines = [f"{head} ({setting})"]
-        for record in records:
-            where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
-            for finding in record.findings:
-                first, *rest = finding_lines(finding, details=details)
-                lines.append(f"{where}: {first}")
-                lines.extend(rest)
-            if record.guard_error is not None:
-                lines.append(f"{where}: not checked, the guard failed: {record.guard_error}")
-            elif not record.findings and record.guard_s >= SLOW_GUARD_S:
-                lines.append(f"{where}: the guard waited {record.guard_s:.2f} s")
+        lines = [_summary_head(records, self.counts(), self.settings, tests, collection_errors)]
+        lines += _record_lines(records, details)
         if self.long_lived:
-            lines.append(
-                f"long-lived resources ({len(self.long_lived)}, owned by module globals or "
-                f"class attributes; {self.settings.long_lived}ed):"
-            )
-            for item in self.long_lived:
-                kind, name = item["kind"], item.get("name")
-                if kind == "thread":
-                    label = f"thread {name!r}"
-                elif kind == "port":  # its pid is the holder's, not a port number
-                    label = f"{name or 'socket'} (process {item.get('pid')})"
-                elif kind == "fd":
-                    label = f"fd {item.get('fd')} ({name or '?'})"
-                elif item.get("pid") is None:
-                    label = f"{kind} {name or '?'}"
-                else:
-                    label = f"{kind} {item.get('pid')} ({name or '?'})"
-                lines.append(
-                    f"  {label} owned by {item['owner']['kind']} "
-                    f"{item['owner']['name']}, first started in {item['first_test']}"
-                )
-        for lost in self.lost_workers:
-            if lost.get("spilled"):
-                lines.append(
-                    f"worker {lost['worker']} ended at once: the records of the tests it finished "
-                    "are kept, and so is the record it left before exiting (the hung test's)"
-                )
-                continue
-            lines.append(
-                f"worker {lost['worker']} crashed: the records of the tests it finished are kept, "
-                "the test it was running is lost"
-            )
+            lines += _long_lived_lines(self.long_lived, self.settings.long_lived)
+        lines += _lost_worker_lines(self.lost_workers)
         if verbose:
-            d = durations_summary(self.durations)
-            if d["count"]:
-                lines.append(
-                    f"shutdown durations: median {d['median_s']:.4f} s, max {d['max_s']:.4f} s"
-                    f" over {d['count']} tests"
-                )
-                lines.append(
-                    f"shutdown guard time: {sum(self.guard_times):.2f} s in total"
-                    " (included in the durations: ownership searches and grace waits)"
-                )
+            lines += _duration_lines(self.durations, self.guard_times)
         return lines
 
     # --- hooks ---
@@ -832,6 +762,114 @@ class ShutdownReport:
                     "exit waits for have ended)"
                 )
             terminalreporter.line(f"shutdown report written to {self.settings.report_path}{state}")
+
+
+def _summary_head(
+    records: list[TestRecord],
+    counts: Mapping[str, int],
+    settings: GuardSettings,
+    tests: int,
+    collection_errors: int,
+) -> str:
+    """The section's first line: what the guard found in how many tests, then its settings."""
+    # Findings of no test (``<session end>``, ``<fixture NAME>``) are named, not counted as
+    # tests: "2 of 1 test" misled.
+    flagged = sum(1 for r in records if r.findings and not r.nodeid.startswith("<"))
+    beyond = sorted({r.nodeid for r in records if r.findings and r.nodeid.startswith("<")})
+    setting = f"guard in {settings.mode} mode, grace {settings.grace_s:g} s"
+    if settings.budget_s:
+        setting += f", budget {settings.budget_s:g} s"
+    if counts:
+        by_code = ", ".join(f"{code}: {n}" for code, n in sorted(counts.items()))
+        head = f"{flagged} of {tests} test{'s' if tests != 1 else ''} with findings"
+        if beyond:
+            head += f", and findings at {', '.join(beyond)}"
+        head += f" ({by_code})"
+    elif tests:
+        head = f"no findings in {tests} test{'s' if tests > 1 else ''}"
+    else:
+        head = "the guard checked nothing"
+    if collection_errors:
+        errors = f"{collection_errors} collection error{'s' if collection_errors > 1 else ''}"
+        head += f"; not checked: {errors}" if tests else f": {errors}"
+    elif not tests:
+        head += ": no test ran"
+    return f"{head} ({setting})"
+
+
+def _record_lines(records: Iterable[TestRecord], details: bool) -> list[str]:
+    """Each kept test's findings (``details``: every fact), a failed guard or a slow one."""
+    lines: list[str] = []
+    for record in records:
+        where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
+        for finding in record.findings:
+            first, *rest = finding_lines(finding, details=details)
+            lines.append(f"{where}: {first}")
+            lines.extend(rest)
+        if record.guard_error is not None:
+            lines.append(f"{where}: not checked, the guard failed: {record.guard_error}")
+        elif not record.findings and record.guard_s >= SLOW_GUARD_S:
+            lines.append(f"{where}: the guard waited {record.guard_s:.2f} s")
+    return lines
+
+
+def _long_lived_label(item: Mapping[str, Any]) -> str:
+    """How one long-lived resource is named: each kind says what identifies it."""
+    kind, name = item["kind"], item.get("name")
+    if kind == "thread":
+        return f"thread {name!r}"
+    if kind == "port":  # its pid is the holder's, not a port number
+        return f"{name or 'socket'} (process {item.get('pid')})"
+    if kind == "fd":
+        return f"fd {item.get('fd')} ({name or '?'})"
+    if item.get("pid") is None:
+        return f"{kind} {name or '?'}"
+    return f"{kind} {item.get('pid')} ({name or '?'})"
+
+
+def _long_lived_lines(items: list[dict[str, Any]], treatment: str) -> list[str]:
+    """The long-lived resources: a heading (``treatment``: the setting, e.g. ``"report"``),
+    then each with its owner and the test that first started it."""
+    lines = [
+        f"long-lived resources ({len(items)}, owned by module globals or "
+        f"class attributes; {treatment}ed):"
+    ]
+    for item in items:
+        lines.append(
+            f"  {_long_lived_label(item)} owned by {item['owner']['kind']} "
+            f"{item['owner']['name']}, first started in {item['first_test']}"
+        )
+    return lines
+
+
+def _lost_worker_lines(lost_workers: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The xdist workers that ended before their session: what of their records is kept."""
+    lines: list[str] = []
+    for lost in lost_workers:
+        if lost.get("spilled"):
+            lines.append(
+                f"worker {lost['worker']} ended at once: the records of the tests it finished "
+                "are kept, and so is the record it left before exiting (the hung test's)"
+            )
+            continue
+        lines.append(
+            f"worker {lost['worker']} crashed: the records of the tests it finished are kept, "
+            "the test it was running is lost"
+        )
+    return lines
+
+
+def _duration_lines(durations: list[float], guard_times: list[float]) -> list[str]:
+    """``-v``: the teardown durations and the guard's share of them (none without tests)."""
+    d = durations_summary(durations)
+    if not d["count"]:
+        return []
+    return [
+        f"shutdown durations: median {d['median_s']:.4f} s, max {d['max_s']:.4f} s"
+        f" over {d['count']} tests",
+        f"shutdown guard time: {sum(guard_times):.2f} s in total"
+        " (included in the durations: ownership searches and grace waits)",
+    ]
 
 
 #: The key under ``config.workeroutput`` that carries a worker's backref pictures.

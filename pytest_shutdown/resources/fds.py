@@ -620,7 +620,10 @@ def _zmq_sockets_and_contexts(
 
 
 def _zmq_context_owning(
-    rest: set[int], anon: Mapping[int, str], contexts: Mapping[int, object], io_threads: int
+    rest: set[int],
+    anon: Mapping[int, str | None],
+    contexts: Mapping[int, object],
+    io_threads: int,
 ) -> dict[int, tuple[object, str]]:
     """The descriptors no socket explains (``rest``), given to the one live context whose
     shape they have (see :func:`_zmq_owners`), or to none. Every context seen is remembered

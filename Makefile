@@ -68,9 +68,11 @@ ray-check:
 sglang-check:
 	PYTHON="$(PYTHON)" CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/sglang-check
 
+# The size check (radon: no function over complexity 25, no class over 400 lines) is a test.
 lint: $(STAMP)
 	$(BIN)/ruff check pytest_shutdown tests examples
 	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:randomly tests/test_complexity.py
 
 clean:
 	rm -rf $(VENV) .venv-py310 .venv-py312 .venv-py313 .venv-vllm .venv-ray .venv-sglang .venv-third-party site .pytest_cache .mypy_cache .ruff_cache

@@ -29,6 +29,7 @@ import time
 import types
 import weakref
 from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,26 @@ def _attribute(node: object, name: str) -> Any:
 
 
 def _edges(node: object) -> Iterator[tuple[str, object]]:
-    """``(edge label, child)`` for the references the forward search follows."""
+    """``(edge label, child)`` for the references the forward search follows: code objects'
+    and containers' by their type, any other object's by its attributes."""
+    if isinstance(node, (types.MethodType, types.FunctionType, types.CellType)):
+        yield from _code_edges(node)
+        return
+    if isinstance(node, (type, types.ModuleType, types.BuiltinFunctionType, str, bytes)):
+        return
+    if isinstance(node, (dict, list, tuple, collections.deque, set, frozenset)):
+        yield from _container_edges(node)
+        return
+    if isinstance(node, weakref.ref):
+        return
+    yield from _object_edges(node)
+
+
+def _code_edges(
+    node: types.MethodType | types.FunctionType | types.CellType,
+) -> Iterator[tuple[str, object]]:
+    """A bound method's instance and function; a function's closure cells' contents and its
+    defaults; a cell's contents (an empty cell has none)."""
     if isinstance(node, types.MethodType):
         yield ".__self__", node.__self__
         yield ".__func__", node.__func__
@@ -72,14 +92,17 @@ def _edges(node: object) -> Iterator[tuple[str, object]]:
         for key, default in (node.__kwdefaults__ or {}).items():
             yield f".__kwdefaults__[{key!r}]", default
         return
-    if isinstance(node, types.CellType):
-        try:
-            yield ".cell_contents", node.cell_contents
-        except ValueError:
-            pass
-        return
-    if isinstance(node, (type, types.ModuleType, types.BuiltinFunctionType, str, bytes)):
-        return
+    try:
+        yield ".cell_contents", node.cell_contents
+    except ValueError:
+        pass
+
+
+def _container_edges(
+    node: dict[Any, Any] | list[Any] | tuple[Any, ...] | collections.deque[Any] | AbstractSet[Any],
+) -> Iterator[tuple[str, object]]:
+    """A dict's values and keys, a sequence's items by index, a set's items (read from a
+    copy: the search may run while another thread changes them)."""
     if isinstance(node, dict):
         for key, value in list(node.items()):
             yield f"[{key!r}]", value
@@ -89,12 +112,14 @@ def _edges(node: object) -> Iterator[tuple[str, object]]:
         for index, value in enumerate(list(node)):
             yield f"[{index}]", value
         return
-    if isinstance(node, (set, frozenset)):
-        for value in list(node):
-            yield "{item}", value
-        return
-    if isinstance(node, weakref.ref):
-        return
+    for value in list(node):
+        yield "{item}", value
+
+
+def _object_edges(node: object) -> Iterator[tuple[str, object]]:
+    """Any other object's references: a partial's function and arguments, a bound object's
+    ``__self__``, the instance dict and the slots (read through :func:`_attribute` and guarded
+    lookups: a user's ``__getattr__`` or property may do anything)."""
     func = _attribute(node, "func")
     # functools.partial and relatives
     if func is not None and _attribute(node, "keywords") is not None:

@@ -296,116 +296,179 @@ def find_owners(
     if not targets:
         return Owners()
     deadline = time.monotonic() + max_seconds
-    modules, shared_skip = _namespaces()
-    skip = set(shared_skip)  # the walk adds its own bookkeeping
-    keys = list(targets)
-    answers: dict[Any, Owner] = {}
-    # The walk's own bookkeeping refers to the objects it walks: it must not count as an owner.
-    objects: dict[int, object] = {}
-    parents: dict[int, dict[int, int]] = {}  # node id -> {label: id of the node it refers to}
-    labels_of: dict[int, frozenset[int]] = {}
-    frontier: list[object] = []
-    # The keys too: a caller's key ``(kind, thread)`` refers to its target, and the list of
-    # keys, held by the walk's own closures, led the walk up through them, a heap pass a level.
-    # (A key that is a target itself stays walkable.)
-    target_ids = {id(target) for target in targets.values()}
-    skip.update({id(targets), id(objects), id(frontier), id(keys)})
-    skip.update(id(key) for key in keys if id(key) not in target_ids)
-    for index, key in enumerate(keys):
-        target = targets[key]
-        known = labels_of.get(id(target))
-        labels_of[id(target)] = frozenset({index}) | (known or frozenset())
-        if known is None:
-            objects[id(target)] = target
-            parents[id(target)] = {}
-            frontier.append(target)
+    search = _Search(targets, fixture_roots)
+    search.settle_fixture_values()
+    forwards = shortcut and search.known_owners_first(max_depth)
+    if not walk:
+        search.answers.update(_import_owners(targets, search.answers))
+        return Owners(search.answers)
+    if near:
+        search.take_near(near)
+    search.walk(max_depth, max_nodes, deadline, forwards)
+    return search.last_resorts(deadline, max_seconds, follow_starters)
 
-    def chain_from(node_id: int, label: int) -> list[object]:
+
+class _Search:
+    """The state of one :func:`find_owners` call, one method per step.
+
+    Each target gets a label (its index in ``keys``); every object the backward walk reaches
+    carries the labels of the targets it leads to (``labels_of``) and, per label, the id of the
+    object it refers to on the way down (``parents``): the reference path from an owner to a
+    target is read back from there (:meth:`chain_from`). The walk's own bookkeeping refers to the
+    objects it walks, so each container of it is in ``skip`` and can never read as an owner."""
+
+    def __init__(
+        self,
+        targets: Mapping[Any, object],
+        fixture_roots: Mapping[int, tuple[Any, str, object]],
+    ) -> None:
+        self.targets = targets
+        self.fixture_roots = fixture_roots
+        self.modules, shared_skip = _namespaces()
+        self.skip = set(shared_skip)  # the walk adds its own bookkeeping
+        self.keys = list(targets)
+        self.answers: dict[Any, Owner] = {}
+        self.objects: dict[int, object] = {}
+        self.parents: dict[int, dict[int, int]] = {}  # node id -> {label: id it refers to}
+        self.labels_of: dict[int, frozenset[int]] = {}
+        self.frontier: list[object] = []
+        #: A global or class attribute settled something in this level (worth a forward look).
+        self.remembered = False
+        # The keys too: a caller's key ``(kind, thread)`` refers to its target, and the list of
+        # keys, held by the search itself, led the walk up through them, a heap pass a
+        # level. (A key that is a target itself stays walkable.)
+        target_ids = {id(target) for target in targets.values()}
+        self.skip.update({id(targets), id(self.objects), id(self.frontier), id(self.keys)})
+        self.skip.update(id(key) for key in self.keys if id(key) not in target_ids)
+        for index, key in enumerate(self.keys):
+            target = targets[key]
+            known = self.labels_of.get(id(target))
+            self.labels_of[id(target)] = frozenset({index}) | (known or frozenset())
+            if known is None:
+                self.objects[id(target)] = target
+                self.parents[id(target)] = {}
+                self.frontier.append(target)
+
+    def unsettled(self) -> bool:
+        return len(self.answers) < len(self.keys)
+
+    def chain_from(self, node_id: int, label: int) -> list[object]:
+        """The reference path from ``node_id`` down to the target of ``label``, owner first:
+        each node's parent is the node it refers to."""
         chain = []
         current: int | None = node_id
         while current is not None:
-            chain.append(objects[current])
-            current = parents[current].get(label)
-        return chain  # owner first: each node's parent is the node it refers to
+            chain.append(self.objects[current])
+            current = self.parents[current].get(label)
+        return chain
 
-    remembered = False  # a global or class attribute settled something in this level
-
-    def settle(node_id: int, kind: str, owner_name: str, key: Any) -> None:
-        nonlocal remembered
-        for label in labels_of[node_id]:
-            if keys[label] not in answers:
-                chain = chain_from(node_id, label)
-                answers[keys[label]] = _owner(chain, kind, owner_name, key)
+    def settle(self, node_id: int, kind: str, owner_name: str, key: Any) -> None:
+        """``node_id`` is an owner: it answers every unanswered target it leads to. A global
+        or class attribute is remembered, so the next search tries it forwards first."""
+        for label in self.labels_of[node_id]:
+            if self.keys[label] not in self.answers:
+                chain = self.chain_from(node_id, label)
+                self.answers[self.keys[label]] = _owner(chain, kind, owner_name, key)
                 if kind != "fixture":
                     _remember(kind, chain, owner_name)
-                    remembered = True
+                    self.remembered = True
 
-    def unanswered(nodes: list[object]) -> list[object]:
-        return [n for n in nodes if any(keys[i] not in answers for i in labels_of[id(n)])]
+    def unanswered(self, nodes: list[object]) -> list[object]:
+        """The nodes that still lead to a target without an answer (the others are not walked
+        on)."""
+        return [
+            n for n in nodes if any(self.keys[i] not in self.answers for i in self.labels_of[id(n)])
+        ]
 
-    for node_id in list(objects):  # a target may itself be a fixture's value
-        if node_id in fixture_roots:
-            key, name, _value = fixture_roots[node_id]
-            settle(node_id, "fixture", name, key)
-    # Forwards from a global found during the walk, once no fixture can own what is left (their
-    # search was complete): a pool's pipes, a level or three below the workers that led to it.
-    forwards = False
-    if shortcut and len(answers) < len(keys):
-        left = {key: targets[key] for key in keys if key not in answers}
-        found_forwards, forwards = _known_owners(left, fixture_roots, modules, skip, max_depth)
-        answers.update(found_forwards)
-        del left  # it holds the targets: the walk below would take it for a referrer of each
-        frontier = unanswered(frontier)
-    if not walk:
-        answers.update(_import_owners(targets, answers))
-        return Owners(answers)
+    def settle_fixture_values(self) -> None:
+        """A target may itself be a fixture's value: the fixture owns it."""
+        for node_id in list(self.objects):
+            if node_id in self.fixture_roots:
+                key, name, _value = self.fixture_roots[node_id]
+                self.settle(node_id, "fixture", name, key)
 
-    def take(ref: Any, frontier_ids: AbstractSet[int], into: list[object]) -> None:
+    def known_owners_first(self, max_depth: int) -> bool:
+        """Forwards from the fixtures' values and the remembered owners, without a heap pass
+        (:func:`_known_owners`); the frontier keeps only what is still unanswered. True when the
+        fixtures' search was complete: then a global found during the walk may be searched
+        forwards too (no fixture can own what is left), a pool's pipes a level or three below
+        the workers that led to it."""
+        if not self.unsettled():
+            return False
+        left = {key: self.targets[key] for key in self.keys if key not in self.answers}
+        found, complete = _known_owners(
+            left, self.fixture_roots, self.modules, self.skip, max_depth
+        )
+        self.answers.update(found)
+        del left  # it holds the targets: the walk would take it for a referrer of each
+        self.frontier = self.unanswered(self.frontier)
+        return complete
+
+    def take(self, ref: Any, frontier_ids: AbstractSet[int], into: list[object]) -> None:
         """One referrer of the frontier: settled when it is an owner, else walked next."""
         ref_id = id(ref)
-        if ref_id in skip or _is_a(ref, _NEVER_OWNERS) or _is_tool_object(ref) or _opaque(ref):
-            return
-        if _is_mock_class(ref):
+        if not _walkable(ref, self.skip):
             return
         # Which frontier nodes does it hold? It carries their unanswered labels.
-        known = labels_of.get(ref_id, frozenset())
+        known = self.labels_of.get(ref_id, frozenset())
+        links = self._links(ref, known, frontier_ids)
+        if not links:
+            return
+        self.labels_of[ref_id] = known | frozenset(links)
+        self.objects[ref_id] = ref
+        self.parents.setdefault(ref_id, {}).update(links)
+        if ref_id in self.fixture_roots:
+            key, name, _value = self.fixture_roots[ref_id]
+            self.settle(ref_id, "fixture", name, key)
+        elif ref_id in self.modules:
+            self.settle(ref_id, "module-global", self.modules[ref_id], None)
+        elif _is_a(ref, type):
+            self.settle(ref_id, "class-attribute", f"{ref.__module__}.{ref.__qualname__}", None)
+        else:
+            into.append(ref)
+
+    def _links(
+        self, ref: object, known: frozenset[int], frontier_ids: AbstractSet[int]
+    ) -> dict[int, int]:
+        """label -> id of the frontier node ``ref`` refers to, for each unanswered label it
+        does not carry yet (the first such node per label)."""
         links: dict[int, int] = {}
         for child in gc.get_referents(ref):
             child_id = id(child)
             if child_id in frontier_ids:
-                for label in labels_of[child_id]:
-                    if label not in known and keys[label] not in answers:
+                for label in self.labels_of[child_id]:
+                    if label not in known and self.keys[label] not in self.answers:
                         links.setdefault(label, child_id)
-        if not links:
-            return
-        labels_of[ref_id] = known | frozenset(links)
-        objects[ref_id] = ref
-        parents.setdefault(ref_id, {}).update(links)
-        if ref_id in fixture_roots:
-            key, name, _value = fixture_roots[ref_id]
-            settle(ref_id, "fixture", name, key)
-        elif ref_id in modules:
-            settle(ref_id, "module-global", modules[ref_id], None)
-        elif _is_a(ref, type):
-            settle(ref_id, "class-attribute", f"{ref.__module__}.{ref.__qualname__}", None)
-        else:
-            into.append(ref)
+        return links
 
-    if near:
-        # Known referrers join the frontier as if a heap pass had found them: the first pass
-        # then asks for their referrers too (one pass less for an atexit-held object).
-        skip.update({id(near), *(id(objs) for objs in near.values())})
-        frontier_ids = {id(n) for n in frontier}
-        for key in keys:
-            if key in near and key not in answers:
+    def take_near(self, near: Mapping[Any, Sequence[object]]) -> None:
+        """Known referrers join the frontier as if a heap pass had found them: the first pass
+        then asks for their referrers too (one pass less for an atexit-held object)."""
+        self.skip.update({id(near), *(id(objs) for objs in near.values())})
+        frontier_ids = {id(n) for n in self.frontier}
+        for key in self.keys:
+            if key in near and key not in self.answers:
                 for ref in near[key]:
-                    take(ref, frontier_ids, frontier)
-    depth = 0
-    while frontier and depth < max_depth and len(answers) < len(keys):
-        if time.monotonic() > deadline or len(objects) > max_nodes:
-            break
-        depth += 1
-        frontier_ids = {id(n) for n in frontier}
+                    self.take(ref, frontier_ids, self.frontier)
+
+    def walk(self, max_depth: int, max_nodes: int, deadline: float, forwards: bool) -> None:
+        """Backwards, one heap pass a level, until every target is answered, nothing is left
+        to walk or a bound (depth, nodes, time) is reached."""
+        depth = 0
+        while self.frontier and depth < max_depth and self.unsettled():
+            if time.monotonic() > deadline or len(self.objects) > max_nodes:
+                break
+            depth += 1
+            next_frontier = self.level()
+            if forwards and self.remembered and self.unsettled():
+                self.remembered = False
+                next_frontier = self.follow_remembered(next_frontier, max_depth)
+            self.frontier = next_frontier
+
+    def level(self) -> list[object]:
+        """One heap pass: the referrers of the frontier, each taken (:meth:`take`); returns
+        those to walk next."""
+        frontier_ids = {id(n) for n in self.frontier}
         # The call's own argument tuple holds the frontier and is a (tracked) referrer of it:
         # walked, it led to the next level's argument tuple, and so on to max_depth (every
         # unowned target's walk took 14 heap passes). A call with an exact tuple passes that
@@ -413,10 +476,10 @@ def find_owners(
         # new tuple of the same objects: one that nothing but ``referrers`` holds (the list,
         # ``ref`` and getrefcount's argument: 3) is left out too; a tuple someone else holds
         # is walked even when it holds just the frontier.
-        args = tuple(frontier)
+        args = tuple(self.frontier)
         referrers = gc.get_referrers(*args)
         next_frontier: list[object] = []
-        skip.update({id(referrers), id(next_frontier), id(frontier), id(args)})
+        self.skip.update({id(referrers), id(next_frontier), id(self.frontier), id(args)})
         for ref in referrers:
             if (
                 type(ref) is tuple
@@ -425,28 +488,52 @@ def find_owners(
                 and all(a is b for a, b in zip(ref, args, strict=True))
             ):
                 continue
-            take(ref, frontier_ids, next_frontier)
+            self.take(ref, frontier_ids, next_frontier)
         del referrers
-        if forwards and remembered and len(answers) < len(keys):
-            remembered = False
-            wanted = {id(targets[key]): targets[key] for key in keys if key not in answers}
-            found = _remembered_owners(wanted, skip | {id(wanted)}, modules, max_depth)
-            for key in keys:
-                if key not in answers and id(targets[key]) in found:
-                    answers[key] = found[id(targets[key])]
-            next_frontier = unanswered(next_frontier)
-        frontier = next_frontier
-    if len(answers) < len(keys) and gc.get_freeze_count() > _FROZEN_AT_IMPORT:
-        left = {key: targets[key] for key in keys if key not in answers}
-        answers.update(_forward_owners(left, fixture_roots, modules, deadline + max_seconds))
-    if len(answers) < len(keys):
-        answers.update(_import_owners(targets, answers))
-    if follow_starters and len(answers) < len(keys):
-        answers.update(_owners_through_starters(targets, answers, fixture_roots, max_seconds))
-    owners = Owners(answers)
-    if walk and frontier:  # referrers left unexplored: no owner found is not "none"
-        owners.uncertain = frozenset(key for key in keys if key not in answers)
-    return owners
+        return next_frontier
+
+    def follow_remembered(self, next_frontier: list[object], max_depth: int) -> list[object]:
+        """A global or class attribute settled something in this level: forwards from the
+        remembered owners for the rest (no heap pass); the next frontier keeps only what is
+        still unanswered."""
+        keys, targets = self.keys, self.targets
+        wanted = {id(targets[key]): targets[key] for key in keys if key not in self.answers}
+        found = _remembered_owners(wanted, self.skip | {id(wanted)}, self.modules, max_depth)
+        for key in keys:
+            if key not in self.answers and id(targets[key]) in found:
+                self.answers[key] = found[id(targets[key])]
+        return self.unanswered(next_frontier)
+
+    def last_resorts(self, deadline: float, max_seconds: float, follow_starters: bool) -> Owners:
+        """What the backward walk left unowned: forwards while gc is frozen (a frozen object is
+        invisible to ``gc.get_referrers``), then the import that created it, then the owner of
+        the thread that started it; the answer, with the keys whose walk was cut short as
+        ``uncertain``."""
+        keys, targets, answers = self.keys, self.targets, self.answers
+        if self.unsettled() and gc.get_freeze_count() > _FROZEN_AT_IMPORT:
+            left = {key: targets[key] for key in keys if key not in answers}
+            answers.update(
+                _forward_owners(left, self.fixture_roots, self.modules, deadline + max_seconds)
+            )
+        if self.unsettled():
+            answers.update(_import_owners(targets, answers))
+        if follow_starters and self.unsettled():
+            answers.update(
+                _owners_through_starters(targets, answers, self.fixture_roots, max_seconds)
+            )
+        owners = Owners(answers)
+        if self.frontier:  # referrers left unexplored: no owner found is not "none"
+            owners.uncertain = frozenset(key for key in keys if key not in answers)
+        return owners
+
+
+def _walkable(ref: object, skip: AbstractSet[int]) -> bool:
+    """Whether the backward walk may pass through (or stop at) ``ref``: not its own
+    bookkeeping or a registry (``skip``), a frame, traceback or module, the test tools' object,
+    an opaque object or a mock class."""
+    if id(ref) in skip or _is_a(ref, _NEVER_OWNERS) or _is_tool_object(ref) or _opaque(ref):
+        return False
+    return not _is_mock_class(ref)
 
 
 class Owners(dict):  # type: ignore[type-arg]

@@ -277,79 +277,108 @@ def _merge(kept: dict[str, Any], record: Mapping[str, Any]) -> None:
         kept.setdefault(key, value)
 
 
+class _Folded:
+    """What :func:`collect` gathers while it reads the log, one method per kind of line: each
+    line's handling stays short enough to read beside the others."""
+
+    def __init__(self) -> None:
+        self.head: dict[str, Any] = {}
+        self.kept: dict[tuple[str, Any], dict[str, Any]] = {}
+        self.durations: list[float] = []
+        self.guard_times: list[float] = []
+        self.long_lived: list[dict[str, Any]] = []
+        self.workers: set[str] = set()
+        self.lost: list[dict[str, Any]] = []
+        self.end: Mapping[str, Any] | None = None
+        self.unchecked = 0
+        self.cut_short: list[str] = []
+        self.unblocked = False
+
+    def add(self, entry: Mapping[str, Any]) -> None:
+        kind = entry.get("type")
+        if kind == "session":
+            self.head = {k: v for k, v in entry.items() if k != "type"}
+        elif kind == "record":
+            self._record(entry.get("record") or {}, bool(entry.get("timed")))
+        elif kind == "long_lived":
+            self.long_lived.append(dict(entry.get("item") or {}))
+        elif kind == "worker":
+            self._worker(entry)
+        elif kind == "end":
+            self.end = entry
+        elif kind == "exit_unblocked":
+            self.unblocked = True
+
+    def _record(self, record: Mapping[str, Any], timed: bool) -> None:
+        """One test's record: its durations counted, and kept (merged per test and worker)
+        when the report has something to say about it."""
+        if timed:
+            self.durations.append(float(record.get("teardown_s", 0.0)))
+            self.guard_times.append(float(record.get("guard_s", 0.0)))
+        if record.get("worker"):
+            self.workers.add(str(record["worker"]))
+        if record.get("guard_error"):
+            self.unchecked += 1
+        if record.get("cut_short"):
+            self.cut_short.append(str(record.get("nodeid")))
+        if not _worth_keeping(record):
+            return
+        key = (str(record.get("nodeid")), record.get("worker"))
+        if key in self.kept:
+            _merge(self.kept[key], record)
+        else:
+            self.kept[key] = {**record, "findings": list(record.get("findings") or [])}
+
+    def _worker(self, entry: Mapping[str, Any]) -> None:
+        """An xdist worker's end: lost ones make the report incomplete."""
+        self.workers.add(str(entry.get("worker")))
+        if entry.get("lost"):
+            worker = {"worker": str(entry.get("worker")), "error": entry.get("error", "")}
+            if entry.get("spilled"):
+                worker["spilled"] = int(entry["spilled"])
+            self.lost.append(worker)
+
+    def result(self) -> dict[str, Any]:
+        end = self.end
+        blocked = [] if end is None or self.unblocked else list(end.get("exit_blocked_by") or [])
+        why = _incomplete(end, self.lost, self.unchecked, self.cut_short, blocked)
+        return {
+            "head": self.head,
+            "records": sorted(self.kept.values(), key=lambda r: str(r.get("nodeid"))),
+            "durations": self.durations,
+            "guard_times": self.guard_times,
+            "long_lived": self.long_lived,
+            "workers": sorted(self.workers),
+            "lost_workers": self.lost,
+            "complete": end is not None and why is None,
+            "incomplete": why,
+            "interrupted": bool(end is not None and end.get("interrupted")),
+            "exitstatus": end.get("exitstatus") if end is not None else None,
+            "exit_blocked_by": blocked,
+        }
+
+
+def _worth_keeping(record: Mapping[str, Any]) -> bool:
+    """A record the report lists: findings, a budget event, a slow guard, a guard that failed
+    or a teardown cut short. The others only count in the durations."""
+    return bool(
+        record.get("findings")
+        or record.get("budget")
+        or float(record.get("guard_s", 0.0)) >= SLOW_GUARD_S
+        or record.get("guard_error")
+        or record.get("cut_short")
+    )
+
+
 def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Fold log entries into: ``head``, ``records`` (one per test and worker, merged, only
     those with findings, a budget event or a slow guard), ``durations``, ``guard_times``,
     ``long_lived``, ``workers``, ``lost_workers``, ``complete``, ``exitstatus`` and
     ``exit_blocked_by``."""
-    head: dict[str, Any] = {}
-    kept: dict[tuple[str, Any], dict[str, Any]] = {}
-    durations: list[float] = []
-    guard_times: list[float] = []
-    long_lived: list[dict[str, Any]] = []
-    workers: set[str] = set()
-    lost: list[dict[str, Any]] = []
-    end: Mapping[str, Any] | None = None
-    unchecked = 0
-    cut_short: list[str] = []
-    unblocked = False
+    folded = _Folded()
     for entry in entries:
-        kind = entry.get("type")
-        if kind == "session":
-            head = {k: v for k, v in entry.items() if k != "type"}
-        elif kind == "record":
-            record = entry.get("record") or {}
-            if entry.get("timed"):
-                durations.append(float(record.get("teardown_s", 0.0)))
-                guard_times.append(float(record.get("guard_s", 0.0)))
-            if record.get("worker"):
-                workers.add(str(record["worker"]))
-            slow = float(record.get("guard_s", 0.0)) >= SLOW_GUARD_S
-            if record.get("guard_error"):
-                unchecked += 1
-            if record.get("cut_short"):
-                cut_short.append(str(record.get("nodeid")))
-            if (
-                record.get("findings")
-                or record.get("budget")
-                or slow
-                or record.get("guard_error")
-                or record.get("cut_short")
-            ):
-                key = (str(record.get("nodeid")), record.get("worker"))
-                if key in kept:
-                    _merge(kept[key], record)
-                else:
-                    kept[key] = {**record, "findings": list(record.get("findings") or [])}
-        elif kind == "long_lived":
-            long_lived.append(dict(entry.get("item") or {}))
-        elif kind == "worker":
-            workers.add(str(entry.get("worker")))
-            if entry.get("lost"):
-                worker = {"worker": str(entry.get("worker")), "error": entry.get("error", "")}
-                if entry.get("spilled"):
-                    worker["spilled"] = int(entry["spilled"])
-                lost.append(worker)
-        elif kind == "end":
-            end = entry
-        elif kind == "exit_unblocked":
-            unblocked = True
-    blocked = [] if end is None or unblocked else list(end.get("exit_blocked_by") or [])
-    why = _incomplete(end, lost, unchecked, cut_short, blocked)
-    return {
-        "head": head,
-        "records": sorted(kept.values(), key=lambda r: str(r.get("nodeid"))),
-        "durations": durations,
-        "guard_times": guard_times,
-        "long_lived": long_lived,
-        "workers": sorted(workers),
-        "lost_workers": lost,
-        "complete": end is not None and why is None,
-        "incomplete": why,
-        "interrupted": bool(end is not None and end.get("interrupted")),
-        "exitstatus": end.get("exitstatus") if end is not None else None,
-        "exit_blocked_by": blocked,
-    }
+        folded.add(entry)
+    return folded.result()
 
 
 def _incomplete(

@@ -248,19 +248,14 @@ def budget_finding(name: str, budget: Mapping[str, Any]) -> Finding:
     )
 
 
-@scanned_names_are_hooks
-class ShutdownReport:
-    """Collects :class:`TestRecord` data and renders it; a pytest plugin object.
+class _Accepted:
+    """The entries a report is made of and how they are read: the running test's (sent with
+    its teardown report), those accepted here (controller or single process, each logged as it
+    comes) and what :func:`collect` folds them into. :class:`ShutdownReport` is the plugin
+    around them: hooks, the record log's life, the JSON report and the terminal section."""
 
-    On an xdist worker the data goes into ``workeroutput`` at session end; on the controller (or
-    without xdist) it is merged, written as JSON (``--shutdown-report``) and summarised in the
-    terminal section ``shutdown``.
-    """
-
-    def __init__(self, config: pytest.Config, settings: GuardSettings) -> None:
-        self.config = config
-        self.settings = settings
-        self.worker: str | None = getattr(config, "workerinput", {}).get("workerid")
+    def __init__(self, worker: str | None) -> None:
+        self.worker = worker
         #: Entries accepted here (controller or single process), in record-log order
         #: (:attr:`entries`); the clean tests' records are kept as rows (node id, teardown and
         #: guard seconds, reported), and each other entry notes how many rows came before it,
@@ -272,33 +267,9 @@ class ShutdownReport:
         self._folded_at: tuple[int, dict[str, Any]] | None = None
         #: Entries of the running test, sent with its teardown report.
         self._pending: list[dict[str, Any]] = []
+        #: The record log (``--shutdown-report``, controller or single process only).
         self.log: RecordLog | None = None
-        #: Why the JSON report could not be written (``None``: written, or not yet tried).
-        self.report_error: str | None = None
-        self._report_written = False
-        #: Why an earlier run's report is still at the path (``None``: it is not).
-        self._stale: str | None = None
         self._pid = os.getpid()
-        self._interrupted = False
-        self._finished = False
-        #: Warn mode: the non-daemon threads tests left, alive at session end, that the exit
-        #: waits for, and how the report describes them (:meth:`exit_blocked`).
-        self._blocking: list[threading.Thread] = []
-        self._blocked_by: list[dict[str, Any]] = []
-        #: The report says the exit is blocked; the log stays open until it is not.
-        self._awaiting_exit = False
-        #: Controller: the folder where a worker that ends at once leaves its last records.
-        self._spill_dir: str | None = None
-        if settings.report_path is not None and self.worker is None:
-            # Every option is valid by now: the report's folders may be created.
-            create_folder(settings.report_path.parent, "--shutdown-report")
-            self.log = RecordLog(record_log_path(settings.report_path))
-            _claim(self.log)
-        #: Ended at once (a SIGTERM the main thread cannot take): the report is written first.
-        #: Its two hooks are this object's (one plugin object fewer to register).
-        self.sigterm = SigtermEndsSessionInOrder(self.end_at_once)
-
-    # --- collecting ---
 
     def add(self, record: TestRecord) -> None:
         """Add one test's outcome (its teardown duration counts); sent when the test ends."""
@@ -344,59 +315,10 @@ class ShutdownReport:
         """Every entry accepted so far, clean tests' records included, in order (the rows are
         made into records now: only the JSON report and the tests read them all)."""
         if self._clean_rows:
-            rows = [
-                {
-                    "type": "record",
-                    "record": plain_record(nodeid, None, teardown_s, guard_s, reported=reported),
-                    "timed": True,
-                }
-                for nodeid, teardown_s, guard_s, reported in self._clean_rows
-            ]
-            # An entry appended to this list from outside (not through _accept) comes after
-            # every row so far.
-            missing = len(self._entries) - len(self._rows_before)
-            self._rows_before += [len(rows)] * missing
-            merged: list[dict[str, Any]] = []
-            taken = 0
-            for entry, before in zip(self._entries, self._rows_before, strict=True):
-                merged += rows[taken:before]
-                taken = before
-                merged.append(entry)
-            self._entries[:] = merged + rows[taken:]
+            self._entries[:] = _with_rows(self._entries, self._rows_before, self._clean_rows)
             self._clean_rows.clear()
             self._rows_before[:] = [0] * len(self._entries)
         return self._entries
-
-    def _head(self) -> dict[str, Any]:
-        return {
-            "schema_version": SCHEMA_VERSION,
-            "pytest_shutdown_version": pytest_shutdown.__version__,
-            "guard": self.settings.mode,
-            "grace_s": self.settings.grace_s,
-            "budget_s": self.settings.budget_s,
-            "platform": self.settings.platform,
-            "pid": os.getpid(),
-        }
-
-    def _mark_in_progress(self) -> None:
-        """From now on the report path never describes an earlier run: it says this run is in
-        progress (``"complete": false``) until the final report replaces it. When even that
-        cannot be written (a full disk), the earlier run's report is removed instead."""
-        path = self.settings.report_path
-        if path is None:
-            return
-        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        try:
-            write_report(in_progress_report(self._head(), path, started), path)
-        except (OSError, TargetRefused):
-            if refusal_of_target(path) is not None:
-                return  # not a regular file (swapped in since the check): never removed
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
-            except OSError as exc:
-                self._stale = f"an earlier run's report is still there ({describe_os_error(exc)})"
 
     def _folded(self) -> dict[str, Any]:
         """``collect`` of the entries accepted so far, folded once per new entry (the summary
@@ -436,10 +358,52 @@ class ShutdownReport:
             if entry.get("type") == "long_lived"
         ]
 
-    # --- rendering ---
-
     def counts(self) -> dict[str, int]:
         return dict(Counter(f["code"] for r in self.records for f in r.findings))
+
+
+@scanned_names_are_hooks
+class ShutdownReport(_Accepted):
+    """Collects :class:`TestRecord` data (:class:`_Accepted`) and renders it; a pytest plugin
+    object.
+
+    On an xdist worker the data goes into ``workeroutput`` at session end; on the controller (or
+    without xdist) it is merged, written as JSON (``--shutdown-report``) and summarised in the
+    terminal section ``shutdown``.
+    """
+
+    def __init__(self, config: pytest.Config, settings: GuardSettings) -> None:
+        self.config = config
+        self.settings = settings
+        super().__init__(getattr(config, "workerinput", {}).get("workerid"))
+        #: Why the JSON report could not be written (``None``: written, or not yet tried).
+        self.report_error: str | None = None
+        self._report_written = False
+        #: Why an earlier run's report is still at the path (``None``: it is not).
+        self._stale: str | None = None
+        self._interrupted = False
+        self._finished = False
+        #: Warn mode: the non-daemon threads tests left, alive at session end, that the exit
+        #: waits for, and how the report describes them (:meth:`exit_blocked`).
+        self._blocking: list[threading.Thread] = []
+        self._blocked_by: list[dict[str, Any]] = []
+        #: The report says the exit is blocked; the log stays open until it is not.
+        self._awaiting_exit = False
+        #: Controller: the folder where a worker that ends at once leaves its last records.
+        self._spill_dir: str | None = None
+        if settings.report_path is not None and self.worker is None:
+            # Every option is valid by now: the report's folders may be created.
+            create_folder(settings.report_path.parent, "--shutdown-report")
+            self.log = RecordLog(record_log_path(settings.report_path))
+            _claim(self.log)
+        #: Ended at once (a SIGTERM the main thread cannot take): the report is written first.
+        #: Its two hooks are this object's (one plugin object fewer to register).
+        self.sigterm = SigtermEndsSessionInOrder(self.end_at_once)
+
+    def _head(self) -> dict[str, Any]:
+        return _session_head(self.settings)
+
+    # --- rendering ---
 
     def summary_lines(
         self, verbose: bool, collection_errors: int = 0, details: bool = False
@@ -447,84 +411,14 @@ class ShutdownReport:
         """The lines of the terminal section ``shutdown``: the result first, then the settings;
         each finding with the facts that locate it, or with ``details`` every fact it has."""
         records = sorted(self.records, key=lambda r: r.nodeid)
-        counts = self.counts()
-        # Findings of no test (``<session end>``, ``<fixture NAME>``) are named, not counted as
-        # tests: "2 of 1 test" misled.
-        flagged = sum(1 for r in records if r.findings and not r.nodeid.startswith("<"))
-        beyond = sorted({r.nodeid for r in records if r.findings and r.nodeid.startswith("<")})
-        setting = f"guard in {self.settings.mode} mode, grace {self.settings.grace_s:g} s"
-        if self.settings.budget_s:
-            setting += f", budget {self.settings.budget_s:g} s"
         tests = len(self.durations)
-        if counts:
-            by_code = ", ".join(f"{code}: {n}" for code, n in sorted(counts.items()))
-            head = f"{flagged} of {tests} test{'s' if tests != 1 else ''} with findings"
-            if beyond:
-                head += f", and findings at {', '.join(beyond)}"
-            head += f" ({by_code})"
-        elif tests:
-            head = f"no findings in {tests} test{'s' if tests > 1 else ''}"
-        else:
-            head = "the guard checked nothing"
-        if collection_errors:
-            errors = f"{collection_errors} collection error{'s' if collection_errors > 1 else ''}"
-            head += f"; not checked: {errors}" if tests else f": {errors}"
-        elif not tests:
-            head += ": no test ran"
-        lines = [f"{head} ({setting})"]
-        for record in records:
-            where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
-            for finding in record.findings:
-                first, *rest = finding_lines(finding, details=details)
-                lines.append(f"{where}: {first}")
-                lines.extend(rest)
-            if record.guard_error is not None:
-                lines.append(f"{where}: not checked, the guard failed: {record.guard_error}")
-            elif not record.findings and record.guard_s >= SLOW_GUARD_S:
-                lines.append(f"{where}: the guard waited {record.guard_s:.2f} s")
+        lines = [_summary_head(records, self.counts(), self.settings, tests, collection_errors)]
+        lines += _record_lines(records, details)
         if self.long_lived:
-            lines.append(
-                f"long-lived resources ({len(self.long_lived)}, owned by module globals or "
-                f"class attributes; {self.settings.long_lived}ed):"
-            )
-            for item in self.long_lived:
-                kind, name = item["kind"], item.get("name")
-                if kind == "thread":
-                    label = f"thread {name!r}"
-                elif kind == "port":  # its pid is the holder's, not a port number
-                    label = f"{name or 'socket'} (process {item.get('pid')})"
-                elif kind == "fd":
-                    label = f"fd {item.get('fd')} ({name or '?'})"
-                elif item.get("pid") is None:
-                    label = f"{kind} {name or '?'}"
-                else:
-                    label = f"{kind} {item.get('pid')} ({name or '?'})"
-                lines.append(
-                    f"  {label} owned by {item['owner']['kind']} "
-                    f"{item['owner']['name']}, first started in {item['first_test']}"
-                )
-        for lost in self.lost_workers:
-            if lost.get("spilled"):
-                lines.append(
-                    f"worker {lost['worker']} ended at once: the records of the tests it finished "
-                    "are kept, and so is the record it left before exiting (the hung test's)"
-                )
-                continue
-            lines.append(
-                f"worker {lost['worker']} crashed: the records of the tests it finished are kept, "
-                "the test it was running is lost"
-            )
+            lines += _long_lived_lines(self.long_lived, self.settings.long_lived)
+        lines += _lost_worker_lines(self.lost_workers)
         if verbose:
-            d = durations_summary(self.durations)
-            if d["count"]:
-                lines.append(
-                    f"shutdown durations: median {d['median_s']:.4f} s, max {d['max_s']:.4f} s"
-                    f" over {d['count']} tests"
-                )
-                lines.append(
-                    f"shutdown guard time: {sum(self.guard_times):.2f} s in total"
-                    " (included in the durations: ownership searches and grace waits)"
-                )
+            lines += _duration_lines(self.durations, self.guard_times)
         return lines
 
     # --- hooks ---
@@ -537,7 +431,8 @@ class ShutdownReport:
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
         if self.log is not None:
-            self._mark_in_progress()  # before the log is emptied: never the old report alone
+            # before the log is emptied: never the old report alone
+            self._stale = _mark_in_progress(self._head(), self.settings.report_path)
             self.log.open(self._head())
         HANG_HANDLERS.append(self._on_hung_teardown)
 
@@ -622,7 +517,7 @@ class ShutdownReport:
                 self._accept(entry)
             self._accept({"type": "worker", "worker": worker, "lost": False})
         else:
-            spilled = self._take_spill(worker)
+            spilled = _take_spill(self._spill_dir, worker)
             for entry in spilled:
                 self._accept(entry)
             error_text = str(error or "")[-500:]
@@ -630,19 +525,6 @@ class ShutdownReport:
             if spilled:
                 lost["spilled"] = len(spilled)
             self._accept(lost)
-
-    def _take_spill(self, worker: str) -> list[dict[str, Any]]:
-        """The records a worker that ended at once left in the spill folder (then removed)."""
-        if self._spill_dir is None:
-            return []
-        path = Path(self._spill_dir) / f"{worker}.json"
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            path.unlink()
-        except (OSError, ValueError):
-            return []
-        entries = data.get("entries") if isinstance(data, dict) else None
-        return [e for e in entries or [] if isinstance(e, dict)]
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_sessionfinish(
@@ -755,24 +637,12 @@ class ShutdownReport:
         an xdist worker, leave them where the controller picks them up."""
         pending, self._pending = self._pending, []
         if self.worker is not None:
-            self._spill([*pending, *entries])
+            folder = getattr(self.config, "workerinput", {}).get(SPILL_KEY)
+            _spill(folder, self.worker, [*pending, *entries])
             return
         for entry in [*pending, *entries]:
             self._accept(entry)
         self.finish(exitstatus, aborted=True)
-
-    def _spill(self, entries: list[dict[str, Any]]) -> None:
-        """xdist worker ending at once: its last records go to the controller's spill folder."""
-        folder = getattr(self.config, "workerinput", {}).get(SPILL_KEY)
-        if not folder or not entries:
-            return
-        path = Path(folder) / f"{self.worker}.json"
-        partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        try:
-            partial.write_text(json.dumps({"entries": entries}, default=str), encoding="utf-8")
-            os.replace(partial, path)
-        except OSError:
-            pass  # the controller lists the worker as lost, as before
 
     def section_markup(self, exitstatus: int = 0) -> dict[str, bool]:
         """The colour of the section's title line, as pytest colours its summary: red when
@@ -796,29 +666,246 @@ class ShutdownReport:
         details = shows_details(self.config)
         for line in self.summary_lines(verbose, collection_errors, details):
             terminalreporter.line(line)
-        if self.settings.report_path is None:
+        path = self.settings.report_path
+        if path is None:
             return
-        problem = self.log.error if self.log is not None else None
-        if problem is not None:
-            where = self.log.path if self.log is not None else "?"
-            terminalreporter.line(
+        written = self._report_written
+        for line, markup in _report_file_lines(
+            path, self.log, self.report_error, written, self._awaiting_exit
+        ):
+            terminalreporter.line(line, **markup)
+
+
+def _session_head(settings: GuardSettings) -> dict[str, Any]:
+    """The record log's first line (and the report's head): the run's settings and pid."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "pytest_shutdown_version": pytest_shutdown.__version__,
+        "guard": settings.mode,
+        "grace_s": settings.grace_s,
+        "budget_s": settings.budget_s,
+        "platform": settings.platform,
+        "pid": os.getpid(),
+    }
+
+
+def _mark_in_progress(head: dict[str, Any], path: Path | None) -> str | None:
+    """From now on the report path never describes an earlier run: it says this run is in
+    progress (``"complete": false``) until the final report replaces it. When even that
+    cannot be written (a full disk), the earlier run's report is removed instead; why it is
+    still there when that fails too (``None``: it is not)."""
+    if path is None:
+        return None
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    try:
+        write_report(in_progress_report(head, path, started), path)
+    except (OSError, TargetRefused):
+        if refusal_of_target(path) is not None:
+            return None  # not a regular file (swapped in since the check): never removed
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            return f"an earlier run's report is still there ({describe_os_error(exc)})"
+    return None
+
+
+def _with_rows(
+    entries: list[dict[str, Any]],
+    rows_before: list[int],
+    clean_rows: list[tuple[str, float, float, bool]],
+) -> list[dict[str, Any]]:
+    """``entries`` with the clean tests' rows made into records, each in its place:
+    ``rows_before[i]`` rows came before ``entries[i]`` (extended here for the entries appended
+    from outside, which come after every row so far)."""
+    rows = [
+        {
+            "type": "record",
+            "record": plain_record(nodeid, None, teardown_s, guard_s, reported=reported),
+            "timed": True,
+        }
+        for nodeid, teardown_s, guard_s, reported in clean_rows
+    ]
+    # An entry appended to this list from outside (not through _accept) comes after every
+    # row so far.
+    missing = len(entries) - len(rows_before)
+    rows_before += [len(rows)] * missing
+    merged: list[dict[str, Any]] = []
+    taken = 0
+    for entry, before in zip(entries, rows_before, strict=True):
+        merged += rows[taken:before]
+        taken = before
+        merged.append(entry)
+    return merged + rows[taken:]
+
+
+def _take_spill(spill_dir: str | None, worker: str) -> list[dict[str, Any]]:
+    """The records a worker that ended at once left in the spill folder (then removed)."""
+    if spill_dir is None:
+        return []
+    path = Path(spill_dir) / f"{worker}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        path.unlink()
+    except (OSError, ValueError):
+        return []
+    entries = data.get("entries") if isinstance(data, dict) else None
+    return [e for e in entries or [] if isinstance(e, dict)]
+
+
+def _spill(folder: str | None, worker: str | None, entries: list[dict[str, Any]]) -> None:
+    """xdist worker ending at once: its last records go to the controller's spill folder."""
+    if not folder or not entries:
+        return
+    path = Path(folder) / f"{worker}.json"
+    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    try:
+        partial.write_text(json.dumps({"entries": entries}, default=str), encoding="utf-8")
+        os.replace(partial, path)
+    except OSError:
+        pass  # the controller lists the worker as lost, as before
+
+
+def _report_file_lines(
+    path: Path,
+    log: RecordLog | None,
+    report_error: str | None,
+    written: bool,
+    awaiting_exit: bool,
+) -> list[tuple[str, dict[str, bool]]]:
+    """The terminal lines (with their colour) that say what became of ``--shutdown-report``:
+    a record log that stopped being written, a report not written, or where it was."""
+    lines: list[tuple[str, dict[str, bool]]] = []
+    problem = log.error if log is not None else None
+    if problem is not None:
+        where = log.path if log is not None else "?"
+        lines.append(
+            (
                 f"shutdown report incomplete: writing the record log {where} stopped after "
-                f"{self.log.lines if self.log else 0} lines: {problem}; the tests went on",
-                yellow=True,
+                f"{log.lines if log else 0} lines: {problem}; the tests went on",
+                {"yellow": True},
             )
-        if self.report_error is not None:
-            terminalreporter.line(
-                f"shutdown report not written to {self.settings.report_path}: {self.report_error}",
-                red=True,
+        )
+    if report_error is not None:
+        lines.append((f"shutdown report not written to {path}: {report_error}", {"red": True}))
+    elif written:
+        state = " (marked incomplete)" if problem is not None else ""
+        if awaiting_exit:
+            state += (
+                " (it says the process has not exited until the non-daemon threads the "
+                "exit waits for have ended)"
             )
-        elif self._report_written:
-            state = " (marked incomplete)" if problem is not None else ""
-            if self._awaiting_exit:
-                state += (
-                    " (it says the process has not exited until the non-daemon threads the "
-                    "exit waits for have ended)"
-                )
-            terminalreporter.line(f"shutdown report written to {self.settings.report_path}{state}")
+        lines.append((f"shutdown report written to {path}{state}", {}))
+    return lines
+
+
+def _summary_head(
+    records: list[TestRecord],
+    counts: Mapping[str, int],
+    settings: GuardSettings,
+    tests: int,
+    collection_errors: int,
+) -> str:
+    """The section's first line: what the guard found in how many tests, then its settings."""
+    # Findings of no test (``<session end>``, ``<fixture NAME>``) are named, not counted as
+    # tests: "2 of 1 test" misled.
+    flagged = sum(1 for r in records if r.findings and not r.nodeid.startswith("<"))
+    beyond = sorted({r.nodeid for r in records if r.findings and r.nodeid.startswith("<")})
+    setting = f"guard in {settings.mode} mode, grace {settings.grace_s:g} s"
+    if settings.budget_s:
+        setting += f", budget {settings.budget_s:g} s"
+    if counts:
+        by_code = ", ".join(f"{code}: {n}" for code, n in sorted(counts.items()))
+        head = f"{flagged} of {tests} test{'s' if tests != 1 else ''} with findings"
+        if beyond:
+            head += f", and findings at {', '.join(beyond)}"
+        head += f" ({by_code})"
+    elif tests:
+        head = f"no findings in {tests} test{'s' if tests > 1 else ''}"
+    else:
+        head = "the guard checked nothing"
+    if collection_errors:
+        errors = f"{collection_errors} collection error{'s' if collection_errors > 1 else ''}"
+        head += f"; not checked: {errors}" if tests else f": {errors}"
+    elif not tests:
+        head += ": no test ran"
+    return f"{head} ({setting})"
+
+
+def _record_lines(records: Iterable[TestRecord], details: bool) -> list[str]:
+    """Each kept test's findings (``details``: every fact), a failed guard or a slow one."""
+    lines: list[str] = []
+    for record in records:
+        where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
+        for finding in record.findings:
+            first, *rest = finding_lines(finding, details=details)
+            lines.append(f"{where}: {first}")
+            lines.extend(rest)
+        if record.guard_error is not None:
+            lines.append(f"{where}: not checked, the guard failed: {record.guard_error}")
+        elif not record.findings and record.guard_s >= SLOW_GUARD_S:
+            lines.append(f"{where}: the guard waited {record.guard_s:.2f} s")
+    return lines
+
+
+def _long_lived_label(item: Mapping[str, Any]) -> str:
+    """How one long-lived resource is named: each kind says what identifies it."""
+    kind, name = item["kind"], item.get("name")
+    if kind == "thread":
+        return f"thread {name!r}"
+    if kind == "port":  # its pid is the holder's, not a port number
+        return f"{name or 'socket'} (process {item.get('pid')})"
+    if kind == "fd":
+        return f"fd {item.get('fd')} ({name or '?'})"
+    if item.get("pid") is None:
+        return f"{kind} {name or '?'}"
+    return f"{kind} {item.get('pid')} ({name or '?'})"
+
+
+def _long_lived_lines(items: list[dict[str, Any]], treatment: str) -> list[str]:
+    """The long-lived resources: a heading (``treatment``: the setting, e.g. ``"report"``),
+    then each with its owner and the test that first started it."""
+    lines = [
+        f"long-lived resources ({len(items)}, owned by module globals or "
+        f"class attributes; {treatment}ed):"
+    ]
+    for item in items:
+        lines.append(
+            f"  {_long_lived_label(item)} owned by {item['owner']['kind']} "
+            f"{item['owner']['name']}, first started in {item['first_test']}"
+        )
+    return lines
+
+
+def _lost_worker_lines(lost_workers: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The xdist workers that ended before their session: what of their records is kept."""
+    lines: list[str] = []
+    for lost in lost_workers:
+        if lost.get("spilled"):
+            lines.append(
+                f"worker {lost['worker']} ended at once: the records of the tests it finished "
+                "are kept, and so is the record it left before exiting (the hung test's)"
+            )
+            continue
+        lines.append(
+            f"worker {lost['worker']} crashed: the records of the tests it finished are kept, "
+            "the test it was running is lost"
+        )
+    return lines
+
+
+def _duration_lines(durations: list[float], guard_times: list[float]) -> list[str]:
+    """``-v``: the teardown durations and the guard's share of them (none without tests)."""
+    d = durations_summary(durations)
+    if not d["count"]:
+        return []
+    return [
+        f"shutdown durations: median {d['median_s']:.4f} s, max {d['max_s']:.4f} s"
+        f" over {d['count']} tests",
+        f"shutdown guard time: {sum(guard_times):.2f} s in total"
+        " (included in the durations: ownership searches and grace waits)",
+    ]
 
 
 #: The key under ``config.workeroutput`` that carries a worker's backref pictures.

@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pytest_shutdown.checks.census import (
     AUTO,
@@ -196,63 +196,110 @@ def _leftovers(
 ) -> list[Finding]:
     """What is left of engine A at the deadline (polled: clean engines do not wait)."""
     while True:
-        gc.collect()
-        alive_threads = [t for t in (ref() for ref in threads) if t is not None and t.is_alive()]
-        open_fds = {fd: target for fd, target in fds.items() if _still(fd, target)}
-        memory = reader.used_bytes() if reader is not None else None
-        memory_held = (
-            memory is not None
-            and memory_before is not None
-            and memory > memory_before + device_tolerance
+        left = _read_leftovers(
+            engine_ref, kinds, objects_before, threads, fds, reader, memory_before, device_tolerance
         )
-        engine_alive = engine_ref is not None and engine_ref() is not None
-        counts = count_objects(gc.get_objects())
-        surviving = {
-            name: counts.get(name, 0) - objects_before.get(name, 0)
-            for name in kinds
-            if counts.get(name, 0) > objects_before.get(name, 0)
-        }
-        del counts
-        done = not (alive_threads or open_fds or memory_held or engine_alive or surviving)
-        if done or time.monotonic() >= deadline:
+        if left.nothing() or time.monotonic() >= deadline:
             break
-        del alive_threads
+        del left
         time.sleep(POLL_S)
     findings: list[Finding] = []
-    if engine_alive or surviving:
-        findings += _not_collected(subject, engine_ref, surviving)
-    if alive_threads:
-        names = [t.name for t in alive_threads]
-        findings.append(
-            Finding(
-                "thread-leak",
-                f"the first {subject}'s thread(s) {', '.join(repr(n) for n in names)} still ran "
-                "after its shutdown, when a second one was to be built.",
-                {"threads": names},
-            )
-        )
-    del alive_threads
-    if open_fds:
-        shown = ", ".join(f"{fd} -> {target}" for fd, target in list(open_fds.items())[:5])
-        findings.append(
-            Finding(
-                "growth",
-                f"the first {subject} left {len(open_fds)} file descriptor(s) open after its "
-                f"shutdown ({shown}): every engine built in this process adds as many.",
-                {"metric": "fds", "fds": open_fds},
-            )
-        )
-    if memory_held:
-        assert memory is not None and memory_before is not None
-        findings.append(
-            Finding(
-                "device-memory-held",
-                f"the first {subject} held {(memory - memory_before) / (1 << 20):.1f} MiB of "
-                f"device memory after its shutdown (reader {getattr(reader, 'name', '?')}).",
-                {"baseline": memory_before, "after": memory, "tolerance": device_tolerance},
-            )
-        )
+    if left.engine_alive or left.surviving:
+        findings += _not_collected(subject, engine_ref, left.surviving)
+    if left.thread_names:
+        findings.append(_threads_ran_on(subject, left.thread_names))
+    if left.open_fds:
+        findings.append(_fds_left_open(subject, left.open_fds))
+    if left.memory_held:
+        assert left.memory is not None and memory_before is not None
+        findings.append(_memory_held(subject, reader, memory_before, left.memory, device_tolerance))
     return findings
+
+
+class _Leftovers(NamedTuple):
+    """One reading of what engine A left: the names of its threads still running, its fds
+    still open, the device memory now (and whether it is over the baseline and tolerance),
+    whether the engine object is alive and its types' instance counts over the baseline."""
+
+    thread_names: list[str]
+    open_fds: dict[str, str]
+    memory: int | None
+    memory_held: bool
+    engine_alive: bool
+    surviving: dict[str, int]
+
+    def nothing(self) -> bool:
+        return not (
+            self.thread_names
+            or self.open_fds
+            or self.memory_held
+            or self.engine_alive
+            or self.surviving
+        )
+
+
+def _read_leftovers(
+    engine_ref: Callable[[], object] | None,
+    kinds: list[str],
+    objects_before: dict[str, int],
+    threads: list[weakref.ReferenceType[threading.Thread]],
+    fds: dict[str, str],
+    reader: MemoryReader | None,
+    memory_before: int | None,
+    device_tolerance: int,
+) -> _Leftovers:
+    """One reading, after a collection: the thread objects themselves are not kept (only their
+    names), so the reading never keeps a thread of A alive."""
+    gc.collect()
+    alive = [t for t in (ref() for ref in threads) if t is not None and t.is_alive()]
+    thread_names = [t.name for t in alive]
+    del alive
+    open_fds = {fd: target for fd, target in fds.items() if _still(fd, target)}
+    memory = reader.used_bytes() if reader is not None else None
+    memory_held = (
+        memory is not None
+        and memory_before is not None
+        and memory > memory_before + device_tolerance
+    )
+    engine_alive = engine_ref is not None and engine_ref() is not None
+    counts = count_objects(gc.get_objects())
+    surviving = {
+        name: counts.get(name, 0) - objects_before.get(name, 0)
+        for name in kinds
+        if counts.get(name, 0) > objects_before.get(name, 0)
+    }
+    del counts
+    return _Leftovers(thread_names, open_fds, memory, memory_held, engine_alive, surviving)
+
+
+def _threads_ran_on(subject: str, names: list[str]) -> Finding:
+    return Finding(
+        "thread-leak",
+        f"the first {subject}'s thread(s) {', '.join(repr(n) for n in names)} still ran "
+        "after its shutdown, when a second one was to be built.",
+        {"threads": names},
+    )
+
+
+def _fds_left_open(subject: str, open_fds: dict[str, str]) -> Finding:
+    shown = ", ".join(f"{fd} -> {target}" for fd, target in list(open_fds.items())[:5])
+    return Finding(
+        "growth",
+        f"the first {subject} left {len(open_fds)} file descriptor(s) open after its "
+        f"shutdown ({shown}): every engine built in this process adds as many.",
+        {"metric": "fds", "fds": open_fds},
+    )
+
+
+def _memory_held(
+    subject: str, reader: MemoryReader | None, before: int, after: int, tolerance: int
+) -> Finding:
+    return Finding(
+        "device-memory-held",
+        f"the first {subject} held {(after - before) / (1 << 20):.1f} MiB of "
+        f"device memory after its shutdown (reader {getattr(reader, 'name', '?')}).",
+        {"baseline": before, "after": after, "tolerance": tolerance},
+    )
 
 
 def _still(fd: str, target: str) -> bool:

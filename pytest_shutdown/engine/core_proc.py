@@ -499,14 +499,7 @@ def run_engine_core(
     lifeline = faults.engine_lifeline
     try:
         deadline = time.monotonic() + config.startup_timeout_s
-        if ring_name is not None:
-            proc.ring = ShmRing.create(ring_name)
-        proc.waker = SignalWaker(proc.wake)
-        signal.signal(signal.SIGTERM, proc.signal_handler)
-        signal.signal(signal.SIGINT, proc.signal_handler)
-        proc.waker.wake_on_signals()
-        log.event("handlers_installed", dp_rank=dp_rank)
-        set_process_name(f"EngineCore_DP{dp_rank}")
+        _install_handlers(proc, log, dp_rank, ring_name)
         if config.tensor_parallel_size > 1:
             # Before any other thread of this process starts: the workers are its forks.
             workers = WorkerGroup(
@@ -517,30 +510,8 @@ def run_engine_core(
         if lifeline and not faults.lifeline_after_startup:
             parent_watch = _arm_lifeline(proc, parent_pid, pdeathsig)
         proc.start_io_threads()
-
-        if faults.signal_before_engine:
-            os.kill(os.getpid(), signal.SIGTERM)
-        if workers is not None:
-            if faults.lifeline_after_startup:
-                workers.wait_ready_untimed()
-            else:
-                workers.wait_ready(deadline, proc.startup_interrupted)
-        else:
-            proc.load_model(config.startup_delay_s)
-        if faults.startup_delay_s:
-            time.sleep(faults.startup_delay_s)
-        if dp_rank in faults.fail_startup_ranks:
-            time.sleep(faults.fail_startup_after_s)
-            raise RuntimeError(f"injected startup failure in EngineCore_DP{dp_rank}")
-
-        placed = place_rank(config, dp_rank)
-        if dp_group is not None and not proc.startup_interrupted():
-            proc.dp_group = DataParallelGroup(
-                dp_rank, dp_group, placed, lambda code: _exit_stuck(log, dp_rank, code)
-            )
-            proc.dp_group.join()
-            log.event("dp_group_joined", dp_rank=dp_rank, backend=dp_group.backend)
-        engine_core = EngineCore(placed)
+        _start_up(proc, workers, faults, deadline, dp_rank)
+        engine_core = _build_engine(proc, dp_rank, dp_group, log)
         proc.engine_core = engine_core
         if workers is not None:
             proc.workers = workers
@@ -564,23 +535,7 @@ def run_engine_core(
         # Ignore repeated SIGTERM/SIGINT while cleaning up: a second signal must not cut it short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        log.event("cleanup_started")
-        if proc.dp_group is not None:
-            _leave_dp_group(proc.dp_group, log)
-        if proc.waker is not None:
-            proc.waker.stop()
-        proc.flush_outputs()
-        if proc.ring is not None:
-            proc.ring.close()
-            proc.ring.unlink()
-        if engine_core is not None:
-            engine_core.shutdown()
-        if workers is not None and proc.graceful:
-            workers.shutdown()
-        if heap_frozen_by_fork_server():
-            # The fork server's freeze, not this process's: released with the engine.
-            gc.unfreeze()
-        log.event("cleanup_finished")
+        _clean_up(proc, log, engine_core, workers)
         # Only now: the default handlers (still ignored in a process that is about to end).
         after = signal.SIG_IGN if exiting else signal.SIG_DFL
         signal.signal(signal.SIGTERM, after)
@@ -594,6 +549,90 @@ def run_engine_core(
             gc.freeze()
             if log.enabled:  # get_freeze_count() walks the whole frozen heap
                 log.event("gc_frozen", freeze_count=gc.get_freeze_count())
+
+
+def _install_handlers(
+    proc: EngineCoreProc, log: LifecycleLog, dp_rank: int, ring_name: str | None
+) -> None:
+    """The outputs' ring (when asked for), the signal handlers and their wake-up, the process
+    name: first thing, so a signal during start-up is seen and the cleanup finds the ring."""
+    if ring_name is not None:
+        proc.ring = ShmRing.create(ring_name)
+    proc.waker = SignalWaker(proc.wake)
+    signal.signal(signal.SIGTERM, proc.signal_handler)
+    signal.signal(signal.SIGINT, proc.signal_handler)
+    proc.waker.wake_on_signals()
+    log.event("handlers_installed", dp_rank=dp_rank)
+    set_process_name(f"EngineCore_DP{dp_rank}")
+
+
+def _start_up(
+    proc: EngineCoreProc,
+    workers: WorkerGroup | None,
+    faults: ChildFaults,
+    deadline: float,
+    dp_rank: int,
+) -> None:
+    """Load the model: the workers' shards (within the start-up deadline, or untimed when the
+    lifeline is armed only after start-up) or this process's own; then the injected faults of
+    start-up (a signal before the engine, a delay, a failure of this rank)."""
+    if faults.signal_before_engine:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if workers is not None:
+        if faults.lifeline_after_startup:
+            workers.wait_ready_untimed()
+        else:
+            workers.wait_ready(deadline, proc.startup_interrupted)
+    else:
+        proc.load_model(proc.config.startup_delay_s)
+    if faults.startup_delay_s:
+        time.sleep(faults.startup_delay_s)
+    if dp_rank in faults.fail_startup_ranks:
+        time.sleep(faults.fail_startup_after_s)
+        raise RuntimeError(f"injected startup failure in EngineCore_DP{dp_rank}")
+
+
+def _build_engine(
+    proc: EngineCoreProc, dp_rank: int, dp_group: DPGroupSpec | None, log: LifecycleLog
+) -> EngineCore:
+    """The rank's placement, the DP group joined (unless start-up was interrupted), then the
+    EngineCore itself."""
+    placed = place_rank(proc.config, dp_rank)
+    if dp_group is not None and not proc.startup_interrupted():
+        proc.dp_group = DataParallelGroup(
+            dp_rank, dp_group, placed, lambda code: _exit_stuck(log, dp_rank, code)
+        )
+        proc.dp_group.join()
+        log.event("dp_group_joined", dp_rank=dp_rank, backend=dp_group.backend)
+    return EngineCore(placed)
+
+
+def _clean_up(
+    proc: EngineCoreProc,
+    log: LifecycleLog,
+    engine_core: EngineCore | None,
+    workers: WorkerGroup | None,
+) -> None:
+    """vLLM's order: leave the DP group first (the ranks that left the loop together meet at
+    its barrier), stop the signal wake-up, flush and release the outputs' ring, shut the
+    EngineCore and (gracefully ending) the workers down, unfreeze a fork server's heap."""
+    log.event("cleanup_started")
+    if proc.dp_group is not None:
+        _leave_dp_group(proc.dp_group, log)
+    if proc.waker is not None:
+        proc.waker.stop()
+    proc.flush_outputs()
+    if proc.ring is not None:
+        proc.ring.close()
+        proc.ring.unlink()
+    if engine_core is not None:
+        engine_core.shutdown()
+    if workers is not None and proc.graceful:
+        workers.shutdown()
+    if heap_frozen_by_fork_server():
+        # The fork server's freeze, not this process's: released with the engine.
+        gc.unfreeze()
+    log.event("cleanup_finished")
 
 
 def _leave_dp_group(group: DataParallelGroup, log: LifecycleLog) -> None:

@@ -136,11 +136,15 @@ class _Worker:
         self.step_due: tuple[int, float] | None = None
         self._reported_in_collective = False
         self._sig_fds: tuple[int, ...] = ()
+        #: The pipe to the EngineCore still listened to (not after a failed send or its EOF).
+        self._conn_open = True
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.signals.append(signum)
 
     def run(self) -> int:
+        """The worker's life: load, join the group, serve steps until a stop message, a signal
+        or the parent's death; the exit code."""
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -149,56 +153,12 @@ class _Worker:
         if self.lifeline and self.lifeline_while_loading:
             set_parent_death_signal(signal.SIGTERM)
         loaded_at = time.monotonic() + self.config.startup_delay_s
-        conn_open = True
+        self._conn_open = True
         try:
             while True:
-                loading = self.shard is None
-                watching = self.lifeline and (self.lifeline_while_loading or not loading)
-                if self.signals:
-                    return 0
-                if watching and os.getppid() != self.parent_pid:
-                    return self._parent_gone()
-                now = time.monotonic()
-                if loading and now >= loaded_at:
-                    self._load()
-                    if self.group_spec is not None:
-                        if not self._join_group(wake_w):
-                            return EXIT_PEER_GONE
-                        if self.signals:
-                            return 0
-                    try:
-                        self.conn.send((MSG_WORKER_READY, os.getpid()))
-                    except OSError:
-                        conn_open = False
-                    continue
-                if self.step_due is not None and now >= self.step_due[1]:
-                    if not self._step(self.step_due[0]):
-                        return EXIT_PEER_GONE
-                    self.step_due = None
-                    continue
-                timeout = WORKER_POLL_S if not loading else min(WORKER_POLL_S, loaded_at - now)
-                if self.step_due is not None:
-                    timeout = min(timeout, self.step_due[1] - now)
-                waitables: list[Any] = [wake_r]
-                if conn_open and (watching or not loading):
-                    waitables.append(self.conn)
-                ready = mp_connection.wait(waitables, timeout=max(0.0, timeout))
-                if wake_r in ready:
-                    os.read(wake_r, 64)
-                if self.conn in ready:
-                    try:
-                        msg = self.conn.recv()
-                    except (EOFError, OSError):
-                        if watching:
-                            return self._parent_gone()
-                        conn_open = False  # no death pipe: the EOF goes unnoticed
-                        continue
-                    if msg[0] == MSG_WORKER_STOP:
-                        return 0
-                    if msg[0] == MSG_WORKER_STEP:
-                        last = self.tp_rank == self.config.tensor_parallel_size - 1
-                        straggle = self.config.collective_straggle_s if last else 0.0
-                        self.step_due = (msg[1], time.monotonic() + straggle)
+                code = self._turn(wake_r, wake_w, loaded_at)
+                if code is not None:
+                    return code
         except BaseException:
             self.peer_gone = True  # an error of our own: no barrier the peers would wait in
             raise
@@ -212,6 +172,79 @@ class _Worker:
             os.close(wake_w)
             # Left ignored: the process ends right after; the EngineCore's SIGTERM that follows
             # its stop message must not turn this clean exit into death by signal.
+
+    def _turn(self, wake_r: int, wake_w: int, loaded_at: float) -> int | None:
+        """One turn of the loop: the exit code when the worker is done, None to go on. A
+        signal or the parent's death ends it first; then loading when due, a due step, or a
+        wait for a message."""
+        loading = self.shard is None
+        watching = self.lifeline and (self.lifeline_while_loading or not loading)
+        if self.signals:
+            return 0
+        if watching and os.getppid() != self.parent_pid:
+            return self._parent_gone()
+        now = time.monotonic()
+        if loading and now >= loaded_at:
+            return self._become_ready(wake_w)
+        if self.step_due is not None and now >= self.step_due[1]:
+            if not self._step(self.step_due[0]):
+                return EXIT_PEER_GONE
+            self.step_due = None
+            return None
+        return self._wait(wake_r, loading, watching, now, loaded_at)
+
+    def _become_ready(self, wake_w: int) -> int | None:
+        """Load the shard, join the TP group (if any), tell the EngineCore: ready. An exit code
+        when a peer failed the join or a signal came meanwhile."""
+        self._load()
+        if self.group_spec is not None:
+            if not self._join_group(wake_w):
+                return EXIT_PEER_GONE
+            if self.signals:
+                return 0
+        try:
+            self.conn.send((MSG_WORKER_READY, os.getpid()))
+        except OSError:
+            self._conn_open = False
+        return None
+
+    def _wait(
+        self, wake_r: int, loading: bool, watching: bool, now: float, loaded_at: float
+    ) -> int | None:
+        """Wait for a signal's wake-up byte or a message, no longer than until the load or the
+        step is due. The pipe is listened to only while a message can come or its EOF is the
+        parent's death (watching)."""
+        timeout = WORKER_POLL_S if not loading else min(WORKER_POLL_S, loaded_at - now)
+        if self.step_due is not None:
+            timeout = min(timeout, self.step_due[1] - now)
+        waitables: list[Any] = [wake_r]
+        if self._conn_open and (watching or not loading):
+            waitables.append(self.conn)
+        ready = mp_connection.wait(waitables, timeout=max(0.0, timeout))
+        if wake_r in ready:
+            os.read(wake_r, 64)
+        if self.conn in ready:
+            return self._receive(watching)
+        return None
+
+    def _receive(self, watching: bool) -> int | None:
+        """One message from the EngineCore: a stop ends the worker (0); a step is due after
+        the straggler's delay (the last rank's, when configured). The pipe's EOF is the
+        parent's death when watching; otherwise it goes unnoticed (no death pipe)."""
+        try:
+            msg = self.conn.recv()
+        except (EOFError, OSError):
+            if watching:
+                return self._parent_gone()
+            self._conn_open = False  # no death pipe: the EOF goes unnoticed
+            return None
+        if msg[0] == MSG_WORKER_STOP:
+            return 0
+        if msg[0] == MSG_WORKER_STEP:
+            last = self.tp_rank == self.config.tensor_parallel_size - 1
+            straggle = self.config.collective_straggle_s if last else 0.0
+            self.step_due = (msg[1], time.monotonic() + straggle)
+        return None
 
     def _parent_gone(self) -> int:
         self.peer_gone = True  # the EngineCore is gone, and its ranks with it: no barrier

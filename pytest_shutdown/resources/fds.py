@@ -577,13 +577,25 @@ def _zmq_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
     One pass over the heap; asked only when such descriptors are left and libzmq is loaded."""
     zmq = sys.modules.get("zmq")
     socket_type, context_type = getattr(zmq, "Socket", None), getattr(zmq, "Context", None)
-    fd_option, io_threads = getattr(zmq, "FD", 14), getattr(zmq, "IO_THREADS", 1)
     if not isinstance(socket_type, type) or not isinstance(context_type, type):
         return {}
     anon = {item.fd: _anon_kind(item.target) for item in items}
     wanted = {fd for fd, kind in anon.items() if kind in _NATIVE_HELPER_KINDS}
     if not wanted:
         return {}
+    owners, contexts = _zmq_sockets_and_contexts(zmq, socket_type, context_type, wanted)
+    rest = wanted - owners.keys()
+    owners.update(_zmq_context_owning(rest, anon, contexts, getattr(zmq, "IO_THREADS", 1)))
+    return owners
+
+
+def _zmq_sockets_and_contexts(
+    zmq: Any, socket_type: type, context_type: type, wanted: set[int]
+) -> tuple[dict[int, tuple[object, str]], dict[int, object]]:
+    """One heap pass over the open zmq sockets and contexts: the wanted descriptors that are
+    a socket's mailbox (its ``FD``), given to its context; and each live context by its
+    ``underlying`` address."""
+    fd_option = getattr(zmq, "FD", 14)
     objects = gc.get_objects()
     kinds = {k for k in set(map(type, objects)) if issubclass(k, (socket_type, context_type))}
     found = list(compress(objects, map(kinds.__contains__, map(type, objects))))
@@ -604,7 +616,19 @@ def _zmq_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
         except Exception:  # noqa: BLE001, S112 - a socket closed meanwhile, a shadow context
             continue
     del found
-    rest = wanted - owners.keys()
+    return owners, contexts
+
+
+def _zmq_context_owning(
+    rest: set[int],
+    anon: Mapping[int, str | None],
+    contexts: Mapping[int, object],
+    io_threads: int,
+) -> dict[int, tuple[object, str]]:
+    """The descriptors no socket explains (``rest``), given to the one live context whose
+    shape they have (see :func:`_zmq_owners`), or to none. Every context seen is remembered
+    (:data:`_zmq_contexts_seen`): one that an earlier search saw explains none of a later
+    test's descriptors."""
     eventfds = {fd for fd in rest if anon[fd] == "eventfd"}
     polls = rest - eventfds
     given = frozenset(rest)
@@ -624,9 +648,8 @@ def _zmq_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
         _zmq_contexts_seen.setdefault(address, frozenset())
     if len(candidates) == 1 and all(_epoll_watches(fd) & eventfds for fd in polls):
         _zmq_contexts_seen[candidates[0]] = given
-        for fd in rest:
-            owners[fd] = (contexts[candidates[0]], "libzmq's mailbox or poller of")
-    return owners
+        return {fd: (contexts[candidates[0]], "libzmq's mailbox or poller of") for fd in rest}
+    return {}
 
 
 def native_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:

@@ -114,6 +114,8 @@ class DeferredLeaks:
                 kind.findings(items, subject, grace=self.grace_s),
             )
         )
+        # Never lost: a run killed before the verdict still names them, unconfirmed.
+        self.report.add_pending(nodeid, [f.to_dict() for f in self._queue[-1].findings])
 
     def due(self) -> bool:
         """Whether the oldest candidate's grace has run out (cheap: one clock read)."""
@@ -171,10 +173,14 @@ class DeferredLeaks:
                     waited_s = deadline - (candidate.deadline - self.grace_s)
                     made = [_at_session_end(f, waited_s, self.grace_s) for f in made]
                 found.extend(made)
+        decided: set[str] = set()
         for candidate in batch:
             findings = by_test.pop(candidate.nodeid, None)
             if findings:
                 self._report(candidate, findings, session_end)
+            if candidate.nodeid not in decided:
+                decided.add(candidate.nodeid)
+                self.report.add_decided(candidate.nodeid)
         return reported
 
     def _findings(self, candidate: Candidate, left: tuple[Any, ...]) -> list[Finding]:

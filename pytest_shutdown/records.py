@@ -16,7 +16,11 @@ appended and flushed as it happens:
   ``exit_blocked_by`` (warn mode): the non-daemon threads tests left, alive then, that the
   interpreter's exit waits for;
 * ``{"type": "exit_unblocked"}``: after such an end, those threads ended and the process got
-  past the exit's join (the last line then).
+  past the exit's join (the last line then);
+* ``{"type": "pending", "nodeid": ..., "worker": ..., "findings": [...]}``: warn mode's candidate
+  leaks of a test, whose verdict waits for their grace (:mod:`pytest_shutdown.pending`), and
+  ``{"type": "decided", "nodeid": ..., "worker": ...}`` once it came (its findings, if any, in a
+  record line): a run that ended between the two keeps them, marked ``"unconfirmed": true``.
 
 So a run killed by SIGKILL, ``os._exit`` (pytest-timeout's ``thread`` method) or a double
 Ctrl-C keeps every finished test's findings. At session end the JSON report is assembled from
@@ -293,6 +297,8 @@ class _Folded:
         self.unchecked = 0
         self.cut_short: list[str] = []
         self.unblocked = False
+        #: (node id, worker) -> the findings of candidates still waiting for their verdict
+        self.waiting: dict[tuple[str, Any], list[dict[str, Any]]] = {}
 
     def add(self, entry: Mapping[str, Any]) -> None:
         kind = entry.get("type")
@@ -308,6 +314,25 @@ class _Folded:
             self.end = entry
         elif kind == "exit_unblocked":
             self.unblocked = True
+        elif kind in ("pending", "decided"):
+            self._pending(entry)
+
+    def _pending(self, entry: Mapping[str, Any]) -> None:
+        """A test's candidates waiting for their verdict, kept (marked unconfirmed) until its
+        ``decided`` line."""
+        key = (str(entry.get("nodeid")), entry.get("worker"))
+        if entry.get("type") == "decided":
+            self.waiting.pop(key, None)
+            return
+        self.waiting.setdefault(key, []).extend(
+            {
+                **finding,
+                "message": f"{finding.get('message', '')} [not confirmed: the run ended before"
+                " its grace ran out]",
+                "details": {**(finding.get("details") or {}), "unconfirmed": True},
+            }
+            for finding in entry.get("findings") or []
+        )
 
     def _record(self, record: Mapping[str, Any], timed: bool) -> None:
         """One test's record: its durations counted, and kept (merged per test and worker)
@@ -339,6 +364,9 @@ class _Folded:
             self.lost.append(worker)
 
     def result(self) -> dict[str, Any]:
+        for (nodeid, worker), findings in self.waiting.items():  # the run ended first
+            self._record({"nodeid": nodeid, "worker": worker, "findings": findings}, False)
+        self.waiting = {}
         end = self.end
         blocked = [] if end is None or self.unblocked else list(end.get("exit_blocked_by") or [])
         why = _incomplete(end, self.lost, self.unchecked, self.cut_short, blocked)

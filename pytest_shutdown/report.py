@@ -290,6 +290,16 @@ class _Accepted:
         record = plain_record(nodeid, self.worker, teardown_s, guard_s, reported=reported)
         self._pending.append({"type": "record", "record": record, "timed": True})
 
+    def add_pending(self, nodeid: str, findings: list[dict[str, Any]]) -> None:
+        """Warn mode's candidates of a test, whose verdict waits for their grace: logged, so
+        that a run killed before the verdict still names them, unconfirmed."""
+        entry = {"type": "pending", "nodeid": nodeid, "worker": self.worker, "findings": findings}
+        self._pending.append(entry)
+
+    def add_decided(self, nodeid: str) -> None:
+        """The verdict on a test's candidates came (its findings, if any, added before)."""
+        self._pending.append({"type": "decided", "nodeid": nodeid, "worker": self.worker})
+
     def add_long_lived(self, record: dict[str, Any]) -> None:
         """A thread or process owned by a module global or class attribute, alive at the end."""
         self._pending.append({"type": "long_lived", "item": {"worker": self.worker, **record}})

@@ -94,6 +94,39 @@ def test_sigkill_mid_run_leaves_a_log_that_assembles_into_a_partial_report(
     assert report["guard"] == "fail" and report["grace_s"] == 0.2
 
 
+def test_sigkill_in_warn_mode_keeps_a_leak_whose_verdict_was_pending(
+    pytester: pytest.Pytester,
+) -> None:
+    """Warn mode confirms a leak once its grace ran out, after a later test's check: test_b
+    blocks, so the verdict never comes. The log still names the leak, unconfirmed (issue 44:
+    never lost)."""
+    proc = start_run(pytester, "--shutdown-guard=warn", "--shutdown-grace=30")
+    proc.send_signal(signal.SIGKILL)
+    returncode, _ = finish(proc)
+    assert returncode == -signal.SIGKILL
+    report = assemble(read_entries(record_log_path(pytester.path / "r.json")))
+    assert codes_by_test(report) == {"test_suite.py::test_a_leaks_a_thread": ["thread-leak"]}
+    (finding,) = report["tests"][0]["findings"]
+    assert finding["details"]["unconfirmed"] is True
+    assert finding["message"].endswith("[not confirmed: the run ended before its grace ran out]")
+
+
+def test_a_verdict_that_came_leaves_nothing_unconfirmed(tmp_path: Path) -> None:
+    """A pending line followed by its decided line: the record line alone speaks (a leak that
+    ended in time has none)."""
+    finding = {"code": "thread-leak", "message": "m", "details": {}}
+    lines = [
+        {"type": "session", "guard": "warn"},
+        {"type": "pending", "nodeid": "t.py::a", "worker": None, "findings": [finding]},
+        {"type": "pending", "nodeid": "t.py::b", "worker": None, "findings": [finding]},
+        {"type": "decided", "nodeid": "t.py::a", "worker": None},
+        {"type": "end", "exitstatus": 0},
+    ]
+    report = assemble(lines)
+    assert codes_by_test(report) == {"t.py::b": ["thread-leak"]}
+    assert report["tests"][0]["findings"][0]["details"] == {"unconfirmed": True}
+
+
 def test_sigterm_ends_the_session_in_order_and_writes_the_report(
     pytester: pytest.Pytester,
 ) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from inner_runs import finish, popen_pytest, wait_for
 
 from pytest_shutdown.records import assemble, main, read_entries, record_log_path
 
@@ -42,31 +43,9 @@ ARGS = ("-p", "shutdown", "-p", "no:randomly", "--shutdown-grace=0.2", "--shutdo
 
 def start_run(pytester: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
     pytester.makepyfile(test_suite=SUITE)
-    proc = pytester.popen(
-        [sys.executable, "-m", "pytest", *ARGS, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    started = pytester.path / "b-started"
-    deadline = time.monotonic() + 60
-    while not started.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            out = proc.communicate(timeout=30)[0].decode(errors="replace")
-            pytest.fail(f"the inner run never reached test_b:\n{out}")
-        time.sleep(0.05)
+    proc = popen_pytest(pytester, *ARGS, *args)
+    wait_for(pytester.path / "b-started", proc, "test_b")
     return proc
-
-
-def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
-    try:
-        out = proc.communicate(timeout=60)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out = proc.communicate(timeout=30)[0]
-        pytest.fail(f"the inner run did not end:\n{out.decode(errors='replace')}")
-    return proc.returncode, out.decode(errors="replace")
 
 
 def codes_by_test(report: dict) -> dict[str, list[str]]:

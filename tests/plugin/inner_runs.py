@@ -1,12 +1,13 @@
-"""Inner pytest runs in a subprocess that a test starts, waits on and ends itself (a signal in the
-middle of a run, a run that must not hang): start one, wait until it reached a point, collect
-its exit status and output, read its report."""
+"""Inner pytest runs: pieces of the suites they run, and runs in a subprocess that a test starts,
+waits on and ends itself (a signal in the middle of a run, a run that must not hang): start one,
+wait until it reached a point, collect its exit status and output, read its report."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -14,6 +15,30 @@ import pytest
 
 #: The plugin, in a run whose tests keep their order and that leaves no cache behind.
 ARGS = ("-p", "shutdown", "-p", "no:randomly", "-p", "no:cacheprovider", "--shutdown-grace=0.2")
+
+
+#: An inner suite's ``server`` fixture: a process sleeping 60 s, started by the fixture and
+#: stopped by its teardown (``proc.terminate()`` or ``proc.kill()``, then a wait).
+SERVER_FIXTURE = textwrap.dedent(
+    """
+    import subprocess, sys
+    import pytest
+
+    SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
+
+    @pytest.fixture(scope="{scope}")
+    def server():
+        proc = subprocess.Popen(SLEEP)
+        yield proc
+        proc.{stop}()
+        proc.wait(10)
+    """
+)
+
+
+def server_fixture(scope: str, stop: str) -> str:
+    """The source of :data:`SERVER_FIXTURE` for ``scope``, stopping with ``proc.<stop>()``."""
+    return SERVER_FIXTURE.format(scope=scope, stop=stop)
 
 
 def popen_pytest(

@@ -41,6 +41,19 @@ def server_fixture(scope: str, stop: str) -> str:
     return SERVER_FIXTURE.format(scope=scope, stop=stop)
 
 
+def write_marked_test(pytester: pytest.Pytester, marker: str, signature: str) -> None:
+    """A test file of one test, ``def <signature>: pass``, marked ``@pytest.mark.<marker>``."""
+    pytester.makepyfile(
+        f"""
+        import pytest
+
+        @pytest.mark.{marker}
+        def {signature}:
+            pass
+        """
+    )
+
+
 def popen_pytest(
     pytester: pytest.Pytester, *args: str, **kwargs: object
 ) -> subprocess.Popen[bytes]:

@@ -1,6 +1,7 @@
-"""Inner pytest runs: pieces of the suites they run, and runs in a subprocess that a test starts,
-waits on and ends itself (a signal in the middle of a run, a run that must not hang): start one,
-wait until it reached a point, collect its exit status and output, read its report."""
+"""Runs inside a test: a script in a fresh interpreter; inner pytest runs, with pieces of the
+suites they run, and runs in a subprocess that a test starts, waits on and ends itself (a signal
+in the middle of a run, a run that must not hang): start one, wait until it reached a point,
+collect its exit status and output, read its report."""
 
 from __future__ import annotations
 
@@ -15,6 +16,19 @@ import pytest
 
 #: The plugin, in a run whose tests keep their order and that leaves no cache behind.
 ARGS = ("-p", "shutdown", "-p", "no:randomly", "-p", "no:cacheprovider", "--shutdown-grace=0.2")
+
+
+def fresh_python(script: str, *args: str, timeout: float = 60) -> str:
+    """Run ``script`` in a fresh interpreter; its stdout, once it exited 0."""
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
 
 
 #: An inner suite's ``server`` fixture: a process sleeping 60 s, started by the fixture and

@@ -92,6 +92,16 @@ def wait_for(path: Path, proc: subprocess.Popen[bytes], what: str) -> None:
         time.sleep(0.05)
 
 
+def start_reported_run(
+    pytester: pytest.Pytester, reached: str, what: str
+) -> subprocess.Popen[bytes]:
+    """A run with :data:`ARGS` and a report in r.json, once it wrote the file ``reached`` (at
+    ``what``)."""
+    proc = popen_pytest(pytester, *ARGS, "--shutdown-report=r.json")
+    wait_for(pytester.path / reached, proc, what)
+    return proc
+
+
 def finish(proc: subprocess.Popen[bytes], timeout: float = 60) -> tuple[int, str]:
     """The inner run's exit status and output; fail (after killing it) if it did not end."""
     try:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from inner_runs import ARGS, finish, load_report, popen_pytest, wait_for
+from inner_runs import ARGS, finish, load_report, popen_pytest, start_reported_run
 
 from pytest_shutdown.records import main as assemble_main
 from pytest_shutdown.records import read_entries, record_log_path
@@ -93,8 +93,7 @@ def test_a_signal_ends_a_run_blocked_in_c(
     pytester: pytest.Pytester, signum: int, count: int, status: int, within: float
 ) -> None:
     pytester.makepyfile(test_stuck=STUCK_IN_C)
-    proc = popen_pytest(pytester, *ARGS, "--shutdown-report=r.json")
-    wait_for(pytester.path / "stuck", proc, "the C deadlock")
+    proc = start_reported_run(pytester, "stuck", "the C deadlock")
     mutex = int((pytester.path / "stuck").read_text())
     _wait_until(proc, lambda: _blocked_on(proc.pid, mutex), "its main thread blocked on the mutex")
     sent = time.monotonic()
@@ -431,8 +430,7 @@ def test_a_second_run_on_a_live_runs_report_path_is_refused(pytester: pytest.Pyt
             """
         )
     )
-    first = popen_pytest(pytester, *ARGS, "--shutdown-report=r.json")
-    wait_for(pytester.path / "first-running", first, "its second test")
+    first = start_reported_run(pytester, "first-running", "its second test")
     second = subprocess.run(
         [sys.executable, "-m", "pytest", *ARGS, "--shutdown-report=r.json", "test_slow.py"],
         cwd=pytester.path,

@@ -14,7 +14,7 @@ import textwrap
 import time
 
 import pytest
-from inner_runs import ARGS, finish, load_report, popen_pytest, wait_for
+from inner_runs import ARGS, finish, load_report, popen_pytest, start_reported_run, wait_for
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="SIGALRM, SO_PASSCRED, faulthandler.register"
@@ -171,8 +171,7 @@ def test_a_slow_finally_after_ctrl_c_is_not_said_to_be_blocked_in_c(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_finally=SLOW_FINALLY)
-    proc = popen_pytest(pytester, *ARGS, "--shutdown-report=r.json")
-    wait_for(pytester.path / "running", proc, "the test body")
+    proc = start_reported_run(pytester, "running", "the test body")
     proc.send_signal(signal.SIGINT)
     returncode, out = finish(proc)
     assert returncode == 130, out
@@ -234,8 +233,7 @@ def test_the_signal_watcher_keeps_its_deadline_on_a_frozen_clock(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_stuck=FROZEN_THEN_STUCK_IN_C)
-    proc = popen_pytest(pytester, *ARGS, "--shutdown-report=r.json")
-    wait_for(pytester.path / "stuck", proc, "the C deadlock")
+    proc = start_reported_run(pytester, "stuck", "the C deadlock")
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     returncode, out = finish(proc, timeout=40)

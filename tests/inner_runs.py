@@ -50,6 +50,21 @@ SERVER_FIXTURE = textwrap.dedent(
 )
 
 
+#: An inner suite's start: ``test_a_leaks_a_thread`` leaves a thread 'leaky' running (a
+#: thread-leak finding); ``threading`` and ``pytest`` imported.
+A_LEAKS_A_THREAD = textwrap.dedent(
+    """
+    import threading
+    import pytest
+
+    _release = threading.Event()
+
+    def test_a_leaks_a_thread():
+        threading.Thread(target=_release.wait, name="leaky", daemon=True).start()
+    """
+)
+
+
 def server_fixture(scope: str, stop: str) -> str:
     """The source of :data:`SERVER_FIXTURE` for ``scope``, stopping with ``proc.<stop>()``."""
     return SERVER_FIXTURE.format(scope=scope, stop=stop)

@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from inner_runs import A_LEAKS_A_THREAD
 
 from pytest_shutdown.budget import ShutdownBudgetExceeded, TeardownBudget
 
@@ -314,15 +315,9 @@ def test_a_teardown_stuck_in_c_is_ended_at_the_budget_with_its_children_killed(
     assert "time.sleep(120)" in " ".join(killed["cmdline"])
 
 
-HUNG_FOR_GOOD = textwrap.dedent(
+HUNG_FOR_GOOD = A_LEAKS_A_THREAD + textwrap.dedent(
     """
-    import ctypes, signal, threading, time
-    import pytest
-
-    _release = threading.Event()
-
-    def test_a_leaks_a_thread():
-        threading.Thread(target=_release.wait, name="leaky", daemon=True).start()
+    import ctypes, signal, time
 
     @pytest.fixture
     def in_c():

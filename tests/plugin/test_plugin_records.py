@@ -12,20 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from inner_runs import finish, popen_pytest, wait_for
+from inner_runs import A_LEAKS_A_THREAD, finish, popen_pytest, wait_for
 
 from pytest_shutdown.records import assemble, main, read_entries, record_log_path
 
 #: test_a leaks a thread (a finding); test_b blocks until the outer test ends the run.
-SUITE = textwrap.dedent(
+SUITE = A_LEAKS_A_THREAD + textwrap.dedent(
     """
-    import pathlib, threading, time
-    import pytest
-
-    _release = threading.Event()
-
-    def test_a_leaks_a_thread():
-        threading.Thread(target=_release.wait, name="leaky", daemon=True).start()
+    import pathlib, time
 
     @pytest.fixture
     def marks_its_teardown():

@@ -65,6 +65,19 @@ A_LEAKS_A_THREAD = textwrap.dedent(
 )
 
 
+#: An inner suite's class whose second ``shutdown()`` raises ``RuntimeError("closed twice")``.
+RAISES_WHEN_REPEATED = """
+class RaisesWhenRepeated:
+    def __init__(self):
+        self.calls = 0
+
+    def shutdown(self):
+        self.calls += 1
+        if self.calls > 1:
+            raise RuntimeError("closed twice")
+"""
+
+
 def server_fixture(scope: str, stop: str) -> str:
     """The source of :data:`SERVER_FIXTURE` for ``scope``, stopping with ``proc.<stop>()``."""
     return SERVER_FIXTURE.format(scope=scope, stop=stop)

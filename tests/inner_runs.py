@@ -78,6 +78,22 @@ class RaisesWhenRepeated:
 """
 
 
+#: An inner suite's start: ``Leaky``, whose finalizer is its own bound method (so it is never
+#: collected: ``assert_finalizes_on_gc(Leaky)`` fails); ``pytest``, ``ShutdownContractError``
+#: and ``assert_finalizes_on_gc`` imported.
+LEAKY_FINALIZER = """
+import weakref
+import pytest
+from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc
+
+class Leaky:
+    def __init__(self):
+        self._finalizer = weakref.finalize(self, self.shutdown)
+    def shutdown(self):
+        pass
+"""
+
+
 def server_fixture(scope: str, stop: str) -> str:
     """The source of :data:`SERVER_FIXTURE` for ``scope``, stopping with ``proc.<stop>()``."""
     return SERVER_FIXTURE.format(scope=scope, stop=stop)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from inner_runs import LEAKY_FINALIZER
 
 from pytest_shutdown import FINDING_CODES
 
@@ -213,17 +214,9 @@ def test_every_docs_page_is_in_the_site_nav() -> None:
 
 # -- the status-line hooks of examples/conftest.py, which the tour shows --------------------------
 
-XFAIL_SUITE = """
-import weakref
-import pytest
-from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc
-
-class Leaky:
-    def __init__(self):
-        self._finalizer = weakref.finalize(self, self.shutdown)
-    def shutdown(self):
-        pass
-
+XFAIL_SUITE = (
+    LEAKY_FINALIZER
+    + """
 @pytest.mark.xfail(strict=True, raises=ShutdownContractError)
 def test_buggy():
     assert_finalizes_on_gc(Leaky, timeout=0.2)
@@ -234,6 +227,7 @@ def test_failing():
 def test_plain_failure():
     assert False
 """
+)
 
 
 @pytest.mark.parametrize("xdist", [False, True], ids=["plain", "xdist"])

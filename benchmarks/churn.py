@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from figures import Figure, write_json
+from figures import Figure, report
 from runs import bytecode_env, group_members, load_average, run_command
 
 SUITE = """
@@ -227,12 +227,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     if args.tests < 1 or args.rounds < 1 or args.churners < 0:
         parser.error("--tests and --rounds must be >= 1, --churners >= 0")
     result = measure(args.tests, args.churners, args.rounds)
-    for figure in result:
-        verdict = f"[{figure.verdict}: {figure.target}]"
-        print(f"{figure.name}: {figure.value:.3f} {figure.unit} {verdict}")
-    if args.json:
-        write_json(args.json, result)
-    return result
+    return report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ import timeit
 from collections.abc import Sequence
 from pathlib import Path
 
-from figures import Figure, write_json
+from figures import Figure, report
 from guard_overhead import BASE, GUARDED, PLAIN, SLOPE_LIMIT_MS, _suite, timed
 from runs import bytecode_env, load_average, run_command
 
@@ -157,12 +157,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     result = measure()
-    for figure in result:
-        verdict = f"  [{figure.verdict}: {figure.target}]" if figure.limit is not None else ""
-        print(f"{figure.name}: {figure.value:,.3f} {figure.unit}{verdict}")
-    if args.json:
-        write_json(args.json, result)
-    return result
+    return report(result, args.json, ",.3f")
 
 
 if __name__ == "__main__":

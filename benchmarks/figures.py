@@ -58,6 +58,17 @@ def write_json(path: str | Path, figures: Iterable[Figure]) -> None:
     Path(path).write_text(json.dumps([asdict(f) for f in figures], indent=1), encoding="utf-8")
 
 
+def report(figures: list[Figure], json_path: str | None, value_format: str = ".3f") -> list[Figure]:
+    """Print each figure (with its target and verdict where it has one) and, given a path, write
+    them there as JSON (``--json``): what a module's ``main`` returns."""
+    for figure in figures:
+        verdict = f"  [{figure.verdict}: {figure.target}]" if figure.limit is not None else ""
+        print(f"{figure.name}: {figure.value:{value_format}} {figure.unit}{verdict}")
+    if json_path:
+        write_json(json_path, figures)
+    return figures
+
+
 def read_json(path: str | Path) -> list[Figure]:
     return [Figure(**record) for record in json.loads(Path(path).read_text(encoding="utf-8"))]
 

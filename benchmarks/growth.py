@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 
-from figures import Figure, write_json
+from figures import Figure, report
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAP_TARGET = 200_000
@@ -219,12 +219,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     clean_engines(args.cycles, figures)
     census_cost(args.repeat, figures)  # last: it pads the heap
     print()
-    for figure in figures:
-        verdict = f"  {figure.verdict} (target {figure.target})" if figure.limit is not None else ""
-        print(f"{figure.name}: {figure.value:.4g} {figure.unit}{verdict}")
-    if args.json:
-        write_json(args.json, figures)
-    return figures
+    return report(figures, args.json, ".4g")
 
 
 if __name__ == "__main__":

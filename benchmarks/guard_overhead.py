@@ -39,7 +39,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from figures import Figure, write_json
+from figures import Figure, report
 from runs import bytecode_env, load_average, run_command
 
 SUITE = """
@@ -339,12 +339,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     if args.rounds < 1 or args.fixed_rounds < 1:
         parser.error("--rounds and --fixed-rounds must be >= 1")
     result = measure(args.rounds, args.fixed_rounds)
-    for figure in result:
-        verdict = f"  [{figure.verdict}: {figure.target}]" if figure.limit is not None else ""
-        print(f"{figure.name}: {figure.value:.3f} {figure.unit}{verdict}")
-    if args.json:
-        write_json(args.json, result)
-    return result
+    return report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from figures import Figure, write_json
+from figures import Figure, report
 from runs import bytecode_env, load_average, run_command
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -508,12 +508,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
         setup(args.side, suites)
         return []
     result = measure(suites, args.rounds, args.side, args.pytest_args.split())
-    for figure in result:
-        verdict = f" [{figure.verdict}: {figure.target}]" if figure.limit is not None else ""
-        print(f"{figure.name}: {figure.value:.3f} {figure.unit}{verdict}")
-    if args.json:
-        write_json(args.json, result)
-    return result
+    return report(result, args.json)
 
 
 if __name__ == "__main__":

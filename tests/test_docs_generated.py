@@ -93,6 +93,12 @@ PUBLIC = [
 ]
 
 
+def test_the_docs_site_builds_in_strict_mode(site: Path) -> None:
+    """``make docs`` without make: broken links or pages missing from the nav fail the build
+    (``--strict``, no warning: the ``site`` fixture asserts both)."""
+    assert (site / "api" / "index.html").is_file()
+
+
 def test_the_reference_covers_every_public_module_and_name() -> None:
     top = importlib.import_module("pytest_shutdown")
     listed = {name for module, name, _ in PUBLIC if module == "pytest_shutdown"}

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from inner_runs import LEAKY_FINALIZER
 
 from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc
 from pytest_shutdown.checks.backrefs import GRAPHS, configure_graphs
@@ -142,17 +143,9 @@ def test_the_module_level_setting_is_used_when_no_argument_is_given(tmp_path: Pa
 
 # -- the plugin: --shutdown-graphs=DIR ------------------------------------------------------------
 
-LEAKY_TEST = """
-import weakref
-import pytest
-from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc
-
-class Leaky:
-    def __init__(self):
-        self._finalizer = weakref.finalize(self, self.shutdown)
-    def shutdown(self):
-        pass
-
+LEAKY_TEST = (
+    LEAKY_FINALIZER
+    + """
 def test_leaky():
     with pytest.raises(ShutdownContractError) as caught:
         assert_finalizes_on_gc(Leaky, timeout=0.2)
@@ -164,6 +157,7 @@ class Clean:
 def test_clean():
     assert_finalizes_on_gc(Clean)
 """
+)
 
 
 @needs_dot

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from inner_runs import fresh_python
 
 SCRIPT = textwrap.dedent(
     """
@@ -32,21 +32,8 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(script: str, *args: str, timeout: float = 60) -> str:
-    """Run ``script`` in a fresh interpreter; its stdout, once it exited 0."""
-    result = subprocess.run(
-        [sys.executable, "-c", script, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    return result.stdout
-
-
 def test_process_start_is_wrapped_when_multiprocessing_is_first_imported() -> None:
-    assert _run(SCRIPT).splitlines()[-1] == "ok"
+    assert fresh_python(SCRIPT).splitlines()[-1] == "ok"
 
 
 def test_uninstall_before_the_import_leaves_multiprocessing_untouched() -> None:
@@ -63,7 +50,7 @@ def test_uninstall_before_the_import_leaves_multiprocessing_untouched() -> None:
         print("ok")
         """
     )
-    assert _run(script).strip() == "ok"
+    assert fresh_python(script).strip() == "ok"
 
 
 LIBRARY_SCRIPT = textwrap.dedent(
@@ -85,7 +72,7 @@ LIBRARY_SCRIPT = textwrap.dedent(
 def test_the_library_is_told_apart_without_importing_sysconfig() -> None:
     """A creation site's frames are sorted into the test's and the standard library's; that
     must not cost the session an import of ``sysconfig`` (10 ms) at its first thread."""
-    assert _run(LIBRARY_SCRIPT).splitlines()[-1] == "ok"
+    assert fresh_python(LIBRARY_SCRIPT).splitlines()[-1] == "ok"
 
 
 #: A parent that a busy machine does not run again between its child's exec and the return of
@@ -131,7 +118,7 @@ LATE_PARENT_SCRIPT = textwrap.dedent(
 def test_a_grandchild_started_before_its_parents_popen_returned_is_matched_to_it(
     tmp_path: Path,
 ) -> None:
-    out = _run(LATE_PARENT_SCRIPT, str(tmp_path / "grandchild.pid"), timeout=90)
+    out = fresh_python(LATE_PARENT_SCRIPT, str(tmp_path / "grandchild.pid"), timeout=90)
     assert out.split() == ["True"], "the grandchild was matched to no ancestor"
 
 
@@ -166,4 +153,4 @@ BARE_FORK_SCRIPT = textwrap.dedent(
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
 def test_a_leaked_process_of_no_recorded_start_says_its_site_is_unknown() -> None:
-    assert _run(BARE_FORK_SCRIPT).split() == ["ok"]
+    assert fresh_python(BARE_FORK_SCRIPT).split() == ["ok"]

@@ -6,8 +6,10 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from inner_runs import RAISES_WHEN_REPEATED
 
-FAILING_HELPERS = """
+FAILING_HELPERS = (
+    """
 import threading
 import weakref
 
@@ -35,16 +37,9 @@ class BoundFinalizer:
     def shutdown(self):
         pass
 
-
-class Raises:
-    def __init__(self):
-        self.calls = 0
-
-    def shutdown(self):
-        self.calls += 1
-        if self.calls > 1:
-            raise RuntimeError("closed twice")
-
+"""
+    + RAISES_WHEN_REPEATED
+    + """
 
 def test_force_killed():
     assert_not_force_killed(Outcome())  # USER LINE force
@@ -59,7 +54,7 @@ def test_finalizers():
 
 
 def test_idempotent():
-    assert_idempotent_shutdown(Raises(), calls=2)  # USER LINE idempotent
+    assert_idempotent_shutdown(RaisesWhenRepeated(), calls=2)  # USER LINE idempotent
 
 
 def test_raise_if_any():
@@ -74,6 +69,7 @@ def test_no_leaks():
     finally:
         stop.set()
 """
+)
 
 
 def test_a_helper_failure_shows_the_callers_line_not_the_helpers(

@@ -10,6 +10,7 @@ import sys
 import zipfile
 
 import pytest
+from inner_runs import fresh_python
 
 import pytest_shutdown
 
@@ -29,10 +30,7 @@ def test_importing_the_package_and_plugin_does_not_import_torch() -> None:
         "import pytest_shutdown.devices;"
         "print('torch' in sys.modules)"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert out.stdout.strip() == "False", out.stderr
+    assert fresh_python(code).strip() == "False"
 
 
 def test_unknown_public_names_raise_attribute_error() -> None:

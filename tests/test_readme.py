@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import ast
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from inner_runs import LEAKY_FINALIZER
 
 from pytest_shutdown import FINDING_CODES
 
@@ -213,39 +212,11 @@ def test_every_docs_page_is_in_the_site_nav() -> None:
     assert sorted(nav) == sorted(p.name for p in DOCS.glob("*.md"))
 
 
-def test_the_docs_site_builds_in_strict_mode(tmp_path: Path) -> None:
-    """``make docs`` without make: broken links or pages missing from the nav fail it."""
-    pytest.importorskip("mkdocs", reason="mkdocs comes with the 'docs' extra (make test has it)")
-    pytest.importorskip(
-        "mkdocstrings_handlers.python",
-        reason="mkdocstrings-python comes with the 'docs' extra (make test has it)",
-    )
-    site = tmp_path / "site"
-    result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "WARNING" not in result.stderr, result.stderr[-3000:]
-    assert (site / "api" / "index.html").is_file()
-
-
 # -- the status-line hooks of examples/conftest.py, which the tour shows --------------------------
 
-XFAIL_SUITE = """
-import weakref
-import pytest
-from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc
-
-class Leaky:
-    def __init__(self):
-        self._finalizer = weakref.finalize(self, self.shutdown)
-    def shutdown(self):
-        pass
-
+XFAIL_SUITE = (
+    LEAKY_FINALIZER
+    + """
 @pytest.mark.xfail(strict=True, raises=ShutdownContractError)
 def test_buggy():
     assert_finalizes_on_gc(Leaky, timeout=0.2)
@@ -256,6 +227,7 @@ def test_failing():
 def test_plain_failure():
     assert False
 """
+)
 
 
 @pytest.mark.parametrize("xdist", [False, True], ids=["plain", "xdist"])

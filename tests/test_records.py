@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import statistics
-import subprocess
-import sys
 
 import pytest
+from inner_runs import fresh_python
 
 from pytest_shutdown.records import durations_summary
 
@@ -37,7 +36,4 @@ def test_the_summary_imports_neither_statistics_nor_fractions() -> None:
         "durations_summary([0.1, 0.2]); "
         "print(sorted(m for m in ('statistics', 'fractions') if m in sys.modules))"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    )
-    assert done.stdout.strip() == "[]"
+    assert fresh_python(code).strip() == "[]"

@@ -105,28 +105,35 @@ class EnterContextExecutor:
         self._resources.close()
 
 
-class RepeatsCleanup:
+class ExecutorAndCache:
+    """A pool and a cache: ``shutdown`` stops the pool without waiting and closes the cache, on
+    every call (nothing remembers an earlier one)."""
+
+    workers = 1
+    prefix = "pool"
+    strict = False
+
+    def __init__(self) -> None:
+        self._executor = ThreadPoolExecutor(
+            max_workers=self.workers, thread_name_prefix=self.prefix
+        )
+        self.mm_cache = Cache(strict=self.strict)
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False)
+        self.mm_cache.close()
+
+
+class RepeatsCleanup(ExecutorAndCache):
     """Review bug 4: the pre-ExitStack shutdown closes the cache again on every call."""
 
-    def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="repeats")
-        self.mm_cache = Cache()
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False)
-        self.mm_cache.close()
+    workers, prefix = 2, "repeats"
 
 
-class RaisesSecondTime:
+class RaisesSecondTime(ExecutorAndCache):
     """Review bug 5: the second shutdown closes a strict cache twice and raises."""
 
-    def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raises")
-        self.mm_cache = Cache(strict=True)
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False)
-        self.mm_cache.close()
+    prefix, strict = "raises", True
 
 
 class RacyShutdown:
@@ -157,24 +164,16 @@ class FinalizerRepeatsCleanup:
             self.mm_cache.close()
 
 
-class NoGcFallback:
+class NoGcFallback(ExecutorAndCache):
     """Explicit shutdown releases everything; dropping it releases nothing (cleanup-missing)."""
 
-    def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="no-gc")
-        self.mm_cache = Cache()
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False)
-        self.mm_cache.close()
+    prefix = "no-gc"
 
 
-class ForgetsExecutor:
+class ForgetsExecutor(ExecutorAndCache):
     """Shutdown closes the cache but leaves its pool running: its threads never end."""
 
-    def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forgotten")
-        self.mm_cache = Cache()
+    prefix = "forgotten"
 
     def shutdown(self) -> None:
         self.mm_cache.close()

@@ -117,23 +117,13 @@ def test_a_pure_policy_finding_names_the_policy_and_the_offset() -> None:
     assert exc.value.findings[0].details["checked"] == "the pure policy policy_ignoring_rocm"
 
 
-@contextlib.contextmanager
-def on_platform(name: str) -> Iterator[None]:
-    previous = v.current_platform.name
-    v.current_platform.name = name
-    try:
-        yield
-    finally:
-        v.current_platform.name = previous
-
-
 def test_a_spied_call_finding_names_the_spied_function() -> None:
     policy = timeout_passed_to(
         "vllm_patterns:shutdown",
         lambda request, process: v.ManagerIgnoringThePolicy(request).shutdown(process),
     )
     with pytest.raises(ShutdownContractError) as exc:
-        assert_timeout_decoupling(policy, grace=15.0, platform=on_platform)
+        assert_timeout_decoupling(policy, grace=15.0, platform=v.on_platform)
     (finding,) = exc.value.findings
     assert finding.message.startswith(
         "timeout matrix cell rocm-req0-proc0: the timeout the call passed to "

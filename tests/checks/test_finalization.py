@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import weakref
+from typing import Any
 
 import pytest
 import shutdown_subjects as s
 
 from pytest_shutdown import (
+    Finding,
     ShutdownContractError,
     assert_finalizers_ok,
     assert_finalizes_on_gc,
@@ -16,6 +18,17 @@ from pytest_shutdown import (
 from pytest_shutdown.checks.finalization import check_finalizers
 
 _KEPT: list[object] = []
+
+
+def the_static_finding(renderer: Any) -> Finding:
+    """``check_finalizers``' one finding on ``renderer``, whose wrong finalizer is detached
+    before it is shut down."""
+    try:
+        (finding,) = check_finalizers(renderer)
+    finally:
+        renderer._finalizer.detach()
+        renderer.shutdown()
+    return finding
 
 
 def test_correct_renderer_has_clean_finalizers_and_is_collected_with_every_cleanup() -> None:
@@ -31,12 +44,7 @@ def test_correct_renderer_has_clean_finalizers_and_is_collected_with_every_clean
 
 
 def test_finalizer_bound_method_static_check() -> None:
-    renderer = s.BoundMethodFinalizer()
-    try:
-        (finding,) = check_finalizers(renderer)
-    finally:
-        renderer._finalizer.detach()
-        renderer.shutdown()
+    finding = the_static_finding(s.BoundMethodFinalizer())
     assert finding.code == "finalizer-bound-method"
     assert finding.details["func"].endswith("shutdown")
 
@@ -84,12 +92,7 @@ def test_finalizer_holding_self_in_args_names_the_argument() -> None:
 
 
 def test_finalizer_holding_the_object_deep_inside_partial_and_closure() -> None:
-    renderer = s.DeepHoldFinalizer()
-    try:
-        (finding,) = check_finalizers(renderer)
-    finally:
-        renderer._finalizer.detach()
-        renderer.shutdown()
+    finding = the_static_finding(s.DeepHoldFinalizer())
     assert finding.code == "finalizer-holds-object"
     assert finding.details["path"] == "func.args[0].<closure holder>['renderers'][0]"
 

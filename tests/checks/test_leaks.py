@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
+from inner_runs import fresh_python
 
 from pytest_shutdown import ShutdownContractError, no_leaks
 from pytest_shutdown.checks.leaks import (
@@ -337,9 +338,7 @@ def test_clean_block_is_cheap_and_never_collects_nor_scans_processes() -> None:
         print(calls["collect"], calls["children"], per_block)
         """
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
-    ).stdout.split()
+    out = fresh_python(code).split()
     assert out[:2] == ["0", "0"]
     assert float(out[2]) < 1e-3  # generous: about 15 us on a laptop
 

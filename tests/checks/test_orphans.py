@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import tree_subjects as subjects
 
 from pytest_shutdown import ShutdownContractError
-from pytest_shutdown.checks.orphans import assert_tree_dies, kill_tree_at
+from pytest_shutdown.checks.orphans import TreeDeath, assert_tree_dies, kill_tree_at
 from pytest_shutdown.checks.tree import scan_tree
 from pytest_shutdown.checks.tree_launcher import TreeLauncher
 
@@ -28,6 +29,16 @@ SHORT_DEADLINE_S = 3.0
 def launcher() -> Iterator[TreeLauncher]:
     with TreeLauncher() as started:
         yield started
+
+
+def kill_expecting_leftovers(
+    launcher: TreeLauncher, target: Any, signal: str, **options: Any
+) -> TreeDeath:
+    """``kill_tree_at`` on the module's launcher, for a tree expected to leave something behind
+    (the short deadline: the check waits all of it)."""
+    return kill_tree_at(
+        target, signal=signal, deadline_s=SHORT_DEADLINE_S, launcher=launcher, **options
+    )
 
 
 def nothing_left(launcher: TreeLauncher) -> bool:
@@ -46,10 +57,7 @@ def test_a_tree_whose_children_watch_their_parent_dies_with_its_root(
 
 
 def test_a_child_that_ignores_its_parents_death_is_an_orphan(launcher: TreeLauncher) -> None:
-    record = kill_tree_at(
-        subjects.child_without_lifeline, signal="SIGKILL", deadline_s=SHORT_DEADLINE_S,
-        launcher=launcher,
-    )
+    record = kill_expecting_leftovers(launcher, subjects.child_without_lifeline, "SIGKILL")
     assert [f.code for f in record.findings] == ["orphan-process"]
     details = record.findings[0].details
     assert details["name"] == "deaf_child"
@@ -80,10 +88,7 @@ def test_a_grandchild_that_double_forks_away_is_still_found(
 def test_a_non_daemon_thread_at_exit_is_an_exit_hang_with_its_stack(
     launcher: TreeLauncher,
 ) -> None:
-    record = kill_tree_at(
-        subjects.non_daemon_thread_at_exit, signal="SIGTERM", deadline_s=SHORT_DEADLINE_S,
-        launcher=launcher,
-    )
+    record = kill_expecting_leftovers(launcher, subjects.non_daemon_thread_at_exit, "SIGTERM")
     assert [f.code for f in record.findings] == ["exit-hang"]
     details = record.findings[0].details
     assert "non-daemon thread" in details["blocked_in"]
@@ -92,10 +97,7 @@ def test_a_non_daemon_thread_at_exit_is_an_exit_hang_with_its_stack(
 
 
 def test_an_untimed_join_of_a_child_at_exit_is_an_exit_hang(launcher: TreeLauncher) -> None:
-    record = kill_tree_at(
-        subjects.untimed_join_at_exit, signal="SIGTERM", deadline_s=SHORT_DEADLINE_S,
-        launcher=launcher,
-    )
+    record = kill_expecting_leftovers(launcher, subjects.untimed_join_at_exit, "SIGTERM")
     assert [f.code for f in record.findings] == ["exit-hang", "orphan-process"]
     assert "joining a child process" in record.findings[0].details["blocked_in"]
     assert record.findings[1].details["name"] == "joined_child"
@@ -103,10 +105,7 @@ def test_an_untimed_join_of_a_child_at_exit_is_an_exit_hang(launcher: TreeLaunch
 
 
 def test_a_descendant_stuck_in_its_exit_is_an_exit_hang_too(launcher: TreeLauncher) -> None:
-    record = kill_tree_at(
-        subjects.child_stuck_at_exit, signal="SIGKILL", deadline_s=SHORT_DEADLINE_S,
-        launcher=launcher,
-    )
+    record = kill_expecting_leftovers(launcher, subjects.child_stuck_at_exit, "SIGKILL")
     assert [f.code for f in record.findings] == ["exit-hang"]
     details = record.findings[0].details
     assert details["name"] == "stuck_child" and details["pid"] != record.root_pid
@@ -125,9 +124,7 @@ def test_a_command_line_target_that_dies_whole_passes(launcher: TreeLauncher) ->
 
 def test_a_shell_launcher_leaving_its_background_job_is_caught(launcher: TreeLauncher) -> None:
     command = ["bash", "-c", "sleep 60 & echo '[pytest-shutdown] phase: ready' >&2; wait"]
-    record = kill_tree_at(
-        command, signal="SIGKILL", deadline_s=SHORT_DEADLINE_S, launcher=launcher
-    )
+    record = kill_expecting_leftovers(launcher, command, "SIGKILL")
     assert [(f.code, f.details["name"]) for f in record.findings] == [("orphan-process", "sleep")]
     assert nothing_left(launcher)
 
@@ -146,9 +143,8 @@ def test_killing_one_child_of_a_correct_tree_leaves_the_root_running_until_the_d
 ) -> None:
     # The root of lifelined_tree does not watch its children: killing one leaves the root
     # running, which the helper reports (the root must end when part of its tree dies).
-    record = kill_tree_at(
-        subjects.lifelined_tree, level="child", levels={"child": "tree_child*"},
-        signal="SIGKILL", deadline_s=SHORT_DEADLINE_S, launcher=launcher,
+    record = kill_expecting_leftovers(
+        launcher, subjects.lifelined_tree, "SIGKILL", level="child", levels={"child": "tree_child*"}
     )
     # the first child by name, among those named when the phase came (the other may still be
     # taking its name on a busy machine): the other one is the orphan

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import pytest
+from inner_runs import fresh_python
 
 from pytest_shutdown import ShutdownContractError, assert_process_group_destroyed
 from pytest_shutdown.checks.process_groups import group_names, process_group_findings
@@ -61,5 +60,4 @@ def test_without_torch_distributed_nothing_is_imported_and_nothing_is_left() -> 
         "assert process_groups() == []\n"
         "print('torch' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert fresh_python(code).strip() == "False"

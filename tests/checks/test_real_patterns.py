@@ -3,7 +3,6 @@ check, and each seed bug put back is caught with the right code."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import importlib.util
@@ -11,7 +10,6 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
@@ -37,17 +35,6 @@ from pytest_shutdown.checks.spies import NotCalledError
 from pytest_shutdown.harness import freeze_scenarios, outcome_from_processes, zero_window_override
 
 
-@contextlib.contextmanager
-def on_platform(name: str) -> Iterator[None]:
-    """The platform hook: make ``name`` the current platform for one cell."""
-    previous = v.current_platform.name
-    v.current_platform.name = name
-    try:
-        yield
-    finally:
-        v.current_platform.name = previous
-
-
 def _wrong_cells(exc: pytest.ExceptionInfo[ShutdownContractError]) -> set[str]:
     assert set(exc.value.codes) == {"timeout-policy"}
     return {f.details["cell"] for f in exc.value.findings}
@@ -58,7 +45,7 @@ def _wrong_cells(exc: pytest.ExceptionInfo[ShutdownContractError]) -> set[str]:
 
 def test_a_two_argument_policy_reads_its_platform_through_the_hook() -> None:
     report = assert_timeout_decoupling(
-        v.get_engine_process_shutdown_timeout, grace=15.0, platform=on_platform
+        v.get_engine_process_shutdown_timeout, grace=15.0, platform=v.on_platform
     )
     assert "rocm-req0-proc0" in report.details["cells"]
     assert v.current_platform.name == "cuda"  # the hook restored it
@@ -73,7 +60,7 @@ def test_a_two_argument_policy_reads_its_platform_through_the_hook() -> None:
 )
 def test_a_two_argument_seed_bug_is_a_wrong_cell(policy: Any, wrong: set[str]) -> None:
     with pytest.raises(ShutdownContractError) as exc:
-        assert_timeout_decoupling(policy, grace=15.0, platform=on_platform)
+        assert_timeout_decoupling(policy, grace=15.0, platform=v.on_platform)
     assert _wrong_cells(exc) == wrong
 
 
@@ -86,17 +73,17 @@ def test_a_documented_override_is_not_a_finding(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv(v.ENV_WINDOW, "3")
     policy = v.get_engine_process_shutdown_timeout
     with pytest.raises(ShutdownContractError) as exc:  # without expected=: both 0/0 cells differ
-        assert_timeout_decoupling(policy, grace=15.0, platform=on_platform)
+        assert_timeout_decoupling(policy, grace=15.0, platform=v.on_platform)
     assert _wrong_cells(exc) == {"cuda-req0-proc0", "rocm-req0-proc0"}
     assert_timeout_decoupling(
-        policy, grace=15.0, platform=on_platform, expected=zero_window_override(3.0)
+        policy, grace=15.0, platform=v.on_platform, expected=zero_window_override(3.0)
     )
     # the override is checked too: a policy that ignores the variable is caught on CUDA
     with pytest.raises(ShutdownContractError) as exc:
         assert_timeout_decoupling(
             v.policy_ignoring_the_platform,
             grace=15.0,
-            platform=on_platform,
+            platform=v.on_platform,
             expected=zero_window_override(3.0),
         )
     assert _wrong_cells(exc) == {"cuda-req0-proc0", "rocm-req0-proc0"}
@@ -134,28 +121,26 @@ def _supervisor_wait(supervisor: type[v.DPSupervisor]) -> Any:
     )
 
 
-def test_the_supervisor_waits_the_policy_plus_the_child_grace() -> None:
-    report = assert_timeout_decoupling(
-        _supervisor_wait(v.DPSupervisor),
+def _assert_supervisor_decoupled(supervisor: type[v.DPSupervisor]) -> Any:
+    """The supervisor waits the policy plus the child grace, on the diagonal cells."""
+    return assert_timeout_decoupling(
+        _supervisor_wait(supervisor),
         grace=15.0,
-        platform=on_platform,
+        platform=v.on_platform,
         shape="diagonal",
         include_none=False,
         offset=v.CHILD_EXIT_GRACE_S,
     )
+
+
+def test_the_supervisor_waits_the_policy_plus_the_child_grace() -> None:
+    report = _assert_supervisor_decoupled(v.DPSupervisor)
     assert report.details["cells"] == timeout_matrix(shape="diagonal", include_none=False).ids
 
 
 def test_a_supervisor_without_the_child_grace_is_caught() -> None:
     with pytest.raises(ShutdownContractError) as exc:
-        assert_timeout_decoupling(
-            _supervisor_wait(v.SupervisorWithoutChildGrace),
-            grace=15.0,
-            platform=on_platform,
-            shape="diagonal",
-            include_none=False,
-            offset=v.CHILD_EXIT_GRACE_S,
-        )
+        _assert_supervisor_decoupled(v.SupervisorWithoutChildGrace)
     assert _wrong_cells(exc) == {
         "cuda-req0-proc0", "cuda-req7-proc7", "rocm-req0-proc0", "rocm-req7-proc7"
     }
@@ -169,7 +154,7 @@ def _manager_budget(manager: type[v.CoreEngineProcManager]) -> Any:
 
 def test_the_budget_a_manager_really_passes_follows_the_policy() -> None:
     assert_timeout_decoupling(
-        _manager_budget(v.CoreEngineProcManager), grace=15.0, platform=on_platform
+        _manager_budget(v.CoreEngineProcManager), grace=15.0, platform=v.on_platform
     )
     assert v.shutdown.__module__ == "vllm_patterns"  # the spy is gone again
 
@@ -177,7 +162,7 @@ def test_the_budget_a_manager_really_passes_follows_the_policy() -> None:
 def test_a_manager_that_ignores_the_policy_is_caught() -> None:
     with pytest.raises(ShutdownContractError) as exc:
         assert_timeout_decoupling(
-            _manager_budget(v.ManagerIgnoringThePolicy), grace=15.0, platform=on_platform
+            _manager_budget(v.ManagerIgnoringThePolicy), grace=15.0, platform=v.on_platform
         )
     assert _wrong_cells(exc) == {"rocm-req0-proc0"}
 
@@ -185,7 +170,7 @@ def test_a_manager_that_ignores_the_policy_is_caught() -> None:
 def test_a_call_that_never_reaches_the_spied_function_is_the_tests_error_once() -> None:
     policy = timeout_passed_to("vllm_patterns:shutdown", lambda request, process: None)
     with pytest.raises(NotCalledError, match="never reached vllm_patterns.shutdown"):
-        assert_timeout_decoupling(policy, grace=15.0, platform=on_platform, platforms=("cuda",))
+        assert_timeout_decoupling(policy, grace=15.0, platform=v.on_platform, platforms=("cuda",))
 
 
 def test_a_call_that_skips_the_spied_function_in_some_cells_is_a_wrong_cell() -> None:
@@ -195,7 +180,7 @@ def test_a_call_that_skips_the_spied_function_in_some_cells_is_a_wrong_cell() ->
 
     policy = timeout_passed_to("vllm_patterns:shutdown", skips_the_reaper_at_zero)
     with pytest.raises(ShutdownContractError) as exc:
-        assert_timeout_decoupling(policy, grace=15.0, platform=on_platform, platforms=("cuda",))
+        assert_timeout_decoupling(policy, grace=15.0, platform=v.on_platform, platforms=("cuda",))
     assert _wrong_cells(exc) == {"cuda-reqNone-proc0", "cuda-req0-proc0", "cuda-req7-proc0"}
     assert all("never reached" in f.details["error"] for f in exc.value.findings)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import threading
+from typing import Any
 
 import pytest
 
@@ -64,6 +65,16 @@ def use(engine: Engine) -> None:
     assert engine.generate("hello") == "HELLO"
 
 
+def findings_of(build: Any, device_memory: Any = None, **options: Any) -> ShutdownContractError:
+    """The error ``assert_second_engine_clean`` raises for ``build`` (engine A checked 0.3 s
+    after its shutdown)."""
+    with pytest.raises(ShutdownContractError) as info:
+        assert_second_engine_clean(
+            build, use, device_memory=device_memory, deadline_s=0.3, **options
+        )
+    return info.value
+
+
 def test_a_clean_engine_passes_and_the_second_one_is_used() -> None:
     built: list[int] = []  # counts only: holding engine A would be the bug under test
     used: list[str] = []
@@ -85,13 +96,12 @@ def test_a_clean_engine_passes_and_the_second_one_is_used() -> None:
 
 def test_an_engine_kept_by_a_registry_is_not_collected_with_its_chain() -> None:
     try:
-        with pytest.raises(ShutdownContractError) as info:
-            assert_second_engine_clean(RegisteredEngine, use, device_memory=None, deadline_s=0.3)
+        error = findings_of(RegisteredEngine)
     finally:
         ENGINES.clear()
 
-    assert info.value.codes == ["not-collected"]
-    finding = info.value.findings[0]
+    assert error.codes == ["not-collected"]
+    finding = error.findings[0]
     assert "the first RegisteredEngine was still alive after its shutdown" in finding.message
     assert "['ENGINES']" in finding.details["backref_chains"][0]
 
@@ -105,16 +115,15 @@ def test_a_thread_of_the_first_engine_still_running_is_a_thread_leak() -> None:
         return engine
 
     try:
-        with pytest.raises(ShutdownContractError) as info:
-            assert_second_engine_clean(build, use, device_memory=None, deadline_s=0.3)
+        error = findings_of(build)
     finally:
         for stop in stops:
             stop.set()
     # the engine is collected; its running thread (and that thread's Event) are not
-    assert info.value.codes == ["not-collected", "thread-leak"]
-    surviving = info.value.findings[0].details["surviving"]
+    assert error.codes == ["not-collected", "thread-leak"]
+    surviving = error.findings[0].details["surviving"]
     assert {name.rsplit(".", 1)[-1] for name in surviving} == {"Thread", "Event"}
-    assert info.value.findings[1].details["threads"] == ["engine-output"]
+    assert error.findings[1].details["threads"] == ["engine-output"]
 
 
 def test_descriptors_of_the_first_engine_left_open_are_growth() -> None:
@@ -126,14 +135,13 @@ def test_descriptors_of_the_first_engine_left_open_are_growth() -> None:
         return engine
 
     try:
-        with pytest.raises(ShutdownContractError) as info:
-            assert_second_engine_clean(build, use, device_memory=None, deadline_s=0.3)
+        error = findings_of(build)
     finally:
         for fd in fds:
             os.close(fd)
-    assert info.value.codes == ["growth"]
-    assert len(info.value.findings[0].details["fds"]) == 2
-    assert "pipe:[" in info.value.findings[0].message
+    assert error.codes == ["growth"]
+    assert len(error.findings[0].details["fds"]) == 2
+    assert "pipe:[" in error.findings[0].message
 
 
 def test_device_memory_of_the_first_engine_held_is_reported() -> None:
@@ -144,11 +152,10 @@ def test_device_memory_of_the_first_engine_held_is_reported() -> None:
         gpu.processes[0] = (os.getpid(), (gpu.processes[0][1] or 0) + 256 * MiB)
         return Engine()  # its KV cache is never given back
 
-    with pytest.raises(ShutdownContractError) as info:
-        assert_second_engine_clean(build, use, device_memory=reader, deadline_s=0.3)
+    error = findings_of(build, device_memory=reader)
 
-    assert info.value.codes == ["device-memory-held"]
-    assert "held 256.0 MiB of device memory" in info.value.findings[0].message
+    assert error.codes == ["device-memory-held"]
+    assert "held 256.0 MiB of device memory" in error.findings[0].message
 
 
 def test_a_second_engine_that_fails_propagates_its_error() -> None:
@@ -199,11 +206,8 @@ def test_what_the_first_engine_starts_for_the_process_is_not_a_leak() -> None:
         for fd in HELPER_FDS:
             os.close(fd)
         HELPER_FDS.clear()
-        with pytest.raises(ShutdownContractError) as info:  # no warm-up: A started it
-            assert_second_engine_clean(
-                EngineWithAProcessHelper, use, device_memory=None, warmup=0, deadline_s=0.3
-            )
-        assert info.value.codes == ["growth"]
+        error = findings_of(EngineWithAProcessHelper, warmup=0)  # no warm-up: A started it
+        assert error.codes == ["growth"]
     finally:
         for fd in HELPER_FDS:
             os.close(fd)

@@ -10,12 +10,14 @@ exit.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from multiprocessing import get_context
@@ -40,6 +42,18 @@ class Platform:
 
 
 current_platform = Platform()
+
+
+@contextlib.contextmanager
+def on_platform(name: str) -> Iterator[None]:
+    """The platform hook: make ``name`` the current platform for one cell."""
+    previous = current_platform.name
+    current_platform.name = name
+    try:
+        yield
+    finally:
+        current_platform.name = previous
+
 #: ``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``, as vLLM's envs module reads it.
 ENV_WINDOW = "PYTEST_SHUTDOWN_TEST_WORKER_SHUTDOWN_TIMEOUT_SECONDS"
 
@@ -271,19 +285,26 @@ class EngineCore:
         gc.collect()
 
 
-def run_engine_core(platform: str, shutdown_timeout: float, fail: bool) -> None:
+def _clean(exit: SystemExit, engine_core: EngineCore) -> bool:
+    """vLLM's "clean shutdown": exit code 0, shutting down, no work left, a zero drain budget."""
+    return (
+        exit.code in (None, 0)
+        and engine_core.shutting_down
+        and not engine_core.has_work()
+        and engine_core.shutdown_timeout == 0
+    )
+
+
+def run_engine_core(
+    platform: str, shutdown_timeout: float, fail: bool, clean: Any = _clean
+) -> None:
     current_platform.name = platform
     clean_shutdown = False
     engine_core = EngineCore(shutdown_timeout, fail)
     try:
         engine_core.run_busy_loop()
     except SystemExit as e:
-        clean_shutdown = (
-            e.code in (None, 0)
-            and engine_core.shutting_down
-            and not engine_core.has_work()
-            and engine_core.shutdown_timeout == 0
-        )
+        clean_shutdown = clean(e, engine_core)
         raise
     finally:
         engine_core.shutdown()
@@ -309,15 +330,9 @@ def run_engine_core_freezing_after_drain(
     platform: str, shutdown_timeout: float, fail: bool
 ) -> None:
     """Seed bug: "clean" forgets the zero drain budget, so a drained ROCm exit freezes too."""
-    current_platform.name = platform
-    clean_shutdown = False
-    engine_core = EngineCore(shutdown_timeout, fail)
-    try:
-        engine_core.run_busy_loop()
-    except SystemExit as e:
-        clean_shutdown = e.code in (None, 0) and not engine_core.has_work()
-        raise
-    finally:
-        engine_core.shutdown()
-        if clean_shutdown and current_platform.is_rocm():
-            gc.freeze()
+    run_engine_core(
+        platform,
+        shutdown_timeout,
+        fail,
+        clean=lambda exit, engine_core: exit.code in (None, 0) and not engine_core.has_work(),
+    )

@@ -47,6 +47,36 @@ def collect_until_finished(manager: EngineProcManager, request_id: str) -> Engin
             return EngineCoreOutput(request_id, tokens, out.finish_reason)
 
 
+def sigterm_and_join(manager: EngineProcManager, pid: int) -> int | None:
+    """SIGTERM the engine child, wait (10 s at most) for it to end: its exit code."""
+    os.kill(pid, signal.SIGTERM)
+    manager.processes[0].join(10)
+    return manager.processes[0].exitcode
+
+
+def sigterm_mid_request(
+    managers: list[EngineProcManager],
+    log: str,
+    shutdown_timeout: float,
+    request_id: str,
+    max_tokens: int,
+) -> tuple[int, EngineCoreOutput, EngineCoreOutput]:
+    """An engine with ``shutdown_timeout`` SIGTERMed once a request produced its first output,
+    ended with exit code 0: its pid, that first output and the rest of the request."""
+    manager, pid = start_engine(
+        managers, fast_config(shutdown_timeout=shutdown_timeout, step_delay_s=0.02), log
+    )
+    manager.add_request(request_id, [1, 2, 3], max_tokens=max_tokens)
+    first = manager.outputs.get(timeout=10)
+
+    os.kill(pid, signal.SIGTERM)
+    result = collect_until_finished(manager, request_id)
+    manager.processes[0].join(10)
+
+    assert manager.processes[0].exitcode == 0
+    return pid, first, result
+
+
 # -- gc.freeze only after a clean ROCm exit --------------------------------------------------------
 # scenario: (config changes, faults, exit code expected, heap frozen at the end of life)
 FREEZE_SCENARIOS = {
@@ -66,10 +96,7 @@ def test_gc_freeze_only_after_a_clean_rocm_exit(
     changes, faults, exit_code, frozen = FREEZE_SCENARIOS[scenario]
     manager, pid = start_engine(managers, fast_config(**changes), log, **faults)
 
-    os.kill(pid, signal.SIGTERM)
-    manager.processes[0].join(10)
-
-    assert manager.processes[0].exitcode == exit_code
+    assert sigterm_and_join(manager, pid) == exit_code
     started = events(log, "started", pid)[0]
     final = wait_event(log, "final", pid)
     assert final["exit"] == exit_code
@@ -84,10 +111,7 @@ def test_a_has_work_that_raises_does_not_change_the_exit_code(
         managers, fast_config(platform="rocm"), log, has_work_raises=True
     )
 
-    os.kill(pid, signal.SIGTERM)
-    manager.processes[0].join(10)
-
-    assert manager.processes[0].exitcode == 0
+    assert sigterm_and_join(manager, pid) == 0
     assert wait_event(log, "loop_exited", pid)["clean"] is False  # unknown counts as unclean
     final = wait_event(log, "final", pid)
     assert final["exit"] == 0 and final["freeze_count"] == 0
@@ -95,59 +119,43 @@ def test_a_has_work_that_raises_does_not_change_the_exit_code(
 
 
 # -- drain vs abort ------------------------------------------------------------------------------
-def test_shutdown_timeout_zero_aborts_in_flight_requests(
-    managers: list[EngineProcManager], log: str
+@pytest.mark.parametrize(
+    ("shutdown_timeout", "max_tokens", "reason", "event", "mode"),
+    [
+        pytest.param(
+            0.0, 100_000, FinishReason.ABORTED, "shutdown_requested", "abort",
+            id="timeout-zero-aborts-in-flight-requests",
+        ),
+        pytest.param(
+            30.0, 40, FinishReason.LENGTH, "shutdown_requested", "drain",
+            id="a-positive-timeout-drains-in-flight-requests",
+        ),
+        pytest.param(
+            0.5, 100_000, FinishReason.ABORTED, "drain_cut_short", None,
+            id="a-drain-that-outlasts-its-timeout-aborts-the-rest",
+        ),
+    ],
+)
+def test_a_sigterm_drains_or_aborts_in_flight_requests(
+    managers: list[EngineProcManager],
+    log: str,
+    shutdown_timeout: float,
+    max_tokens: int,
+    reason: FinishReason,
+    event: str,
+    mode: str | None,
 ) -> None:
-    manager, pid = start_engine(
-        managers, fast_config(shutdown_timeout=0.0, step_delay_s=0.02), log
+    pid, first, result = sigterm_mid_request(
+        managers, log, shutdown_timeout, "in-flight", max_tokens=max_tokens
     )
-    manager.add_request("long", [1, 2, 3], max_tokens=100_000)
-    manager.outputs.get(timeout=10)  # it is running
 
-    os.kill(pid, signal.SIGTERM)
-    result = collect_until_finished(manager, "long")
-    manager.processes[0].join(10)
-
-    assert result.finish_reason is FinishReason.ABORTED
-    assert manager.processes[0].exitcode == 0
-    assert wait_event(log, "shutdown_requested", pid)["mode"] == "abort"
-
-
-def test_a_positive_shutdown_timeout_drains_in_flight_requests(
-    managers: list[EngineProcManager], log: str
-) -> None:
-    manager, pid = start_engine(
-        managers, fast_config(shutdown_timeout=30.0, step_delay_s=0.02), log
-    )
-    manager.add_request("short", [1, 2, 3], max_tokens=40)
-    first = manager.outputs.get(timeout=10)
-
-    os.kill(pid, signal.SIGTERM)
-    result = collect_until_finished(manager, "short")
-    manager.processes[0].join(10)
-
-    assert result.finish_reason is FinishReason.LENGTH
-    assert len(first.new_token_ids) + len(result.new_token_ids) == 40
-    assert manager.processes[0].exitcode == 0
-    assert wait_event(log, "shutdown_requested", pid)["mode"] == "drain"
-
-
-def test_a_drain_that_outlasts_its_timeout_aborts_the_rest(
-    managers: list[EngineProcManager], log: str
-) -> None:
-    manager, pid = start_engine(
-        managers, fast_config(shutdown_timeout=0.5, step_delay_s=0.02), log
-    )
-    manager.add_request("endless", [1, 2, 3], max_tokens=100_000)
-    manager.outputs.get(timeout=10)
-
-    os.kill(pid, signal.SIGTERM)
-    result = collect_until_finished(manager, "endless")
-    manager.processes[0].join(10)
-
-    assert result.finish_reason is FinishReason.ABORTED
-    assert manager.processes[0].exitcode == 0
-    assert events(log, "drain_cut_short", pid)
+    assert result.finish_reason is reason
+    if reason is FinishReason.LENGTH:  # drained: every token it asked for
+        assert len(first.new_token_ids) + len(result.new_token_ids) == max_tokens
+    logged = events(log, event, pid)  # the child has exited: its log is complete
+    assert logged
+    if mode is not None:
+        assert logged[-1]["mode"] == mode
 
 
 def test_requests_and_utility_calls_during_shutdown_are_rejected(

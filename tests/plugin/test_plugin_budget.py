@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from inner_runs import A_LEAKS_A_THREAD
 
 from pytest_shutdown.budget import ShutdownBudgetExceeded, TeardownBudget
 
@@ -43,15 +44,22 @@ HUNG = textwrap.dedent(
 )
 
 
+def run_within(
+    seconds: float, pytester: pytest.Pytester, *args: str, timeout: float | None = None
+) -> pytest.RunResult:
+    """A run with the plugin and ``args`` that must end in under ``seconds`` (pytester kills
+    it after ``timeout``)."""
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess("-p", "shutdown", *args, timeout=timeout)
+    assert time.monotonic() - start < seconds
+    return result
+
+
 def test_hung_teardown_ends_at_the_budget_and_the_session_goes_on(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_hung=HUNG)
-    start = time.monotonic()
-    result = pytester.runpytest_subprocess(
-        "-p", "shutdown", "--shutdown-budget=1", "--shutdown-report=r.json"
-    )
-    assert time.monotonic() - start < 60
+    result = run_within(60, pytester, "--shutdown-budget=1", "--shutdown-report=r.json")
     result.assert_outcomes(passed=3, errors=2)
     result.stdout.fnmatch_lines(
         [
@@ -74,21 +82,27 @@ def test_hung_teardown_ends_at_the_budget_and_the_session_goes_on(
     assert report["summary"]["budgets_exceeded"] == 2
 
 
-def test_without_a_budget_a_slow_teardown_is_left_alone(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        """
+def slow_teardown(seconds: float, test: str) -> str:
+    """An inner test file: ``test`` passes, its fixture ``sleeps`` sleeps ``seconds`` in its
+    teardown (``time`` and ``pytest`` imported)."""
+    return textwrap.dedent(
+        f"""
         import time
         import pytest
 
         @pytest.fixture
-        def slow():
+        def sleeps():
             yield
-            time.sleep(0.5)
+            time.sleep({seconds})
 
-        def test_slow(slow):
+        def {test}(sleeps):
             pass
         """
     )
+
+
+def test_without_a_budget_a_slow_teardown_is_left_alone(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(slow_teardown(0.5, "test_slow"))
     result = pytester.runpytest_subprocess("-p", "shutdown")
     result.assert_outcomes(passed=1)
 
@@ -119,20 +133,7 @@ def test_pytest_timeout_governs_the_body_and_a_hang_is_reported_once(
 
 
 def test_pytest_timeout_due_first_wins_in_teardown_too(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        """
-        import time
-        import pytest
-
-        @pytest.fixture
-        def sleeps():
-            yield
-            time.sleep(30)
-
-        def test_hung(sleeps):
-            pass
-        """
-    )
+    pytester.makepyfile(slow_teardown(30, "test_hung"))
     result = pytester.runpytest_subprocess(
         "-p", "shutdown", "--timeout=1", "--shutdown-budget=20", "--shutdown-report=r.json"
     )
@@ -146,25 +147,9 @@ def test_pytest_timeout_due_first_wins_in_teardown_too(pytester: pytest.Pytester
 
 def test_budget_first_then_pytest_timeout_still_works(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
-        """
-        import time
-        import pytest
-
-        @pytest.fixture
-        def sleeps():
-            yield
-            time.sleep(30)
-
-        def test_hung_teardown(sleeps):
-            pass
-
-        def test_hung_body():
-            time.sleep(30)
-        """
+        slow_teardown(30, "test_hung_teardown") + "\ndef test_hung_body():\n    time.sleep(30)\n"
     )
-    start = time.monotonic()
-    result = pytester.runpytest_subprocess("-p", "shutdown", "--timeout=3", "--shutdown-budget=0.5")
-    assert time.monotonic() - start < 30
+    result = run_within(30, pytester, "--timeout=3", "--shutdown-budget=0.5")
     result.assert_outcomes(passed=1, failed=1, errors=1)
     result.stdout.fnmatch_lines(
         [
@@ -316,12 +301,10 @@ def test_a_teardown_stuck_in_c_is_ended_at_the_budget_with_its_children_killed(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_c=C_WAIT)
-    start = time.monotonic()
-    result = pytester.runpytest_subprocess(
-        "-p", "shutdown", "-p", "no:randomly", "--shutdown-budget=1", "--shutdown-report=r.json",
+    result = run_within(
+        60, pytester, "-p", "no:randomly", "--shutdown-budget=1", "--shutdown-report=r.json",
         timeout=90,
     )
-    assert time.monotonic() - start < 60
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(
         ["*ShutdownBudgetExceeded: shutdown budget of 1 s exceeded*test_c.py::test_hung_in_c*"]
@@ -332,15 +315,9 @@ def test_a_teardown_stuck_in_c_is_ended_at_the_budget_with_its_children_killed(
     assert "time.sleep(120)" in " ".join(killed["cmdline"])
 
 
-HUNG_FOR_GOOD = textwrap.dedent(
+HUNG_FOR_GOOD = A_LEAKS_A_THREAD + textwrap.dedent(
     """
-    import ctypes, signal, threading, time
-    import pytest
-
-    _release = threading.Event()
-
-    def test_a_leaks_a_thread():
-        threading.Thread(target=_release.wait, name="leaky", daemon=True).start()
+    import ctypes, signal, time
 
     @pytest.fixture
     def in_c():
@@ -374,13 +351,10 @@ def test_a_teardown_that_never_returns_ends_the_process_after_a_second_budget(
     from pytest_shutdown.budget import HUNG_TEARDOWN_EXIT_CODE
 
     pytester.makepyfile(test_hang=HUNG_FOR_GOOD.replace("FIXTURE", fixture))
-    start = time.monotonic()
-    result = pytester.runpytest_subprocess(
-        "-p", "shutdown", "-p", "no:randomly", "--shutdown-budget=1", "--shutdown-grace=0.2",
-        "--shutdown-report=r.json",
-        timeout=90,
+    result = run_within(
+        60, pytester, "-p", "no:randomly", "--shutdown-budget=1", "--shutdown-grace=0.2",
+        "--shutdown-report=r.json", timeout=90,
     )
-    assert time.monotonic() - start < 60
     assert result.ret == HUNG_TEARDOWN_EXIT_CODE == 70
     err = result.stderr.str()
     assert "+++ pytest-shutdown: the teardown of test_hang.py::test_b_hangs did not return" in err

@@ -6,21 +6,15 @@ import json
 import xml.etree.ElementTree as ET
 
 import pytest
+from inner_runs import RAISES_WHEN_REPEATED
 
-SUITE = """
+SUITE = (
+    """
 import pytest
 from pytest_shutdown import ShutdownContractError, assert_idempotent_shutdown
-
-
-class RaisesWhenRepeated:
-    def __init__(self):
-        self.calls = 0
-
-    def shutdown(self):
-        self.calls += 1
-        if self.calls > 1:
-            raise RuntimeError("closed twice")
-
+"""
+    + RAISES_WHEN_REPEATED
+    + """
 
 @pytest.fixture
 def checked_in_setup():
@@ -58,6 +52,7 @@ def test_through_shutdown_check(shutdown_check):
 def test_other_failure():
     assert 1 == 2
 """
+)
 
 NAMES = (
     "test_setup",

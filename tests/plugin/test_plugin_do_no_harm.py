@@ -15,6 +15,7 @@ import time
 
 import psutil
 import pytest
+from inner_runs import server_fixture
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="process checks read /proc (Linux)"
@@ -52,18 +53,8 @@ def run_modes(
 
 # --- a fixture that stops its own process is never accused -----------------------------------
 
+#: After :func:`inner_runs.server_fixture`.
 STOPS_ITS_OWN = """
-import subprocess, sys, pytest
-
-SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
-
-@pytest.fixture(scope="{scope}")
-def server():
-    proc = subprocess.Popen(SLEEP)
-    yield proc
-    proc.{stop}()
-    proc.wait(10)
-
 class TestServer:
     def test_one(self, server):
         assert server.poll() is None
@@ -81,24 +72,15 @@ def test_after():
 def test_a_fixture_that_stops_its_own_process_is_not_accused(
     pytester: pytest.Pytester, scope: str, stop: str
 ) -> None:
-    pytester.makepyfile(test_server=STOPS_ITS_OWN.format(scope=scope, stop=stop))
+    pytester.makepyfile(test_server=server_fixture(scope, stop) + STOPS_ITS_OWN)
     result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly")
     assert "collateral-kill" not in result.stdout.str()
     result.assert_outcomes(passed=3)
 
 
-BLANKET_KILL = """
-import os, signal, subprocess, sys, time
-import psutil, pytest
-
-SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
-
-@pytest.fixture(scope="module")
-def server():
-    proc = subprocess.Popen(SLEEP)
-    yield proc
-    proc.terminate()
-    proc.wait(10)
+BLANKET_KILL = server_fixture("module", "terminate") + """
+import os, signal, time
+import psutil
 
 def test_uses(server):
     assert server.poll() is None

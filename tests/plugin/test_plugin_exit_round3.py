@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-ARGS = ("-p", "shutdown", "-p", "no:randomly", "-p", "no:cacheprovider", "--shutdown-grace=0.2")
+from inner_runs import ARGS
 
 SYS_EXIT_IN_TEARDOWN = textwrap.dedent(
     """

@@ -279,20 +279,10 @@ WATCHDOG_IN_THE_GAP = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("watchdog", ["faulthandler_timeout", "a hook's thread"])
-def test_a_watchdog_armed_in_every_gap_is_no_tests_leak(
-    pytester: pytest.Pytester, watchdog: str
-) -> None:
-    """What a plugin starts between tests and stops after the next one's teardown is in the
-    baseline of that test: faulthandler's native watchdog (no origin recorded: the gaps move,
-    so every set-up reads) and a thread a hook starts (recorded outside any test)."""
-    options = ["-p", "shutdown", GRACE, "-p", "no:randomly"]
-    if watchdog == "faulthandler_timeout":
-        options += ["-o", "faulthandler_timeout=60"]
-    else:
-        pytester.makeconftest(WATCHDOG_IN_THE_GAP)
+def assert_30_clean_tests_have_no_findings(pytester: pytest.Pytester, *options: str) -> None:
+    """A run of 30 tests that do nothing, with ``options``: they pass, and no finding."""
     pytester.makepyfile(
-        test_watched=textwrap.dedent(
+        test_clean=textwrap.dedent(
             """
             import pytest
 
@@ -305,6 +295,21 @@ def test_a_watchdog_armed_in_every_gap_is_no_tests_leak(
     result = pytester.runpytest_subprocess(*options)
     result.assert_outcomes(passed=30)
     result.stdout.fnmatch_lines(["no findings in 30 tests*"])
+
+
+@pytest.mark.parametrize("watchdog", ["faulthandler_timeout", "a hook's thread"])
+def test_a_watchdog_armed_in_every_gap_is_no_tests_leak(
+    pytester: pytest.Pytester, watchdog: str
+) -> None:
+    """What a plugin starts between tests and stops after the next one's teardown is in the
+    baseline of that test: faulthandler's native watchdog (no origin recorded: the gaps move,
+    so every set-up reads) and a thread a hook starts (recorded outside any test)."""
+    options = ["-p", "shutdown", GRACE, "-p", "no:randomly"]
+    if watchdog == "faulthandler_timeout":
+        options += ["-o", "faulthandler_timeout=60"]
+    else:
+        pytester.makeconftest(WATCHDOG_IN_THE_GAP)
+    assert_30_clean_tests_have_no_findings(pytester, *options)
 
 
 THREAD_STARTED_IN_A_LATE_GAP = textwrap.dedent(
@@ -333,20 +338,7 @@ def test_a_thread_a_hook_starts_in_a_trusted_gap_is_not_the_next_tests(
     """A set-up that trusted the gap did not read it; what was started there through
     ``threading`` is recorded outside any test, and not the next test's leak."""
     pytester.makeconftest(THREAD_STARTED_IN_A_LATE_GAP)
-    pytester.makepyfile(
-        test_late=textwrap.dedent(
-            """
-            import pytest
-
-            @pytest.mark.parametrize("n", range(30))
-            def test_clean(n):
-                pass
-            """
-        )
-    )
-    result = pytester.runpytest_subprocess("-p", "shutdown", GRACE, "-p", "no:randomly")
-    result.assert_outcomes(passed=30)
-    result.stdout.fnmatch_lines(["no findings in 30 tests*"])
+    assert_30_clean_tests_have_no_findings(pytester, "-p", "shutdown", GRACE, "-p", "no:randomly")
 
 
 #: A session fixture's child process, alive through every test (a suite's own server).

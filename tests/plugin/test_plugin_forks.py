@@ -34,15 +34,20 @@ FORKING_TESTS = textwrap.dedent(
         time.sleep(60)
 
 
+    def _terminated_once_started(ctx, join_s):
+        # A child of ctx, terminated once it is past its start-up: its exit code.
+        ready = ctx.Event()
+        proc = ctx.Process(target=_ready_then_sleep, args=(ready,))
+        proc.start()
+        assert ready.wait(30), f"the {ctx.get_start_method()} child never started"
+        proc.terminate()
+        proc.join(join_s)
+        return proc.exitcode
+
+
     def test_process_terminate_gives_sigterm():
         for _ in range(3):
-            ready = FORK.Event()
-            proc = FORK.Process(target=_ready_then_sleep, args=(ready,))
-            proc.start()
-            assert ready.wait(30), "the child never started"
-            proc.terminate()
-            proc.join(10)
-            assert proc.exitcode == -signal.SIGTERM
+            assert _terminated_once_started(FORK, 10) == -signal.SIGTERM
 
 
     def test_terminate_right_after_start():
@@ -103,14 +108,8 @@ FORKING_TESTS = textwrap.dedent(
 
 
     def test_forkserver_child_terminates():
-        ctx = multiprocessing.get_context("forkserver")
-        ready = ctx.Event()
-        proc = ctx.Process(target=_ready_then_sleep, args=(ready,))
-        proc.start()
-        assert ready.wait(30), "the forkserver's child never started"
-        proc.terminate()
-        proc.join(20)
-        assert proc.exitcode == -signal.SIGTERM
+        forkserver = multiprocessing.get_context("forkserver")
+        assert _terminated_once_started(forkserver, 20) == -signal.SIGTERM
     """
 )
 

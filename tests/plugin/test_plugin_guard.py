@@ -338,6 +338,24 @@ def test_guard_restores_order_for_the_next_test(
     result.stdout.fnmatch_lines(["shutdown guard: thread-leak, process-leak, gc-frozen-leak"])
 
 
+def freezing_fixture(name: str, *teardown: str) -> str:
+    """An inner test file's start: ``import gc, pytest`` and a module-scope fixture ``name``
+    that calls ``gc.freeze()``, yields, then runs the ``teardown`` lines."""
+    lines = ["import gc", "import pytest", "", '@pytest.fixture(scope="module")', f"def {name}():"]
+    lines += [f"    {line}" for line in ("gc.freeze()", "yield", *teardown)]
+    return "\n".join(lines) + "\n"
+
+
+def run_reporting_test_leaks_a_freeze(pytester: pytest.Pytester) -> pytest.RunResult:
+    """Run the suite: three tests pass, test_leaks_a_freeze has an error naming its freeze."""
+    result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly", GRACE)
+    result.assert_outcomes(passed=3, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_leaks_a_freeze: [[]gc-frozen-leak] gc.get_freeze_count() went from * to *"]
+    )
+    return result
+
+
 def test_a_freeze_left_behind_is_undone_whatever_was_frozen_before_the_session(
     pytester: pytest.Pytester,
 ) -> None:
@@ -363,11 +381,7 @@ def test_a_freeze_left_behind_is_undone_whatever_was_frozen_before_the_session(
             """
         )
     )
-    result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly", GRACE)
-    result.assert_outcomes(passed=3, errors=1)
-    result.stdout.fnmatch_lines(
-        ["*test_leaks_a_freeze: [[]gc-frozen-leak] gc.get_freeze_count() went from * to *"]
-    )
+    result = run_reporting_test_leaks_a_freeze(pytester)
     assert "test_next_starts_unfrozen: [" not in result.stdout.str()
 
 
@@ -375,18 +389,13 @@ def test_a_freeze_on_top_of_a_wider_scope_fixtures_is_left_alone(pytester: pytes
     # Unfreezing would release the fixture's freeze in the middle of its scope: the test's
     # freeze is reported and left, and the fixture's teardown still finds its heap frozen.
     pytester.makepyfile(
-        test_held=textwrap.dedent(
+        test_held=freezing_fixture(
+            "frozen_heap",
+            "assert gc.get_freeze_count() > 0, \"the fixture's freeze was released\"",
+            "gc.unfreeze()",
+        )
+        + textwrap.dedent(
             """
-            import gc
-            import pytest
-
-            @pytest.fixture(scope="module")
-            def frozen_heap():
-                gc.freeze()
-                yield
-                assert gc.get_freeze_count() > 0, "the fixture's freeze was released"
-                gc.unfreeze()
-
             KEPT = []
 
             def test_sets_the_fixture_up(frozen_heap):
@@ -401,11 +410,7 @@ def test_a_freeze_on_top_of_a_wider_scope_fixtures_is_left_alone(pytester: pytes
             """
         )
     )
-    result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly", GRACE)
-    result.assert_outcomes(passed=3, errors=1)
-    result.stdout.fnmatch_lines(
-        ["*test_leaks_a_freeze: [[]gc-frozen-leak] gc.get_freeze_count() went from * to *"]
-    )
+    run_reporting_test_leaks_a_freeze(pytester)
 
 
 def test_markers_are_registered_for_strict_markers(pytester: pytest.Pytester) -> None:
@@ -430,17 +435,9 @@ def test_markers_are_registered_for_strict_markers(pytester: pytest.Pytester) ->
 
 def test_gc_freeze_of_a_wider_scope_fixture_is_the_fixtures(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
-        test_a_frozen_ok=textwrap.dedent(
+        test_a_frozen_ok=freezing_fixture("frozen_ok", "gc.unfreeze()")
+        + textwrap.dedent(
             """
-            import gc
-            import pytest
-
-            @pytest.fixture(scope="module")
-            def frozen_ok():
-                gc.freeze()
-                yield
-                gc.unfreeze()
-
             def test_one(frozen_ok):
                 pass
 
@@ -448,16 +445,9 @@ def test_gc_freeze_of_a_wider_scope_fixture_is_the_fixtures(pytester: pytest.Pyt
                 pass
             """
         ),
-        test_b_frozen_leak=textwrap.dedent(
+        test_b_frozen_leak=freezing_fixture("frozen_leak")
+        + textwrap.dedent(
             """
-            import gc
-            import pytest
-
-            @pytest.fixture(scope="module")
-            def frozen_leak():
-                gc.freeze()
-                yield
-
             def test_one(frozen_leak):
                 pass
 

@@ -22,6 +22,17 @@ def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     )
 
 
+def _run_a_test_importing(pytester: pytest.Pytester, **module: str) -> pytest.RunResult:
+    """A run of one test that imports ``module`` (name=source), and passes."""
+    ((name, source),) = module.items()
+    pytester.makepyfile(
+        **{name: source, "test_imports": f"def test_imports():\n    import {name}  # noqa: F401\n"}
+    )
+    result = _run(pytester)
+    result.assert_outcomes(passed=1)
+    return result
+
+
 def _report(pytester: pytest.Pytester) -> dict:
     return json.loads((pytester.path / "r.json").read_text())
 
@@ -54,12 +65,7 @@ STARTS_WHEN_CALLED = textwrap.dedent(
 def test_a_thread_started_by_an_import_is_the_imports(pytester: pytest.Pytester) -> None:
     """A daemon thread a module starts (and keeps nowhere) while the test imports it is no
     finding in fail mode: it is listed as long-lived, owned by that module's import."""
-    pytester.makepyfile(
-        importworker=STARTS_AT_IMPORT,
-        test_imports="def test_imports():\n    import importworker  # noqa: F401\n",
-    )
-    result = _run(pytester)
-    result.assert_outcomes(passed=1)
+    result = _run_a_test_importing(pytester, importworker=STARTS_AT_IMPORT)
     assert "thread-leak" not in result.stdout.str()
     report = _report(pytester)
     assert report["tests"] == []
@@ -90,12 +96,7 @@ SETS_AT_IMPORT = textwrap.dedent(
 def test_an_environment_variable_set_by_an_import_is_the_imports(
     pytester: pytest.Pytester,
 ) -> None:
-    pytester.makepyfile(
-        setsflag=SETS_AT_IMPORT,
-        test_env="def test_imports():\n    import setsflag  # noqa: F401\n",
-    )
-    result = _run(pytester)
-    result.assert_outcomes(passed=1)
+    result = _run_a_test_importing(pytester, setsflag=SETS_AT_IMPORT)
     assert "global-state" not in result.stdout.str()
 
 

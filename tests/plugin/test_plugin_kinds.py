@@ -7,6 +7,7 @@ import sys
 import textwrap
 
 import pytest
+from inner_runs import server_fixture
 
 linux_only = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc/self/task (Linux)"
@@ -241,19 +242,10 @@ def test_not_collected_names_atexit_as_the_root() -> None:
     assert "test_plugin_kinds.py" in finding.details["atexit_callbacks"][0]["registered_at"]
 
 
-COLLATERAL = textwrap.dedent(
+COLLATERAL = server_fixture("session", "kill") + textwrap.dedent(
     """
-    import os, signal, subprocess, sys, time
-    import psutil, pytest
-
-    SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
-
-    @pytest.fixture(scope="session")
-    def server():
-        proc = subprocess.Popen(SLEEP)
-        yield proc
-        proc.kill()
-        proc.wait(10)
+    import os, signal, time
+    import psutil
 
     def test_starts_server(server):
         assert server.poll() is None

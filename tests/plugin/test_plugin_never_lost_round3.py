@@ -120,13 +120,19 @@ EVERY_WRITE_FAILS = textwrap.dedent(
 )
 
 
+def second_run_with_conftest(pytester: pytest.Pytester, conftest: str) -> pytest.RunResult:
+    """Run 2 after a complete run 1, with ``conftest``; it passes (exit status 0)."""
+    complete_first_run(pytester)
+    pytester.makeconftest(conftest)
+    result = pytester.runpytest_subprocess(*ARGS, "--shutdown-report=r.json", "test_quick.py")
+    assert result.ret == 0
+    return result
+
+
 def test_a_run_whose_final_report_cannot_be_written_leaves_it_in_progress(
     pytester: pytest.Pytester,
 ) -> None:
-    complete_first_run(pytester)
-    pytester.makeconftest(FINAL_WRITE_FAILS)
-    result = pytester.runpytest_subprocess(*ARGS, "--shutdown-report=r.json", "test_quick.py")
-    assert result.ret == 0
+    result = second_run_with_conftest(pytester, FINAL_WRITE_FAILS)
     out = " ".join(result.stdout.str().split())
     assert "shutdown report not written to" in out and "ENOSPC" in out, out
     report = json.loads((pytester.path / "r.json").read_text())
@@ -137,10 +143,7 @@ def test_a_run_whose_final_report_cannot_be_written_leaves_it_in_progress(
 def test_a_run_that_cannot_even_mark_the_report_removes_the_previous_one(
     pytester: pytest.Pytester,
 ) -> None:
-    complete_first_run(pytester)
-    pytester.makeconftest(EVERY_WRITE_FAILS)
-    result = pytester.runpytest_subprocess(*ARGS, "--shutdown-report=r.json", "test_quick.py")
-    assert result.ret == 0
+    result = second_run_with_conftest(pytester, EVERY_WRITE_FAILS)
     assert "shutdown report not written to" in " ".join(result.stdout.str().split())
     assert not (pytester.path / "r.json").exists()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from inner_runs import write_marked_test
 
 #: A torch-free tree for a suite: the root and one child; the child has a lifeline or not.
 TREE_MODULE = textwrap.dedent(
@@ -61,15 +62,7 @@ def test_the_marker_parametrizes_orphan_cell_with_readable_ids(pytester: pytest.
 def test_bad_marker_arguments_fail_collection_naming_them(
     pytester: pytest.Pytester, arguments: str, message: str
 ) -> None:
-    pytester.makepyfile(
-        f"""
-        import pytest
-
-        @pytest.mark.orphan_matrix({arguments})
-        def test_cell(orphan_cell):
-            pass
-        """
-    )
+    write_marked_test(pytester, f"orphan_matrix({arguments})", "test_cell(orphan_cell)")
     result = pytester.runpytest()
     result.stdout.fnmatch_lines([f"*{message}*"])
     assert result.ret != 0

@@ -12,19 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+from inner_runs import A_LEAKS_A_THREAD, finish, popen_pytest, wait_for
 
 from pytest_shutdown.records import assemble, main, read_entries, record_log_path
 
 #: test_a leaks a thread (a finding); test_b blocks until the outer test ends the run.
-SUITE = textwrap.dedent(
+SUITE = A_LEAKS_A_THREAD + textwrap.dedent(
     """
-    import pathlib, threading, time
-    import pytest
-
-    _release = threading.Event()
-
-    def test_a_leaks_a_thread():
-        threading.Thread(target=_release.wait, name="leaky", daemon=True).start()
+    import pathlib, time
 
     @pytest.fixture
     def marks_its_teardown():
@@ -42,31 +37,9 @@ ARGS = ("-p", "shutdown", "-p", "no:randomly", "--shutdown-grace=0.2", "--shutdo
 
 def start_run(pytester: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
     pytester.makepyfile(test_suite=SUITE)
-    proc = pytester.popen(
-        [sys.executable, "-m", "pytest", *ARGS, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-    started = pytester.path / "b-started"
-    deadline = time.monotonic() + 60
-    while not started.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            out = proc.communicate(timeout=30)[0].decode(errors="replace")
-            pytest.fail(f"the inner run never reached test_b:\n{out}")
-        time.sleep(0.05)
+    proc = popen_pytest(pytester, *ARGS, *args)
+    wait_for(pytester.path / "b-started", proc, "test_b")
     return proc
-
-
-def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
-    try:
-        out = proc.communicate(timeout=60)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out = proc.communicate(timeout=30)[0]
-        pytest.fail(f"the inner run did not end:\n{out.decode(errors='replace')}")
-    return proc.returncode, out.decode(errors="replace")
 
 
 def codes_by_test(report: dict) -> dict[str, list[str]]:

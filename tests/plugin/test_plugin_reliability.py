@@ -5,7 +5,6 @@ is right)."""
 from __future__ import annotations
 
 import functools
-import json
 import os
 import resource
 import signal
@@ -18,48 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from inner_runs import ARGS, finish, load_report, popen_pytest, start_reported_run
 
 from pytest_shutdown.records import main as assemble_main
 from pytest_shutdown.records import read_entries, record_log_path
-
-ARGS = ("-p", "shutdown", "-p", "no:randomly", "-p", "no:cacheprovider", "--shutdown-grace=0.2")
-
-
-def popen_pytest(
-    pytester: pytest.Pytester, *args: str, **kwargs: object
-) -> subprocess.Popen[bytes]:
-    return pytester.popen(
-        [sys.executable, "-m", "pytest", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        **kwargs,  # type: ignore[arg-type]
-    )
-
-
-def wait_for(path: Path, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            out = proc.communicate(timeout=30)[0].decode(errors="replace")
-            pytest.fail(f"the inner run never reached {what}:\n{out}")
-        time.sleep(0.05)
-
-
-def finish(proc: subprocess.Popen[bytes], timeout: float = 60) -> tuple[int, str]:
-    try:
-        out = proc.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out = proc.communicate(timeout=30)[0]
-        pytest.fail(f"the inner run did not end:\n{out.decode(errors='replace')}")
-    return proc.returncode, out.decode(errors="replace")
-
-
-def load_report(pytester: pytest.Pytester, name: str = "r.json") -> dict:
-    return json.loads((pytester.path / name).read_text())
-
 
 # --- item 0: warn mode never fails a test, even under -W error ------------------------------
 
@@ -132,8 +93,7 @@ def test_a_signal_ends_a_run_blocked_in_c(
     pytester: pytest.Pytester, signum: int, count: int, status: int, within: float
 ) -> None:
     pytester.makepyfile(test_stuck=STUCK_IN_C)
-    proc = popen_pytest(pytester, *ARGS, "--shutdown-report=r.json")
-    wait_for(pytester.path / "stuck", proc, "the C deadlock")
+    proc = start_reported_run(pytester, "stuck", "the C deadlock")
     mutex = int((pytester.path / "stuck").read_text())
     _wait_until(proc, lambda: _blocked_on(proc.pid, mutex), "its main thread blocked on the mutex")
     sent = time.monotonic()
@@ -470,8 +430,7 @@ def test_a_second_run_on_a_live_runs_report_path_is_refused(pytester: pytest.Pyt
             """
         )
     )
-    first = popen_pytest(pytester, *ARGS, "--shutdown-report=r.json")
-    wait_for(pytester.path / "first-running", first, "its second test")
+    first = start_reported_run(pytester, "first-running", "its second test")
     second = subprocess.run(
         [sys.executable, "-m", "pytest", *ARGS, "--shutdown-report=r.json", "test_slow.py"],
         cwd=pytester.path,
@@ -571,6 +530,36 @@ def test_a_forked_child_that_runs_on_writes_nothing(pytester: pytest.Pytester) -
 # --- item 0: a thread started by a global pool's manager thread -------------------------------
 
 
+#: A pool whose manager thread (started with the pool, by test_a) starts a feeder thread for
+#: each request; test_mgr.py's tests after test_a_starts_the_pool send it work.
+MANAGED_POOL = textwrap.dedent(
+    """
+    import queue, threading
+
+    class Pool:
+        def __init__(self):
+            self.requests = queue.Queue()
+            self.release = threading.Event()
+            self.manager = threading.Thread(
+                target=self._manage, name="manager", daemon=True
+            )
+            self.manager.start()
+
+        def _manage(self):
+            while self.requests.get() is not None:
+                threading.Thread(
+                    target=self.release.wait, name="feeder", daemon=True
+                ).start()
+
+    POOL = None
+
+    def test_a_starts_the_pool():
+        global POOL
+        POOL = Pool()
+    """
+)
+
+
 def test_a_thread_started_by_an_older_manager_thread_says_the_test_did_not_start_it(
     pytester: pytest.Pytester,
 ) -> None:
@@ -578,31 +567,9 @@ def test_a_thread_started_by_an_older_manager_thread_says_the_test_did_not_start
     thread while a later test shuts the executor down without waiting; the finding names the
     manager thread and says that the test did not start it."""
     pytester.makepyfile(
-        test_mgr=textwrap.dedent(
+        test_mgr=MANAGED_POOL
+        + textwrap.dedent(
             """
-            import queue, threading
-
-            class Pool:
-                def __init__(self):
-                    self.requests = queue.Queue()
-                    self.release = threading.Event()
-                    self.manager = threading.Thread(
-                        target=self._manage, name="manager", daemon=True
-                    )
-                    self.manager.start()
-
-                def _manage(self):
-                    while self.requests.get() is not None:
-                        threading.Thread(
-                            target=self.release.wait, name="feeder", daemon=True
-                        ).start()
-
-            POOL = None
-
-            def test_a_starts_the_pool():
-                global POOL
-                POOL = Pool()
-
             def test_b_shuts_it_down_without_waiting():
                 global POOL
                 pool, POOL = POOL, None
@@ -692,31 +659,9 @@ def test_a_thread_started_by_a_global_pools_manager_thread_is_the_pools(
     nothing reaches, started by the manager thread of a pool a module global holds, is the
     pool's (listed as long-lived), not the leak of the test during which it was started."""
     pytester.makepyfile(
-        test_mgr=textwrap.dedent(
+        test_mgr=MANAGED_POOL
+        + textwrap.dedent(
             """
-            import queue, threading
-
-            class Pool:
-                def __init__(self):
-                    self.requests = queue.Queue()
-                    self.release = threading.Event()
-                    self.manager = threading.Thread(
-                        target=self._manage, name="manager", daemon=True
-                    )
-                    self.manager.start()
-
-                def _manage(self):
-                    while self.requests.get() is not None:
-                        threading.Thread(
-                            target=self.release.wait, name="feeder", daemon=True
-                        ).start()
-
-            POOL = None
-
-            def test_a_starts_the_pool():
-                global POOL
-                POOL = Pool()
-
             def test_b_asks_for_work():
                 POOL.requests.put("work")
                 deadline = __import__("time").monotonic() + 10

@@ -8,55 +8,17 @@ output and its report.
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
+from inner_runs import ARGS, finish, load_report, popen_pytest, start_reported_run, wait_for
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="SIGALRM, SO_PASSCRED, faulthandler.register"
 )
-
-ARGS = ("-p", "shutdown", "-p", "no:randomly", "-p", "no:cacheprovider", "--shutdown-grace=0.2")
-
-
-def popen_pytest(pytester: pytest.Pytester, *args: str) -> subprocess.Popen[bytes]:
-    return pytester.popen(
-        [sys.executable, "-m", "pytest", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def wait_for(path: Path, proc: subprocess.Popen[bytes], what: str) -> None:
-    deadline = time.monotonic() + 60
-    while not path.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            out = proc.communicate(timeout=30)[0].decode(errors="replace")
-            pytest.fail(f"the inner run never reached {what}:\n{out}")
-        time.sleep(0.05)
-
-
-def finish(proc: subprocess.Popen[bytes], timeout: float = 60) -> tuple[int, str]:
-    try:
-        out = proc.communicate(timeout=timeout)[0]
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out = proc.communicate(timeout=30)[0]
-        pytest.fail(f"the inner run did not end:\n{out.decode(errors='replace')}")
-    return proc.returncode, out.decode(errors="replace")
-
-
-def load_report(pytester: pytest.Pytester) -> dict:
-    return json.loads((pytester.path / "r.json").read_text())
-
 
 # --- item 3: a SIGTERM while a session-scoped fixture tears down -----------------------------
 
@@ -209,8 +171,7 @@ def test_a_slow_finally_after_ctrl_c_is_not_said_to_be_blocked_in_c(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_finally=SLOW_FINALLY)
-    proc = popen_pytest(pytester, *ARGS, "--shutdown-report=r.json")
-    wait_for(pytester.path / "running", proc, "the test body")
+    proc = start_reported_run(pytester, "running", "the test body")
     proc.send_signal(signal.SIGINT)
     returncode, out = finish(proc)
     assert returncode == 130, out
@@ -272,8 +233,7 @@ def test_the_signal_watcher_keeps_its_deadline_on_a_frozen_clock(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(test_stuck=FROZEN_THEN_STUCK_IN_C)
-    proc = popen_pytest(pytester, *ARGS, "--shutdown-report=r.json")
-    wait_for(pytester.path / "stuck", proc, "the C deadlock")
+    proc = start_reported_run(pytester, "stuck", "the C deadlock")
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     returncode, out = finish(proc, timeout=40)

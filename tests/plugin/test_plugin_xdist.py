@@ -26,18 +26,21 @@ PER_WORKER = textwrap.dedent(
 )
 
 
+#: Every test on each of two xdist workers, with a report.
+EACH_ON_TWO_WORKERS = (
+    "-p",
+    "shutdown",
+    "-n",
+    "2",
+    "--dist=each",
+    "--shutdown-grace=0.3",
+    "--shutdown-report=r.json",
+)
+
+
 def test_leaks_in_both_workers_reach_the_controller(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_workers=PER_WORKER)
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "shutdown",
-        "-n",
-        "2",
-        "--dist=each",
-        "--shutdown-grace=0.3",
-        "--shutdown-report=r.json",
-        "-v",
-    )
+    result = pytester.runpytest_subprocess(*EACH_ON_TWO_WORKERS, "-v")
     result.assert_outcomes(passed=4, errors=2)
     result.stdout.fnmatch_lines_random(
         [
@@ -70,15 +73,7 @@ def test_a_crashed_worker_loses_only_the_test_it_was_running(pytester: pytest.Py
             """
         )
     )
-    result = pytester.runpytest_subprocess(
-        "-p",
-        "shutdown",
-        "-n",
-        "2",
-        "--dist=each",
-        "--shutdown-grace=0.3",
-        "--shutdown-report=r.json",
-    )
+    result = pytester.runpytest_subprocess(*EACH_ON_TWO_WORKERS)
     assert result.ret != 0
     report = json.loads((pytester.path / "r.json").read_text())
     # Both leaks are kept: gw1's finding reached the controller with the test's teardown report,

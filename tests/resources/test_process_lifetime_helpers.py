@@ -16,6 +16,13 @@ import pytest
 GRACE = "--shutdown-grace=0.5"
 
 
+def _run_in_fail_mode(pytester: pytest.Pytester) -> pytest.RunResult:
+    """The suite, the guard in fail mode, its report in report.json (see :func:`_findings`)."""
+    return pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-guard=fail", GRACE, "--shutdown-report=report.json"
+    )
+
+
 def _findings(pytester: pytest.Pytester) -> dict[str, list[dict]]:  # type: ignore[type-arg]
     report = json.loads((pytester.path / "report.json").read_text())
     found: dict[str, list[dict]] = {}  # type: ignore[type-arg]
@@ -56,9 +63,7 @@ def test_a_fork_of_multiprocessings_resource_tracker_is_nobodys_leak(
             pass
         """
     )
-    result = pytester.runpytest_subprocess(
-        "-p", "shutdown", "--shutdown-guard=fail", GRACE, "--shutdown-report=report.json"
-    )
+    result = _run_in_fail_mode(pytester)
     result.assert_outcomes(passed=4, errors=1)
     result.stdout.fnmatch_lines(
         ["*ERROR at teardown of test_a_real_child_is_still_a_leak*", "shutdown guard: process-leak"]
@@ -104,9 +109,7 @@ def test_pyzmqs_garbage_collector_context_is_a_process_lifetime_helper(
             pass
         """
     )
-    result = pytester.runpytest_subprocess(
-        "-p", "shutdown", "--shutdown-guard=fail", GRACE, "--shutdown-report=report.json"
-    )
+    result = _run_in_fail_mode(pytester)
     result.assert_outcomes(passed=4, errors=2)
     result.stdout.fnmatch_lines(
         [
@@ -145,9 +148,7 @@ def test_a_native_descriptor_is_described_without_blaming_the_tests_code(
             os.pipe()
         """
     )
-    result = pytester.runpytest_subprocess(
-        "-p", "shutdown", "--shutdown-guard=fail", GRACE, "--shutdown-report=report.json"
-    )
+    result = _run_in_fail_mode(pytester)
     result.assert_outcomes(passed=1, errors=1)
     out = result.stdout.str()
     assert "os.open" not in out and "os.pipe/" not in out

@@ -24,7 +24,7 @@ from typing import Any
 
 from pytest_shutdown import atexit_calls, origins
 from pytest_shutdown.findings import Finding
-from pytest_shutdown.resources.base import Allowance, ObjectKind
+from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 
 __all__ = ["AtexitKind"]
 
@@ -94,12 +94,7 @@ class AtexitKind(ObjectKind):
         return tuple(r for r in items if any(r is a for a in alive))
 
     def findings(
-        self,
-        items: Sequence[Any],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[Any], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
         found = []
         for registration in items:

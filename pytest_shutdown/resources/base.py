@@ -71,6 +71,8 @@ __all__ = ["Allowance", "Change", "ResourceKind", "after_grace"]
 #: What ``@pytest.mark.allow_leaks(<allow_key>=...)`` gave one kind: True (anything), or
 #: glob patterns matched against the item's name (threads), or None (nothing allowed).
 Allowance = bool | tuple[str, ...] | None
+#: What a caller adds to every finding's details (``findings(..., extra=...)``).
+Extra = Mapping[str, Any] | None
 
 
 @runtime_checkable
@@ -99,12 +101,7 @@ class ResourceKind(Protocol):
     def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]: ...
 
     def findings(
-        self,
-        items: Sequence[Any],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[Any], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]: ...
 
     def restore(self, items: Sequence[Any]) -> None: ...

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import gc
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from pytest_shutdown import origins
 from pytest_shutdown._os.killer import ordered_end_of
 from pytest_shutdown.containment import exit_signal, is_zombie
 from pytest_shutdown.findings import Finding
-from pytest_shutdown.resources.base import Allowance, ObjectKind
+from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 from pytest_shutdown.resources.primitives import child_state, descendant_pids
 from pytest_shutdown.resources.processes import REPORTED
 
@@ -153,12 +153,7 @@ class CollateralKind(ObjectKind):
         return items  # a death is final
 
     def findings(
-        self,
-        items: Sequence[Any],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[Any], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
         if not items:
             return []

@@ -40,6 +40,7 @@ from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import socket_inode
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.resources.base import Extra
     from pytest_shutdown.resources.sockets import SocketInfo
 
 __all__ = [
@@ -1011,12 +1012,7 @@ class FdKind:
         return records
 
     def findings(
-        self,
-        items: Sequence[FdItem],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[FdItem], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
         records = self.describe(items)
         self._types.clear()

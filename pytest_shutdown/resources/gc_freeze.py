@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
 
 from pytest_shutdown.findings import Finding
-from pytest_shutdown.resources.base import Change, StateKind
+from pytest_shutdown.resources.base import Change, Extra, StateKind
 from pytest_shutdown.resources.primitives import Started, leak_findings
 
 __all__ = ["FreezeKind"]
@@ -71,12 +70,7 @@ class FreezeKind(StateKind):
         return before + (end - start)
 
     def findings(
-        self,
-        items: Sequence[Change],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[Change], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
         found: list[Finding] = []
         for change in items:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown.findings import Finding
-from pytest_shutdown.resources.base import Change, StateKind
+from pytest_shutdown.resources.base import Change, Extra, StateKind
 
 __all__ = ["GlobalStateKind", "catchable_signals"]
 
@@ -314,12 +314,7 @@ class GlobalStateKind(StateKind):
         return rebased
 
     def findings(
-        self,
-        items: Sequence[Change],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[Change], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
         if not items:
             return []

@@ -30,7 +30,7 @@ from pytest_shutdown import origins
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.forks import this_pid
 from pytest_shutdown.origins import python_thread_tid
-from pytest_shutdown.resources.base import Allowance, ObjectKind, after_grace
+from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind, after_grace
 from pytest_shutdown.resources.primitives import last_pid, nothing_of_ours_since, own_tasks
 
 __all__ = ["DEFAULT_ALLOWED", "NativeThreadKind"]
@@ -243,12 +243,7 @@ class NativeThreadKind(ObjectKind):
         return left
 
     def findings(
-        self,
-        items: Sequence[int],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[int], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
         if not items:
             return []

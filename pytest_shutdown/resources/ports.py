@@ -32,6 +32,7 @@ from pytest_shutdown.resources.fds import (
 from pytest_shutdown.resources.primitives import descendant_pids, multiprocessing_helper_pids
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.resources.base import Extra
     from pytest_shutdown.resources.sockets import SocketInfo
 
 __all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of", "port_findings"]
@@ -277,12 +278,7 @@ class PortKind:
         return [item.record() for item in items]
 
     def findings(
-        self,
-        items: Sequence[PortItem],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[PortItem], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
         return port_findings(self.describe(items), subject=subject, grace=grace, extra=extra)
 

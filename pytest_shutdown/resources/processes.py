@@ -18,7 +18,7 @@ from pytest_shutdown.containment import (
     reap_adopted,
     started_in_test,
 )
-from pytest_shutdown.resources.base import Allowance, ObjectKind
+from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 from pytest_shutdown.resources.primitives import (
     Started,
     await_exit,
@@ -137,12 +137,7 @@ class ProcessKind(ObjectKind):
         return await_exit(Started((), tuple(items)), deadline - time.monotonic()).pids
 
     def findings(
-        self,
-        items: Sequence[int],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[int], subject: str, *, grace: float, extra: Extra = None
     ) -> list:  # type: ignore[type-arg]
         found = leak_findings(
             Started((), tuple(items)), grace=grace, subject=subject, extra=dict(extra or {})

@@ -35,7 +35,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown import origins
 from pytest_shutdown.findings import Finding
@@ -61,6 +61,9 @@ NEVER_BLAMED: tuple[str, ...] = ("torch_*", "sem.loky-*")
 _CREATOR = re.compile(r"^psd_(\d+)_")
 
 _listing: tuple[tuple[int, int] | None, Mapping[str, int]] | None = None
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.resources.base import Extra
 
 
 class ShmSnapshot(FrozenRecord):
@@ -558,12 +561,7 @@ class ShmKind:
         return [describe(item, holders.get(item.name, ())) for item in items]
 
     def findings(
-        self,
-        items: Sequence[ShmItem],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[ShmItem], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
         self._holders.clear()
         return shm_findings(self.describe(items), subject=subject, grace=grace, extra=extra)

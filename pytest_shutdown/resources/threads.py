@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown import origins
-from pytest_shutdown.resources.base import Allowance, ObjectKind
+from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 from pytest_shutdown.resources.primitives import (
     Started,
     ThreadFilter,
@@ -118,12 +118,7 @@ class ThreadKind(ObjectKind):
         return await_exit(Started(tuple(items)), deadline - time.monotonic()).threads
 
     def findings(
-        self,
-        items: Sequence[threading.Thread],
-        subject: str,
-        *,
-        grace: float,
-        extra: Mapping[str, Any] | None = None,
+        self, items: Sequence[threading.Thread], subject: str, *, grace: float, extra: Extra = None
     ) -> list:  # type: ignore[type-arg]
         REPORTED.update(items)
         return leak_findings(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -43,10 +43,13 @@ from pytest_shutdown.guard_state import Found, Snapshot, _Watch
 from pytest_shutdown.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.moments import one_moment
 from pytest_shutdown.node_markers import scanned_names_are_hooks
-from pytest_shutdown.report import TestRecord, describe_guard_error, render_budget
+from pytest_shutdown.report import describe_guard_error
 from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.threads import TOOL_MODULES, is_tool_thread
 from pytest_shutdown.settings import AllowLeaks, allow_leaks_of, budget_of, marker_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.budget import TeardownBudget
 
 __all__ = ["TOOL_MODULES", "ShutdownGuard", "ShutdownLeakWarning", "is_tool_thread"]
 
@@ -190,17 +193,13 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
     def pytest_runtest_teardown(
         self, item: pytest.Item, nextitem: pytest.Item | None
     ) -> Generator[None, object, object]:
+        """The teardown under the test's budget, then the check; a test that did not end clean
+        is recorded (:meth:`GuardReports._record`): the clean path stays in this hook."""
         watch = self._watch
         if watch is None or watch.item is not item:
             return (yield)
         start = time.monotonic()
-        budget = None
-        if watch.budget_s > 0:
-            from pytest_shutdown.budget import TeardownBudget  # noqa: PLC0415 - only with a budget
-
-            budget = TeardownBudget(
-                watch.budget_s, watch.nodeid, on_expire=lambda: self._kill_children(watch)
-            )
+        budget = self._budget(watch) if watch.budget_s > 0 else None
         error: BaseException | None = None
         result: object = None
         try:
@@ -215,14 +214,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         except BaseException as exc:
             error = exc
         self._watch = None
-        if error is not None and _is_pytest_timeout(error):
-            watch.timed_out = True
-        cut_short = None
-        if isinstance(error, SystemExit):
-            # pytest reports it as the test's teardown error, skips the finalizers still due
-            # and goes on: the test is checked now, without a grace wait, and recorded.
-            watch.failed = True
-            cut_short = f"SystemExit({error.code!r}) in its teardown"
+        cut_short = None if error is None else self._teardown_error(watch, error)
         fired = budget.outcome if budget is not None and budget.outcome.fired else None
         guard_start = time.monotonic()
         guard_error = None
@@ -237,52 +229,38 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         teardown_s = time.monotonic() - start  # the grace waited is part of the teardown
         if self._deferred is not None and self._deferred.due():  # earlier tests' verdicts
             self._deferred.confirm_due()
-        if fired is not None:
-            from pytest_shutdown.report import budget_finding  # noqa: PLC0415
-
-            findings.insert(0, budget_finding(item.name, fired.to_dict()))
-        if fired is not None and fired.killed:
-            count = len(fired.killed)
-            findings.append(
-                Finding(
-                    "force-killed",
-                    f"{count} child process{'es' if count != 1 else ''} of {item.name} killed "
-                    f"when its {fired.budget_s:g} s shutdown budget ran out.",
-                    {"processes": fired.killed, "budget_s": fired.budget_s},
-                )
-            )
         # A test that already failed is one report: the findings go with its failure.
         reported = error is None and not watch.timed_out and not watch.failed
         if not findings and fired is None and guard_error is None and cut_short is None:
             self.report.add_clean(watch.nodeid, teardown_s, guard_s, reported)
-            if error is not None:
-                raise error
-            return result
-        plain = [f.to_dict() for f in findings]
-        self.report.add(
-            TestRecord(
-                nodeid=watch.nodeid,
-                worker=self.report.worker,
-                teardown_s=teardown_s,
-                findings=plain,
-                budget=fired.to_dict() if fired is not None else None,
-                reported=reported,
-                guard_s=guard_s,
-                guard_error=guard_error,
-                cut_short=cut_short,
+        else:
+            self._record(
+                item, watch, findings, fired, guard_error, cut_short, teardown_s, guard_s, reported
             )
-        )
-        for finding in findings:
-            item.user_properties.append((f"shutdown:{finding.code}", finding.message))
-        if findings and not reported:
-            item.add_report_section("teardown", "shutdown guard", self._render(plain))
-        if fired is not None:
-            item.add_report_section("teardown", "shutdown budget", render_budget(fired.to_dict()))
         if error is not None:
             raise error
-        if findings and reported:
-            self._complain(item, findings, plain)
         return result
+
+    def _budget(self, watch: _Watch) -> TeardownBudget:
+        """The test's shutdown budget: on expiry its own child processes are killed."""
+        from pytest_shutdown.budget import TeardownBudget  # noqa: PLC0415 - only with a budget
+
+        return TeardownBudget(
+            watch.budget_s, watch.nodeid, on_expire=lambda: self._kill_children(watch)
+        )
+
+    @staticmethod
+    def _teardown_error(watch: _Watch, error: BaseException) -> str | None:
+        """What the teardown's own error says of the test: timed out (pytest-timeout), or cut
+        short (returned: why)."""
+        if _is_pytest_timeout(error):
+            watch.timed_out = True
+        if isinstance(error, SystemExit):
+            # pytest reports it as the test's teardown error, skips the finalizers still due
+            # and goes on: the test is checked now, without a grace wait, and recorded.
+            watch.failed = True
+            return f"SystemExit({error.code!r}) in its teardown"
+        return None
 
     # --- snapshots ---
 
@@ -321,11 +299,12 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
     # --- the check: what the test left, after its teardown ---
 
     def _check(self, watch: _Watch) -> list[Finding]:
-        allowed: set[str] = set()
-        self._uncertain = set()
-        # One moment up to the grace: the kinds share their readings (the fd kind its heap
-        # scan for the descriptors' wrappers, between new_since and the ownership search);
-        # a second one after a brief wait for new threads and processes on their way out.
+        """The test's findings, in fail mode with order restored, in steps: the quick clean
+        path (no fingerprint moved); what the test left that is its own (:meth:`_left_by_test`,
+        around a brief wait for what is on its way out); what of it, and of what fixtures torn
+        down with the test started, is alive after the grace (:meth:`_alive_after_grace`); the
+        fixtures' findings (:meth:`_finished_findings`); the test's verdict per kind
+        (:meth:`_verdicts`)."""
         before = watch.before
         marks = self._marks.read()  # before any kind's reading below: never the newer one
         if watch.marks is not None and _same(marks, watch.marks):
@@ -339,6 +318,25 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
             self._clean = (marks, before)
             return []
         self._clean = None
+        self._uncertain = set()
+        allowed: set[str] = set()
+        found = self._left_by_test(watch, marks, moved, allowed)
+        if found is None:
+            return []  # the common case: nothing to wait for, nothing to report
+        alive, grace, now = self._alive_after_grace(watch, found)
+        findings = self._finished_findings(watch, alive)
+        findings.extend(self._verdicts(watch, found, alive, allowed, moved, grace, now))
+        return findings
+
+    def _left_by_test(
+        self, watch: _Watch, marks: list[Any], moved: set[str] | None, allowed: set[str]
+    ) -> Found | None:
+        """What the test left that is its own (:meth:`_left`), None when there is nothing to
+        wait for or report (the next test then starts from this moment's readings).
+
+        One moment up to the grace: the kinds share their readings (the fd kind its heap scan
+        for the descriptors' wrappers, between new_since and the ownership search); a second
+        one after a brief wait for new threads and processes on their way out."""
         # Warn mode waits for nothing, not even the brief wait: what is on its way out is
         # dropped when its deferred verdict comes (pending.py).
         waits = not (watch.timed_out or watch.failed or self._deferred is not None)
@@ -356,14 +354,19 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
                     # the next test starts from what is here now while the marks, read before
                     # these snapshots, have not moved; the snapshots share this moment's
                     # readings.
-                    self._clean = (marks, self._snapshot_since(before, moved))
+                    self._clean = (marks, self._snapshot_since(watch.before, moved))
         if leaving:  # outside the moment: what they held is read afresh once they ended
             walked = self._let_go(leaving, brief_s)
             with one_moment():  # asked afresh: what ended took its pipes with it
                 left = self._left(watch, allowed, moved, {}, walked)
-        if left is None:
-            return []  # the common case: nothing to wait for, nothing to report
-        found: Found = left
+        return left
+
+    def _alive_after_grace(
+        self, watch: _Watch, found: Found
+    ) -> tuple[dict[str, set[Any]], float, float]:
+        """Of what the test left (``found``) and what the fixtures torn down with it started,
+        what is still alive once their grace ran out, per object kind; with the grace the
+        test's own leftovers were given and the time the settling began."""
         fixtures: Found = {}
         for owned, _ in watch.finished:
             for name, items in owned.started.items():
@@ -387,21 +390,22 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
             for kind in self._objects:
                 combined = found.get(kind.name, ()) + fixtures.get(kind.name, ())
                 alive[kind.name] = set(kind.settle(combined, deadline)) if combined else set()
+        return alive, grace, now
+
+    def _verdicts(
+        self,
+        watch: _Watch,
+        found: Found,
+        alive: dict[str, set[Any]],
+        allowed: set[str],
+        moved: set[str] | None,
+        grace: float,
+        now: float,
+    ) -> list[Finding]:
+        """The test's findings of each kind its markers do not allow (warn mode: deferred
+        until their grace ran out, :mod:`pytest_shutdown.pending`); then, in fail mode, order
+        restored for what is certainly the test's."""
         findings: list[Finding] = []
-        for owned, state_at_finish in watch.finished:
-            left = {
-                name: tuple(i for i in items if i in alive.get(name, ()))
-                for name, items in owned.started.items()
-            }
-            before_restore = self._snapshot(self._states)
-            findings.extend(
-                self._owned_findings(owned, left, state_at_finish, 0.0 if watch.timed_out else None)
-            )
-            after_restore = self._snapshot(self._states)
-            for kind in self._states:  # an undo of the fixture's change is not the test's
-                watch.before[kind.name] = kind.absorb(
-                    watch.before[kind.name], before_restore[kind.name], after_restore[kind.name]
-                )
         restore: list[tuple[ResourceKind, tuple[Any, ...]]] = []
         for kind in self.kinds:
             if kind.name in allowed or (moved is not None and kind.name not in moved):
@@ -415,17 +419,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
                 where = (str(path), (lineno or 0) + 1)
                 self._deferred.defer(watch.nodeid, watch.item.name, where, kind, items, now)
             elif items:
-                found_now = kind.findings(items, watch.item.name, grace=grace)
-                certain = tuple(i for i in items if (kind.name, i) not in self._uncertain)
-                if len(certain) < len(items) and self.settings.mode == "fail":
-                    note = (  # reported, never stopped: see find_owners
-                        f" {len(items) - len(certain)} of them not stopped: their owner search"
-                        " was cut short, so they may be a wider fixture's or a global's."
-                    )
-                    found_now = [
-                        Finding(f.code, f.message + note, {**f.details, "not_stopped": True})
-                        for f in found_now
-                    ]
+                found_now, certain = self._test_findings(kind, items, watch.item.name, grace)
                 findings.extend(found_now)
                 if certain:
                     restore.append((kind, certain))
@@ -433,3 +427,21 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
             for kind, items in restore:
                 kind.restore(items)
         return findings
+
+    def _test_findings(
+        self, kind: ResourceKind, items: tuple[Any, ...], name: str, grace: float
+    ) -> tuple[list[Finding], tuple[Any, ...]]:
+        """A kind's findings of the test, and those of its ``items`` certainly the test's: one
+        whose owner search was cut short is reported, never stopped (see find_owners)."""
+        found_now = kind.findings(items, name, grace=grace)
+        certain = tuple(i for i in items if (kind.name, i) not in self._uncertain)
+        if len(certain) < len(items) and self.settings.mode == "fail":
+            note = (
+                f" {len(items) - len(certain)} of them not stopped: their owner search"
+                " was cut short, so they may be a wider fixture's or a global's."
+            )
+            found_now = [
+                Finding(f.code, f.message + note, {**f.details, "not_stopped": True})
+                for f in found_now
+            ]
+        return found_now, certain

@@ -24,7 +24,7 @@ import pytest
 from _pytest.scope import Scope
 
 from pytest_shutdown.findings import Finding
-from pytest_shutdown.guard_state import Found, GuardState, Snapshot
+from pytest_shutdown.guard_state import Found, GuardState, Snapshot, _Watch
 from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.report import TestRecord
 from pytest_shutdown.resources.base import ResourceKind
@@ -124,6 +124,27 @@ class FixtureLedger(GuardState):
                 watch.before[kind.name], at_teardown[kind.name], now[kind.name]
             )
         watch.finished.append((owned, now))
+
+    def _finished_findings(self, watch: _Watch, alive: dict[str, set[Any]]) -> list[Finding]:
+        """The findings of the fixtures torn down with the test (``alive``: what is still
+        alive, of what they and the test started, after the grace); in fail mode their order is
+        restored, and the undo is absorbed into the test's baseline: it is not the test's."""
+        findings: list[Finding] = []
+        for owned, state_at_finish in watch.finished:
+            left = {
+                name: tuple(i for i in items if i in alive.get(name, ()))
+                for name, items in owned.started.items()
+            }
+            before_restore = self._snapshot(self._states)
+            findings.extend(
+                self._owned_findings(owned, left, state_at_finish, 0.0 if watch.timed_out else None)
+            )
+            after_restore = self._snapshot(self._states)
+            for kind in self._states:  # an undo of the fixture's change is not the test's
+                watch.before[kind.name] = kind.absorb(
+                    watch.before[kind.name], before_restore[kind.name], after_restore[kind.name]
+                )
+        return findings
 
     def _finish_orphan(self, owned: _Owned, state_now: Snapshot) -> None:
         deadline = time.monotonic() + self.settings.grace_s

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that mypy sees a class
 
 from pytest_shutdown.findings import Finding, ShutdownContractError
-from pytest_shutdown.guard_state import GuardState
+from pytest_shutdown.guard_state import GuardState, _Watch
 from pytest_shutdown.leak_warning import ShutdownLeakWarning
+from pytest_shutdown.report import TestRecord, render_budget
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.budget import BudgetOutcome
 
 _PYTEST_TIMEOUT_MARK = "from pytest-timeout"
 _GUARD_ATTR = "_pytest_shutdown_findings"
@@ -130,6 +134,59 @@ class GuardReports(GuardState):
             failed.sections.extend(
                 (name, text) for name, text in report.sections if name == GUARD_SECTION
             )
+
+    def _record(
+        self,
+        item: pytest.Item,
+        watch: _Watch,
+        findings: list[Finding],
+        fired: BudgetOutcome | None,
+        guard_error: str | None,
+        cut_short: str | None,
+        teardown_s: float,
+        guard_s: float,
+        reported: bool,
+    ) -> None:
+        """A test that did not end clean (findings, its budget ran out, its check failed, its
+        teardown was cut short): its record, user properties and report sections; then, when
+        it did not fail otherwise (``reported``), the error or the warning of its findings."""
+        __tracebackhide__ = True
+        if fired is not None:
+            from pytest_shutdown.report import budget_finding  # noqa: PLC0415
+
+            findings.insert(0, budget_finding(item.name, fired.to_dict()))
+            if fired.killed:
+                count = len(fired.killed)
+                findings.append(
+                    Finding(
+                        "force-killed",
+                        f"{count} child process{'es' if count != 1 else ''} of {item.name} "
+                        f"killed when its {fired.budget_s:g} s shutdown budget ran out.",
+                        {"processes": fired.killed, "budget_s": fired.budget_s},
+                    )
+                )
+        plain = [f.to_dict() for f in findings]
+        self.report.add(
+            TestRecord(
+                nodeid=watch.nodeid,
+                worker=self.report.worker,
+                teardown_s=teardown_s,
+                findings=plain,
+                budget=fired.to_dict() if fired is not None else None,
+                reported=reported,
+                guard_s=guard_s,
+                guard_error=guard_error,
+                cut_short=cut_short,
+            )
+        )
+        for finding in findings:
+            item.user_properties.append((f"shutdown:{finding.code}", finding.message))
+        if findings and not reported:
+            item.add_report_section("teardown", "shutdown guard", self._render(plain))
+        if fired is not None:
+            item.add_report_section("teardown", "shutdown budget", render_budget(fired.to_dict()))
+        if findings and reported:  # (reported: the teardown raised nothing of its own)
+            self._complain(item, findings, plain)
 
     def _complain(self, item: pytest.Item, findings: list[Finding], plain: list[Any]) -> None:
         __tracebackhide__ = True

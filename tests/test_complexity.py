@@ -26,12 +26,7 @@ MAX_CLASS_LINES = 400
 #: (module path relative to the package's parent, function or class name) -> why it may be over
 #: its limit for now. ONLY what another change is splitting right now belongs here; remove the
 #: entry with that change (this test fails while an entry is no longer needed).
-ALLOWED: dict[tuple[str, str], str] = {
-    # guard.py is being split by issue 47's guard work: the class is in parts now (the fixture
-    # ledger, whose is it, the reports, the session end); these two next, into named steps.
-    ("pytest_shutdown/guard.py", "ShutdownGuard._check"): "complexity",
-    ("pytest_shutdown/guard.py", "ShutdownGuard.pytest_runtest_teardown"): "complexity",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> list[tuple[str, str]]:

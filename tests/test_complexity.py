@@ -26,13 +26,7 @@ MAX_CLASS_LINES = 400
 #: (module path relative to the package's parent, function or class name) -> why it may be over
 #: its limit for now. ONLY what another change is splitting right now belongs here; remove the
 #: entry with that change (this test fails while an entry is no longer needed).
-ALLOWED: dict[tuple[str, str], str] = {
-    # guard.py is being split by issue 47's guard work (the kinds' hooks, the session end, the
-    # fixture ledger out of ShutdownGuard): cc 52, 37 and 1098 lines when this list was made.
-    ("pytest_shutdown/guard.py", "ShutdownGuard._check"): "complexity",
-    ("pytest_shutdown/guard.py", "ShutdownGuard.pytest_runtest_teardown"): "complexity",
-    ("pytest_shutdown/guard.py", "ShutdownGuard"): "class size",
-}
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> list[tuple[str, str]]:

@@ -620,7 +620,8 @@ def test_a_thread_ending_just_after_the_test_costs_no_ownership_walk(
     # ends within them is let go before any walk, not how fast the machine is.
     pytester.makeconftest(
         COUNT_HEAP_PASSES
-        + "\nimport pytest_shutdown.guard as _g\n_g._BRIEF_S = 0.25\n_g._WALK_AFTER_S = 0.2\n"
+        + "\nimport pytest_shutdown.guard as _g\n_g._BRIEF_S = 0.25\n"
+        + "import pytest_shutdown.guard_owners as _o\n_o._WALK_AFTER_S = 0.2\n"
     )
     result = pytester.runpytest_subprocess(
         "-p", "shutdown", "--shutdown-grace=0.3", "--shutdown-report=r.json", "-p", "no:randomly"

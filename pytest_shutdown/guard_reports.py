@@ -1,0 +1,205 @@
+"""What the guard tells pytest: the report wrapper of every phase, a test's record, and the
+error (fail mode) or the warning (warn mode).
+
+A test whose check found something gets a :class:`~pytest_shutdown.report.TestRecord` and
+``user_properties``; in ``fail`` mode it errors in teardown with :class:`_GuardError` (a
+:class:`ShutdownContractError` shown by its findings), in ``warn`` mode a
+:class:`ShutdownLeakWarning` points at the test's line; a test that already failed gets them
+as a report section of its failure instead. The records travel with the teardown report (on
+xdist to the controller, :class:`_ReportsFromWorkers`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that mypy sees a class
+
+from pytest_shutdown.findings import Finding, ShutdownContractError
+from pytest_shutdown.guard_state import GuardState, _Watch
+from pytest_shutdown.leak_warning import ShutdownLeakWarning
+from pytest_shutdown.report import TestRecord, render_budget
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.budget import BudgetOutcome
+
+_PYTEST_TIMEOUT_MARK = "from pytest-timeout"
+_GUARD_ATTR = "_pytest_shutdown_findings"
+_GUARD_ERROR_TITLE = "shutdown guard"
+#: The report section that carries the guard's findings of a test that already failed.
+GUARD_SECTION = "Captured shutdown guard teardown"
+
+
+class _GuardError(ShutdownContractError, Failed):
+    """The guard's own teardown error in fail mode: a ShutdownContractError that pytest reports
+    by its text, as it does ``pytest.fail(..., pytrace=False)``. Its report shows the findings
+    (:meth:`GuardReports._note_failure`); the traceback through pytest's and pluggy's frames
+    that pytest would otherwise format first, with their source, cost tens of milliseconds per
+    error and was thrown away."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        ShutdownContractError.__init__(self, findings)
+        self.msg = str(self)
+        self.pytrace = False
+
+
+def _is_pytest_timeout(exc: BaseException | None) -> bool:
+    return exc is not None and _PYTEST_TIMEOUT_MARK in str(exc)
+
+
+# Imported on first use: a clean session raises no ShutdownContractError.
+def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: Any) -> None:
+    from pytest_shutdown.contract_errors import note_contract_error as note  # noqa: PLC0415
+
+    note(item, call, report)
+
+
+class _ReportsFromWorkers:
+    """The xdist controller's per-report hook: accept the records a worker's teardown report
+    carries, attach the guard's section of a teardown to the setup error it follows."""
+
+    def __init__(self, guard: GuardReports) -> None:
+        self.guard = guard
+
+    @pytest.hookimpl
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.guard._take_report(report)
+
+
+class GuardReports(GuardState):
+    """The report wrapper, the records, and the test's error or warning."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionstart(self, session: pytest.Session) -> None:
+        """On the xdist controller the reports arrive one by one, with the workers' records:
+        a per-report hook there only (elsewhere the teardown report wrapper does its work,
+        one hook call per phase fewer)."""
+        if self._worker is None and self.config.pluginmanager.hasplugin("dsession"):
+            self.config.pluginmanager.register(
+                _ReportsFromWorkers(self), "pytest-shutdown-reports-from-workers"
+            )
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(
+        self, item: pytest.Item, call: pytest.CallInfo[None]
+    ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+        """The one report wrapper of the plugin with the guard on: a failure noted, the
+        guard's own error shown as findings, a ShutdownContractError's codes and findings
+        recorded (:mod:`pytest_shutdown.contract_errors`), then the test's records attached to
+        its teardown report (:meth:`ShutdownReport.attach_pending`)."""
+        report = yield
+        if call.excinfo is not None:
+            note_contract_error(item, call, report)
+            self._note_failure(item, call.when, call.excinfo.value, report)
+        elif call.when != "teardown":
+            return report  # a passed set-up or call: no records, nothing to attach
+        if call.when == "teardown":
+            self.report.attach_pending(report)
+        if self._worker is None:  # the records are this process's own to accept now
+            self._take_report(report)
+        return report
+
+    def _note_failure(
+        self, item: pytest.Item, when: str, error: BaseException, report: pytest.TestReport
+    ) -> None:
+        watch = self._watch
+        if watch is not None and watch.item is item and when != "teardown" and report.failed:
+            watch.failed = True
+        if watch is not None and _is_pytest_timeout(error):
+            watch.timed_out = True
+        plain = getattr(error, _GUARD_ATTR, None)
+        if when == "teardown" and plain is not None:
+            # The guard's own error: show the findings, not the guard's source.
+            codes = ", ".join(dict.fromkeys(f["code"] for f in plain))
+            report.longrepr = f"{_GUARD_ERROR_TITLE}: {codes}\n{self._render(plain)}"
+
+    def _take_report(self, report: pytest.TestReport) -> None:
+        """A finished phase's report (this process's own, or a worker's on the controller):
+        accept the records its teardown report carries, and attach the guard's section of a
+        teardown to the setup error it follows. A failed call needs none: pytest prints the
+        teardown sections after each failure itself, and the section would then be printed
+        twice."""
+        self.report.accept_reported(report)
+        if report.when == "setup":
+            if report.failed:
+                self._failed_reports[report.nodeid] = report
+            return
+        if report.when != "teardown":
+            return
+        failed = self._failed_reports.pop(report.nodeid, None)
+        if failed is not None:
+            failed.sections.extend(
+                (name, text) for name, text in report.sections if name == GUARD_SECTION
+            )
+
+    def _record(
+        self,
+        item: pytest.Item,
+        watch: _Watch,
+        findings: list[Finding],
+        fired: BudgetOutcome | None,
+        guard_error: str | None,
+        cut_short: str | None,
+        teardown_s: float,
+        guard_s: float,
+        reported: bool,
+    ) -> None:
+        """A test that did not end clean (findings, its budget ran out, its check failed, its
+        teardown was cut short): its record, user properties and report sections; then, when
+        it did not fail otherwise (``reported``), the error or the warning of its findings."""
+        __tracebackhide__ = True
+        if fired is not None:
+            from pytest_shutdown.report import budget_finding  # noqa: PLC0415
+
+            findings.insert(0, budget_finding(item.name, fired.to_dict()))
+            if fired.killed:
+                count = len(fired.killed)
+                findings.append(
+                    Finding(
+                        "force-killed",
+                        f"{count} child process{'es' if count != 1 else ''} of {item.name} "
+                        f"killed when its {fired.budget_s:g} s shutdown budget ran out.",
+                        {"processes": fired.killed, "budget_s": fired.budget_s},
+                    )
+                )
+        plain = [f.to_dict() for f in findings]
+        self.report.add(
+            TestRecord(
+                nodeid=watch.nodeid,
+                worker=self.report.worker,
+                teardown_s=teardown_s,
+                findings=plain,
+                budget=fired.to_dict() if fired is not None else None,
+                reported=reported,
+                guard_s=guard_s,
+                guard_error=guard_error,
+                cut_short=cut_short,
+            )
+        )
+        for finding in findings:
+            item.user_properties.append((f"shutdown:{finding.code}", finding.message))
+        if findings and not reported:
+            item.add_report_section("teardown", "shutdown guard", self._render(plain))
+        if fired is not None:
+            item.add_report_section("teardown", "shutdown budget", render_budget(fired.to_dict()))
+        if findings and reported:  # (reported: the teardown raised nothing of its own)
+            self._complain(item, findings, plain)
+
+    def _complain(self, item: pytest.Item, findings: list[Finding], plain: list[Any]) -> None:
+        __tracebackhide__ = True
+        if self.settings.mode == "warn":
+            # attributed to the test's own line, not to this module
+            path, lineno, _ = item.reportinfo()
+            warning = ShutdownLeakWarning(self._render(plain))
+            with warnings.catch_warnings():
+                # Warn mode never fails a test: under -W error / filterwarnings = error the
+                # warning is still recorded (pytest's recorder stays in place), never raised.
+                warnings.simplefilter("always", ShutdownLeakWarning)
+                warnings.warn_explicit(warning, ShutdownLeakWarning, str(path), (lineno or 0) + 1)
+            return
+        error = _GuardError(findings)
+        setattr(error, _GUARD_ATTR, plain)
+        raise error

@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from dataclasses import field
 from typing import Any
 
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.forks import forget_in_child, undo_in_forked_child
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 __all__ = ["Registration", "holders_of", "install", "recording", "registrations", "uninstall"]
 

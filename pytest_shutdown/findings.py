@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import field
 from typing import Any
 
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.finding_text import key_fact_lines
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 #: The stable finding codes users can match on, with what each one means.
 FINDING_CODES: Mapping[str, str] = {

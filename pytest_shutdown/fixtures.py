@@ -514,8 +514,8 @@ class ShutdownCheck:
     def _bound_context(self, helper: Callable[..., Any]) -> Callable[..., Any]:
         import functools
 
+        from pytest_shutdown._base.hidden import contextmanager
         from pytest_shutdown.findings import ShutdownContractError
-        from pytest_shutdown.hidden import contextmanager
 
         @functools.wraps(helper)
         @contextmanager

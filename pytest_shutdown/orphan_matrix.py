@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.node_markers import ORPHAN_MATRIX
 
 # checks.orphans (and through it the tree launcher, multiprocessing.connection, ctypes) is

@@ -46,7 +46,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from pytest_shutdown import _FROZEN_AT_IMPORT, origins
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
 
 __all__ = ["Owner", "find_owners", "singleton_slot", "stdlib_helper_threads"]

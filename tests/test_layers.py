@@ -40,6 +40,7 @@ NAME = "pytest_shutdown"
 
 #: The layer of each sub-package (a folder is a layer).
 FOLDERS: dict[str, str] = {
+    "_base": "base",
     "_os": "_os",
     "resources": "resources",
     "checks": "helpers",
@@ -49,10 +50,6 @@ FOLDERS: dict[str, str] = {
 
 #: The layer of each module at the package root ("__init__" is the package itself).
 TOP_LEVEL: dict[str, str] = {
-    # base
-    "lazy_dataclass": "base",
-    "lazy_exports": "base",
-    "hidden": "base",
     # findings
     "findings": "findings",
     "finding_text": "findings",

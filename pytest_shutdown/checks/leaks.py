@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from pytest_shutdown._base.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown.findings import Finding, ShutdownContractError
-from pytest_shutdown.hidden import contextmanager  # no contextlib frame on failure
 
 if TYPE_CHECKING:  # pragma: no cover
 

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings import Finding, raise_if_any
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 
 @lazy_dataclass(frozen=True)

@@ -22,9 +22,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.checks.report import CheckReport
 from pytest_shutdown.findings import Finding, raise_if_any
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 #: The platforms a cell may name.
 PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")

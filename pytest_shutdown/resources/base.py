@@ -62,8 +62,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings import Finding
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
 
 __all__ = ["Allowance", "Change", "ResourceKind", "after_grace"]
 

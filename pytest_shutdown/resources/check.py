@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from pytest_shutdown._base.hidden import contextmanager
 from pytest_shutdown.findings import Finding, raise_if_any
-from pytest_shutdown.hidden import contextmanager
 
 __all__ = ["os_resource_kinds", "no_os_leaks"]
 

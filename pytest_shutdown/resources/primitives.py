@@ -33,11 +33,11 @@ from dataclasses import field
 from typing import Any
 
 from pytest_shutdown import origins
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os import escaped
 from pytest_shutdown.findings import Finding
 from pytest_shutdown.forks import this_pid
 from pytest_shutdown.held_open import read_held
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.moments import reading
 from pytest_shutdown.resources.base import after_grace
 

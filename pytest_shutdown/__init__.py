@@ -25,9 +25,9 @@ __version__ = "0.2.0"
 _FROZEN_AT_IMPORT = gc.get_freeze_count()
 
 _LAZY: dict[str, str] = {
-    "FINDING_CODES": "pytest_shutdown.findings",
-    "Finding": "pytest_shutdown.findings",
-    "ShutdownContractError": "pytest_shutdown.findings",
+    "FINDING_CODES": "pytest_shutdown.findings.finding",
+    "Finding": "pytest_shutdown.findings.finding",
+    "ShutdownContractError": "pytest_shutdown.findings.finding",
     "assert_idempotent_shutdown": "pytest_shutdown.checks.idempotence",
     "NothingCountedError": "pytest_shutdown.checks.idempotence",
     "assert_finalizes_on_gc": "pytest_shutdown.checks.finalization",
@@ -57,7 +57,7 @@ _LAZY: dict[str, str] = {
     "assert_no_growth": "pytest_shutdown.checks.growth",
     "GrowthRecord": "pytest_shutdown.checks.growth",
     "assert_second_engine_clean": "pytest_shutdown.checks.second_engine",
-    "ShutdownLeakWarning": "pytest_shutdown.leak_warning",
+    "ShutdownLeakWarning": "pytest_shutdown.findings.leak_warning",
     "ShutdownBudgetExceeded": "pytest_shutdown.budget",
     # the values of the plugin's fixtures, for type hints in a test or conftest
     "ShutdownTimeouts": "pytest_shutdown.matrix",
@@ -160,8 +160,8 @@ if TYPE_CHECKING:  # pragma: no cover
         assert_timeout_decoupling,
         timeout_matrix,
     )
-    from pytest_shutdown.findings import FINDING_CODES, Finding, ShutdownContractError
+    from pytest_shutdown.findings.finding import FINDING_CODES, Finding, ShutdownContractError
+    from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
     from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
-    from pytest_shutdown.leak_warning import ShutdownLeakWarning
     from pytest_shutdown.matrix import ShutdownTimeouts
     from pytest_shutdown.resources.check import no_os_leaks

@@ -42,8 +42,8 @@ from _pytest.scope import Scope
 from pytest_shutdown import origins
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.containment import Containment
-from pytest_shutdown.findings import Finding, ShutdownContractError
-from pytest_shutdown.leak_warning import ShutdownLeakWarning
+from pytest_shutdown.findings.finding import Finding, ShutdownContractError
+from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.moments import one_moment
 from pytest_shutdown.node_markers import scanned_names_are_hooks
 from pytest_shutdown.pending import DeferredLeaks

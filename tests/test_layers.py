@@ -41,6 +41,7 @@ NAME = "pytest_shutdown"
 #: The layer of each sub-package (a folder is a layer).
 FOLDERS: dict[str, str] = {
     "_base": "base",
+    "findings": "findings",
     "_os": "_os",
     "resources": "resources",
     "checks": "helpers",
@@ -50,10 +51,6 @@ FOLDERS: dict[str, str] = {
 
 #: The layer of each module at the package root ("__init__" is the package itself).
 TOP_LEVEL: dict[str, str] = {
-    # findings
-    "findings": "findings",
-    "finding_text": "findings",
-    "leak_warning": "findings",
     # _os
     "forks": "_os",
     "held_open": "_os",

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from pytest_shutdown.findings import Finding, ShutdownContractError
+from pytest_shutdown.findings.finding import Finding, ShutdownContractError
 from pytest_shutdown.resources.primitives import process_running
 
 __all__ = ["SENTINEL_START_TIMEOUT_S", "SETTLE_S", "assert_no_collateral"]

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
 
 #: Functions of ``torch.distributed`` that block until every rank (or the store) answers.
 COLLECTIVES = frozenset({

@@ -24,7 +24,7 @@ from pytest_shutdown.checks.cleanups import (
     is_exit_stack,
 )
 from pytest_shutdown.checks.report import CheckReport, describe
-from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 
 #: How long a blocking task waits for its release at most (every wait has a deadline).
 TASK_DEADLINE_S = 120.0

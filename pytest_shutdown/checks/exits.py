@@ -19,7 +19,7 @@ import psutil
 
 from pytest_shutdown._os.killer import kill_trees
 from pytest_shutdown.checks.report import CheckReport
-from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 
 #: How many characters of the child's stderr an ExitRecord keeps.
 STDERR_TAIL_CHARS = 4000

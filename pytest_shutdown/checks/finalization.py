@@ -31,7 +31,7 @@ from pytest_shutdown.checks.cleanups import (
     pending_finalizers,
 )
 from pytest_shutdown.checks.report import CheckReport, describe
-from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.origins import render_origin
 
 #: Seconds between two collections while waiting for a dropped object to go.

@@ -18,7 +18,7 @@ from typing import Any
 
 from pytest_shutdown.checks.exits import ExitRecord, probe_exit
 from pytest_shutdown.checks.report import CheckReport
-from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 
 #: The platforms and exits a scenario may name.
 FREEZE_PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")

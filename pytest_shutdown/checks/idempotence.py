@@ -21,7 +21,7 @@ from pytest_shutdown.checks.cleanups import (
     pending_finalizers,
 )
 from pytest_shutdown.checks.report import CheckReport, describe
-from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 
 #: How long the racing threads of the first round may take before the check gives up on them.
 RACE_DEADLINE_S = 30.0

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from pytest_shutdown._base.hidden import contextmanager  # no contextlib frame on failure
-from pytest_shutdown.findings import Finding, ShutdownContractError
+from pytest_shutdown.findings.finding import Finding, ShutdownContractError
 
 if TYPE_CHECKING:  # pragma: no cover
 
@@ -169,7 +169,7 @@ def no_leaks(
     exited is still found. Each kind can be switched off. ``allow`` ignores threads: glob
     patterns matched against the thread name (``"ThreadPoolExecutor-*"``) or predicates taking
     the ``threading.Thread``.
-    Raises :class:`~pytest_shutdown.findings.ShutdownContractError`; when the block itself
+    Raises :class:`~pytest_shutdown.findings.finding.ShutdownContractError`; when the block itself
     raises, that exception propagates unchanged and nothing is checked.
 
     Nothing is killed or unfrozen: the caller decides (see :func:`kill_process_trees`).
@@ -224,8 +224,9 @@ def assert_device_memory_released(
     started. Device memory of a process that was just killed returns asynchronously, so the
     reader is polled every ``interval`` seconds until ``timeout``; after the first reading above
     the limit, one ``gc.collect()`` drops tensors held only by garbage. Returns the last reading;
-    raises :class:`~pytest_shutdown.findings.ShutdownContractError` with ``device-memory-held``
-    (device, baseline, last reading, bytes held, time waited) when memory did not come back.
+    raises :class:`~pytest_shutdown.findings.finding.ShutdownContractError` with
+    ``device-memory-held`` (device, baseline, last reading, bytes held, time waited) when memory
+    did not come back.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
     for option, value in (("timeout", timeout), ("interval", interval)):

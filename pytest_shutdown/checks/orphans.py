@@ -55,7 +55,7 @@ from pytest_shutdown.checks.collectives import (
 )
 from pytest_shutdown.checks.tree import TreeProcess, TreeResources, scan_tree, wait_gone
 from pytest_shutdown.checks.tree_launcher import RunRequest, TreeLauncher
-from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 
 #: Selector of the root level.
 ROOT = "root"

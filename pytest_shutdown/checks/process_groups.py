@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 
 
 @lazy_dataclass(frozen=True)

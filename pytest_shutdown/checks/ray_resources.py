@@ -18,7 +18,7 @@ from typing import Any
 
 import psutil
 
-from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 
 #: How long Ray gets to release what a shutdown let go.
 RELEASE_DEADLINE_S = 30.0

@@ -27,7 +27,7 @@ from pytest_shutdown.checks.census import (
     type_name,
 )
 from pytest_shutdown.checks.report import CheckReport
-from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.gpu.readers import MemoryReader

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pytest_shutdown._base.hidden import contextmanager  # no contextlib frame on failure
-from pytest_shutdown.findings import ShutdownContractError
+from pytest_shutdown.findings.finding import ShutdownContractError
 
 __all__ = ["no_global_state_changes"]
 

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown import atexit_calls, origins
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 
 __all__ = ["AtexitKind"]

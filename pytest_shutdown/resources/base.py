@@ -63,7 +63,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
 
 __all__ = ["Allowance", "Change", "ResourceKind", "after_grace"]
 

@@ -7,7 +7,7 @@ or a block narrower than a test::
         server = start_server()
         server.shutdown()
 
-raises :class:`~pytest_shutdown.findings.ShutdownContractError` with ``fd-leak``,
+raises :class:`~pytest_shutdown.findings.finding.ShutdownContractError` with ``fd-leak``,
 ``port-leak`` and ``shm-leak`` findings for what the block opened and left (after ``grace``
 seconds, one deadline for all kinds). While the block runs, creation sites are recorded
 (:func:`pytest_shutdown.origins.install`, as the guard does): a ``SharedMemory`` the block
@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from pytest_shutdown._base.hidden import contextmanager
-from pytest_shutdown.findings import Finding, raise_if_any
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 
 __all__ = ["os_resource_kinds", "no_os_leaks"]
 

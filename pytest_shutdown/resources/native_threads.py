@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown import origins
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.forks import this_pid
 from pytest_shutdown.origins import python_thread_tid
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind, after_grace

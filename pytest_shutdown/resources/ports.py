@@ -18,7 +18,7 @@ from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import socket_inode
 from pytest_shutdown.resources.fds import (

@@ -6,7 +6,8 @@ and the kinds sit below the helpers; :mod:`pytest_shutdown.checks.leaks` re-expo
 * :func:`take_snapshot` records what exists now (threads, descendant processes, freeze count);
 * :func:`started_since` names what was started after a snapshot and is still running;
 * :func:`await_exit` gives those a grace period, polling against one deadline;
-* :func:`leak_findings` turns what is left into :class:`~pytest_shutdown.findings.Finding` data;
+* :func:`leak_findings` turns what is left into
+  :class:`~pytest_shutdown.findings.finding.Finding` data;
 * :func:`kill_process_trees` restores order afterwards.
 
 Cheap when nothing leaked: a snapshot is ``threading.enumerate()``, ``gc.get_freeze_count()`` and,
@@ -35,7 +36,7 @@ from typing import Any
 from pytest_shutdown import origins
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os import escaped
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.forks import this_pid
 from pytest_shutdown.held_open import read_held
 from pytest_shutdown.moments import reading

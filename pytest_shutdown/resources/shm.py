@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown import origins
 from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
 
 __all__ = [

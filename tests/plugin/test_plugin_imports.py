@@ -32,7 +32,12 @@ LAZY = (
 )
 #: ctypes too, while the guard is off (the guard may need it: prctl for containment), and the
 #: findings (no ShutdownContractError exists before a test imports them).
-LAZY_GUARD_OFF = (*LAZY, "ctypes", "pytest_shutdown.findings", "pytest_shutdown.finding_text")
+LAZY_GUARD_OFF = (
+    *LAZY,
+    "ctypes",
+    "pytest_shutdown.findings.finding",
+    "pytest_shutdown.findings.text",
+)
 
 RECORD = """
 import json, sys

@@ -31,7 +31,8 @@ CMDLINE_CHARS = 300
 # Patterns, compiled by ``re`` (and cached there) on first use: most sessions never read a stack.
 _FRAME = r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)'
 _THREAD_HEAD = r"(?i)^(Current thread|Thread) 0x[0-9a-f]+ "
-_OWN_FRAMES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "checks") + os.sep
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OWN_FRAMES = os.path.join(_PACKAGE, "checks") + os.sep
 
 
 @functools.lru_cache(maxsize=1)

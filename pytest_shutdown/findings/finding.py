@@ -7,7 +7,7 @@ from dataclasses import field
 from typing import Any
 
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.finding_text import key_fact_lines
+from pytest_shutdown.findings.text import key_fact_lines
 
 #: The stable finding codes users can match on, with what each one means.
 FINDING_CODES: Mapping[str, str] = {

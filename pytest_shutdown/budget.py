@@ -56,9 +56,9 @@ from pytest_shutdown._os.async_exc import (
 from pytest_shutdown._os.async_exc import (
     reset_async_exc_flag as reset_async_exc_flag,
 )
+from pytest_shutdown._os.own_threads import start_own_thread
 from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
 from pytest_shutdown.interrupts import real_monotonic as _now
-from pytest_shutdown.own_threads import start_own_thread
 
 #: How often a teardown that keeps hanging is interrupted (at 1 and 1.5 budgets).
 MAX_FIRES = 2

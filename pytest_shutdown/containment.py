@@ -29,7 +29,7 @@ import time
 from collections.abc import Iterable
 
 from pytest_shutdown._os import escaped
-from pytest_shutdown.prctl import (
+from pytest_shutdown._os.prctl import (
     PR_GET_CHILD_SUBREAPER,
     PR_SET_CHILD_SUBREAPER,
     prctl,

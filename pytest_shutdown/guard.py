@@ -41,10 +41,10 @@ from _pytest.scope import Scope
 
 from pytest_shutdown import origins
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._os.moments import one_moment
 from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
 from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
-from pytest_shutdown.moments import one_moment
 from pytest_shutdown.node_markers import scanned_names_are_hooks
 from pytest_shutdown.pending import DeferredLeaks
 from pytest_shutdown.report import (

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.forks import forget_in_child, undo_in_forked_child
+from pytest_shutdown._os.forks import forget_in_child, undo_in_forked_child
 
 __all__ = [
     "Origin",

@@ -47,7 +47,7 @@ from typing import Any
 
 from pytest_shutdown import _FROZEN_AT_IMPORT, origins
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.moments import reading
+from pytest_shutdown._os.moments import reading
 
 __all__ = ["Owner", "find_owners", "singleton_slot", "stdlib_helper_threads"]
 

@@ -51,12 +51,6 @@ FOLDERS: dict[str, str] = {
 
 #: The layer of each module at the package root ("__init__" is the package itself).
 TOP_LEVEL: dict[str, str] = {
-    # _os
-    "forks": "_os",
-    "held_open": "_os",
-    "moments": "_os",
-    "prctl": "_os",
-    "own_threads": "_os",
     # ownership
     "ownership": "ownership",
     "origins": "ownership",

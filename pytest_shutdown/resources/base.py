@@ -9,7 +9,7 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   cheap). The guard compares a test's fingerprints after its teardown with those before its
   set-up: all equal, no kind is asked anything more; and it starts the next test from the last
   clean test's snapshots when the fingerprints have not moved in between. Inside one moment
-  (:mod:`pytest_shutdown.moments`) the kinds share their readings.
+  (:mod:`pytest_shutdown._os.moments`) the kinds share their readings.
   A kind whose fingerprint is made of other kinds' readings names them in
   ``fingerprinted_by`` (the ports kind: the fd fingerprint and the descendants): while those kinds
   are on, the guard compares theirs and does not read it twice. Such a kind may define

@@ -34,8 +34,8 @@ from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._os.moments import reading
 from pytest_shutdown.findings.finding import Finding
-from pytest_shutdown.moments import reading
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import socket_inode
 

@@ -36,10 +36,10 @@ from typing import Any
 from pytest_shutdown import origins
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os import escaped
+from pytest_shutdown._os.forks import this_pid
+from pytest_shutdown._os.held_open import read_held
+from pytest_shutdown._os.moments import reading
 from pytest_shutdown.findings.finding import Finding
-from pytest_shutdown.forks import this_pid
-from pytest_shutdown.held_open import read_held
-from pytest_shutdown.moments import reading
 from pytest_shutdown.resources.base import after_grace
 
 #: A predicate that returns True for a thread that must not be reported.
@@ -105,7 +105,7 @@ class Started:
 def child_state() -> int | None:
     """One ``waitid(WNOHANG | WNOWAIT)``: None when this process has no child at all, 0 when it
     has children and none has ended, else the pid of an ended child not reaped yet (a zombie).
-    Inside :func:`pytest_shutdown.moments.one_moment`, read once."""
+    Inside :func:`pytest_shutdown._os.moments.one_moment`, read once."""
     return reading("child_state", _read_child_state)
 
 
@@ -137,7 +137,7 @@ _scan_cache: tuple[int, bytes, frozenset[int], int] | None = None
 
 def last_pid() -> bytes | None:
     """The last pid (or tid) the kernel allocated in this pid namespace; None where it cannot be
-    read. Inside :func:`pytest_shutdown.moments.one_moment`, read once."""
+    read. Inside :func:`pytest_shutdown._os.moments.one_moment`, read once."""
     return reading("ns_last_pid", _last_pid)
 
 
@@ -148,7 +148,7 @@ def _last_pid() -> bytes | None:
 
 def own_tasks() -> list[str]:
     """The tids of this process's tasks (the names in ``/proc/self/task``; none where it cannot
-    be listed). Inside :func:`pytest_shutdown.moments.one_moment`, listed once: the descendants'
+    be listed). Inside :func:`pytest_shutdown._os.moments.one_moment`, listed once: the descendants'
     walk and the native threads kind both read it."""
     return reading("own_tasks", _list_own_tasks)
 
@@ -221,7 +221,7 @@ def descendant_pids() -> frozenset[int]:
     (:func:`nothing_of_ours_since`): the last scan's answer. Otherwise, on Linux, a walk down the
     children lists from this process (``/proc/PID/task/TID/children``: the cost follows this
     process's descendants, not the host); elsewhere a process-table scan (psutil). Inside
-    :func:`pytest_shutdown.moments.one_moment`, read once.
+    :func:`pytest_shutdown._os.moments.one_moment`, read once.
     """
     return reading("descendant_pids", _read_descendants)
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown.moments import one_moment
-from pytest_shutdown.prctl import PR_SET_NAME, prctl
+from pytest_shutdown._os.moments import one_moment
+from pytest_shutdown._os.prctl import PR_SET_NAME, prctl
 from pytest_shutdown.resources import default_kinds
 from pytest_shutdown.resources._cheap import lowest_free_fd
 from pytest_shutdown.resources.base import ResourceKind

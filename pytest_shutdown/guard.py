@@ -2,14 +2,15 @@
 
 For every test (setup, call and teardown together) the guard takes a snapshot before setup and
 compares after teardown, using the primitives of :mod:`pytest_shutdown.resources.primitives`.
-Whose leak is it (:mod:`pytest_shutdown.ownership`, decided before any grace is waited): threads and
-processes started while a fixture of wider scope was being set up, or that its value reaches,
-belong to that fixture; they are checked, and blamed on it, when that fixture is torn down.
+Whose leak is it (:mod:`pytest_shutdown.ownership.owners`, decided before any grace is waited):
+threads and processes started while a fixture of wider scope was being set up, or that its value
+reaches, belong to that fixture; they are checked, and blamed on it, when that fixture is torn
+down.
 Those a module global or class attribute reaches are never a test's leak; the ones still alive
 at session end are listed as long-lived resources. The standard library's process-lifetime
 helpers and the tools' own threads (pytest-timeout's timer, execnet/xdist, pytest,
 pytest-shutdown's watchdogs) are never blamed. Creation sites come from
-:mod:`pytest_shutdown.origins`.
+:mod:`pytest_shutdown.ownership.origins`.
 
 Findings become a :class:`~pytest_shutdown.report.TestRecord` and ``user_properties``; in
 ``fail`` mode the test errors in teardown with :class:`ShutdownContractError`, in ``warn`` mode a
@@ -39,13 +40,13 @@ import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that mypy sees a class
 from _pytest.scope import Scope
 
-from pytest_shutdown import origins
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os.moments import one_moment
-from pytest_shutdown.containment import Containment
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
 from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.node_markers import scanned_names_are_hooks
+from pytest_shutdown.ownership import origins
+from pytest_shutdown.ownership.containment import Containment
 from pytest_shutdown.pending import DeferredLeaks
 from pytest_shutdown.report import (
     ShutdownReport,
@@ -69,7 +70,7 @@ from pytest_shutdown.settings import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.ownership import Owner
+    from pytest_shutdown.ownership.owners import Owner
 
 __all__ = ["TOOL_MODULES", "ShutdownGuard", "ShutdownLeakWarning", "is_tool_thread"]
 
@@ -843,7 +844,7 @@ class ShutdownGuard:
         live_owned = self._live_owned()
         owners: Mapping[Any, object] = {}
         if targets:
-            from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when found
+            from pytest_shutdown.ownership.owners import find_owners  # noqa: PLC0415 - only when found
 
             owners = find_owners(targets, self._fixture_roots(), walk=False)
         leaving = {
@@ -921,7 +922,7 @@ class ShutdownGuard:
         targets = self._targets(leaving)
         if not targets:
             return set()
-        from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when left
+        from pytest_shutdown.ownership.owners import find_owners  # noqa: PLC0415 - only when left
 
         owners = find_owners(targets, self._fixture_roots(), near=self._known_referrers(targets))
         self._uncertain |= owners.uncertain
@@ -1113,7 +1114,7 @@ class ShutdownGuard:
         targets = self._targets(found, walked)
         if not targets:
             return found
-        from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when found
+        from pytest_shutdown.ownership.owners import find_owners  # noqa: PLC0415 - only when found
 
         owners = find_owners(targets, self._fixture_roots(), near=self._known_referrers(targets))
         self._uncertain |= owners.uncertain
@@ -1233,7 +1234,7 @@ class ShutdownGuard:
         reaped. Not on the xdist controller (its workers sweep their own)."""
         if self.config.pluginmanager.hasplugin("dsession"):
             return
-        from pytest_shutdown.containment import reap_adopted  # noqa: PLC0415
+        from pytest_shutdown.ownership.containment import reap_adopted  # noqa: PLC0415
         from pytest_shutdown.resources.primitives import (  # noqa: PLC0415
             _walk_descendants,
             multiprocessing_helper_pids,
@@ -1336,7 +1337,7 @@ class ShutdownGuard:
         owned.update(item for name, item in self._long_lived if name == "processes")
         pids = tuple(p for p in started if p not in owned)
         if pids:  # a pool a fixture value or a global reaches is not the test's to kill
-            from pytest_shutdown.ownership import find_owners, objects_of  # noqa: PLC0415
+            from pytest_shutdown.ownership.owners import find_owners, objects_of  # noqa: PLC0415
 
             others = find_owners(  # bounded: it runs in the signal handler, the budget over
                 objects_of((), pids, parent_pids(pids)), self._fixture_roots(), max_seconds=1.0

@@ -1,10 +1,11 @@
-"""Moved to :mod:`pytest_shutdown.backrefs` (issue 47: the owner search and the atexit records
-walk the same references, and they sit below the helpers); its names stay importable from here.
+"""Moved to :mod:`pytest_shutdown.ownership.backrefs` (issue 47: the owner search and the atexit
+records walk the same references, and they sit below the helpers); its names stay importable from
+here.
 """
 
 from __future__ import annotations
 
-from pytest_shutdown.backrefs import (
+from pytest_shutdown.ownership.backrefs import (
     BACKREF_BUDGET_S,
     BACKREF_MAX_DEPTH,
     BACKREF_WALL_FACTOR,

@@ -78,9 +78,9 @@ def count_objects(objects: Iterable[object]) -> dict[str, int]:
 
 def own_records() -> dict[str, int]:
     """Objects the plugin's guard keeps for every process started while it is on (the bounded
-    creation-site record of :mod:`pytest_shutdown.origins`): the guard's, not the code's under
-    test, so they are not counted. Read through ``sys.modules``: nothing is imported."""
-    origins = sys.modules.get("pytest_shutdown.origins")
+    creation-site record of :mod:`pytest_shutdown.ownership.origins`): the guard's, not the code's
+    under test, so they are not counted. Read through ``sys.modules``: nothing is imported."""
+    origins = sys.modules.get("pytest_shutdown.ownership.origins")
     registry = getattr(origins, "_processes", None)
     counts: dict[str, int] = {}
     if not registry:

@@ -14,14 +14,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from pytest_shutdown import atexit_calls
-from pytest_shutdown.backrefs import (
-    GRAPHS,
-    backref_chain,
-    draw_backrefs,
-    find_path,
-    runs_through_finalizer_registry,
-)
 from pytest_shutdown.checks.cleanups import (
     CleanupCounter,
     Watch,
@@ -32,7 +24,15 @@ from pytest_shutdown.checks.cleanups import (
 )
 from pytest_shutdown.checks.report import CheckReport, describe
 from pytest_shutdown.findings.finding import Finding, raise_if_any
-from pytest_shutdown.origins import render_origin
+from pytest_shutdown.ownership import atexit_calls
+from pytest_shutdown.ownership.backrefs import (
+    GRAPHS,
+    backref_chain,
+    draw_backrefs,
+    find_path,
+    runs_through_finalizer_registry,
+)
+from pytest_shutdown.ownership.origins import render_origin
 
 #: Seconds between two collections while waiting for a dropped object to go.
 POLL_INTERVAL_S = 0.05
@@ -122,7 +122,7 @@ def assert_finalizes_on_gc(
     ``graphs_dir``: on a failed collection, also draw the object's referrers there
     (``objgraph.show_backrefs``; a PNG with graphviz's ``dot``, else the ``.dot`` source) while
     the object is still alive; the finding's ``details["graph"]`` names the files. Default: the
-    folder set by :func:`pytest_shutdown.backrefs.configure_graphs` (the plugin's
+    folder set by :func:`pytest_shutdown.ownership.backrefs.configure_graphs` (the plugin's
     ``--shutdown-graphs=DIR``), else no picture.
     """
     __tracebackhide__ = True  # a failure points at the caller's line

@@ -1,6 +1,6 @@
 """What keeps a grown object alive: a shortest backref chain, one heap scan per level.
 
-``objgraph.find_backref_chain`` (used by :func:`pytest_shutdown.backrefs.backref_chain`)
+``objgraph.find_backref_chain`` (used by :func:`pytest_shutdown.ownership.backrefs.backref_chain`)
 asks ``gc.get_referrers`` once per node it expands: one scan of the whole heap each, which in a
 200,000-object heap of a busy machine can take longer than the search may. The growth check
 asks the same question level by level instead: ``gc.get_referrers(*frontier)`` finds the
@@ -17,7 +17,7 @@ import time
 import types
 from typing import Any
 
-from pytest_shutdown.backrefs import _thread_frames, render_chain
+from pytest_shutdown.ownership.backrefs import _thread_frames, render_chain
 
 #: Levels searched at most, and seconds the search may take before it gives up.
 MAX_DEPTH = 16

@@ -133,7 +133,7 @@ from pytest_shutdown.resources.primitives import (
 def _contain() -> Callable[[], None] | None:
     """Become a child subreaper (Linux) unless already one; the undo, or None."""
     from pytest_shutdown._os.prctl import PR_SET_CHILD_SUBREAPER, prctl  # noqa: PLC0415
-    from pytest_shutdown.containment import _subreaper_now  # noqa: PLC0415
+    from pytest_shutdown.ownership.containment import _subreaper_now  # noqa: PLC0415
 
     if _subreaper_now() is not False or not prctl(PR_SET_CHILD_SUBREAPER, 1):
         return None

@@ -309,7 +309,7 @@ def _still(fd: str, target: str) -> bool:
 def _not_collected(
     subject: str, engine_ref: Callable[[], object] | None, surviving: dict[str, int]
 ) -> list[Finding]:
-    from pytest_shutdown.backrefs import backref_chain  # noqa: PLC0415 - objgraph
+    from pytest_shutdown.ownership.backrefs import backref_chain  # noqa: PLC0415 - objgraph
 
     engine = engine_ref() if engine_ref is not None else None
     targets: list[object] = [engine] if engine is not None else []

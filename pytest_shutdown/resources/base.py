@@ -33,7 +33,7 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   between the snapshots ``start`` and ``end`` counted as already there (its set-up, its
   teardown): that is the fixture's, checked when it is torn down.
 * ``targets(items)``: for kinds whose items an object in the heap can own, the objects the
-  ownership search (:func:`pytest_shutdown.ownership.find_owners`) explains, keyed by item.
+  ownership search (:func:`pytest_shutdown.ownership.owners.find_owners`) explains, keyed by item.
 * ``known_referrers(items)`` (optional, with ``targets``): objects known to refer to an item's
   target directly (an ``atexit`` registration's bound method), keyed by item: the ownership
   search walks them from its first heap pass on, one pass less.

@@ -10,7 +10,7 @@ or a block narrower than a test::
 raises :class:`~pytest_shutdown.findings.finding.ShutdownContractError` with ``fd-leak``,
 ``port-leak`` and ``shm-leak`` findings for what the block opened and left (after ``grace``
 seconds, one deadline for all kinds). While the block runs, creation sites are recorded
-(:func:`pytest_shutdown.origins.install`, as the guard does): a ``SharedMemory`` the block
+(:func:`pytest_shutdown.ownership.origins.install`, as the guard does): a ``SharedMemory`` the block
 created and left is named by the line that created it, whatever its name, and a segment a
 child started in the block created and left behind when it exited is found too.
 """
@@ -60,7 +60,7 @@ def no_os_leaks(
     ):
         raise ValueError(f"grace: expected a number of seconds >= 0, got {grace!r}")
     kinds = os_resource_kinds(fds=fds, ports=ports, shm=shm)
-    from pytest_shutdown import origins  # noqa: PLC0415
+    from pytest_shutdown.ownership import origins  # noqa: PLC0415
 
     if shm:
         origins.install()  # counted: nested in a guarded run, the guard's recording goes on

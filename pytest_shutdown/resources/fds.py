@@ -421,7 +421,7 @@ def wrappers_held_by_recent_owners(fds: Iterable[int]) -> dict[int, list[object]
     wanted = set(fds)
     if not wanted:
         return {}
-    from pytest_shutdown.ownership import reached_by_recent_owners  # noqa: PLC0415
+    from pytest_shutdown.ownership.owners import reached_by_recent_owners  # noqa: PLC0415
 
     def wraps_wanted(obj: object) -> bool:
         return _is_wrapper_type(type(obj)) and _fileno(obj) in wanted
@@ -438,7 +438,7 @@ def held_by_tools(wrapped: Mapping[int, Sequence[object]]) -> set[int]:
     """The descriptors (keys of ``wrapped``) one of whose wrappers a test tool holds directly
     (pytest's capture, its logging handlers, execnet). Two passes over the heap in all (the
     wrappers' referrers, then the instances owning the dicts among them), however many."""
-    from pytest_shutdown.ownership import _is_tool_object  # noqa: PLC0415
+    from pytest_shutdown.ownership.owners import _is_tool_object  # noqa: PLC0415
 
     fd_of = {id(obj): fd for fd, objs in wrapped.items() for obj in objs}
     if not fd_of:

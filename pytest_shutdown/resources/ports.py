@@ -236,7 +236,7 @@ class PortKind:
     def targets(self, items: Sequence[PortItem]) -> dict[PortItem, object]:
         """The socket object of a port of this process; the Process/Popen object of a port of a
         descendant (its owner owns the port)."""
-        from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
+        from pytest_shutdown.ownership.owners import objects_of  # noqa: PLC0415
         from pytest_shutdown.resources.fds import _innermost, wrappers_of  # noqa: PLC0415
 
         me = os.getpid()

@@ -33,13 +33,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import field
 from typing import Any
 
-from pytest_shutdown import origins
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os import escaped
 from pytest_shutdown._os.forks import this_pid
 from pytest_shutdown._os.held_open import read_held
 from pytest_shutdown._os.moments import reading
 from pytest_shutdown.findings.finding import Finding
+from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources.base import after_grace
 
 #: A predicate that returns True for a thread that must not be reported.
@@ -260,7 +260,7 @@ def nothing_of_ours_since(
     this process's or its descendants'. The kernel allocates pids upwards from
     ``ns_last_pid``, so every task created in between has a number in ``(then, now]``; each
     must be a thread this process started (``started``:
-    :func:`pytest_shutdown.origins.threads_started` read before ``then``), or, with
+    :func:`pytest_shutdown.ownership.origins.threads_started` read before ``then``), or, with
     ``descendants`` given (this process's descendants at ``then``) and at most
     :data:`FOREIGN_LOOKUPS` of them, a task that is gone or whose parent is neither this
     process, nor one of ``descendants``, nor this process's own parent (the parent that a
@@ -299,7 +299,7 @@ def nothing_of_ours_since(
 def _parent_of(pid: int) -> int | None:
     """The parent of task ``pid`` (``/proc/PID/stat``, field 4: for a thread, its process's
     parent); None when it is gone, :data:`_UNREADABLE` when it cannot be read."""
-    from pytest_shutdown.containment import stat_fields  # noqa: PLC0415 - its prctl: guard only
+    from pytest_shutdown.ownership.containment import stat_fields  # noqa: PLC0415 - its prctl: guard only
 
     try:
         fields = stat_fields(pid)
@@ -317,8 +317,8 @@ def descendants_if_nothing_of_ours(marker: bytes, started: int) -> frozenset[int
     """The last scan's descendants, kept as the answer at ``ns_last_pid`` == ``marker`` when
     no task created since that scan is this process's or a descendant's
     (:func:`nothing_of_ours_since`); ``started`` is
-    :func:`pytest_shutdown.origins.threads_started` read before ``marker``. None when that is
-    not so: a walk is needed."""
+    :func:`pytest_shutdown.ownership.origins.threads_started` read before ``marker``. None when
+    that is not so: a walk is needed."""
     global _scan_cache
     cached = _scan_cache
     pid = this_pid()

@@ -428,12 +428,12 @@ def test_the_nearest_holder_skips_containers() -> None:
 
 
 def test_the_guards_own_process_records_are_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the guard on, pytest_shutdown.origins keeps a bounded record per started process:
-    the guard's bookkeeping, not the engine's growth."""
+    """With the guard on, pytest_shutdown.ownership.origins keeps a bounded record per started
+    process: the guard's bookkeeping, not the engine's growth."""
     import collections
     import weakref
 
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
 
     records: collections.OrderedDict[int, object] = collections.OrderedDict()
     monkeypatch.setattr(origins, "_processes", records)

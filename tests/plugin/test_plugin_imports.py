@@ -21,7 +21,7 @@ LAZY = (
     "pytest_shutdown.devices",
     "pytest_shutdown.cycles",
     "pytest_shutdown.resources.sockets",
-    "pytest_shutdown.ownership",
+    "pytest_shutdown.ownership.owners",
     "multiprocessing",
     "pytest_shutdown.gpu.readers",
     "pytest_shutdown.checks.orphans",

@@ -168,7 +168,7 @@ def reap_adopted(pids: Iterable[int]) -> list[int]:
     """Reap those of ``pids`` that are this process's zombie children and that no
     ``subprocess.Popen`` / ``multiprocessing.Process`` object of this process owns (those owners
     still want the exit status): the orphans the subreaper adopted. Returns the pids reaped."""
-    from pytest_shutdown import origins  # noqa: PLC0415
+    from pytest_shutdown.ownership import origins  # noqa: PLC0415
 
     me = os.getpid()
     reaped = []
@@ -205,7 +205,7 @@ def first_ancestor(pid: int, test: str | None = None) -> tuple[int, str] | None:
     when None) this re-parented ``pid`` most likely descends from, and how it was matched: its
     session or process group leader, else the last one started before it. None when nothing
     was recorded."""
-    from pytest_shutdown import origins  # noqa: PLC0415
+    from pytest_shutdown.ownership import origins  # noqa: PLC0415
 
     fields = _stat_fields(pid)
     recorded = origins.recorded_processes(test) or origins.recorded_processes(None)

@@ -10,14 +10,14 @@ test reaches it. Owners, narrowest first:
   tracker, the ``resource_sharer`` listener thread);
 * the import of a module: what a module's top-level code created while it was being imported
   (its recorded creation site ran under the import machinery, see
-  :func:`pytest_shutdown.origins.imported_by`) lives as long as the module, whichever test
+  :func:`pytest_shutdown.ownership.origins.imported_by`) lives as long as the module, whichever test
   happened to import it first. It is the answer of last resort: a fixture, global or class
   attribute that reaches the object is named instead.
 
 :func:`find_owners` answers for a set of suspects at once, walking *backwards* through
 ``gc.get_referrers`` one level at a time (one heap scan per level, not per object), from the
 ``threading.Thread`` objects and from the ``multiprocessing.Process`` / ``subprocess.Popen``
-objects of the child processes (see :mod:`pytest_shutdown.origins`). The walk never passes
+objects of the child processes (see :mod:`pytest_shutdown.ownership.origins`). The walk never passes
 through frames, tracebacks, the test tools' objects (a test item's ``funcargs`` is the test's,
 not an owner) or the standard library's bookkeeping registries (``threading._active``,
 ``multiprocessing.process._children``, cleanup registries such as ``weakref.finalize``'s), and
@@ -45,9 +45,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from pytest_shutdown import _FROZEN_AT_IMPORT, origins
+from pytest_shutdown import _FROZEN_AT_IMPORT
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os.moments import reading
+from pytest_shutdown.ownership import origins
 
 __all__ = ["Owner", "find_owners", "singleton_slot", "stdlib_helper_threads"]
 
@@ -982,7 +983,7 @@ def _forward_owners(
 ) -> dict[Any, Owner]:
     """Search forwards from each owner candidate (fixtures first, then module globals) for the
     targets, one shared visited set and node budget: what an earlier root reaches is its."""
-    from pytest_shutdown.backrefs import _edges  # noqa: PLC0415 - only when frozen
+    from pytest_shutdown.ownership.backrefs import _edges  # noqa: PLC0415 - only when frozen
 
     wanted: dict[int, list[Any]] = {}
     for key, target in targets.items():

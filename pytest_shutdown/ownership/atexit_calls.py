@@ -4,11 +4,11 @@ asks for it.
 ``atexit`` keeps its callbacks in a C array that ``gc.get_referrers`` cannot see: an object held
 only by ``atexit.register(self.shutdown)`` looks unowned to every backref search, yet lives
 until the interpreter exits. While recording is on (:func:`install`, counted like
-:mod:`pytest_shutdown.origins`), ``atexit.register`` and ``atexit.unregister`` are wrapped: each
-registration is kept (callback, arguments, the short creation site, the running test) until it
-is unregistered. The ``atexit`` resource kind reports a callback registered during a test that
-reaches an object the test created (``atexit-holds-object``); the ``not-collected`` diagnosis
-names atexit as the root when a recorded callback reaches the object.
+:mod:`pytest_shutdown.ownership.origins`), ``atexit.register`` and ``atexit.unregister`` are
+wrapped: each registration is kept (callback, arguments, the short creation site, the running
+test) until it is unregistered. The ``atexit`` resource kind reports a callback registered during a
+test that reaches an object the test created (``atexit-holds-object``); the ``not-collected``
+diagnosis names atexit as the root when a recorded callback reaches the object.
 
 Code that bound ``atexit.register`` to a name before recording started (``from atexit import
 register``) is not seen. A forked child never inherits the wrappers.
@@ -37,7 +37,7 @@ class Registration:
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
     test: str | None
-    origin: Any = None  # pytest_shutdown.origins.Origin
+    origin: Any = None  # pytest_shutdown.ownership.origins.Origin
     seq: int = field(default=0)
 
     def describe(self) -> str:
@@ -80,7 +80,7 @@ def install() -> None:
         global _seq
         result = register(func, *args, **kwargs)
         try:
-            from pytest_shutdown import origins  # noqa: PLC0415
+            from pytest_shutdown.ownership import origins  # noqa: PLC0415
 
             if origins.is_tool_file(sys._getframe(1).f_code.co_filename):
                 return result  # pytest's own (tmp_path's cleanup) and the tools' are never a test's
@@ -196,7 +196,7 @@ def _filled(cell: Any) -> bool:
 
 def holders_of(obj: object) -> list[Registration]:
     """Recorded registrations whose callback or arguments reach ``obj`` (forwards, bounded)."""
-    from pytest_shutdown.backrefs import find_path  # noqa: PLC0415
+    from pytest_shutdown.ownership.backrefs import find_path  # noqa: PLC0415
 
     found = []
     for registration in list(_registrations):

@@ -5,7 +5,7 @@ and ``subprocess.Popen.__init__``; each call records a short stack (frame locati
 source read: the cost is a walk over a few dozen frames) and the test running at the time.
 :func:`uninstall` puts the originals back. Threads are keyed weakly; processes by pid, with a
 weak reference to the ``multiprocessing.Process`` / ``subprocess.Popen`` object, which is what
-:mod:`pytest_shutdown.ownership` follows to find who owns a child process.
+:mod:`pytest_shutdown.ownership.owners` follows to find who owns a child process.
 
 Rendering (:func:`render_origin`) puts user frames first: the innermost frames outside the
 standard library and the test tools, then the library frames that called ``start()`` (whose
@@ -315,7 +315,7 @@ def recorded_processes(test: str | None = None) -> dict[int, float]:
 #: later than the process's own start, nor than that of anything it starts. (Taken when the
 #: call returned, it came after the exec; a parent a busy machine did not run for a while
 #: there recorded its child later than the grandchild the child had started meanwhile, and
-#: :func:`pytest_shutdown.containment.first_ancestor` matched no ancestor at all.)
+#: :func:`pytest_shutdown.ownership.containment.first_ancestor` matched no ancestor at all.)
 _started_wall: dict[int, float] = {}
 
 

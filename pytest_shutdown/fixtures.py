@@ -30,7 +30,6 @@ from pytest_shutdown.node_markers import marker_names, scanned_module_names
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
 
-    from pytest_shutdown.checks.tree_launcher import TreeLauncher
     from pytest_shutdown.engine.config import EngineConfig
     from pytest_shutdown.engine.core import EngineCore
     from pytest_shutdown.engine.llm import ReferenceLLM
@@ -38,6 +37,7 @@ if TYPE_CHECKING:
     from pytest_shutdown.engine.renderer import ReferenceRenderer
     from pytest_shutdown.engine.supervisor import DPSupervisor
     from pytest_shutdown.findings.finding import Finding
+    from pytest_shutdown.helpers.tree_launcher import TreeLauncher
     from pytest_shutdown.matrix import ShutdownTimeouts
     from pytest_shutdown.orphan_matrix import KillTree, OrphanCell
     from pytest_shutdown.ray_cluster import RayCluster
@@ -213,7 +213,7 @@ def orphan_cell(request: pytest.FixtureRequest) -> OrphanCell:
 @pytest.fixture(scope="session")
 def tree_launcher() -> Iterator[TreeLauncher]:
     """The warm process that starts the trees under test (one per session and xdist worker)."""
-    from pytest_shutdown.checks.tree_launcher import TreeLauncher  # noqa: PLC0415
+    from pytest_shutdown.helpers.tree_launcher import TreeLauncher  # noqa: PLC0415
 
     launcher = TreeLauncher()
     yield launcher
@@ -285,9 +285,9 @@ def reference_renderer(
 ) -> Iterator[ReferenceRenderer]:
     """A ReferenceRenderer; teardown checks that its shutdown is idempotent and its threads end."""
     _require_torch("reference_renderer")
-    from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.renderer import ReferenceRenderer
+    from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown
 
     check_engine_cycles(
         request,
@@ -311,9 +311,9 @@ def engine_core(
     _require_torch("engine_core")
     import gc
 
-    from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.core import EngineCore
+    from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown
 
     check_engine_cycles(
         request,
@@ -484,9 +484,9 @@ class ShutdownCheck:
         import functools
 
         import pytest_shutdown
-        from pytest_shutdown.checks.finalization import check_finalizers
-        from pytest_shutdown.checks.leaks import assert_device_memory_released
         from pytest_shutdown.findings.finding import ShutdownContractError
+        from pytest_shutdown.helpers.finalization import check_finalizers
+        from pytest_shutdown.helpers.leaks import assert_device_memory_released
 
         # not from the top level: check_finalizers left it (a DeprecationWarning there)
         off_top: dict[str, Callable[..., Any]] = {
@@ -653,7 +653,7 @@ def _check_idempotent(
 
 
 def _assert_force_kill(outcome: ShutdownOutcome, expectation: ForceKillExpectation) -> None:
-    from pytest_shutdown.checks.exits import assert_not_force_killed
+    from pytest_shutdown.helpers.exits import assert_not_force_killed
 
     assert_not_force_killed(outcome, expected=bool(expectation))
 

@@ -166,13 +166,13 @@ def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: 
 
 
 def group_names() -> frozenset[str]:
-    from pytest_shutdown.checks.process_groups import group_names as names  # noqa: PLC0415
+    from pytest_shutdown.helpers.process_groups import group_names as names  # noqa: PLC0415
 
     return names()
 
 
 def process_group_findings(subject: str, before: frozenset[str]) -> list[Finding]:
-    from pytest_shutdown.checks.process_groups import (  # noqa: PLC0415
+    from pytest_shutdown.helpers.process_groups import (  # noqa: PLC0415
         process_group_findings as findings,
     )
 

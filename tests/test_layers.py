@@ -9,9 +9,10 @@ they name types for annotations only (``gpu.placement`` annotates with ``engine.
 (``importlib.import_module`` of a registry's strings: the kinds of ``resources``, the lazy
 re-exports of the public modules) are not statements and are not seen here.
 
-A module's layer is its folder's (``_os/``, ``resources/``, ``checks/``, ``gpu/``, ``engine/``),
-or, for a module at the package root, its entry in :data:`TOP_LEVEL`: a new root module must be
-placed there, or this test fails. The layers, lowest first::
+A module's layer is its folder's (:data:`FOLDERS`: ``_base/``, ``findings/``, ``_os/``,
+``ownership/``, ``resources/``, ``helpers/``, ``gpu/``, ``engine/``), or, for a module at the
+package root, its entry in :data:`TOP_LEVEL`: a new root module must be placed there, or this
+test fails. The layers, lowest first::
 
     base        utilities of no concern: lazy dataclasses and re-exports, the hidden contextmanager
     findings    Finding, ShutdownContractError, the text of findings, the warning
@@ -20,7 +21,7 @@ placed there, or this test fails. The layers, lowest first::
     resources   the resource kinds and the primitives they share (snapshot, walk, leak findings)
     gpu         platform detection and device readers                  (beside, over _os)
     engine      the reference engine                                   (beside, over gpu)
-    helpers     the assertion helpers of checks/ and their harness
+    helpers     the assertion helpers and their harness (the public orphans and harness modules)
     plugin      the pytest plugin: guard, settings, report, fixtures, markers, the public face
 
 A layer imports its own layer and the layers :data:`ALLOWED` lists for it; nothing else.
@@ -45,12 +46,13 @@ FOLDERS: dict[str, str] = {
     "_os": "_os",
     "ownership": "ownership",
     "resources": "resources",
-    "checks": "helpers",
+    "helpers": "helpers",
     "gpu": "gpu",
     "engine": "engine",
 }
 
-#: The layer of each module at the package root ("__init__" is the package itself).
+#: The layer of each module at the package root ("__init__" is the package itself): the public
+#: modules (devices, harness, orphans) and the plugin layer, whose folder is still to come.
 TOP_LEVEL: dict[str, str] = {
     # gpu
     "devices": "gpu",

@@ -24,7 +24,7 @@ from typing import Any
 #: Codes whose facts name a process of a tree and the cell that left it.
 TREE_CODES = frozenset({"orphan-process", "exit-hang"})
 #: The module of the warm tree launcher, whose command line every forked tree process keeps.
-LAUNCHER_MODULE = "pytest_shutdown.checks.tree_launcher"
+LAUNCHER_MODULE = "pytest_shutdown.helpers.tree_launcher"
 #: How many characters of a command line a key-fact line keeps.
 CMDLINE_CHARS = 300
 
@@ -32,7 +32,7 @@ CMDLINE_CHARS = 300
 _FRAME = r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)'
 _THREAD_HEAD = r"(?i)^(Current thread|Thread) 0x[0-9a-f]+ "
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-_OWN_FRAMES = os.path.join(_PACKAGE, "checks") + os.sep
+_OWN_FRAMES = os.path.join(_PACKAGE, "helpers") + os.sep
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,7 +1,7 @@
 """The primitives of leak accounting that the resource kinds, the guard and ``no_leaks`` share.
 
-Moved from :mod:`pytest_shutdown.checks.leaks` (issue 47): the resource kinds are built on them,
-and the kinds sit below the helpers; :mod:`pytest_shutdown.checks.leaks` re-exports them.
+Moved from :mod:`pytest_shutdown.helpers.leaks` (issue 47): the resource kinds are built on them,
+and the kinds sit below the helpers; :mod:`pytest_shutdown.helpers.leaks` re-exports them.
 
 * :func:`take_snapshot` records what exists now (threads, descendant processes, freeze count);
 * :func:`started_since` names what was started after a snapshot and is still running;

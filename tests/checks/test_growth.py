@@ -15,9 +15,9 @@ import threading
 import pytest
 
 from pytest_shutdown import ShutdownContractError, assert_no_growth
-from pytest_shutdown.checks import census
-from pytest_shutdown.checks.growth import judge, measure_growth, nearest_holder, noise
 from pytest_shutdown.devices import NvmlProcessReader
+from pytest_shutdown.helpers import census
+from pytest_shutdown.helpers.growth import judge, measure_growth, nearest_holder, noise
 from tests.gpu.gpu_fakes import FakeNvml, Gpu
 
 MiB = 1 << 20
@@ -343,7 +343,7 @@ def test_a_spike_that_settles_is_measured_again_and_does_not_fail(
     settle is made deterministic: the leftovers go exactly while the check waits."""
     import time
 
-    from pytest_shutdown.checks import growth
+    from pytest_shutdown.helpers import growth
 
     held: list[Engine] = []
     calls = [0]

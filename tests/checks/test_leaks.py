@@ -18,7 +18,7 @@ import pytest
 from inner_runs import fresh_python
 
 from pytest_shutdown import ShutdownContractError, no_leaks
-from pytest_shutdown.checks.leaks import (
+from pytest_shutdown.helpers.leaks import (
     Started,
     assert_device_memory_released,
     await_exit,
@@ -320,7 +320,7 @@ def test_clean_block_is_cheap_and_never_collects_nor_scans_processes() -> None:
     code = textwrap.dedent(
         """
         import gc, time, psutil
-        from pytest_shutdown.checks.leaks import no_leaks
+        from pytest_shutdown.helpers.leaks import no_leaks
         calls = {"collect": 0, "children": 0}
         real_collect, real_children = gc.collect, psutil.Process.children
         def collect(*a):
@@ -484,7 +484,7 @@ def test_the_multiprocessing_fork_server_is_not_a_leak_but_its_children_are() ->
         assert worker.pid in leaked
         assert server not in leaked
         # Whether or not the server was started inside this block, it is known as a helper.
-        from pytest_shutdown.checks.leaks import multiprocessing_helper_pids
+        from pytest_shutdown.helpers.leaks import multiprocessing_helper_pids
 
         assert server in multiprocessing_helper_pids()
     finally:

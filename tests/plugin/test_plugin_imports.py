@@ -24,8 +24,8 @@ LAZY = (
     "pytest_shutdown.ownership.owners",
     "multiprocessing",
     "pytest_shutdown.gpu.readers",
-    "pytest_shutdown.checks.orphans",
-    "pytest_shutdown.checks.tree_launcher",
+    "pytest_shutdown.helpers.orphans",
+    "pytest_shutdown.helpers.tree_launcher",
     "multiprocessing.connection",
     "sysconfig",
     "torch",
@@ -94,7 +94,7 @@ def test_the_lazy_imports_still_happen_when_a_feature_needs_them(
     result = pytester.runpytest_subprocess("-p", "shutdown")
     result.assert_outcomes(passed=3)
     imported = json.loads((pytester.path / "imported.json").read_text())
-    assert "pytest_shutdown.checks.orphans" in imported
+    assert "pytest_shutdown.helpers.orphans" in imported
     assert "pytest_shutdown.cycles" in imported
     assert "sysconfig" not in imported
 

@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from pytest_shutdown.checks.exits import ExitRecord, probe_exit
-from pytest_shutdown.checks.report import CheckReport
 from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.exits import ExitRecord, probe_exit
+from pytest_shutdown.helpers.report import CheckReport
 
 #: The platforms and exits a scenario may name.
 FREEZE_PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")

@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
-from pytest_shutdown.checks.cleanups import (
+from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.cleanups import (
     CleanupCounter,
     Watch,
     discover_cleanups,
@@ -22,8 +23,7 @@ from pytest_shutdown.checks.cleanups import (
     labels_performed,
     pending_finalizers,
 )
-from pytest_shutdown.checks.report import CheckReport, describe
-from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.report import CheckReport, describe
 from pytest_shutdown.ownership import atexit_calls
 from pytest_shutdown.ownership.backrefs import (
     GRAPHS,

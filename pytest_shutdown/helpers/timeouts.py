@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.checks.report import CheckReport
 from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.report import CheckReport
 
 #: The platforms a cell may name.
 PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")

@@ -2,7 +2,7 @@
 
 One before/after comparison cannot tell a leak from a cache that fills once; repetition can.
 The cycle runs ``warmup`` times (one-time costs: imports, caches, lazily started pools), then
-``cycles`` times, with a :class:`~pytest_shutdown.checks.census.Census` after each run: live
+``cycles`` times, with a :class:`~pytest_shutdown.helpers.census.Census` after each run: live
 objects by type, Python and OS threads, file descriptors, RSS, and device memory where a reader
 exists. The rules (:func:`judge`, stated in docs/growth.md):
 
@@ -24,7 +24,7 @@ exists. The rules (:func:`judge`, stated in docs/growth.md):
   grown when its net growth (nothing discounted) exceeds the stated number.
 
 A grown type is shown by one instance made by one more cycle (failure path only), with the
-backref chain that keeps it alive (:mod:`~pytest_shutdown.checks.holders`, bounded) and, in the
+backref chain that keeps it alive (:mod:`~pytest_shutdown.helpers.holders`, bounded) and, in the
 message, the nearest named holder: ``CachedEngine: +1 per cycle (6 cycles); held by lru_cache
 wrapper CachedEngine.tokenizer_for``.
 """
@@ -41,7 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pytest_shutdown.checks.census import (
+from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.census import (
     AUTO,
     BYTE_METRICS,
     DEVICE_MEMORY,
@@ -61,8 +62,7 @@ from pytest_shutdown.checks.census import (
     short_name,
     type_name,
 )
-from pytest_shutdown.checks.holders import holder_chain
-from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.holders import holder_chain
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.gpu.readers import MemoryReader

@@ -8,7 +8,8 @@ import traceback
 from collections.abc import Iterable
 from typing import Any
 
-from pytest_shutdown.checks.cleanups import (
+from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.cleanups import (
     CleanupCounter,
     CleanupSpec,
     Watch,
@@ -20,8 +21,7 @@ from pytest_shutdown.checks.cleanups import (
     method_spec,
     pending_finalizers,
 )
-from pytest_shutdown.checks.report import CheckReport, describe
-from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.report import CheckReport, describe
 
 #: How long the racing threads of the first round may take before the check gives up on them.
 RACE_DEADLINE_S = 30.0

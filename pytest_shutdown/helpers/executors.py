@@ -17,14 +17,14 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from pytest_shutdown.checks.cleanups import (
+from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.cleanups import (
     exit_stack_callbacks,
     finalizer_registrations,
     instance_attributes,
     is_exit_stack,
 )
-from pytest_shutdown.checks.report import CheckReport, describe
-from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.report import CheckReport, describe
 
 #: How long a blocking task waits for its release at most (every wait has a deadline).
 TASK_DEADLINE_S = 120.0

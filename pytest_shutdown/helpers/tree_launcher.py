@@ -40,7 +40,7 @@ from typing import Any
 from pytest_shutdown._os.killer import kill_trees
 from pytest_shutdown._os.phases import WANTED_PHASE_ENV
 from pytest_shutdown._os.prctl import PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG, prctl
-from pytest_shutdown.checks.tree import TREE_MARKER_ENV, scan_tree
+from pytest_shutdown.helpers.tree import TREE_MARKER_ENV, scan_tree
 
 #: How long a new launcher may take to import its preloads and report ready.
 LAUNCHER_START_TIMEOUT_S = 120.0

@@ -16,7 +16,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from pytest_shutdown.checks.census import (
+from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.census import (
     AUTO,
     count_objects,
     describe_fds,
@@ -26,8 +27,7 @@ from pytest_shutdown.checks.census import (
     short_name,
     type_name,
 )
-from pytest_shutdown.checks.report import CheckReport
-from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.report import CheckReport
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.gpu.readers import MemoryReader

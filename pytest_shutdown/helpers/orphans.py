@@ -15,7 +15,7 @@ What is left at the deadline becomes findings:
   end and at the signal, age, command line, stacks where it is a Python process, and the device
   memory it holds where a per-process reader exists;
 * ``collective-hang`` in place of either: the process's stacks show it blocked in a collective
-  or a store wait (:mod:`pytest_shutdown.checks.collectives`): its rank, the operation, the stack;
+  or a store wait (:mod:`pytest_shutdown.helpers.collectives`): its rank, the operation, the stack;
 * ``shm-leak``: a shared-memory segment the tree's processes held at the signal (or named by
   one of them) still in ``/dev/shm`` with no process holding it: a dead child created it and
   the surviving parent did not unlink it (vLLM #51579);
@@ -47,15 +47,15 @@ from pytest_shutdown._os.phases import (
     phase_pattern,
     reported_phases,
 )
-from pytest_shutdown.checks.collectives import (
+from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.collectives import (
     collective_hang_finding,
     collective_wait,
     rank_of,
     read_environ,
 )
-from pytest_shutdown.checks.tree import TreeProcess, TreeResources, scan_tree, wait_gone
-from pytest_shutdown.checks.tree_launcher import RunRequest, TreeLauncher
-from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.tree import TreeProcess, TreeResources, scan_tree, wait_gone
+from pytest_shutdown.helpers.tree_launcher import RunRequest, TreeLauncher
 
 #: Selector of the root level.
 ROOT = "root"

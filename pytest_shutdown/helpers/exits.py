@@ -18,8 +18,8 @@ from typing import Any, Protocol
 import psutil
 
 from pytest_shutdown._os.killer import kill_trees
-from pytest_shutdown.checks.report import CheckReport
 from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.report import CheckReport
 
 #: How many characters of the child's stderr an ExitRecord keeps.
 STDERR_TAIL_CHARS = 4000

@@ -40,14 +40,14 @@ Cell = tuple[str, float, float, bool, list[str]]
 def run_matrix(jobs: int, dp_process_group: str | None = None) -> tuple[float, float, list[Cell]]:
     """(launchers' start s, total s, [(cell id, wall s, signal-to-gone s, died, codes)]);
     ``dp_process_group`` puts the EngineCores in a DP group of that backend."""
-    from pytest_shutdown.checks.orphans import kill_tree_at  # noqa: PLC0415
-    from pytest_shutdown.checks.tree_launcher import TreeLauncher  # noqa: PLC0415
     from pytest_shutdown.engine.distributed_tree import (  # noqa: PLC0415
         DISTRIBUTED_LEVELS,
         DISTRIBUTED_PHASES,
         distributed_matrix_config,
     )
     from pytest_shutdown.engine.frontend import serve_frontend  # noqa: PLC0415
+    from pytest_shutdown.helpers.orphans import kill_tree_at  # noqa: PLC0415
+    from pytest_shutdown.helpers.tree_launcher import TreeLauncher  # noqa: PLC0415
 
     changes = {} if dp_process_group is None else {"dp_process_group": dp_process_group}
     todo = [(lvl, sig, ph) for lvl in LEVELS for sig in SIGNALS for ph in PHASES]

@@ -115,9 +115,9 @@ def clean_shapes() -> list[tuple[str, Callable[[], None]]]:
 
 
 def llm_check(out: list[Figure]) -> None:
-    from pytest_shutdown.checks.growth import measure_growth
     from pytest_shutdown.engine import ReferenceLLM
     from pytest_shutdown.fixtures import scaled_down_config
+    from pytest_shutdown.helpers.growth import measure_growth
 
     config = scaled_down_config("cpu")
 
@@ -140,7 +140,7 @@ def llm_check(out: list[Figure]) -> None:
 
 
 def census_cost(repeat: int, out: list[Figure]) -> None:
-    from pytest_shutdown.checks.census import Census
+    from pytest_shutdown.helpers.census import Census
 
     padding = [[] for _ in range(max(0, HEAP_TARGET - len(gc.get_objects())))]  # tracked
     heap = len(gc.get_objects())
@@ -178,7 +178,7 @@ def census_cost(repeat: int, out: list[Figure]) -> None:
 
 
 def clean_engines(cycles: int, out: list[Figure]) -> None:
-    from pytest_shutdown.checks.growth import measure_growth
+    from pytest_shutdown.helpers.growth import measure_growth
 
     total = 0
     shapes = clean_shapes()

@@ -102,9 +102,9 @@ def measure(repeat: int) -> list[Figure]:
         assert_nonblocking_shutdown,
         assert_timeout_decoupling,
     )
-    from pytest_shutdown.checks.finalization import check_finalizers
     from pytest_shutdown.engine.renderer import ReferenceRenderer
     from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
+    from pytest_shutdown.helpers.finalization import check_finalizers
 
     print("clean object: ReferenceRenderer (torch loaded)")
     cases: list[tuple[str, Callable[[], Any]]] = [

@@ -31,13 +31,13 @@ MATRIX_LIMIT_S = 60.0
 
 def run_matrix() -> tuple[float, float, list[tuple[str, float, float, bool]]]:
     """(launcher start s, total s, [(cell id, cell wall s, signal-to-gone s, died)])."""
-    from pytest_shutdown.checks.orphans import kill_tree_at  # noqa: PLC0415
-    from pytest_shutdown.checks.tree_launcher import TreeLauncher  # noqa: PLC0415
     from pytest_shutdown.engine.frontend import (  # noqa: PLC0415
         REFERENCE_LEVELS,
         REFERENCE_PHASES,
         serve_frontend,
     )
+    from pytest_shutdown.helpers.orphans import kill_tree_at  # noqa: PLC0415
+    from pytest_shutdown.helpers.tree_launcher import TreeLauncher  # noqa: PLC0415
 
     t0 = time.perf_counter()
     cells: list[tuple[str, float, float, bool]] = []

@@ -25,39 +25,39 @@ __version__ = "0.2.0"
 _FROZEN_AT_IMPORT = gc.get_freeze_count()
 
 _LAZY: dict[str, str] = {
-    "FINDING_CODES": "pytest_shutdown.findings",
-    "Finding": "pytest_shutdown.findings",
-    "ShutdownContractError": "pytest_shutdown.findings",
-    "assert_idempotent_shutdown": "pytest_shutdown.checks.idempotence",
-    "NothingCountedError": "pytest_shutdown.checks.idempotence",
-    "assert_finalizes_on_gc": "pytest_shutdown.checks.finalization",
-    "assert_finalizers_ok": "pytest_shutdown.checks.finalization",
-    "assert_nonblocking_shutdown": "pytest_shutdown.checks.executors",
-    "no_leaks": "pytest_shutdown.checks.leaks",
-    "assert_no_collateral": "pytest_shutdown.checks.collateral",
-    "no_global_state_changes": "pytest_shutdown.checks.state",
-    "assert_device_memory_released": "pytest_shutdown.checks.leaks",
+    "FINDING_CODES": "pytest_shutdown.findings.finding",
+    "Finding": "pytest_shutdown.findings.finding",
+    "ShutdownContractError": "pytest_shutdown.findings.finding",
+    "assert_idempotent_shutdown": "pytest_shutdown.helpers.idempotence",
+    "NothingCountedError": "pytest_shutdown.helpers.idempotence",
+    "assert_finalizes_on_gc": "pytest_shutdown.helpers.finalization",
+    "assert_finalizers_ok": "pytest_shutdown.helpers.finalization",
+    "assert_nonblocking_shutdown": "pytest_shutdown.helpers.executors",
+    "no_leaks": "pytest_shutdown.helpers.leaks",
+    "assert_no_collateral": "pytest_shutdown.helpers.collateral",
+    "no_global_state_changes": "pytest_shutdown.helpers.state",
+    "assert_device_memory_released": "pytest_shutdown.helpers.leaks",
     "no_os_leaks": "pytest_shutdown.resources.check",
-    "timeout_matrix": "pytest_shutdown.checks.timeouts",
-    "assert_timeout_decoupling": "pytest_shutdown.checks.timeouts",
-    "TimeoutCell": "pytest_shutdown.checks.timeouts",
-    "TimeoutMatrix": "pytest_shutdown.checks.timeouts",
-    "probe_exit": "pytest_shutdown.checks.exits",
-    "ExitRecord": "pytest_shutdown.checks.exits",
-    "assert_not_force_killed": "pytest_shutdown.checks.exits",
-    "assert_freeze_policy": "pytest_shutdown.checks.freeze",
-    "FreezeScenario": "pytest_shutdown.checks.freeze",
-    "timeout_passed_to": "pytest_shutdown.checks.spies",
-    "NotCalledError": "pytest_shutdown.checks.spies",
-    "kill_tree_at": "pytest_shutdown.checks.orphans",
-    "TreeDeath": "pytest_shutdown.checks.orphans",
-    "assert_process_group_destroyed": "pytest_shutdown.checks.process_groups",
-    "assert_ray_released": "pytest_shutdown.checks.ray_resources",
-    "CheckReport": "pytest_shutdown.checks.report",
-    "assert_no_growth": "pytest_shutdown.checks.growth",
-    "GrowthRecord": "pytest_shutdown.checks.growth",
-    "assert_second_engine_clean": "pytest_shutdown.checks.second_engine",
-    "ShutdownLeakWarning": "pytest_shutdown.leak_warning",
+    "timeout_matrix": "pytest_shutdown.helpers.timeouts",
+    "assert_timeout_decoupling": "pytest_shutdown.helpers.timeouts",
+    "TimeoutCell": "pytest_shutdown.helpers.timeouts",
+    "TimeoutMatrix": "pytest_shutdown.helpers.timeouts",
+    "probe_exit": "pytest_shutdown.helpers.exits",
+    "ExitRecord": "pytest_shutdown.helpers.exits",
+    "assert_not_force_killed": "pytest_shutdown.helpers.exits",
+    "assert_freeze_policy": "pytest_shutdown.helpers.freeze",
+    "FreezeScenario": "pytest_shutdown.helpers.freeze",
+    "timeout_passed_to": "pytest_shutdown.helpers.spies",
+    "NotCalledError": "pytest_shutdown.helpers.spies",
+    "kill_tree_at": "pytest_shutdown.helpers.orphans",
+    "TreeDeath": "pytest_shutdown.helpers.orphans",
+    "assert_process_group_destroyed": "pytest_shutdown.helpers.process_groups",
+    "assert_ray_released": "pytest_shutdown.helpers.ray_resources",
+    "CheckReport": "pytest_shutdown.helpers.report",
+    "assert_no_growth": "pytest_shutdown.helpers.growth",
+    "GrowthRecord": "pytest_shutdown.helpers.growth",
+    "assert_second_engine_clean": "pytest_shutdown.helpers.second_engine",
+    "ShutdownLeakWarning": "pytest_shutdown.findings.leak_warning",
     "ShutdownBudgetExceeded": "pytest_shutdown.budget",
     # the values of the plugin's fixtures, for type hints in a test or conftest
     "ShutdownTimeouts": "pytest_shutdown.matrix",
@@ -92,22 +92,22 @@ _DEPRECATED: dict[str, tuple[str, str]] = {
     "memory_reader": (_DEVICES, "pytest_shutdown.devices.memory_reader"),
     # a second verb for a contract that keeps one
     "check_finalizers": (
-        "pytest_shutdown.checks.finalization",
+        "pytest_shutdown.helpers.finalization",
         "pytest_shutdown.assert_finalizers_ok (the ShutdownContractError it raises carries "
         "the same findings as .findings)",
     ),
     "ray_leftovers": (
-        "pytest_shutdown.checks.ray_resources",
+        "pytest_shutdown.helpers.ray_resources",
         "pytest_shutdown.assert_ray_released (the ShutdownContractError it raises carries "
         "the same findings as .findings)",
     ),
     "measure_growth": (
-        "pytest_shutdown.checks.growth",
+        "pytest_shutdown.helpers.growth",
         "pytest_shutdown.assert_no_growth (it returns the same GrowthRecord when nothing grew; "
         "the ShutdownContractError it raises carries the findings)",
     ),
     "assert_tree_dies": (
-        "pytest_shutdown.checks.orphans",
+        "pytest_shutdown.helpers.orphans",
         "pytest_shutdown.kill_tree_at (assert record.died, record.findings), or the kill_tree "
         "fixture",
     ),
@@ -139,29 +139,29 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.budget import ShutdownBudgetExceeded
-    from pytest_shutdown.checks.collateral import assert_no_collateral
-    from pytest_shutdown.checks.executors import assert_nonblocking_shutdown
-    from pytest_shutdown.checks.exits import ExitRecord, assert_not_force_killed, probe_exit
-    from pytest_shutdown.checks.finalization import assert_finalizers_ok, assert_finalizes_on_gc
-    from pytest_shutdown.checks.freeze import FreezeScenario, assert_freeze_policy
-    from pytest_shutdown.checks.growth import GrowthRecord, assert_no_growth
-    from pytest_shutdown.checks.idempotence import NothingCountedError, assert_idempotent_shutdown
-    from pytest_shutdown.checks.leaks import assert_device_memory_released, no_leaks
-    from pytest_shutdown.checks.orphans import TreeDeath, kill_tree_at
-    from pytest_shutdown.checks.process_groups import assert_process_group_destroyed
-    from pytest_shutdown.checks.ray_resources import assert_ray_released
-    from pytest_shutdown.checks.report import CheckReport
-    from pytest_shutdown.checks.second_engine import assert_second_engine_clean
-    from pytest_shutdown.checks.spies import NotCalledError, timeout_passed_to
-    from pytest_shutdown.checks.state import no_global_state_changes
-    from pytest_shutdown.checks.timeouts import (
+    from pytest_shutdown.findings.finding import FINDING_CODES, Finding, ShutdownContractError
+    from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
+    from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
+    from pytest_shutdown.helpers.collateral import assert_no_collateral
+    from pytest_shutdown.helpers.executors import assert_nonblocking_shutdown
+    from pytest_shutdown.helpers.exits import ExitRecord, assert_not_force_killed, probe_exit
+    from pytest_shutdown.helpers.finalization import assert_finalizers_ok, assert_finalizes_on_gc
+    from pytest_shutdown.helpers.freeze import FreezeScenario, assert_freeze_policy
+    from pytest_shutdown.helpers.growth import GrowthRecord, assert_no_growth
+    from pytest_shutdown.helpers.idempotence import NothingCountedError, assert_idempotent_shutdown
+    from pytest_shutdown.helpers.leaks import assert_device_memory_released, no_leaks
+    from pytest_shutdown.helpers.orphans import TreeDeath, kill_tree_at
+    from pytest_shutdown.helpers.process_groups import assert_process_group_destroyed
+    from pytest_shutdown.helpers.ray_resources import assert_ray_released
+    from pytest_shutdown.helpers.report import CheckReport
+    from pytest_shutdown.helpers.second_engine import assert_second_engine_clean
+    from pytest_shutdown.helpers.spies import NotCalledError, timeout_passed_to
+    from pytest_shutdown.helpers.state import no_global_state_changes
+    from pytest_shutdown.helpers.timeouts import (
         TimeoutCell,
         TimeoutMatrix,
         assert_timeout_decoupling,
         timeout_matrix,
     )
-    from pytest_shutdown.findings import FINDING_CODES, Finding, ShutdownContractError
-    from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
-    from pytest_shutdown.leak_warning import ShutdownLeakWarning
     from pytest_shutdown.matrix import ShutdownTimeouts
     from pytest_shutdown.resources.check import no_os_leaks

@@ -45,6 +45,7 @@ from dataclasses import field
 from types import FrameType, TracebackType
 from typing import Any
 
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os.async_exc import (
     STALE_ASYNC_EXC_LOOPS as STALE_ASYNC_EXC_LOOPS,
 )
@@ -55,10 +56,9 @@ from pytest_shutdown._os.async_exc import (
 from pytest_shutdown._os.async_exc import (
     reset_async_exc_flag as reset_async_exc_flag,
 )
+from pytest_shutdown._os.own_threads import start_own_thread
 from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
 from pytest_shutdown.interrupts import real_monotonic as _now
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.own_threads import start_own_thread
 
 #: How often a teardown that keeps hanging is interrupted (at 1 and 1.5 budgets).
 MAX_FIRES = 2

@@ -1,9 +1,9 @@
 """Every ShutdownContractError a test raises reaches the reports, and its codes the status line.
 
 A helper imported straight from ``pytest_shutdown`` (not through ``shutdown_check``) raises
-:class:`~pytest_shutdown.findings.ShutdownContractError` in whatever phase it runs: setup, call
-or teardown. This plugin object, registered whenever the plugin is installed, turns such an
-error into data:
+:class:`~pytest_shutdown.findings.finding.ShutdownContractError` in whatever phase it runs:
+setup, call or teardown. This plugin object, registered whenever the plugin is installed, turns
+such an error into data:
 
 * its findings become the test's JUnit ``user_properties`` (``shutdown:<code>``) and, when a
   shutdown report runs, findings of the test in the terminal summary and the JSON report;
@@ -39,10 +39,10 @@ def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: 
     error = call.excinfo.value if call.excinfo is not None else None
     # No such error exists before its module is imported: a session whose tests never import
     # it (most, with the guard off) loads neither it nor the findings' texts.
-    findings = sys.modules.get("pytest_shutdown.findings")
+    findings = sys.modules.get("pytest_shutdown.findings.finding")
     if findings is None or not isinstance(error, findings.ShutdownContractError):
         return
-    from pytest_shutdown.finding_text import finding_lines  # noqa: PLC0415
+    from pytest_shutdown.findings.text import finding_lines  # noqa: PLC0415
 
     setattr(report, CODES_ATTR, ", ".join(dict.fromkeys(error.codes)))
     show_codes_on_status_line(item.config)

@@ -1,7 +1,7 @@
 """``@pytest.mark.shutdown_cycles(n)`` and the engine fixtures' cycle count.
 
 The marker re-runs a test's call phase in the same process: ``warmup`` times, then ``n`` times,
-under :func:`~pytest_shutdown.checks.growth.measure_growth`; the fixtures are set up once per
+under :func:`~pytest_shutdown.helpers.growth.measure_growth`; the fixtures are set up once per
 run of the test, as CPython's ``-R`` does. Something that grows from call to call fails the
 test with ``growth``. It works with the guard on or off and under pytest-xdist (each worker
 runs its own tests' calls). The plugin registers this module's hook when a collected test has the
@@ -83,7 +83,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if cycles is None:
         return None
     __tracebackhide__ = True
-    from pytest_shutdown.checks.growth import assert_no_growth
+    from pytest_shutdown.helpers.growth import assert_no_growth
 
     n, warmup = cycles
     others = pyfuncitem.config.pluginmanager.subset_hook_caller(
@@ -130,7 +130,7 @@ def check_engine_cycles(
     cycles = fixture_cycles(request, fixture)
     if cycles is None:
         return
-    from pytest_shutdown.checks.growth import assert_no_growth
+    from pytest_shutdown.helpers.growth import assert_no_growth
 
     def cycle() -> None:
         engine = build()

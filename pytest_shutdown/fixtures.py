@@ -30,14 +30,14 @@ from pytest_shutdown.node_markers import marker_names, scanned_module_names
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Mapping
 
-    from pytest_shutdown.checks.tree_launcher import TreeLauncher
     from pytest_shutdown.engine.config import EngineConfig
     from pytest_shutdown.engine.core import EngineCore
     from pytest_shutdown.engine.llm import ReferenceLLM
     from pytest_shutdown.engine.processes import EngineProcManager, ShutdownOutcome
     from pytest_shutdown.engine.renderer import ReferenceRenderer
     from pytest_shutdown.engine.supervisor import DPSupervisor
-    from pytest_shutdown.findings import Finding
+    from pytest_shutdown.findings.finding import Finding
+    from pytest_shutdown.helpers.tree_launcher import TreeLauncher
     from pytest_shutdown.matrix import ShutdownTimeouts
     from pytest_shutdown.orphan_matrix import KillTree, OrphanCell
     from pytest_shutdown.ray_cluster import RayCluster
@@ -213,7 +213,7 @@ def orphan_cell(request: pytest.FixtureRequest) -> OrphanCell:
 @pytest.fixture(scope="session")
 def tree_launcher() -> Iterator[TreeLauncher]:
     """The warm process that starts the trees under test (one per session and xdist worker)."""
-    from pytest_shutdown.checks.tree_launcher import TreeLauncher  # noqa: PLC0415
+    from pytest_shutdown.helpers.tree_launcher import TreeLauncher  # noqa: PLC0415
 
     launcher = TreeLauncher()
     yield launcher
@@ -285,9 +285,9 @@ def reference_renderer(
 ) -> Iterator[ReferenceRenderer]:
     """A ReferenceRenderer; teardown checks that its shutdown is idempotent and its threads end."""
     _require_torch("reference_renderer")
-    from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.renderer import ReferenceRenderer
+    from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown
 
     check_engine_cycles(
         request,
@@ -311,9 +311,9 @@ def engine_core(
     _require_torch("engine_core")
     import gc
 
-    from pytest_shutdown.checks.idempotence import assert_idempotent_shutdown
     from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.core import EngineCore
+    from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown
 
     check_engine_cycles(
         request,
@@ -326,7 +326,7 @@ def engine_core(
     yield core
     findings = _collect(lambda: assert_idempotent_shutdown(core))
     if gc.get_freeze_count() != freeze_count:
-        from pytest_shutdown.findings import Finding  # noqa: PLC0415
+        from pytest_shutdown.findings.finding import Finding  # noqa: PLC0415
 
         findings.append(
             Finding(
@@ -396,7 +396,7 @@ def reference_llm(
 
     findings = _check_process_shutdown(request, llm, engine_config, expect_force_kill, shutdown)
     if not llm.renderer.is_shut_down:
-        from pytest_shutdown.findings import Finding  # noqa: PLC0415
+        from pytest_shutdown.findings.finding import Finding  # noqa: PLC0415
 
         findings.append(
             Finding(
@@ -484,9 +484,9 @@ class ShutdownCheck:
         import functools
 
         import pytest_shutdown
-        from pytest_shutdown.checks.finalization import check_finalizers
-        from pytest_shutdown.checks.leaks import assert_device_memory_released
-        from pytest_shutdown.findings import ShutdownContractError
+        from pytest_shutdown.findings.finding import ShutdownContractError
+        from pytest_shutdown.helpers.finalization import check_finalizers
+        from pytest_shutdown.helpers.leaks import assert_device_memory_released
 
         # not from the top level: check_finalizers left it (a DeprecationWarning there)
         off_top: dict[str, Callable[..., Any]] = {
@@ -514,8 +514,8 @@ class ShutdownCheck:
     def _bound_context(self, helper: Callable[..., Any]) -> Callable[..., Any]:
         import functools
 
-        from pytest_shutdown.findings import ShutdownContractError
-        from pytest_shutdown.hidden import contextmanager
+        from pytest_shutdown._base.hidden import contextmanager
+        from pytest_shutdown.findings.finding import ShutdownContractError
 
         @functools.wraps(helper)
         @contextmanager
@@ -552,7 +552,7 @@ def _record(request: pytest.FixtureRequest, findings: list[Finding]) -> None:
 
 def _fail_teardown(request: pytest.FixtureRequest, findings: list[Finding]) -> None:
     __tracebackhide__ = True
-    from pytest_shutdown.findings import raise_if_any  # noqa: PLC0415
+    from pytest_shutdown.findings.finding import raise_if_any  # noqa: PLC0415
 
     _record(request, findings)
     raise_if_any(findings)
@@ -565,7 +565,7 @@ def _check_process_shutdown(
     expect_force_kill: ForceKillExpectation,
     shutdown: Callable[[float | None], ShutdownOutcome | None],
 ) -> list[Finding]:
-    from pytest_shutdown.findings import Finding  # noqa: PLC0415
+    from pytest_shutdown.findings.finding import Finding  # noqa: PLC0415
 
     cell = current_cell(request)
     timeout = cell.process_timeout if cell is not None else None
@@ -620,7 +620,7 @@ def _check_idempotent(
     import traceback
 
     from pytest_shutdown.budget import ShutdownBudgetExceeded
-    from pytest_shutdown.findings import Finding
+    from pytest_shutdown.findings.finding import Finding
 
     findings: list[Finding] = []
     for number in (1, 2):
@@ -653,7 +653,7 @@ def _check_idempotent(
 
 
 def _assert_force_kill(outcome: ShutdownOutcome, expectation: ForceKillExpectation) -> None:
-    from pytest_shutdown.checks.exits import assert_not_force_killed
+    from pytest_shutdown.helpers.exits import assert_not_force_killed
 
     assert_not_force_killed(outcome, expected=bool(expectation))
 
@@ -676,7 +676,7 @@ def _tree_pids(roots: Iterable[int | None]) -> set[int]:
 def _processes_still_running(owner: object, pids: set[int]) -> list[Finding]:
     import psutil
 
-    from pytest_shutdown.findings import Finding
+    from pytest_shutdown.findings.finding import Finding
 
     deadline = time.monotonic() + PROCESS_EXIT_DEADLINE_S
     alive: list[psutil.Process] = []
@@ -719,7 +719,7 @@ def _processes_still_running(owner: object, pids: set[int]) -> list[Finding]:
 
 
 def _collect(check: Callable[[], object]) -> list[Finding]:
-    from pytest_shutdown.findings import ShutdownContractError  # noqa: PLC0415
+    from pytest_shutdown.findings.finding import ShutdownContractError  # noqa: PLC0415
 
     try:
         check()
@@ -736,7 +736,7 @@ def _threads_still_running(owner: object, executors: tuple[Any, ...]) -> list[Fi
     alive = [t.name for t in threads if t.is_alive()]
     if not alive:
         return []
-    from pytest_shutdown.findings import Finding  # noqa: PLC0415
+    from pytest_shutdown.findings.finding import Finding  # noqa: PLC0415
 
     return [
         Finding(

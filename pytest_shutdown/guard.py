@@ -9,7 +9,7 @@ Those a module global or class attribute reaches are never a test's leak; the on
 at session end are listed as long-lived resources. The standard library's process-lifetime
 helpers and the tools' own threads (pytest-timeout's timer, execnet/xdist, pytest,
 pytest-shutdown's watchdogs) are never blamed. Creation sites come from
-:mod:`pytest_shutdown.origins`.
+:mod:`pytest_shutdown.ownership.origins`.
 
 Findings become a :class:`~pytest_shutdown.report.TestRecord` and ``user_properties``; in
 ``fail`` mode the test errors in teardown with :class:`ShutdownContractError`, in ``warn`` mode a
@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_shutdown import origins
-from pytest_shutdown.findings import Finding
+from pytest_shutdown._os.moments import one_moment
+from pytest_shutdown.findings.finding import Finding
+from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.guard_owners import WhoseIsIt
 from pytest_shutdown.guard_reports import GUARD_SECTION as GUARD_SECTION
 from pytest_shutdown.guard_reports import GuardReports, _is_pytest_timeout
 from pytest_shutdown.guard_session_end import SessionEnd
 from pytest_shutdown.guard_state import Found, Snapshot, _Watch
-from pytest_shutdown.leak_warning import ShutdownLeakWarning
-from pytest_shutdown.moments import one_moment
 from pytest_shutdown.node_markers import scanned_names_are_hooks
+from pytest_shutdown.ownership import origins
 from pytest_shutdown.report import describe_guard_error
 from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.threads import TOOL_MODULES, is_tool_thread
@@ -92,13 +92,13 @@ def _same(marks: list[Any], others: list[Any]) -> bool:
 # The helpers below import their modules on first use: without torch.distributed there is no
 # process group to look at.
 def group_names() -> frozenset[str]:
-    from pytest_shutdown.checks.process_groups import group_names as names  # noqa: PLC0415
+    from pytest_shutdown.helpers.process_groups import group_names as names  # noqa: PLC0415
 
     return names()
 
 
 def process_group_findings(subject: str, before: frozenset[str]) -> list[Finding]:
-    from pytest_shutdown.checks.process_groups import (  # noqa: PLC0415
+    from pytest_shutdown.helpers.process_groups import (  # noqa: PLC0415
         process_group_findings as findings,
     )
 

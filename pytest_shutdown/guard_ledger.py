@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 from _pytest.scope import Scope
 
-from pytest_shutdown.findings import Finding
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.guard_state import Found, GuardState, Snapshot, _Watch
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.report import TestRecord
 from pytest_shutdown.resources.base import ResourceKind
 

@@ -18,14 +18,14 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from pytest_shutdown import origins
 from pytest_shutdown.guard_ledger import FixtureLedger
 from pytest_shutdown.guard_state import Found, _Watch
+from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.primitives import thread_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.ownership import Owner
+    from pytest_shutdown.ownership.owners import Owner
 
 #: Seconds into the check's brief wait (``_BRIEF_S`` of :mod:`pytest_shutdown.guard`) after
 #: which what is still there is searched for an owner (one backward walk): what a module
@@ -132,7 +132,7 @@ class WhoseIsIt(FixtureLedger):
         live_owned = self._live_owned()
         owners: Mapping[Any, object] = {}
         if targets:
-            from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when found
+            from pytest_shutdown.ownership.owners import find_owners  # noqa: PLC0415 - only when found
 
             owners = find_owners(targets, self._fixture_roots(), walk=False)
         leaving = {
@@ -184,7 +184,7 @@ class WhoseIsIt(FixtureLedger):
         targets = self._targets(leaving)
         if not targets:
             return set()
-        from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when left
+        from pytest_shutdown.ownership.owners import find_owners  # noqa: PLC0415 - only when left
 
         owners = find_owners(targets, self._fixture_roots(), near=self._known_referrers(targets))
         self._uncertain |= owners.uncertain
@@ -237,7 +237,7 @@ class WhoseIsIt(FixtureLedger):
         targets = self._targets(found, walked)
         if not targets:
             return found
-        from pytest_shutdown.ownership import find_owners  # noqa: PLC0415 - only when found
+        from pytest_shutdown.ownership.owners import find_owners  # noqa: PLC0415 - only when found
 
         owners = find_owners(targets, self._fixture_roots(), near=self._known_referrers(targets))
         self._uncertain |= owners.uncertain
@@ -273,7 +273,7 @@ class WhoseIsIt(FixtureLedger):
         owned.update(item for name, item in self._long_lived if name == "processes")
         pids = tuple(p for p in started if p not in owned)
         if pids:  # a pool a fixture value or a global reaches is not the test's to kill
-            from pytest_shutdown.ownership import find_owners, objects_of  # noqa: PLC0415
+            from pytest_shutdown.ownership.owners import find_owners, objects_of  # noqa: PLC0415
 
             others = find_owners(  # bounded: it runs in the signal handler, the budget over
                 objects_of((), pids, parent_pids(pids)), self._fixture_roots(), max_seconds=1.0

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that mypy sees a class
 
-from pytest_shutdown.findings import Finding, ShutdownContractError
+from pytest_shutdown.findings.finding import Finding, ShutdownContractError
+from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.guard_state import GuardState, _Watch
-from pytest_shutdown.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.report import TestRecord, render_budget
 
 if TYPE_CHECKING:  # pragma: no cover

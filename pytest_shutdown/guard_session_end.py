@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown import origins
+from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.guard_state import GuardState, _finds_late
-from pytest_shutdown.leak_warning import ShutdownLeakWarning
+from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources.primitives import Started, descendant_pids
 
 #: Extra looks of the fail-mode session-end sweep for a process that hopped (forked and
@@ -148,7 +148,7 @@ class SessionEnd(GuardState):
         reaped. Not on the xdist controller (its workers sweep their own)."""
         if self.config.pluginmanager.hasplugin("dsession"):
             return
-        from pytest_shutdown.containment import reap_adopted  # noqa: PLC0415
+        from pytest_shutdown.ownership.containment import reap_adopted  # noqa: PLC0415
         from pytest_shutdown.resources.primitives import (  # noqa: PLC0415
             _walk_descendants,
             multiprocessing_helper_pids,

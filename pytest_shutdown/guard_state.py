@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_shutdown import origins
-from pytest_shutdown.containment import Containment
-from pytest_shutdown.leak_warning import ShutdownLeakWarning
-from pytest_shutdown.moments import one_moment
+from pytest_shutdown._os.moments import one_moment
+from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
+from pytest_shutdown.ownership import origins
+from pytest_shutdown.ownership.containment import Containment
 from pytest_shutdown.pending import DeferredLeaks
 from pytest_shutdown.report import ShutdownReport, render_findings
 from pytest_shutdown.resources import default_kinds

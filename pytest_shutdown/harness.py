@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pytest_shutdown.lazy_exports import lazy_exports
+from pytest_shutdown._base.lazy_exports import lazy_exports
 
 _LAZY: dict[str, str] = {
-    "zero_window_override": "pytest_shutdown.checks.timeouts",
-    "freeze_scenarios": "pytest_shutdown.checks.freeze",
-    "outcome_from_processes": "pytest_shutdown.checks.exits",
-    "configure_graphs": "pytest_shutdown.backrefs",
-    "process_groups": "pytest_shutdown.checks.process_groups",
-    "collective_wait": "pytest_shutdown.checks.collectives",
-    "release_ray_leftovers": "pytest_shutdown.checks.ray_resources",
+    "zero_window_override": "pytest_shutdown.helpers.timeouts",
+    "freeze_scenarios": "pytest_shutdown.helpers.freeze",
+    "outcome_from_processes": "pytest_shutdown.helpers.exits",
+    "configure_graphs": "pytest_shutdown.ownership.backrefs",
+    "process_groups": "pytest_shutdown.helpers.process_groups",
+    "collective_wait": "pytest_shutdown.helpers.collectives",
+    "release_ray_leftovers": "pytest_shutdown.helpers.ray_resources",
 }
 
 __all__ = [
@@ -38,10 +38,10 @@ __getattr__, __dir__ = lazy_exports('pytest_shutdown.harness', _LAZY, globals())
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.backrefs import configure_graphs
-    from pytest_shutdown.checks.collectives import collective_wait
-    from pytest_shutdown.checks.exits import outcome_from_processes
-    from pytest_shutdown.checks.freeze import freeze_scenarios
-    from pytest_shutdown.checks.process_groups import process_groups
-    from pytest_shutdown.checks.ray_resources import release_ray_leftovers
-    from pytest_shutdown.checks.timeouts import zero_window_override
+    from pytest_shutdown.helpers.collectives import collective_wait
+    from pytest_shutdown.helpers.exits import outcome_from_processes
+    from pytest_shutdown.helpers.freeze import freeze_scenarios
+    from pytest_shutdown.helpers.process_groups import process_groups
+    from pytest_shutdown.helpers.ray_resources import release_ray_leftovers
+    from pytest_shutdown.helpers.timeouts import zero_window_override
+    from pytest_shutdown.ownership.backrefs import configure_graphs

@@ -32,7 +32,7 @@ Nothing is installed when a handler other than the default one is already in pla
 code installed its own), on an xdist worker (the controller ends the workers), or outside the
 main thread; SIGINT is watched only while its handler is Python's default one. A handler the
 user's code installs during the run is left alone. A forked child never keeps the handlers or
-the watch (:mod:`pytest_shutdown.forks`): each watched signal's C-level handler is put back to
+the watch (:mod:`pytest_shutdown._os.forks`): each watched signal's C-level handler is put back to
 what Python's handler table says (ours reads as the default), so ``Process.terminate()`` and
 ``Pool.terminate()`` kill it with SIGTERM as they would without the plugin, also after a test
 put SIGTERM back to ``SIG_DFL``. A child forked in C runs no at-fork hook: should it run Python
@@ -59,8 +59,8 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown.forks import forget_in_child, undo_in_forked_child
-from pytest_shutdown.own_threads import start_own_thread
+from pytest_shutdown._os.forks import forget_in_child, undo_in_forked_child
+from pytest_shutdown._os.own_threads import start_own_thread
 
 #: Seconds the main thread has to take a SIGTERM or SIGINT before the process ends at once.
 TAKE_SIGNAL_S = 5.0

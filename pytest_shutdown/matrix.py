@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_shutdown.checks.timeouts import TimeoutCell, timeout_matrix
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.helpers.timeouts import TimeoutCell, timeout_matrix
 from pytest_shutdown.node_markers import SHUTDOWN_MATRIX
 
 MARKER = SHUTDOWN_MATRIX

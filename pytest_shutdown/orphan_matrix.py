@@ -7,7 +7,7 @@ fixture with one ``OrphanCell`` per combination, ids like ``worker-SIGKILL-busy`
 delivers the cell's signal to the cell's level in the cell's phase, and fails the test with
 ``orphan-process`` / ``exit-hang`` findings when anything is left,
 ``collective-hang`` for a process blocked in a collective or store wait (see
-:mod:`pytest_shutdown.checks.orphans`). Levels and phases are the target's: the ranks of a
+:mod:`pytest_shutdown.helpers.orphans`). Levels and phases are the target's: the ranks of a
 process group are levels too (``DISTRIBUTED_LEVELS``: ``rank0``, ``rank1``; phase
 ``in_collective``).
 """
@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.node_markers import ORPHAN_MATRIX
 
-# checks.orphans (and through it the tree launcher, multiprocessing.connection, ctypes) is
+# helpers.orphans (and through it the tree launcher, multiprocessing.connection, ctypes) is
 # imported where a matrix is built or run: loading the plugin registers these fixtures in every
 # session, and must not pay for that import.
 if TYPE_CHECKING:
-    from pytest_shutdown.checks.orphans import TreeDeath
-    from pytest_shutdown.checks.tree_launcher import TreeLauncher
+    from pytest_shutdown.helpers.orphans import TreeDeath
+    from pytest_shutdown.helpers.tree_launcher import TreeLauncher
 
 MARKER = ORPHAN_MATRIX
 ACCEPTED_KEYS = ("level", "signal", "phase")
@@ -60,7 +60,7 @@ def cells_from_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[
     if unknown:
         raise ValueError(f"{MARKER}: unknown argument(s) {', '.join(unknown)}; accepted: "
                          f"{', '.join(ACCEPTED_KEYS)}")
-    from pytest_shutdown.checks.orphans import parse_signal, signal_name  # noqa: PLC0415
+    from pytest_shutdown.helpers.orphans import parse_signal, signal_name  # noqa: PLC0415
 
     axes = {key: _names(key, kwargs.get(key, DEFAULTS[key])) for key in ACCEPTED_KEYS}
     try:
@@ -120,7 +120,7 @@ def kill_tree_of(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) ->
             options.setdefault("signal", cell.signal)
             options.setdefault("phase", cell.phase)
         options.setdefault("launcher", tree_launcher)
-        from pytest_shutdown.checks.orphans import assert_tree_dies  # noqa: PLC0415
+        from pytest_shutdown.helpers.orphans import assert_tree_dies  # noqa: PLC0415
 
         return assert_tree_dies(target, **options)
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pytest_shutdown.lazy_exports import lazy_exports
+from pytest_shutdown._base.lazy_exports import lazy_exports
 
 _LAZY: dict[str, str] = {
-    "TreeLauncher": "pytest_shutdown.checks.tree_launcher",
-    "TreeProcess": "pytest_shutdown.checks.tree",
+    "TreeLauncher": "pytest_shutdown.helpers.tree_launcher",
+    "TreeProcess": "pytest_shutdown.helpers.tree",
     "report_phase": "pytest_shutdown._os.phases",
     "wanted_phase": "pytest_shutdown._os.phases",
     "kill_process_trees": "pytest_shutdown.resources.primitives",
@@ -35,6 +35,6 @@ __getattr__, __dir__ = lazy_exports('pytest_shutdown.orphans', _LAZY, globals())
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown._os.phases import report_phase, wanted_phase
-    from pytest_shutdown.checks.tree import TreeProcess
-    from pytest_shutdown.checks.tree_launcher import TreeLauncher
+    from pytest_shutdown.helpers.tree import TreeProcess
+    from pytest_shutdown.helpers.tree_launcher import TreeLauncher
     from pytest_shutdown.resources.primitives import kill_process_trees

@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 
 #: Ray binds every node to the loopback in this mode, even on Linux.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -186,7 +186,7 @@ def _naming_no_test() -> Iterator[None]:
 
 
 def start_cluster() -> RayCluster:
-    from pytest_shutdown import atexit_calls  # noqa: PLC0415
+    from pytest_shutdown.ownership import atexit_calls  # noqa: PLC0415
 
     saved: dict[str, Any] = {"SIGTERM": signal.getsignal(signal.SIGTERM)}
     saved.update({name: os.environ.get(name) for name in SAVED_ENV})
@@ -225,7 +225,7 @@ def start_cluster() -> RayCluster:
 
 def _node_hooks(registrations: list[Any]) -> list[Any]:
     """The ``atexit`` hooks among ``registrations`` that hold one of Ray's ``Node`` objects."""
-    from pytest_shutdown.atexit_calls import reached_objects  # noqa: PLC0415
+    from pytest_shutdown.ownership.atexit_calls import reached_objects  # noqa: PLC0415
 
     def holds_node(registration: Any) -> bool:
         return any(

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import pytest_shutdown
-from pytest_shutdown.finding_text import finding_lines
-from pytest_shutdown.findings import Finding
-from pytest_shutdown.forks import this_pid
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._os.forks import this_pid
+from pytest_shutdown.findings.finding import Finding
+from pytest_shutdown.findings.text import finding_lines
 from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
 from pytest_shutdown.interrupts import SigtermEndsSessionInOrder
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.node_markers import scanned_names_are_hooks
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
@@ -947,7 +947,7 @@ class RecordsTravelWithReports:
 class GraphsRecorder:
     """``--shutdown-graphs=DIR``: the diagnosis draws into DIR; the summary names the files.
 
-    While a test runs, :data:`pytest_shutdown.backrefs.GRAPHS` points at DIR with the
+    While a test runs, :data:`pytest_shutdown.ownership.backrefs.GRAPHS` points at DIR with the
     test's id as file-name prefix; every picture drawn is recorded with that id. Workers send
     theirs through ``workeroutput``; the controller prints the section ``shutdown graphs``.
     """
@@ -964,7 +964,7 @@ class GraphsRecorder:
 
     @pytest.hookimpl
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        from pytest_shutdown.backrefs import GRAPHS, configure_graphs  # noqa: PLC0415
+        from pytest_shutdown.ownership.backrefs import GRAPHS, configure_graphs  # noqa: PLC0415
 
         self.previous = (GRAPHS.directory, GRAPHS.prefix)
         configure_graphs(self.directory)
@@ -972,7 +972,7 @@ class GraphsRecorder:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logstart(self, nodeid: str, location: object) -> None:
-        from pytest_shutdown.backrefs import configure_graphs  # noqa: PLC0415
+        from pytest_shutdown.ownership.backrefs import configure_graphs  # noqa: PLC0415
 
         self.current = nodeid
         configure_graphs(self.directory, prefix=nodeid.replace("::", "-").replace("/", "-"))
@@ -1001,7 +1001,7 @@ class GraphsRecorder:
 
     @pytest.hookimpl
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        from pytest_shutdown.backrefs import GRAPHS, configure_graphs  # noqa: PLC0415
+        from pytest_shutdown.ownership.backrefs import GRAPHS, configure_graphs  # noqa: PLC0415
 
         directory, prefix = self.previous or (None, "")
         configure_graphs(directory, prefix=prefix)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.node_markers import CYCLES, marker_names
 from pytest_shutdown.resources import allow_keys, kind_names
 

@@ -39,7 +39,7 @@ def _cell(text: str) -> str:
 
 def codes_markdown() -> str:
     """The table of every finding code and its meaning, in the order of ``FINDING_CODES``."""
-    from pytest_shutdown.findings import FINDING_CODES  # noqa: PLC0415 - fresh at build time
+    from pytest_shutdown.findings.finding import FINDING_CODES  # noqa: PLC0415 - fresh at build time
 
     rows = ["| code | meaning |", "| --- | --- |"]
     rows += [f"| `{code}` | {_cell(meaning)} |" for code, meaning in FINDING_CODES.items()]

@@ -21,7 +21,7 @@ from types import ModuleType
 
 import pytest
 
-from pytest_shutdown import findings
+from pytest_shutdown.findings.finding import FINDING_CODES
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -128,16 +128,16 @@ def test_every_public_name_and_parameter_is_on_the_site(
 def test_every_finding_code_is_on_the_codes_page(site: Path) -> None:
     text = html.unescape((site / "codes" / "index.html").read_text(encoding="utf-8"))
     rows = dict(re.findall(r"<td><code>([a-z-]+)</code></td>\s*<td>(.*?)</td>", text, re.S))
-    for code, meaning in findings.FINDING_CODES.items():
+    for code, meaning in FINDING_CODES.items():
         assert code in rows, f"{code} is missing from the codes page"
         assert rows[code].strip() == meaning
 
 
 def test_a_code_added_to_finding_codes_is_generated(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(findings.FINDING_CODES, "made-up-leak", "a | made-up meaning")  # type: ignore[index]
+    monkeypatch.setitem(FINDING_CODES, "made-up-leak", "a | made-up meaning")  # type: ignore[index]
     table = hooks.codes_markdown()
     assert "| `made-up-leak` | a \\| made-up meaning |" in table.splitlines()
-    assert all(f"| `{code}` |" in table for code in findings.FINDING_CODES)
+    assert all(f"| `{code}` |" in table for code in FINDING_CODES)
 
 
 def test_the_generated_pages_hold_their_markers() -> None:

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pytest_shutdown import FINDING_CODES, Finding, ShutdownContractError
-from pytest_shutdown.findings import raise_if_any
+from pytest_shutdown.findings.finding import raise_if_any
 
 
 def test_the_codes_of_the_design() -> None:

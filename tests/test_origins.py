@@ -12,7 +12,7 @@ from inner_runs import fresh_python
 SCRIPT = textwrap.dedent(
     """
     import sys
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
 
     origins.install()
     assert "multiprocessing" not in sys.modules, "install imported multiprocessing"
@@ -40,7 +40,7 @@ def test_uninstall_before_the_import_leaves_multiprocessing_untouched() -> None:
     script = textwrap.dedent(
         """
         import sys
-        from pytest_shutdown import origins
+        from pytest_shutdown.ownership import origins
 
         origins.install()
         origins.uninstall()
@@ -57,7 +57,7 @@ LIBRARY_SCRIPT = textwrap.dedent(
     """
     import sys, threading
     import pytest
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
 
     assert origins._is_library(threading.__file__), "the standard library is the library"
     assert origins._is_library("<frozen runpy>")
@@ -82,7 +82,8 @@ def test_the_library_is_told_apart_without_importing_sysconfig() -> None:
 LATE_PARENT_SCRIPT = textwrap.dedent(
     """
     import os, signal, subprocess, sys, time
-    from pytest_shutdown import containment, origins
+    from pytest_shutdown.ownership import containment
+    from pytest_shutdown.ownership import origins
 
     PIDFILE = sys.argv[1]
     execute_child = subprocess.Popen._execute_child
@@ -127,7 +128,7 @@ def test_a_grandchild_started_before_its_parents_popen_returned_is_matched_to_it
 BARE_FORK_SCRIPT = textwrap.dedent(
     """
     import os, signal, time
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
     from pytest_shutdown.report import render_findings
     from pytest_shutdown.resources.processes import ProcessKind
 

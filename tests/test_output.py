@@ -20,7 +20,7 @@ from pytest_shutdown import (
     assert_not_force_killed,
     no_leaks,
 )
-from pytest_shutdown.findings import raise_if_any
+from pytest_shutdown.findings.finding import raise_if_any
 
 
 class Outcome:
@@ -84,8 +84,8 @@ def test_a_helper_failure_shows_the_callers_line_not_the_helpers(
     for tag in ("force", "finalizers", "idempotent", "raise", "no_leaks"):
         assert f"# USER LINE {tag}" in out, tag
     # no frame of the helpers themselves is shown
-    assert "pytest_shutdown/checks/" not in out
-    assert "pytest_shutdown/findings.py" not in out
+    assert "pytest_shutdown/helpers/" not in out
+    assert "pytest_shutdown/findings/finding.py" not in out
     assert "contextlib.py" not in out
     # the assert-style helper shows the finding's whole message, untruncated
     result.stdout.fnmatch_lines(

@@ -16,8 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from pytest_shutdown import _FROZEN_AT_IMPORT, origins
-from pytest_shutdown.ownership import find_owners, forget_recent_owners, stdlib_helper_threads
+from pytest_shutdown import _FROZEN_AT_IMPORT
+from pytest_shutdown.ownership import origins
+from pytest_shutdown.ownership.owners import (
+    find_owners,
+    forget_recent_owners,
+    stdlib_helper_threads,
+)
 
 
 @pytest.fixture
@@ -233,7 +238,7 @@ def test_what_a_remembered_global_does_not_reach_is_still_unowned(
 def test_an_unowned_threads_walk_ends_where_its_referrers_end(heap_passes: list[int]) -> None:
     """The walk's own argument tuple (a referrer of the frontier it holds) is not climbed:
     an unowned thread's walk took every level to max_depth, one heap pass each."""
-    from pytest_shutdown.ownership import MAX_DEPTH
+    from pytest_shutdown.ownership.owners import MAX_DEPTH
 
     loose = _Executor()
     try:
@@ -405,7 +410,7 @@ def test_what_a_remembered_global_reaches_is_picked_without_a_heap_pass(
 ) -> None:
     """A reusable executor's new pipe, test after test: found forwards from the global that
     owned its first worker; a pipe of the same kind that only a local holds is not."""
-    from pytest_shutdown.ownership import reached_by_recent_owners
+    from pytest_shutdown.ownership.owners import reached_by_recent_owners
 
     module.POOL = _Executor()
     reader, writer = os.pipe()

@@ -26,7 +26,7 @@ def test_py_typed_marker_ships() -> None:
 
 def test_importing_the_package_and_plugin_does_not_import_torch() -> None:
     code = (
-        "import sys, pytest_shutdown, pytest_shutdown.plugin, pytest_shutdown.findings;"
+        "import sys, pytest_shutdown, pytest_shutdown.plugin, pytest_shutdown.findings.finding;"
         "import pytest_shutdown.devices;"
         "print('torch' in sys.modules)"
     )

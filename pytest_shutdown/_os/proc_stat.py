@@ -1,7 +1,7 @@
 """``/proc/PID/stat`` read as a :class:`TreeProcess`: parent, session, state, start time.
 
-Moved from :mod:`pytest_shutdown.checks.tree` (issue 47): the ports kind reads it too, and the
-kinds sit below the helpers; :mod:`pytest_shutdown.checks.tree` re-exports both names.
+Moved from :mod:`pytest_shutdown.helpers.tree` (issue 47): the ports kind reads it too, and the
+kinds sit below the helpers; :mod:`pytest_shutdown.helpers.tree` re-exports both names.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import psutil
 
-from pytest_shutdown.prctl import PR_SET_NAME, PR_SET_PDEATHSIG, prctl
+from pytest_shutdown._os.prctl import PR_SET_NAME, PR_SET_PDEATHSIG, prctl
 
 logger = logging.getLogger("pytest_shutdown.engine")
 

@@ -6,8 +6,8 @@
 * the state of ``/dev/shm``: its modification time and size (tmpfs counts its entries in a
   folder's size; a create or an unlink changes both).
 
-Each is an ``fstat`` of a folder held open by :mod:`pytest_shutdown.held_open`; inside
-:func:`pytest_shutdown.moments.one_moment` each is read once.
+Each is an ``fstat`` of a folder held open by :mod:`pytest_shutdown._os.held_open`; inside
+:func:`pytest_shutdown._os.moments.one_moment` each is read once.
 
 :func:`socket_inode` is here too: the fd and ports kinds tell sockets from other descriptors by
 their links on every listing, and read the socket tables (:mod:`.sockets`) only when one is there.
@@ -21,8 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from pytest_shutdown.held_open import held_open, held_open_fds
-from pytest_shutdown.moments import reading
+from pytest_shutdown._os.held_open import held_open, held_open_fds
+from pytest_shutdown._os.moments import reading
 
 __all__ = [
     "FD_DIR",

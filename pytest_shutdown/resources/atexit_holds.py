@@ -1,19 +1,19 @@
 """``atexit.register`` callbacks that keep a test's objects alive until exit
 (``atexit-holds-object``).
 
-While the guard is on, :mod:`pytest_shutdown.atexit_calls` records every ``atexit.register``
-call. A registration made during a test and still registered at its end whose callback is a
-bound method of, or reaches, an object the test created (one no wider-scope fixture and no module
-global owns) holds that object, and all it holds, until the interpreter exits: SGLang's
-``Engine.__init__`` registers ``atexit.register(self.shutdown)``, so every engine a test suite
-creates stays alive. Module-level functions and callbacks that hold only plain values are never
-reported, nor are the registrations of process-lifetime objects: one made while a module was
-being imported (the import's), and one whose object was created to be a class attribute's or
-a module global's (a library's singleton: tqdm's ``cls.monitor = TMonitor(...)``, whose
-``__init__`` registers ``atexit.register(self.exit)``), even once the library released it:
-atexit is how such a singleton is meant to end. (While the attribute still holds it, the
-ownership search names that owner and the registration is listed as long-lived.) Nothing is
-restored: unregistering someone's exit hook would change their exit.
+While the guard is on, :mod:`pytest_shutdown.ownership.atexit_calls` records every
+``atexit.register`` call. A registration made during a test and still registered at its end
+whose callback is a bound method of, or reaches, an object the test created (one no wider-scope
+fixture and no module global owns) holds that object, and all it holds, until the interpreter exits:
+SGLang's ``Engine.__init__`` registers ``atexit.register(self.shutdown)``, so every engine a test
+suite creates stays alive. Module-level functions and callbacks that hold only plain values are
+never reported, nor are the registrations of process-lifetime objects: one made while a module was
+being imported (the import's), and one whose object was created to be a class attribute's or a
+module global's (a library's singleton: tqdm's ``cls.monitor = TMonitor(...)``, whose ``__init__``
+registers ``atexit.register(self.exit)``), even once the library released it: atexit is how such a
+singleton is meant to end. (While the attribute still holds it, the ownership search names that
+owner and the registration is listed as long-lived.) Nothing is restored: unregistering someone's
+exit hook would change their exit.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import gc
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_shutdown import atexit_calls, origins
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
+from pytest_shutdown.ownership import atexit_calls, origins
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 
 __all__ = ["AtexitKind"]
@@ -132,7 +132,7 @@ def _process_lifetime(registration: Any, held: object) -> bool:
         return False
     if getattr(origin, "imported", None) is not None:
         return True
-    from pytest_shutdown.ownership import singleton_slot  # noqa: PLC0415 - only when left
+    from pytest_shutdown.ownership.owners import singleton_slot  # noqa: PLC0415 - only when left
 
     try:
         slot = singleton_slot(origin, held)

@@ -9,7 +9,7 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   cheap). The guard compares a test's fingerprints after its teardown with those before its
   set-up: all equal, no kind is asked anything more; and it starts the next test from the last
   clean test's snapshots when the fingerprints have not moved in between. Inside one moment
-  (:mod:`pytest_shutdown.moments`) the kinds share their readings.
+  (:mod:`pytest_shutdown._os.moments`) the kinds share their readings.
   A kind whose fingerprint is made of other kinds' readings names them in
   ``fingerprinted_by`` (the ports kind: the fd fingerprint and the descendants): while those kinds
   are on, the guard compares theirs and does not read it twice. Such a kind may define
@@ -33,7 +33,7 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
   between the snapshots ``start`` and ``end`` counted as already there (its set-up, its
   teardown): that is the fixture's, checked when it is torn down.
 * ``targets(items)``: for kinds whose items an object in the heap can own, the objects the
-  ownership search (:func:`pytest_shutdown.ownership.find_owners`) explains, keyed by item.
+  ownership search (:func:`pytest_shutdown.ownership.owners.find_owners`) explains, keyed by item.
 * ``known_referrers(items)`` (optional, with ``targets``): objects known to refer to an item's
   target directly (an ``atexit`` registration's bound method), keyed by item: the ownership
   search walks them from its first heap pass on, one pass less.
@@ -62,8 +62,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from pytest_shutdown.findings import Finding
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.findings.finding import Finding
 
 __all__ = ["Allowance", "Change", "ResourceKind", "after_grace"]
 

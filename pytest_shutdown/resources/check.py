@@ -7,10 +7,10 @@ or a block narrower than a test::
         server = start_server()
         server.shutdown()
 
-raises :class:`~pytest_shutdown.findings.ShutdownContractError` with ``fd-leak``,
+raises :class:`~pytest_shutdown.findings.finding.ShutdownContractError` with ``fd-leak``,
 ``port-leak`` and ``shm-leak`` findings for what the block opened and left (after ``grace``
 seconds, one deadline for all kinds). While the block runs, creation sites are recorded
-(:func:`pytest_shutdown.origins.install`, as the guard does): a ``SharedMemory`` the block
+(:func:`pytest_shutdown.ownership.origins.install`, as the guard does): a ``SharedMemory`` the block
 created and left is named by the line that created it, whatever its name, and a segment a
 child started in the block created and left behind when it exited is found too.
 """
@@ -22,8 +22,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pytest_shutdown.findings import Finding, raise_if_any
-from pytest_shutdown.hidden import contextmanager
+from pytest_shutdown._base.hidden import contextmanager
+from pytest_shutdown.findings.finding import Finding, raise_if_any
 
 __all__ = ["os_resource_kinds", "no_os_leaks"]
 
@@ -60,7 +60,7 @@ def no_os_leaks(
     ):
         raise ValueError(f"grace: expected a number of seconds >= 0, got {grace!r}")
     kinds = os_resource_kinds(fds=fds, ports=ports, shm=shm)
-    from pytest_shutdown import origins  # noqa: PLC0415
+    from pytest_shutdown.ownership import origins  # noqa: PLC0415
 
     if shm:
         origins.install()  # counted: nested in a guarded run, the guard's recording goes on

@@ -26,10 +26,10 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_shutdown import origins
 from pytest_shutdown._os.killer import ordered_end_of
-from pytest_shutdown.containment import exit_signal, is_zombie
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
+from pytest_shutdown.ownership import origins
+from pytest_shutdown.ownership.containment import exit_signal, is_zombie
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 from pytest_shutdown.resources.primitives import child_state, descendant_pids
 from pytest_shutdown.resources.processes import REPORTED

@@ -33,9 +33,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import compress
 from typing import TYPE_CHECKING, Any
 
-from pytest_shutdown.findings import Finding
-from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
-from pytest_shutdown.moments import reading
+from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._os.moments import reading
+from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import socket_inode
 
@@ -421,7 +421,7 @@ def wrappers_held_by_recent_owners(fds: Iterable[int]) -> dict[int, list[object]
     wanted = set(fds)
     if not wanted:
         return {}
-    from pytest_shutdown.ownership import reached_by_recent_owners  # noqa: PLC0415
+    from pytest_shutdown.ownership.owners import reached_by_recent_owners  # noqa: PLC0415
 
     def wraps_wanted(obj: object) -> bool:
         return _is_wrapper_type(type(obj)) and _fileno(obj) in wanted
@@ -438,7 +438,7 @@ def held_by_tools(wrapped: Mapping[int, Sequence[object]]) -> set[int]:
     """The descriptors (keys of ``wrapped``) one of whose wrappers a test tool holds directly
     (pytest's capture, its logging handlers, execnet). Two passes over the heap in all (the
     wrappers' referrers, then the instances owning the dicts among them), however many."""
-    from pytest_shutdown.ownership import _is_tool_object  # noqa: PLC0415
+    from pytest_shutdown.ownership.owners import _is_tool_object  # noqa: PLC0415
 
     fd_of = {id(obj): fd for fd, objs in wrapped.items() for obj in objs}
     if not fd_of:

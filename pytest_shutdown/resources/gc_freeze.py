@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Sequence
 
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources.base import Change, Extra, StateKind
 from pytest_shutdown.resources.primitives import Started, leak_findings
 

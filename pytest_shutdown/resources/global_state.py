@@ -32,7 +32,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from pytest_shutdown.findings import Finding
+from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources.base import Change, Extra, StateKind
 
 __all__ = ["GlobalStateKind", "catchable_signals"]

@@ -44,10 +44,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_shutdown import atexit_calls
-from pytest_shutdown.held_open import held_open
-from pytest_shutdown.moments import one_moment
-from pytest_shutdown.origins import threads_started
+from pytest_shutdown._os.held_open import held_open
+from pytest_shutdown._os.moments import one_moment
+from pytest_shutdown.ownership import atexit_calls
+from pytest_shutdown.ownership.origins import threads_started
 from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR
 from pytest_shutdown.resources.primitives import (
     cached_descendants,

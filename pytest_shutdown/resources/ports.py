@@ -17,8 +17,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from pytest_shutdown.findings import Finding
-from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import socket_inode
 from pytest_shutdown.resources.fds import (
@@ -236,7 +236,7 @@ class PortKind:
     def targets(self, items: Sequence[PortItem]) -> dict[PortItem, object]:
         """The socket object of a port of this process; the Process/Popen object of a port of a
         descendant (its owner owns the port)."""
-        from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
+        from pytest_shutdown.ownership.owners import objects_of  # noqa: PLC0415
         from pytest_shutdown.resources.fds import _innermost, wrappers_of  # noqa: PLC0415
 
         me = os.getpid()

@@ -1,12 +1,13 @@
 """The primitives of leak accounting that the resource kinds, the guard and ``no_leaks`` share.
 
-Moved from :mod:`pytest_shutdown.checks.leaks` (issue 47): the resource kinds are built on them,
-and the kinds sit below the helpers; :mod:`pytest_shutdown.checks.leaks` re-exports them.
+Moved from :mod:`pytest_shutdown.helpers.leaks` (issue 47): the resource kinds are built on them,
+and the kinds sit below the helpers; :mod:`pytest_shutdown.helpers.leaks` re-exports them.
 
 * :func:`take_snapshot` records what exists now (threads, descendant processes, freeze count);
 * :func:`started_since` names what was started after a snapshot and is still running;
 * :func:`await_exit` gives those a grace period, polling against one deadline;
-* :func:`leak_findings` turns what is left into :class:`~pytest_shutdown.findings.Finding` data;
+* :func:`leak_findings` turns what is left into
+  :class:`~pytest_shutdown.findings.finding.Finding` data;
 * :func:`kill_process_trees` restores order afterwards.
 
 Cheap when nothing leaked: a snapshot is ``threading.enumerate()``, ``gc.get_freeze_count()`` and,
@@ -32,13 +33,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import field
 from typing import Any
 
-from pytest_shutdown import origins
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os import escaped
-from pytest_shutdown.findings import Finding
-from pytest_shutdown.forks import this_pid
-from pytest_shutdown.held_open import read_held
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.moments import reading
+from pytest_shutdown._os.forks import this_pid
+from pytest_shutdown._os.held_open import read_held
+from pytest_shutdown._os.moments import reading
+from pytest_shutdown.findings.finding import Finding
+from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources.base import after_grace
 
 #: A predicate that returns True for a thread that must not be reported.
@@ -104,7 +105,7 @@ class Started:
 def child_state() -> int | None:
     """One ``waitid(WNOHANG | WNOWAIT)``: None when this process has no child at all, 0 when it
     has children and none has ended, else the pid of an ended child not reaped yet (a zombie).
-    Inside :func:`pytest_shutdown.moments.one_moment`, read once."""
+    Inside :func:`pytest_shutdown._os.moments.one_moment`, read once."""
     return reading("child_state", _read_child_state)
 
 
@@ -136,7 +137,7 @@ _scan_cache: tuple[int, bytes, frozenset[int], int] | None = None
 
 def last_pid() -> bytes | None:
     """The last pid (or tid) the kernel allocated in this pid namespace; None where it cannot be
-    read. Inside :func:`pytest_shutdown.moments.one_moment`, read once."""
+    read. Inside :func:`pytest_shutdown._os.moments.one_moment`, read once."""
     return reading("ns_last_pid", _last_pid)
 
 
@@ -147,7 +148,7 @@ def _last_pid() -> bytes | None:
 
 def own_tasks() -> list[str]:
     """The tids of this process's tasks (the names in ``/proc/self/task``; none where it cannot
-    be listed). Inside :func:`pytest_shutdown.moments.one_moment`, listed once: the descendants'
+    be listed). Inside :func:`pytest_shutdown._os.moments.one_moment`, listed once: the descendants'
     walk and the native threads kind both read it."""
     return reading("own_tasks", _list_own_tasks)
 
@@ -220,7 +221,7 @@ def descendant_pids() -> frozenset[int]:
     (:func:`nothing_of_ours_since`): the last scan's answer. Otherwise, on Linux, a walk down the
     children lists from this process (``/proc/PID/task/TID/children``: the cost follows this
     process's descendants, not the host); elsewhere a process-table scan (psutil). Inside
-    :func:`pytest_shutdown.moments.one_moment`, read once.
+    :func:`pytest_shutdown._os.moments.one_moment`, read once.
     """
     return reading("descendant_pids", _read_descendants)
 
@@ -259,7 +260,7 @@ def nothing_of_ours_since(
     this process's or its descendants'. The kernel allocates pids upwards from
     ``ns_last_pid``, so every task created in between has a number in ``(then, now]``; each
     must be a thread this process started (``started``:
-    :func:`pytest_shutdown.origins.threads_started` read before ``then``), or, with
+    :func:`pytest_shutdown.ownership.origins.threads_started` read before ``then``), or, with
     ``descendants`` given (this process's descendants at ``then``) and at most
     :data:`FOREIGN_LOOKUPS` of them, a task that is gone or whose parent is neither this
     process, nor one of ``descendants``, nor this process's own parent (the parent that a
@@ -298,7 +299,7 @@ def nothing_of_ours_since(
 def _parent_of(pid: int) -> int | None:
     """The parent of task ``pid`` (``/proc/PID/stat``, field 4: for a thread, its process's
     parent); None when it is gone, :data:`_UNREADABLE` when it cannot be read."""
-    from pytest_shutdown.containment import stat_fields  # noqa: PLC0415 - its prctl: guard only
+    from pytest_shutdown.ownership.containment import stat_fields  # noqa: PLC0415 - its prctl: guard only
 
     try:
         fields = stat_fields(pid)
@@ -316,8 +317,8 @@ def descendants_if_nothing_of_ours(marker: bytes, started: int) -> frozenset[int
     """The last scan's descendants, kept as the answer at ``ns_last_pid`` == ``marker`` when
     no task created since that scan is this process's or a descendant's
     (:func:`nothing_of_ours_since`); ``started`` is
-    :func:`pytest_shutdown.origins.threads_started` read before ``marker``. None when that is
-    not so: a walk is needed."""
+    :func:`pytest_shutdown.ownership.origins.threads_started` read before ``marker``. None when
+    that is not so: a walk is needed."""
     global _scan_cache
     cached = _scan_cache
     pid = this_pid()

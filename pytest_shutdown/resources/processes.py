@@ -1,5 +1,6 @@
 """Processes: descendants of the pytest process a test started and left running
-(``process-leak``), however they were re-parented (see :mod:`pytest_shutdown.containment`)."""
+(``process-leak``), however they were re-parented (see
+:mod:`pytest_shutdown.ownership.containment`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_shutdown import origins
-from pytest_shutdown.containment import (
+from pytest_shutdown.ownership import origins
+from pytest_shutdown.ownership.containment import (
     _subreaper_now,
     first_ancestor,
     reap_adopted,
@@ -119,7 +120,7 @@ class ProcessKind(ObjectKind):
         return found
 
     def targets(self, items: Sequence[int]) -> Mapping[Any, object]:
-        from pytest_shutdown.ownership import objects_of  # noqa: PLC0415
+        from pytest_shutdown.ownership.owners import objects_of  # noqa: PLC0415
 
         return objects_of((), items, parent_pids(tuple(items)))
 

@@ -4,8 +4,8 @@ A segment is the test's when it appeared in ``/dev/shm`` during the test, belong
 and any of these ties it to this tree (the pytest process and its descendants):
 
 * this process created it: each ``SharedMemory(create=True)`` is recorded while the guard
-  records creation sites (:mod:`pytest_shutdown.origins`), whatever its name, so a segment closed
-  but never unlinked is found and named by the call that created it (file:line);
+  records creation sites (:mod:`pytest_shutdown.ownership.origins`), whatever its name, so a
+  segment closed but never unlinked is found and named by the call that created it (file:line);
 * a process of the tree holds it (maps it or has it open);
 * nobody holds it and its name carries a pid of the tree (``psd_<pid>_...``: vLLM #51579, a
   SIGKILLed worker's ring buffer);
@@ -37,9 +37,9 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_shutdown import origins
-from pytest_shutdown.findings import Finding
-from pytest_shutdown.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown.findings.finding import Finding
+from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources import _cheap
 
 __all__ = [
@@ -371,7 +371,7 @@ def _segment_objects(names: Iterable[str]) -> dict[str, list[object]]:
     )
     if not wanted or not kinds:
         return found
-    from pytest_shutdown.ownership import reached_by_recent_owners  # noqa: PLC0415
+    from pytest_shutdown.ownership.owners import reached_by_recent_owners  # noqa: PLC0415
 
     def stands_for_wanted(obj: object) -> bool:
         return issubclass(type(obj), kinds) and _object_name(obj) in wanted

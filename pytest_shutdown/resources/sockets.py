@@ -12,7 +12,7 @@ import os
 import socket
 from collections.abc import Iterable, Mapping
 
-from pytest_shutdown.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.resources._cheap import socket_inode
 
 __all__ = ["SocketInfo", "read_socket_table", "socket_inode"]

@@ -7,7 +7,7 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pytest_shutdown import origins
+from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 from pytest_shutdown.resources.primitives import (
     Started,
@@ -96,7 +96,7 @@ class ThreadKind(ObjectKind):
         )
         if not found:
             return found
-        from pytest_shutdown.ownership import stdlib_helper_threads  # noqa: PLC0415 - when found
+        from pytest_shutdown.ownership.owners import stdlib_helper_threads  # noqa: PLC0415 - when found
 
         helpers = stdlib_helper_threads()
         return tuple(t for t in found if t not in helpers)

@@ -34,9 +34,9 @@ from pytest_shutdown import (
     kill_tree_at,
     timeout_passed_to,
 )
-from pytest_shutdown.checks.tree_launcher import TreeLauncher
-from pytest_shutdown.finding_text import first_user_frame, key_fact_lines
+from pytest_shutdown.findings.text import first_user_frame, key_fact_lines
 from pytest_shutdown.harness import outcome_from_processes
+from pytest_shutdown.helpers.tree_launcher import TreeLauncher
 
 SHORT_DEADLINE_S = 3.0
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import shutdown_subjects as s
 
-from pytest_shutdown.checks.cleanups import CleanupCounter, discover_cleanups
+from pytest_shutdown.helpers.cleanups import CleanupCounter, discover_cleanups
 
 
 def test_discovery_finds_attributes_callbacks_and_skips_locks_and_routes() -> None:
@@ -164,7 +164,7 @@ STUCK_FLAG = textwrap.dedent(
     import ctypes, sys, threading
     sys.path.insert(0, {here!r})
     import shutdown_subjects as s
-    from pytest_shutdown.checks.cleanups import CleanupCounter, discover_cleanups
+    from pytest_shutdown.helpers.cleanups import CleanupCounter, discover_cleanups
 
     obj = s.RepeatsCleanup()
     counter = CleanupCounter(discover_cleanups(obj))

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from pytest_shutdown import assert_no_collateral
-from pytest_shutdown.checks.leaks import multiprocessing_helper_pids
+from pytest_shutdown.helpers.leaks import multiprocessing_helper_pids
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 

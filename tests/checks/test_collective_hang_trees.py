@@ -20,9 +20,9 @@ pytest.importorskip("torch", reason="gloo ranks need torch (extra 'engine')")
 
 import collective_subjects as subjects  # noqa: E402
 
-from pytest_shutdown.checks.orphans import kill_tree_at
-from pytest_shutdown.checks.tree import TreeProcess, scan_tree
-from pytest_shutdown.checks.tree_launcher import TreeLauncher
+from pytest_shutdown.helpers.orphans import kill_tree_at
+from pytest_shutdown.helpers.tree import TreeProcess, scan_tree
+from pytest_shutdown.helpers.tree_launcher import TreeLauncher
 
 #: The survivors hang: the check waits all of it before it reads their stacks.
 DEADLINE_S = 3.0

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_shutdown.checks.collectives import (
+from pytest_shutdown.helpers.collectives import (
     collective_hang_finding,
     collective_wait,
     rank_of,

@@ -17,7 +17,7 @@ from pytest_shutdown import (
     assert_idempotent_shutdown,
     assert_nonblocking_shutdown,
 )
-from pytest_shutdown.checks.finalization import check_finalizers
+from pytest_shutdown.helpers.finalization import check_finalizers
 
 
 def _square(x: int) -> int:

@@ -15,7 +15,7 @@ from pytest_shutdown import (
     assert_finalizers_ok,
     assert_finalizes_on_gc,
 )
-from pytest_shutdown.checks.finalization import check_finalizers
+from pytest_shutdown.helpers.finalization import check_finalizers
 
 _KEPT: list[object] = []
 

@@ -15,9 +15,9 @@ import threading
 import pytest
 
 from pytest_shutdown import ShutdownContractError, assert_no_growth
-from pytest_shutdown.checks import census
-from pytest_shutdown.checks.growth import judge, measure_growth, nearest_holder, noise
 from pytest_shutdown.devices import NvmlProcessReader
+from pytest_shutdown.helpers import census
+from pytest_shutdown.helpers.growth import judge, measure_growth, nearest_holder, noise
 from tests.gpu.gpu_fakes import FakeNvml, Gpu
 
 MiB = 1 << 20
@@ -343,7 +343,7 @@ def test_a_spike_that_settles_is_measured_again_and_does_not_fail(
     settle is made deterministic: the leftovers go exactly while the check waits."""
     import time
 
-    from pytest_shutdown.checks import growth
+    from pytest_shutdown.helpers import growth
 
     held: list[Engine] = []
     calls = [0]
@@ -428,12 +428,12 @@ def test_the_nearest_holder_skips_containers() -> None:
 
 
 def test_the_guards_own_process_records_are_not_counted(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With the guard on, pytest_shutdown.origins keeps a bounded record per started process:
-    the guard's bookkeeping, not the engine's growth."""
+    """With the guard on, pytest_shutdown.ownership.origins keeps a bounded record per started
+    process: the guard's bookkeeping, not the engine's growth."""
     import collections
     import weakref
 
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
 
     records: collections.OrderedDict[int, object] = collections.OrderedDict()
     monkeypatch.setattr(origins, "_processes", records)

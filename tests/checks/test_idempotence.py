@@ -6,7 +6,7 @@ import pytest
 import shutdown_subjects as s
 
 from pytest_shutdown import ShutdownContractError, assert_idempotent_shutdown
-from pytest_shutdown.checks.idempotence import NothingCountedError
+from pytest_shutdown.helpers.idempotence import NothingCountedError
 
 
 def _codes(exc: pytest.ExceptionInfo[ShutdownContractError]) -> list[str]:

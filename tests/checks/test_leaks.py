@@ -18,7 +18,7 @@ import pytest
 from inner_runs import fresh_python
 
 from pytest_shutdown import ShutdownContractError, no_leaks
-from pytest_shutdown.checks.leaks import (
+from pytest_shutdown.helpers.leaks import (
     Started,
     assert_device_memory_released,
     await_exit,
@@ -320,7 +320,7 @@ def test_clean_block_is_cheap_and_never_collects_nor_scans_processes() -> None:
     code = textwrap.dedent(
         """
         import gc, time, psutil
-        from pytest_shutdown.checks.leaks import no_leaks
+        from pytest_shutdown.helpers.leaks import no_leaks
         calls = {"collect": 0, "children": 0}
         real_collect, real_children = gc.collect, psutil.Process.children
         def collect(*a):
@@ -484,7 +484,7 @@ def test_the_multiprocessing_fork_server_is_not_a_leak_but_its_children_are() ->
         assert worker.pid in leaked
         assert server not in leaked
         # Whether or not the server was started inside this block, it is known as a helper.
-        from pytest_shutdown.checks.leaks import multiprocessing_helper_pids
+        from pytest_shutdown.helpers.leaks import multiprocessing_helper_pids
 
         assert server in multiprocessing_helper_pids()
     finally:
@@ -505,7 +505,7 @@ def test_pids_that_went_to_this_process_threads_need_no_walk_and_a_process_still
     that was started while nothing records the starts (it names this process's parent), not
     one already joined (gone: no descendant of anyone)."""
     import pytest_shutdown.resources.primitives as leaks
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
 
     procs.append(subprocess.Popen(["sleep", "60"]))  # a child exists: waitid cannot rule it out
     scans = walks
@@ -561,7 +561,7 @@ def test_only_pids_of_this_process_threads_since_the_scan(
     monkeypatch: pytest.MonkeyPatch, since: list[int] | None, marker: bytes, own: bool
 ) -> None:
     import pytest_shutdown.resources.primitives as leaks
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
 
     monkeypatch.setattr(origins, "tids_started_since", lambda count: since)
     assert leaks.nothing_of_ours_since(b"100\n", 0, marker) is own
@@ -584,7 +584,7 @@ def test_pids_of_other_processes_since_the_scan_are_looked_up_one_by_one(
     """Thread 101 is this process's; 102 and 103 are looked up: the answer is "nothing of
     ours" only when each is gone or has a parent that is none of ours (descendants: 500)."""
     import pytest_shutdown.resources.primitives as leaks
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
 
     named = {"this process": os.getpid(), "its parent": os.getppid()}
     looked_up: list[int] = []
@@ -608,7 +608,7 @@ def test_more_pids_of_other_processes_than_the_lookups_ask_for_a_walk(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import pytest_shutdown.resources.primitives as leaks
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
 
     looked_up: list[int] = []
     monkeypatch.setattr(origins, "tids_started_since", lambda count: [])

@@ -15,9 +15,9 @@ import pytest
 import tree_subjects as subjects
 
 from pytest_shutdown import ShutdownContractError
-from pytest_shutdown.checks.orphans import TreeDeath, assert_tree_dies, kill_tree_at
-from pytest_shutdown.checks.tree import scan_tree
-from pytest_shutdown.checks.tree_launcher import TreeLauncher
+from pytest_shutdown.helpers.orphans import TreeDeath, assert_tree_dies, kill_tree_at
+from pytest_shutdown.helpers.tree import scan_tree
+from pytest_shutdown.helpers.tree_launcher import TreeLauncher
 
 #: Generous: a correct tree dies in well under a second, but the machine is shared.
 DEADLINE_S = 10.0

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from pytest_shutdown import ShutdownContractError, probe_exit
-from pytest_shutdown.checks.exits import assert_not_force_killed
+from pytest_shutdown.helpers.exits import assert_not_force_killed
 
 
 def _clean() -> None:

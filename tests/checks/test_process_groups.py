@@ -8,8 +8,8 @@ import pytest
 from inner_runs import fresh_python
 
 from pytest_shutdown import ShutdownContractError, assert_process_group_destroyed
-from pytest_shutdown.checks.process_groups import group_names, process_group_findings
 from pytest_shutdown.harness import process_groups
+from pytest_shutdown.helpers.process_groups import group_names, process_group_findings
 
 dist = pytest.importorskip("torch.distributed", reason="process groups need torch")
 

@@ -30,9 +30,9 @@ from pytest_shutdown import (
     timeout_matrix,
     timeout_passed_to,
 )
-from pytest_shutdown.checks.idempotence import NothingCountedError
-from pytest_shutdown.checks.spies import NotCalledError
 from pytest_shutdown.harness import freeze_scenarios, outcome_from_processes, zero_window_override
+from pytest_shutdown.helpers.idempotence import NothingCountedError
+from pytest_shutdown.helpers.spies import NotCalledError
 
 
 def _wrong_cells(exc: pytest.ExceptionInfo[ShutdownContractError]) -> set[str]:

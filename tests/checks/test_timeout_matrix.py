@@ -7,8 +7,8 @@ import math
 import pytest
 
 from pytest_shutdown import ShutdownContractError, assert_timeout_decoupling, timeout_matrix
-from pytest_shutdown.checks.timeouts import TimeoutCell
 from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
+from pytest_shutdown.helpers.timeouts import TimeoutCell
 
 
 def _engine_policy(request: float | None, process: float | None, platform: str) -> float | None:

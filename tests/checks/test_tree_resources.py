@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 import tree_resource_subjects as subjects
 
-from pytest_shutdown.checks.orphans import kill_tree_at
-from pytest_shutdown.checks.tree_launcher import TreeLauncher
+from pytest_shutdown.helpers.orphans import kill_tree_at
+from pytest_shutdown.helpers.tree_launcher import TreeLauncher
 
 DEADLINE_S = 10.0
 

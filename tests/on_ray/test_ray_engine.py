@@ -22,10 +22,10 @@ import pytest
 pytest.importorskip("ray", reason="Ray is not installed: these run in `make ray-check`")
 
 from pytest_shutdown import assert_ray_released  # noqa: E402
-from pytest_shutdown.checks.ray_resources import ray_leftovers  # noqa: E402
-from pytest_shutdown.containment import started_in_test  # noqa: E402
 from pytest_shutdown.engine import EngineConfig, RayEngine  # noqa: E402
 from pytest_shutdown.engine.ray_engine import NAME_PREFIX  # noqa: E402
+from pytest_shutdown.helpers.ray_resources import ray_leftovers  # noqa: E402
+from pytest_shutdown.ownership.containment import started_in_test  # noqa: E402
 
 CONFIG = EngineConfig(platform="cpu", data_parallel_size=2, kv_cache_bytes=1 << 16)
 DEADLINE_S = 30.0

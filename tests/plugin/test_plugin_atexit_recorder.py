@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from pytest_shutdown import atexit_calls
+from pytest_shutdown.ownership import atexit_calls
 
 
 @pytest.fixture(autouse=True)

@@ -267,7 +267,7 @@ def test_the_environment_marker_and_subreaper_are_set_and_put_back(
                 assert out.strip() == token
                 with open(f"/proc/{os.getpid()}/status") as f:
                     pass
-                from pytest_shutdown.containment import _subreaper_now
+                from pytest_shutdown.ownership.containment import _subreaper_now
                 assert _subreaper_now() is (os.environ["WANT_SUBREAPER"] == "1")
             """
         )
@@ -276,7 +276,7 @@ def test_the_environment_marker_and_subreaper_are_set_and_put_back(
         """
         import os
         def pytest_unconfigure(config):
-            from pytest_shutdown.containment import _subreaper_now
+            from pytest_shutdown.ownership.containment import _subreaper_now
             print("AFTER", os.environ.get("PYTEST_SHUTDOWN_SESSION"), _subreaper_now())
         """
     )

@@ -462,7 +462,8 @@ def test_fail_mode_reports_but_does_not_stop_what_an_owner_search_could_not_fini
     """An owner search cut short by its bounds (here its depth, made 1) cannot say the process
     is the test's: reported, not killed; the later test still finds it running."""
     pytester.makeconftest(
-        "import pytest_shutdown.ownership as o\no.find_owners.__kwdefaults__['max_depth'] = 1\n"
+        "import pytest_shutdown.ownership.owners as o\n"
+        "o.find_owners.__kwdefaults__['max_depth'] = 1\n"
     )
     pytester.makepyfile(test_cut=CUT_SHORT)
     result = pytester.runpytest_subprocess("-p", "shutdown", "-p", "no:randomly", timeout=90)

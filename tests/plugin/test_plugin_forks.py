@@ -153,7 +153,7 @@ def test_the_parent_keeps_its_handler_after_a_fork(pytester: pytest.Pytester) ->
 def test_this_pid_follows_a_fork() -> None:
     import os
 
-    from pytest_shutdown.forks import this_pid
+    from pytest_shutdown._os.forks import this_pid
 
     assert this_pid() == os.getpid()
     read, write = os.pipe()

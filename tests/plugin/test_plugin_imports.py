@@ -21,18 +21,23 @@ LAZY = (
     "pytest_shutdown.devices",
     "pytest_shutdown.cycles",
     "pytest_shutdown.resources.sockets",
-    "pytest_shutdown.ownership",
+    "pytest_shutdown.ownership.owners",
     "multiprocessing",
     "pytest_shutdown.gpu.readers",
-    "pytest_shutdown.checks.orphans",
-    "pytest_shutdown.checks.tree_launcher",
+    "pytest_shutdown.helpers.orphans",
+    "pytest_shutdown.helpers.tree_launcher",
     "multiprocessing.connection",
     "sysconfig",
     "torch",
 )
 #: ctypes too, while the guard is off (the guard may need it: prctl for containment), and the
 #: findings (no ShutdownContractError exists before a test imports them).
-LAZY_GUARD_OFF = (*LAZY, "ctypes", "pytest_shutdown.findings", "pytest_shutdown.finding_text")
+LAZY_GUARD_OFF = (
+    *LAZY,
+    "ctypes",
+    "pytest_shutdown.findings.finding",
+    "pytest_shutdown.findings.text",
+)
 
 RECORD = """
 import json, sys
@@ -89,7 +94,7 @@ def test_the_lazy_imports_still_happen_when_a_feature_needs_them(
     result = pytester.runpytest_subprocess("-p", "shutdown")
     result.assert_outcomes(passed=3)
     imported = json.loads((pytester.path / "imported.json").read_text())
-    assert "pytest_shutdown.checks.orphans" in imported
+    assert "pytest_shutdown.helpers.orphans" in imported
     assert "pytest_shutdown.cycles" in imported
     assert "sysconfig" not in imported
 

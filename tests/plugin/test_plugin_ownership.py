@@ -672,9 +672,9 @@ LONG_BRIEF_WAIT = textwrap.dedent(
 #: Names what each ownership search with a backward walk was asked about.
 COUNT_WALKS = textwrap.dedent(
     """
-    import pytest_shutdown.ownership
+    import pytest_shutdown.ownership.owners
 
-    _real = pytest_shutdown.ownership.find_owners
+    _real = pytest_shutdown.ownership.owners.find_owners
 
     def _counted(targets, roots, **options):
         if options.get("walk", True):
@@ -682,7 +682,7 @@ COUNT_WALKS = textwrap.dedent(
                 f.write(" ".join(getattr(t, "name", repr(t)) for t in targets.values()) + "\\n")
         return _real(targets, roots, **options)
 
-    pytest_shutdown.ownership.find_owners = _counted
+    pytest_shutdown.ownership.owners.find_owners = _counted
     """
 )
 

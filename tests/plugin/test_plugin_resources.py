@@ -65,7 +65,7 @@ def test_a_new_kind_is_a_module_and_a_registry_line(pytester: pytest.Pytester) -
     pytester.makepyfile(
         marker_kind=textwrap.dedent(
             """
-            from pytest_shutdown.findings import Finding
+            from pytest_shutdown.findings.finding import Finding
             from pytest_shutdown.resources.base import ObjectKind
 
             OPEN = set()  # what the code under test "opened"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_shutdown.ownership import find_owners
+from pytest_shutdown.ownership.owners import find_owners
 from pytest_shutdown.resources.fds import FdKind, new_fds, open_fds, settle, take_fd_snapshot
 from pytest_shutdown.resources.sockets import read_socket_table, socket_inode
 
@@ -346,10 +346,10 @@ def remembered_pool(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     import sys
     import types
 
-    from pytest_shutdown import ownership
+    from pytest_shutdown.ownership import owners
     from pytest_shutdown.resources import fds
 
-    ownership.forget_recent_owners()
+    owners.forget_recent_owners()
     module = types.ModuleType("reusable_pool_module")
     sys.modules[module.__name__] = module
     module.POOL = types.SimpleNamespace(socks=[socket.socket()])  # type: ignore[attr-defined]
@@ -362,7 +362,7 @@ def remembered_pool(monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
     for sock in module.POOL.socks:  # type: ignore[attr-defined]
         sock.close()
     del sys.modules[module.__name__]
-    ownership.forget_recent_owners()
+    owners.forget_recent_owners()
 
 
 def test_a_remembered_owners_new_descriptor_is_new_and_costs_no_heap_scan(
@@ -370,7 +370,7 @@ def test_a_remembered_owners_new_descriptor_is_new_and_costs_no_heap_scan(
 ) -> None:
     """A reusable pool's new pipes, test after test: still reported new (its owner then
     decides whose it is), found forwards from the owner, not by a scan of the heap."""
-    from pytest_shutdown.moments import one_moment
+    from pytest_shutdown._os.moments import one_moment
 
     module, scans = remembered_pool
     before = take_fd_snapshot()

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown.moments import one_moment
-from pytest_shutdown.prctl import PR_SET_NAME, prctl
+from pytest_shutdown._os.moments import one_moment
+from pytest_shutdown._os.prctl import PR_SET_NAME, prctl
 from pytest_shutdown.resources import default_kinds
 from pytest_shutdown.resources._cheap import lowest_free_fd
 from pytest_shutdown.resources.base import ResourceKind
@@ -239,7 +239,7 @@ def test_a_joined_thread_of_this_process_moves_no_kind_and_a_process_does(
 ) -> None:
     """ns_last_pid moved only by threads this process started (and joined): no kind read
     through it is asked; a process started beside them is still the processes kind's."""
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
 
     a_thread = _start_and_join_a_thread
     origins.install()
@@ -383,7 +383,7 @@ def test_threads_this_process_started_need_no_listing_and_a_native_one_is_found(
     """After a snapshot, tasks that are all threads started through ``threading`` (recorded
     by origins) need no listing of ``/proc/self/task``; a native thread started beside them is
     still listed and found."""
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
 
     kind = _kind("native-threads")
     listings: list[int] = []

@@ -14,7 +14,7 @@ from multiprocessing import shared_memory
 import pytest
 
 from pytest_shutdown.engine.shm_ring import ShmRing, segment_name, unlink_segment
-from pytest_shutdown.ownership import find_owners
+from pytest_shutdown.ownership.owners import find_owners
 from pytest_shutdown.resources import shm as shm_kind
 from pytest_shutdown.resources.ports import PortKind, new_ports, take_port_snapshot
 from pytest_shutdown.resources.shm import ShmKind, new_segments, take_shm_snapshot

@@ -24,8 +24,9 @@ from unittest.mock import MagicMock
 
 import pytest
 
-from pytest_shutdown import ShutdownContractError, origins
-from pytest_shutdown.ownership import find_owners
+from pytest_shutdown import ShutdownContractError
+from pytest_shutdown.ownership import origins
+from pytest_shutdown.ownership.owners import find_owners
 from pytest_shutdown.resources.check import no_os_leaks
 from pytest_shutdown.resources.shm import ShmKind, take_shm_snapshot
 
@@ -192,7 +193,7 @@ def test_a_segment_another_recording_process_claims_is_not_found(recording: None
 LEAVES_A_SEGMENT = """
 import sys
 from multiprocessing import resource_tracker, shared_memory
-from pytest_shutdown import origins
+from pytest_shutdown.ownership import origins
 
 origins.install()
 seg = shared_memory.SharedMemory(name=sys.argv[1], create=True, size=64)
@@ -430,7 +431,7 @@ def _until_there(name):
     # Each test waits for the other worker's leak (and its claim, written just after it): the
     # one created second appears while the other test runs, however late a busy machine
     # started either worker.
-    from pytest_shutdown import origins
+    from pytest_shutdown.ownership import origins
     claim = os.path.join(origins.claims_dir(), name)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -1,1 +1,0 @@
-"""The assertion helpers: plain Python, no pytest needed. Each module checks one contract."""

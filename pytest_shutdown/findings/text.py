@@ -1,0 +1,133 @@
+"""Findings as text a reader can act on: the facts that locate a finding, and all of its facts.
+
+A finding's ``message`` is one sentence; its ``details`` hold the facts. Two renderings of those
+facts live here, for the exception message, the guard's sections and the terminal summary:
+
+* :func:`key_fact_lines`: the few facts that say *where* (always shown): for ``orphan-process``
+  and ``exit-hang`` the survivor's command line and level, and for ``exit-hang`` the first frame
+  of user code in its blocked stacks;
+* :func:`all_fact_lines`: every fact of ``details`` (``-vv`` or ``--shutdown-details``), what the
+  JSON report has.
+
+No pytest, no torch: plain functions over plain data.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+#: Codes whose facts name a process of a tree and the cell that left it.
+TREE_CODES = frozenset({"orphan-process", "exit-hang"})
+#: The module of the warm tree launcher, whose command line every forked tree process keeps.
+LAUNCHER_MODULE = "pytest_shutdown.helpers.tree_launcher"
+#: How many characters of a command line a key-fact line keeps.
+CMDLINE_CHARS = 300
+
+# Patterns, compiled by ``re`` (and cached there) on first use: most sessions never read a stack.
+_FRAME = r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)'
+_THREAD_HEAD = r"(?i)^(Current thread|Thread) 0x[0-9a-f]+ "
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_OWN_FRAMES = os.path.join(_PACKAGE, "helpers") + os.sep
+
+
+@functools.lru_cache(maxsize=1)
+def _library_dirs() -> tuple[str, ...]:
+    """Imported on first use: ``sysconfig`` costs every session more than this module."""
+    import sysconfig  # noqa: PLC0415
+
+    paths = sysconfig.get_paths()
+    found = {paths.get(key) for key in ("stdlib", "platstdlib", "purelib", "platlib")}
+    return tuple(sorted(os.path.abspath(p) + os.sep for p in found if p))
+
+
+def is_user_frame(path: str) -> bool:
+    """Whether a frame's file is user code: not the standard library, not an installed package,
+    not pytest-shutdown's own checks (the tree launcher's fork entry)."""
+    if path.startswith("<"):
+        return False  # <frozen ...>, <string>
+    full = os.path.abspath(path)
+    if full.startswith(_OWN_FRAMES):
+        return False
+    return not any(full.startswith(d) for d in _library_dirs())
+
+
+def first_user_frame(stacks: str) -> str:
+    """The first frame of user code in a faulthandler dump (most recent call first), taking the
+    threads in the order of the dump; ``""`` when there is none."""
+    for line in stacks.splitlines():
+        if re.match(_THREAD_HEAD, line):
+            continue
+        match = re.match(_FRAME, line)
+        if match and is_user_frame(match.group("file")):
+            return f"{match.group('file')}:{match.group('line')} in {match.group('func')}"
+    return ""
+
+
+def _cmdline(parts: Any) -> str:
+    if isinstance(parts, str):
+        text = parts
+    else:
+        text = " ".join(str(p) for p in (parts or []))
+    text = text.replace("\n", "\\n")
+    return text if len(text) <= CMDLINE_CHARS else text[: CMDLINE_CHARS - 3] + "..."
+
+
+def key_fact_lines(code: str, details: Mapping[str, Any], indent: str = "  ") -> list[str]:
+    """The facts that locate a finding, one per line (empty for codes that have none)."""
+    if code not in TREE_CODES:
+        return []
+    lines = []
+    if details.get("cmdline"):
+        line = f"{indent}command line: {_cmdline(details['cmdline'])}"
+        if LAUNCHER_MODULE in _cmdline(details["cmdline"]):
+            # a fork of the warm launcher keeps its command line: say what it became instead
+            line += f" (a fork of the tree launcher, now named {details.get('name') or '?'})"
+        lines.append(line)
+    if details.get("level"):
+        cell = ", ".join(
+            f"{key} {details[key]}" for key in ("signal", "phase") if details.get(key)
+        )
+        lines.append(f"{indent}level: {details['level']}" + (f" ({cell})" if cell else ""))
+    if code == "exit-hang":
+        frame = first_user_frame(str(details.get("stacks") or ""))
+        if frame:
+            lines.append(f"{indent}first user frame: {frame}")
+    return lines
+
+
+def _plain(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=repr, sort_keys=True)
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def all_fact_lines(details: Mapping[str, Any], indent: str = "    ") -> list[str]:
+    """Every fact of ``details``, sorted by name; a value of several lines is indented below."""
+    lines = []
+    for key in sorted(details):
+        text = _plain(details[key])
+        if "\n" in text:
+            lines.append(f"{indent}{key}:")
+            lines.extend(f"{indent}  {line}" for line in text.rstrip("\n").splitlines())
+        else:
+            lines.append(f"{indent}{key}: {text}")
+    return lines
+
+
+def finding_lines(finding: Mapping[str, Any], *, details: bool = False) -> list[str]:
+    """``[code] message``, the facts that locate the finding and, with ``details``, every fact."""
+    facts = finding.get("details") or {}
+    lines = [f"[{finding['code']}] {finding['message']}"]
+    lines.extend(key_fact_lines(str(finding["code"]), facts))
+    if details and facts:
+        lines.append("  details:")
+        lines.extend(all_fact_lines(facts))
+    return lines

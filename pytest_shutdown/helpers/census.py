@@ -1,0 +1,258 @@
+"""What this process holds right now, counted cheaply: the readings growth over cycles compares.
+
+A :class:`Census` reads, after a full ``gc.collect()``:
+
+* live objects by type (every object the garbage collector tracks, counted in C:
+  ``collections.Counter(map(type, gc.get_objects()))``; the same population as
+  ``objgraph.typestats``, at a fraction of its cost);
+* Python threads (``threading.enumerate()``) and OS threads (``/proc/self/task``, native ones
+  included);
+* open file descriptors (``/proc/self/fd``; ``psutil`` elsewhere);
+* the resident set size;
+* device memory, where a reader exists (:mod:`pytest_shutdown.gpu.readers`).
+
+Readings are plain ``dict[str, int]``: the garbage collector does not track a dict that holds
+only strings and integers, so keeping one reading per cycle adds no object to the next count.
+On failure, :meth:`Census.instance_ids` and :meth:`Census.one_instance_each` find an instance
+of a grown type made by one more cycle.
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import os
+import sys
+import threading
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.gpu.readers import MemoryReader
+
+#: The scalar metrics, in report order (``device-memory`` only where a reader exists).
+THREADS = "threads"
+OS_THREADS = "os-threads"
+FDS = "fds"
+RSS = "rss"
+DEVICE_MEMORY = "device-memory"
+SCALARS: tuple[str, ...] = (THREADS, OS_THREADS, FDS, RSS, DEVICE_MEMORY)
+#: The metrics measured in bytes (the rest are counts).
+BYTE_METRICS: frozenset[str] = frozenset({RSS, DEVICE_MEMORY})
+#: The prefix of an object-count metric: ``objects:<type name>``.
+OBJECTS = "objects"
+
+#: ``device_memory="auto"``: pick a reader once torch is imported and the platform has a device.
+AUTO = "auto"
+
+
+def type_name(kind: type) -> str:
+    """``module.QualName`` for a type (bare ``qualname`` for builtins): the census's key."""
+    qualname = getattr(kind, "__qualname__", None) or getattr(kind, "__name__", "?")
+    module = getattr(kind, "__module__", None)
+    if not isinstance(module, str) or module == "builtins":
+        return str(qualname)
+    return f"{module}.{qualname}"
+
+
+def short_name(name: str) -> str:
+    """The qualname part of a census key: ``pkg.mod.Outer.Inner`` → ``Outer.Inner`` (the longest
+    prefix that names an imported module is dropped)."""
+    parts = name.split(".")
+    for cut in range(len(parts) - 1, 0, -1):
+        if ".".join(parts[:cut]) in sys.modules:
+            return ".".join(parts[cut:])
+    return name
+
+
+def count_objects(objects: Iterable[object]) -> dict[str, int]:
+    """Live objects by type name (two types of one name are summed)."""
+    by_type = collections.Counter(map(type, objects))
+    counts: dict[str, int] = {}
+    for kind, number in by_type.items():
+        name = type_name(kind)
+        counts[name] = counts.get(name, 0) + number
+    del by_type
+    return counts
+
+
+def own_records() -> dict[str, int]:
+    """Objects the plugin's guard keeps for every process started while it is on (the bounded
+    creation-site record of :mod:`pytest_shutdown.ownership.origins`): the guard's, not the code's
+    under test, so they are not counted. Read through ``sys.modules``: nothing is imported."""
+    origins = sys.modules.get("pytest_shutdown.ownership.origins")
+    registry = getattr(origins, "_processes", None)
+    counts: dict[str, int] = {}
+    if not registry:
+        return counts
+    for entry in list(registry.values()):
+        for obj in (entry, *entry):
+            if gc.is_tracked(obj):
+                name = type_name(type(obj))
+                counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def fd_numbers() -> list[int]:
+    """This process's open file descriptors (without the one used to list them)."""
+    try:
+        listed = os.listdir("/proc/self/fd")
+    except OSError:
+        import psutil  # noqa: PLC0415 - only where /proc is missing
+
+        return list(range(psutil.Process().num_fds()))
+    fds = sorted(int(name) for name in listed)
+    # listdir's own descriptor is closed again; it no longer resolves
+    return [fd for fd in fds if fd_target(fd) is not None]
+
+
+def fd_target(fd: int) -> str | None:
+    """What descriptor ``fd`` of this process is (its ``/proc/self/fd`` link), or None."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+
+
+def describe_fds(fds: Iterable[int]) -> dict[str, str]:
+    """``{fd: what it is}``: ``/proc/self/fd`` link targets (a path, ``pipe:[…]``, ...)."""
+    return {str(fd): fd_target(fd) or "(closed)" for fd in fds}
+
+
+def os_thread_ids() -> list[int]:
+    """Ids of this process's OS threads (``/proc/self/task``); one per Python thread, plus native
+    ones (OpenMP, CUDA, gRPC, ...). Empty where ``/proc`` is missing."""
+    try:
+        return sorted(int(name) for name in os.listdir("/proc/self/task"))
+    except OSError:
+        return []
+
+
+def describe_os_threads(tids: Iterable[int]) -> dict[str, str]:
+    """``{tid: name}`` of OS threads (``/proc/self/task/<tid>/comm``)."""
+    names: dict[str, str] = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as handle:
+                names[str(tid)] = handle.read().strip()
+        except OSError:
+            names[str(tid)] = "(ended)"
+    return names
+
+
+def describe_threads(threads: Iterable[threading.Thread]) -> dict[str, str]:
+    """``{name: what it runs}`` for Python threads (the target's qualified name)."""
+    described: dict[str, str] = {}
+    for thread in threads:
+        target = getattr(thread, "_target", None)
+        what = getattr(target, "__qualname__", None) or type(thread).__qualname__
+        module = getattr(target, "__module__", None) if target is not None else None
+        described[thread.name] = f"{module}.{what}" if module else str(what)
+    return described
+
+
+def pick_device_reader(spec: object) -> tuple[MemoryReader | None, str]:
+    """The device-memory reader for ``device_memory=``, and a note saying why there is none.
+
+    ``None`` measures no device memory; a reader (anything with ``name`` and ``used_bytes()``)
+    is used as given; ``"auto"`` detects the platform, but only once torch has been imported
+    (nothing is imported for a process that does not use it): on CUDA or ROCm the best reader
+    of device 0 (:func:`pytest_shutdown.devices.memory_reader`: this process and its
+    descendants where the library can tell), on the CPU none.
+    """
+    if spec is None:
+        return None, "not measured (device_memory=None)"
+    if isinstance(spec, str):
+        if spec != AUTO:
+            raise ValueError(
+                f"device_memory: expected 'auto', None or a reader with used_bytes(), got {spec!r}"
+            )
+        if "torch" not in sys.modules:
+            return None, "not measured: torch is not imported"
+        from pytest_shutdown.devices import detect_platform, memory_reader  # noqa: PLC0415
+
+        platform = detect_platform()
+        if platform == "cpu":
+            return None, "not measured: no device (the CPU platform)"
+        try:
+            return memory_reader(platform), ""
+        except Exception as exc:  # noqa: BLE001 - no reader works: say so, measure the rest
+            return None, f"not measured: {exc}"
+    if not callable(getattr(spec, "used_bytes", None)):
+        raise ValueError(
+            f"device_memory: expected 'auto', None or a reader with used_bytes(), got {spec!r}"
+        )
+    return spec, ""  # type: ignore[return-value]
+
+
+class Census:
+    """Counts what this process holds; one instance per growth check.
+
+    ``device_reader`` is read when given (``None``: no device memory). Each count is taken after
+    ``gc.collect()``; :meth:`read` returns the object counts and the scalar metrics.
+    """
+
+    def __init__(self, device_reader: MemoryReader | None = None) -> None:
+        import psutil  # noqa: PLC0415
+
+        self._process = psutil.Process()
+        self.device_reader = device_reader
+
+    def read(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Collect garbage, then count: ``(objects by type, scalar metrics)``."""
+        gc.collect()
+        scalars = self.read_scalars()
+        objects = self.read_objects()
+        return objects, scalars
+
+    def read_objects(self) -> dict[str, int]:
+        """Live (GC-tracked) objects by type name, less pytest-shutdown's own records."""
+        objects = gc.get_objects()
+        counts = count_objects(objects)
+        del objects
+        for name, number in own_records().items():
+            counts[name] = counts.get(name, 0) - number
+        return counts
+
+    def read_scalars(self) -> dict[str, int]:
+        """Threads, OS threads, fds, RSS and (with a reader) device memory."""
+        scalars = {
+            THREADS: threading.active_count(),
+            OS_THREADS: len(os_thread_ids()),
+            FDS: len(fd_numbers()),
+            RSS: int(self._process.memory_info().rss),
+        }
+        if self.device_reader is not None:
+            scalars[DEVICE_MEMORY] = int(self.device_reader.used_bytes())
+        return scalars
+
+    def instance_ids(self, names: Iterable[str]) -> set[int]:
+        """The ids of the live instances of the named types (failure path only)."""
+        wanted = set(names)
+        objects = gc.get_objects()
+        kinds = {kind for kind in set(map(type, objects)) if type_name(kind) in wanted}
+        ids = {id(obj) for obj in objects if type(obj) in kinds}
+        del objects
+        return ids
+
+    def one_instance_each(self, names: Iterable[str], old_ids: set[int]) -> dict[str, Any]:
+        """For each type name, one live instance: preferably one whose id is not in ``old_ids``
+        (made since they were taken), the most recently tracked first. Used on failure only;
+        the caller drops the result as soon as it is done."""
+        wanted = set(names)
+        objects = gc.get_objects()
+        kinds = {kind for kind in set(map(type, objects)) if type_name(kind) in wanted}
+        chosen: dict[str, Any] = {}
+        fallback: dict[str, Any] = {}
+        for obj in reversed(objects):  # a full collection appends survivors: newest last
+            if type(obj) not in kinds:
+                continue
+            name = type_name(type(obj))
+            if name not in chosen and id(obj) not in old_ids:
+                chosen[name] = obj
+            elif name not in fallback:
+                fallback[name] = obj
+        del objects
+        for name, obj in fallback.items():
+            chosen.setdefault(name, obj)
+        return chosen

@@ -1,0 +1,96 @@
+"""What keeps a grown object alive: a shortest backref chain, one heap scan per level.
+
+``objgraph.find_backref_chain`` (used by :func:`pytest_shutdown.ownership.backrefs.backref_chain`)
+asks ``gc.get_referrers`` once per node it expands: one scan of the whole heap each, which in a
+200,000-object heap of a busy machine can take longer than the search may. The growth check
+asks the same question level by level instead: ``gc.get_referrers(*frontier)`` finds the
+referrers of every node of a level in one scan, so a chain of depth *d* costs *d* scans. Roots
+are modules and the frames of running threads (materialised first, as ``backref_chain`` does);
+the search's own containers and the caller's frames are never part of a chain.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+import types
+from typing import Any
+
+from pytest_shutdown.ownership.backrefs import _thread_frames, render_chain
+
+#: Levels searched at most, and seconds the search may take before it gives up.
+MAX_DEPTH = 16
+BUDGET_S = 5.0
+
+
+def _is_root(obj: object) -> bool:
+    if isinstance(obj, types.FrameType):
+        return True
+    if isinstance(obj, types.ModuleType):
+        name = getattr(obj, "__name__", None)
+        return isinstance(name, str) and sys.modules.get(name) is obj
+    return False
+
+
+def holder_chain(
+    target: object, *, max_depth: int = MAX_DEPTH, budget_s: float = BUDGET_S
+) -> tuple[list[Any], str]:
+    """A shortest chain ``[root, ..., target]`` and its text (``[target]`` and a note when no
+    root is found within ``max_depth`` levels or ``budget_s`` seconds)."""
+    deadline = time.monotonic() + budget_s
+    frames, owner = _thread_frames()
+    ignore: set[int] = {id(frames), id(owner)}
+    walker: types.FrameType | None = sys._getframe()
+    while walker is not None:  # this search and its callers are not the story
+        ignore.add(id(walker))
+        walker = walker.f_back
+    del walker
+    parent: dict[int, int] = {}
+    found: dict[int, Any] = {id(target): target}
+    ignore |= {id(parent), id(found)}
+    frontier: list[Any] = [target]
+    chain: list[Any] = [target]
+    try:
+        for _ in range(max_depth):
+            if not frontier or time.monotonic() > deadline:
+                break
+            level = {id(node) for node in frontier}
+            referrers = gc.get_referrers(*frontier)
+            ignore |= {id(referrers), id(frontier), id(level)}
+            following: list[Any] = []
+            ignore.add(id(following))
+            root = None
+            for referrer in referrers:
+                key = id(referrer)
+                if key in found or key in ignore:
+                    continue
+                child = next((c for c in gc.get_referents(referrer) if id(c) in level), None)
+                if child is None:
+                    continue
+                parent[key] = id(child)
+                found[key] = referrer
+                if _is_root(referrer):
+                    root = referrer
+                    break
+                following.append(referrer)
+            del referrers
+            if root is not None:
+                chain = [root]
+                key = id(root)
+                while key in parent:
+                    key = parent[key]
+                    chain.append(found[key])
+                break
+            frontier = following
+    finally:
+        found.clear()
+        parent.clear()
+        del frontier
+    text = (
+        render_chain(chain, owner)
+        if len(chain) > 1
+        else "no root (a module or a thread's frame) found within the search's depth and time"
+    )
+    del frames
+    return chain, text

@@ -1,0 +1,172 @@
+"""``ray-resource-left``: what an engine on Ray leaves on the cluster after its shutdown.
+
+After shutdown, the engine's Ray objects must be gone: no actor of the engine alive, its
+placement groups removed, the cluster's available resources back to their baseline, and no
+``ray::`` worker process of the engine left. Ray releases them asynchronously, so each is
+waited for against one deadline before it counts. ``ray_leftovers`` returns the findings;
+``assert_ray_released`` raises them. Objects are recognised by their name prefix (actors and
+placement groups) and by pid (worker processes).
+
+Ray is imported only by these functions (they need a connected driver).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import psutil
+
+from pytest_shutdown.findings.finding import Finding, raise_if_any
+
+#: How long Ray gets to release what a shutdown let go.
+RELEASE_DEADLINE_S = 30.0
+POLL_S = 0.25
+#: Resources that are bookkeeping, not capacity (per-node markers, memory estimates).
+_NOT_CAPACITY = ("node:", "memory", "object_store_memory")
+
+
+def _alive_actors(prefix: str) -> list[dict[str, Any]]:
+    from ray._private import state  # noqa: PLC0415
+
+    return [
+        {"actor_id": actor_id, "name": info.get("Name", ""),
+         "class": info.get("ActorClassName", ""), "state": info.get("State"),
+         "pid": info.get("Pid")}
+        for actor_id, info in state.actors().items()
+        if str(info.get("Name", "")).startswith(prefix) and info.get("State") != "DEAD"
+    ]
+
+
+def _live_groups(prefix: str) -> list[dict[str, Any]]:
+    import ray  # noqa: PLC0415
+
+    return [
+        {"placement_group_id": pg_id, "name": info.get("name", ""), "state": info.get("state")}
+        for pg_id, info in ray.util.placement_group_table().items()
+        if str(info.get("name", "")).startswith(prefix) and info.get("state") != "REMOVED"
+    ]
+
+
+def _capacity(resources: Mapping[str, float]) -> dict[str, float]:
+    return {
+        k: round(float(v), 3) for k, v in resources.items()
+        if not k.startswith(_NOT_CAPACITY) and not k.startswith("bundle_group_")
+    }
+
+
+def _resource_gap(baseline: Mapping[str, float]) -> dict[str, dict[str, float]]:
+    import ray  # noqa: PLC0415
+
+    now = _capacity(ray.available_resources())
+    before = _capacity(baseline)
+    return {k: {"baseline": v, "now": now.get(k, 0.0)} for k, v in before.items()
+            if now.get(k, 0.0) < v}
+
+
+def _live_workers(pids: Iterable[int]) -> list[dict[str, Any]]:
+    found = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            found.append({"pid": pid, "name": proc.name(), "cmdline": proc.cmdline()[:3]})
+        except psutil.Error:
+            continue
+    return found
+
+
+def ray_leftovers(
+    prefix: str,
+    baseline: Mapping[str, float] | None = None,
+    *,
+    pids: Iterable[int] = (),
+    subject: str = "the engine",
+    deadline_s: float = RELEASE_DEADLINE_S,
+) -> list[Finding]:
+    """What ``subject`` left on the cluster ``deadline_s`` after its shutdown, as findings.
+
+    ``prefix``: the name prefix of its actors and placement groups; ``baseline``: the cluster's
+    available resources before it started (None: not compared); ``pids``: its actors' worker
+    processes (``ray::...``).
+    """
+    pids = list(pids)
+    deadline = time.monotonic() + deadline_s
+    while True:
+        actors = _alive_actors(prefix)
+        groups = _live_groups(prefix)
+        gap = _resource_gap(baseline) if baseline is not None else {}
+        workers = _live_workers(pids)
+        if not (actors or groups or gap or workers) or time.monotonic() >= deadline:
+            break
+        time.sleep(POLL_S)
+    findings = []
+    for actor in actors:
+        findings.append(Finding(
+            "ray-resource-left",
+            f"actor {actor['name']} ({actor['class']}) of {subject} is still {actor['state']} "
+            f"{deadline_s:g} s after its shutdown",
+            {"kind": "actor", "subject": subject, **actor},
+        ))
+    for group in groups:
+        findings.append(Finding(
+            "ray-resource-left",
+            f"placement group {group['name']} of {subject} is still {group['state']} (not "
+            f"removed) {deadline_s:g} s after its shutdown",
+            {"kind": "placement_group", "subject": subject, **group},
+        ))
+    if gap:
+        short = ", ".join(f"{k} {v['now']:g} of {v['baseline']:g}" for k, v in gap.items())
+        findings.append(Finding(
+            "ray-resource-left",
+            f"the cluster's available resources are not back to their baseline after {subject}'s "
+            f"shutdown: {short}",
+            {"kind": "resources", "subject": subject, "resources": gap},
+        ))
+    for worker in workers:
+        findings.append(Finding(
+            "ray-resource-left",
+            f"worker process {worker['name']} (pid {worker['pid']}) of {subject} is still running "
+            f"{deadline_s:g} s after its shutdown",
+            {"kind": "worker_process", "subject": subject, **worker},
+        ))
+    return findings
+
+
+def assert_ray_released(
+    prefix: str,
+    baseline: Mapping[str, float] | None = None,
+    *,
+    pids: Iterable[int] = (),
+    subject: str = "the engine",
+    deadline_s: float = RELEASE_DEADLINE_S,
+) -> None:
+    """Raise ``ray-resource-left`` findings for what ``subject`` left on the Ray cluster."""
+    __tracebackhide__ = True
+    raise_if_any(ray_leftovers(prefix, baseline, pids=pids, subject=subject,
+                               deadline_s=deadline_s))
+
+
+def release_ray_leftovers(prefix: str) -> None:
+    """Kill the live actors and remove the placement groups whose names start with ``prefix``.
+
+    For a test that demonstrated a leak: what it left must not reach the next test.
+    """
+    import ray  # noqa: PLC0415
+    from ray.util.placement_group import PlacementGroup, remove_placement_group  # noqa: PLC0415
+
+    for actor in _alive_actors(prefix):
+        try:
+            ray.kill(ray.get_actor(actor["name"]), no_restart=True)  # this driver's namespace
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    for group in _live_groups(prefix):
+        try:
+            remove_placement_group(
+                PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group["placement_group_id"])))
+            )
+        except Exception:  # noqa: BLE001 - already removed
+            pass
+

@@ -1,0 +1,206 @@
+"""``atexit.register`` calls, recorded with their creation site while the guard (or a helper)
+asks for it.
+
+``atexit`` keeps its callbacks in a C array that ``gc.get_referrers`` cannot see: an object held
+only by ``atexit.register(self.shutdown)`` looks unowned to every backref search, yet lives
+until the interpreter exits. While recording is on (:func:`install`, counted like
+:mod:`pytest_shutdown.ownership.origins`), ``atexit.register`` and ``atexit.unregister`` are
+wrapped: each registration is kept (callback, arguments, the short creation site, the running
+test) until it is unregistered. The ``atexit`` resource kind reports a callback registered during a
+test that reaches an object the test created (``atexit-holds-object``); the ``not-collected``
+diagnosis names atexit as the root when a recorded callback reaches the object.
+
+Code that bound ``atexit.register`` to a name before recording started (``from atexit import
+register``) is not seen. A forked child never inherits the wrappers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import field
+from typing import Any
+
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._os.forks import forget_in_child, undo_in_forked_child
+
+__all__ = ["Registration", "holders_of", "install", "recording", "registrations", "uninstall"]
+
+
+@lazy_dataclass(eq=False)
+class Registration:
+    """One ``atexit.register(func, *args, **kwargs)`` call still registered."""
+
+    func: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    test: str | None
+    origin: Any = None  # pytest_shutdown.ownership.origins.Origin
+    seq: int = field(default=0)
+
+    def describe(self) -> str:
+        func = getattr(self.func, "__func__", self.func)
+        name = getattr(func, "__qualname__", None) or repr(func)
+        module = getattr(func, "__module__", None)
+        return f"{module}.{name}" if module else name
+
+
+_registrations: list[Registration] = []
+_originals: dict[str, Any] = {}
+_installs = 0
+_seq = 0
+
+
+def registrations() -> list[Registration]:
+    """The recorded registrations still registered, oldest first."""
+    return list(_registrations)
+
+
+def count() -> int:
+    """How many registrations were recorded so far (a cheap snapshot)."""
+    return _seq
+
+
+def since(seq: int) -> list[Registration]:
+    """Registrations recorded after the snapshot ``seq`` and still registered."""
+    return [r for r in _registrations if r.seq > seq]
+
+
+def install() -> None:
+    """Start recording (nested calls are counted)."""
+    global _installs
+    _installs += 1
+    if _originals:
+        return
+    register, unregister = atexit.register, atexit.unregister
+
+    def recording_register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        global _seq
+        result = register(func, *args, **kwargs)
+        try:
+            from pytest_shutdown.ownership import origins  # noqa: PLC0415
+
+            if origins.is_tool_file(sys._getframe(1).f_code.co_filename):
+                return result  # pytest's own (tmp_path's cleanup) and the tools' are never a test's
+            _seq += 1
+            _registrations.append(
+                Registration(
+                    func, args, kwargs, origins._current_test, origins.capture_here(), _seq
+                )
+            )
+        except Exception:  # noqa: BLE001 - recording must never break a registration
+            pass
+        return result
+
+    def recording_unregister(func: Callable[..., Any]) -> None:
+        unregister(func)
+        _registrations[:] = [r for r in _registrations if not _same(r.func, func)]
+
+    recording_register.__doc__ = register.__doc__
+    recording_unregister.__doc__ = unregister.__doc__
+    _originals.update(
+        register=(register, recording_register), unregister=(unregister, recording_unregister)
+    )
+    atexit.register = recording_register  # type: ignore[assignment]
+    atexit.unregister = recording_unregister  # type: ignore[assignment]
+    undo_in_forked_child("atexit_calls", _uninstall_in_forked_child)
+
+
+def _same(a: object, b: object) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001
+        return a is b
+
+
+def _uninstall_in_forked_child() -> None:
+    global _installs
+    _installs = 1
+    _registrations.clear()
+    uninstall()
+
+
+def uninstall() -> None:
+    """Put the originals back with the last nested call (only where nobody replaced ours)."""
+    global _installs
+    _installs = max(_installs - 1, 0)
+    if _installs:
+        return
+    for name, (original, wrapper) in list(_originals.items()):
+        if getattr(atexit, name) is wrapper:
+            setattr(atexit, name, original)
+    _originals.clear()
+    _registrations.clear()
+    forget_in_child("atexit_calls")
+
+
+@contextmanager
+def recording() -> Iterator[None]:
+    """Record ``atexit.register`` calls inside the block (e.g. while a helper builds an
+    object)."""
+    install()
+    try:
+        yield
+    finally:
+        uninstall()
+
+
+def reached_objects(registration: Registration) -> list[object]:
+    """Objects the callback and its arguments hold directly: a bound method's instance, a
+    partial's arguments, a closure's cells, the registered arguments (functions, classes,
+    modules and plain values left out)."""
+    import functools  # noqa: PLC0415
+    import types  # noqa: PLC0415
+
+    found: list[object] = []
+    pending: list[object] = [registration.func, *registration.args, *registration.kwargs.values()]
+    seen: set[int] = set()
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, types.MethodType):
+            pending.append(node.__self__)
+        elif isinstance(node, functools.partial):
+            pending.extend([node.func, *node.args, *(node.keywords or {}).values()])
+        elif isinstance(node, types.FunctionType):
+            pending.extend(c.cell_contents for c in node.__closure__ or () if _filled(c))
+        elif not isinstance(
+            node,
+            (
+                type,
+                types.ModuleType,
+                types.BuiltinFunctionType,
+                str,
+                bytes,
+                int,
+                float,
+                bool,
+                type(None),
+            ),
+        ):
+            found.append(node)
+    return found
+
+
+def _filled(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018
+    except ValueError:
+        return False
+    return True
+
+
+def holders_of(obj: object) -> list[Registration]:
+    """Recorded registrations whose callback or arguments reach ``obj`` (forwards, bounded)."""
+    from pytest_shutdown.ownership.backrefs import find_path  # noqa: PLC0415
+
+    found = []
+    for registration in list(_registrations):
+        roots = [registration.func, *registration.args, *registration.kwargs.values()]
+        if any(root is obj or find_path(root, obj) is not None for root in roots):
+            found.append(registration)
+    return found

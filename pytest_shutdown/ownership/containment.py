@@ -1,0 +1,241 @@
+"""Containment: nothing a test starts can hide from the guard by being re-parented.
+
+While the guard is on, the environment carries ``PYTEST_SHUTDOWN_SESSION=<token>``, inherited
+by every program a test executes (whatever session, process group or parent it moves to). A
+descendant whose parent exits (a daemon's double fork, ``sh -c 'cmd &'``, a grandchild whose
+middle parent exited) is re-parented to PID 1, as without the plugin, and found by that marker
+among the pids allocated since the last look (:mod:`pytest_shutdown._os.escaped`): the cost
+follows the pids the session allocated, never the host's process table. Anyone can find strays
+with it too (``grep -l PYTEST_SHUTDOWN_SESSION= /proc/*/environ``).
+
+``--shutdown-containment=subreaper`` (opt-in, Linux) makes the pytest process (and each xdist
+worker) a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``) instead: orphans are
+re-parented to pytest, so a process forked without an ``exec`` (no marker in its
+``/proc/PID/environ``) is found too. That changes what a test sees (``os.waitpid`` on an
+orphan succeeds; it is pytest's child), which is why it is not the default. A re-parented
+process that ends is pytest's zombie: the guard reaps those no ``subprocess``/
+``multiprocessing`` object will (the ones it adopted) at each check, never a child whose owner
+still wants the exit status.
+
+Other platforms: neither; re-parented descendants are not found (documented in
+docs/limits.md), the rest of the guard works as before.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Iterable
+
+from pytest_shutdown._os import escaped
+from pytest_shutdown._os.prctl import (
+    PR_GET_CHILD_SUBREAPER,
+    PR_SET_CHILD_SUBREAPER,
+    prctl,
+    prctl_get_int,
+)
+
+__all__ = [
+    "SESSION_MARKER_ENV",
+    "Containment",
+    "first_ancestor",
+    "reap_adopted",
+    "started_in_test",
+    "stat_fields",
+]
+
+#: The environment variable every program a guarded session executes inherits (its value: the
+#: session's token).
+SESSION_MARKER_ENV = "PYTEST_SHUTDOWN_SESSION"
+
+
+def _subreaper_now() -> bool | None:
+    value = prctl_get_int(PR_GET_CHILD_SUBREAPER)
+    return None if value is None else bool(value)
+
+
+class Containment:
+    """The session's containment: subreaper flag and environment marker, put back on release.
+
+    (A plain class: made once per session, where a dataclass's generated methods would be
+    compiled for it.)"""
+
+    __slots__ = ("token", "subreaper", "_was_subreaper", "_old_marker", "_pid", "_old_watch")
+
+    def __init__(self) -> None:
+        self.token = os.urandom(8).hex()
+        self.subreaper = False
+        self._was_subreaper: bool | None = None
+        self._old_marker: str | None = None
+        self._pid = os.getpid()
+        self._old_watch: object = None
+
+    def __repr__(self) -> str:
+        return f"Containment(token={self.token!r}, subreaper={self.subreaper!r})"
+
+    def engage(self, *, subreaper: bool = False) -> Containment:
+        """Mark the environment; with ``subreaper``, also become a child subreaper (Linux),
+        else watch for the marker in processes that leave the tree
+        (:mod:`pytest_shutdown._os.escaped`). Idempotent."""
+        self._was_subreaper = _subreaper_now()
+        if self._was_subreaper:
+            self.subreaper = True  # an inline pytester run inside a subreaper's run
+        elif subreaper and sys.platform.startswith("linux"):
+            self.subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1)
+        self._old_marker = os.environ.get(SESSION_MARKER_ENV)
+        os.environ[SESSION_MARKER_ENV] = self.token
+        if not self.subreaper and sys.platform.startswith("linux"):
+            self._old_watch = escaped.watch_marker(SESSION_MARKER_ENV, self.token)
+        return self
+
+    def release(self) -> None:
+        """Put the flag, the watch and the environment back as they were (the session is
+        over)."""
+        if os.getpid() != self._pid:
+            return
+        if self.subreaper and self._was_subreaper is False:
+            prctl(PR_SET_CHILD_SUBREAPER, 0)
+        if self._old_watch is not None:
+            escaped.restore_watch(self._old_watch)
+            self._old_watch = None
+        if os.environ.get(SESSION_MARKER_ENV) == self.token:
+            if self._old_marker is None:
+                os.environ.pop(SESSION_MARKER_ENV, None)
+            else:
+                os.environ[SESSION_MARKER_ENV] = self._old_marker
+
+    def marked(self, pid: int) -> bool:
+        """Whether ``pid`` carries this session's marker in its environment."""
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                return f"{SESSION_MARKER_ENV}={self.token}\0".encode() in f.read()
+        except OSError:
+            return False
+
+    def stray_marked(self, exclude: Iterable[int] = ()) -> list[int]:
+        """Processes carrying the marker that are no descendant of ours (the subreaper could not
+        be set, or they escaped before it was): one pass over ``/proc``, at session end only."""
+        if not sys.platform.startswith("linux"):
+            return []
+        skip = set(exclude) | {os.getpid()}
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in skip and self.marked(int(entry)):
+                found.append(int(entry))
+        return found
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, ...); None when
+    ``pid`` is gone. Raises OSError when it exists but cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return None
+    return data[data.rfind(")") + 2 :].split()
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """:func:`stat_fields`, None also where it cannot be read."""
+    try:
+        return stat_fields(pid)
+    except OSError:
+        return None
+
+
+def is_zombie(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in ("Z", "X")
+
+
+def exit_signal(pid: int) -> int | None:
+    """The signal that ended a zombie ``pid`` (``/proc/PID/stat`` field 52), None if it exited
+    normally, is still running, or is gone (reaped)."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] not in ("Z", "X") or len(fields) < 50:
+        return None
+    try:
+        status = int(fields[49])
+    except ValueError:
+        return None
+    sig = status & 0x7F
+    return sig if sig and sig != 0x7F else None
+
+
+def reap_adopted(pids: Iterable[int]) -> list[int]:
+    """Reap those of ``pids`` that are this process's zombie children and that no
+    ``subprocess.Popen`` / ``multiprocessing.Process`` object of this process owns (those owners
+    still want the exit status): the orphans the subreaper adopted. Returns the pids reaped."""
+    from pytest_shutdown.ownership import origins  # noqa: PLC0415
+
+    me = os.getpid()
+    reaped = []
+    for pid in pids:
+        fields = _stat_fields(pid)
+        if fields is None or fields[0] != "Z" or int(fields[1]) != me:
+            continue
+        if origins.process_object(pid) is not None:
+            continue
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                reaped.append(pid)
+        except ChildProcessError:
+            continue
+    return reaped
+
+
+def started_in_test(pid: int) -> str | None:
+    """The test a program was executed in, from its environment (pytest sets
+    ``PYTEST_CURRENT_TEST`` while a test runs; an executed program inherits it)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:
+        return None
+    for entry in env.split(b"\0"):
+        if entry.startswith(b"PYTEST_CURRENT_TEST="):
+            return entry.partition(b"=")[2].decode(errors="replace")
+    return None
+
+
+def first_ancestor(pid: int, test: str | None = None) -> tuple[int, str] | None:
+    """The recorded process (a ``Popen``/``Process`` started during ``test``, or during any test
+    when None) this re-parented ``pid`` most likely descends from, and how it was matched: its
+    session or process group leader, else the last one started before it. None when nothing
+    was recorded."""
+    from pytest_shutdown.ownership import origins  # noqa: PLC0415
+
+    fields = _stat_fields(pid)
+    recorded = origins.recorded_processes(test) or origins.recorded_processes(None)
+    if fields is None or not recorded:
+        return None
+    pgid, sid = int(fields[2]), int(fields[3])
+    for candidate in recorded:
+        if candidate == sid and candidate != pid:
+            return candidate, "session leader"
+        if candidate == pgid and candidate != pid:
+            return candidate, "process group leader"
+    # Each recorded time is when the ``start()``/``Popen()`` call began, before its fork: never
+    # after anything the recorded process started, however late its parent ran again. The
+    # 0.05 s is for the tick resolution of ``pid``'s start time.
+    started = _started_at(pid)
+    before = [
+        c for c, at in recorded.items() if c != pid and (started is None or at <= started + 0.05)
+    ]
+    return (max(before, key=recorded.__getitem__), "started before it") if before else None
+
+
+def _started_at(pid: int) -> float | None:
+    """The wall-clock time ``pid`` started (``time.time()`` scale)."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    try:
+        ticks = int(fields[19])
+        with open("/proc/uptime", encoding="ascii") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")

@@ -51,6 +51,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Candidate", "DeferredLeaks"]
 
+#: Seconds the session end waits for the last candidates still there, at most: what is on its
+#: way out (a process SIGKILLed by the last test, a thread told to stop) ends within it.
+ON_ITS_WAY_OUT_S = 0.02
+
 
 @dataclass
 class Candidate:
@@ -131,15 +135,18 @@ class DeferredLeaks:
 
     def confirm_all(self) -> set[tuple[str, Any]]:
         """Session end: confirm, with no wait, every candidate whose grace has run out; what is
-        still there of the others is reported as still running when the session ended (how far
-        into its grace), not waited for: warn mode costs a leaky suite no wait at its end.
-        Returns the ``(kind name, item)`` pairs reported so (the session-end sweep does not list
-        them a second time)."""
+        still there of the others after at most :data:`ON_ITS_WAY_OUT_S` (a process the last
+        test just killed takes a few milliseconds to die) is reported as still running when the
+        session ended (how far into its grace), not waited for any longer: warn mode costs a
+        leaky suite no more than that at its end. Returns the ``(kind name, item)`` pairs
+        reported so (the session-end sweep does not list them a second time)."""
         self.confirm_due()
-        now = time.monotonic()
+        if not self._queue:
+            return set()
         batch = list(self._queue)
         self._queue.clear()
-        return self._confirm(batch, now, session_end=True)
+        deadline = time.monotonic() + min(ON_ITS_WAY_OUT_S, self.grace_s)
+        return self._confirm(batch, deadline, session_end=True)
 
     def _confirm(
         self, batch: list[Candidate], deadline: float, session_end: bool = False

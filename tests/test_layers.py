@@ -47,6 +47,7 @@ FOLDERS: dict[str, str] = {
     "ownership": "ownership",
     "resources": "resources",
     "helpers": "helpers",
+    "checks": "helpers",  # 0.2.0's path of helpers/, deprecated: an import alias only
     "gpu": "gpu",
     "engine": "engine",
 }

@@ -293,8 +293,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         return moved
 
     def _unmoved_since(self, name: str, baseline: Snapshot, moved: set[str]) -> bool:
-        unmoved_since = getattr(self._by_name[name], "unmoved_since", None)
-        return unmoved_since is not None and bool(unmoved_since(baseline[name], moved))
+        return bool(self._by_name[name].unmoved_since(baseline[name], moved))
 
     # --- the check: what the test left, after its teardown ---
 

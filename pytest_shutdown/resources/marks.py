@@ -108,7 +108,7 @@ class FingerprintPass:
         self._forks = _forks
         by_mark: dict[str, list[Any]] = {}
         for kind in self.kinds:
-            mark = getattr(kind, "mark", None)
+            mark = kind.mark
             by_mark.setdefault(mark if mark in MARKS else "", []).append(kind)
         tables = _thread_tables() if "threads" in by_mark else None
         self._threads = tables
@@ -137,7 +137,7 @@ class FingerprintPass:
             self._shm = []
         #: Kinds asked themselves: those that share no reading with another are asked without
         #: a moment (global-state), the others inside one.
-        self._alone = [kind for kind in own if getattr(kind, "reads_alone", False)]
+        self._alone = [kind for kind in own if kind.reads_alone]
         self._alone_reads = [kind.fingerprint for kind in self._alone]
         self._own = [kind for kind in own if kind not in self._alone]
         self._owners = self._positions(by_mark)

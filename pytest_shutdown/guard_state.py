@@ -48,7 +48,7 @@ class _Watch:
     class: one is made per test, and a dataclass's generated methods cost 0.5 ms to make.)"""
 
     __slots__ = ("item", "before", "marks", "allow", "budget_s", "finished", "timed_out",
-                 "failed", "groups_before", "gap_unread", "nodeid")
+                 "failed", "gap_unread", "nodeid")
 
     def __init__(
         self,
@@ -56,7 +56,6 @@ class _Watch:
         before: Snapshot,
         allow: AllowLeaks | None,
         budget_s: float,
-        groups_before: frozenset[str] = frozenset(),
         marks: list[Any] | None = None,
     ) -> None:
         self.item = item
@@ -70,8 +69,6 @@ class _Watch:
         self.finished: list[tuple[_Owned, Snapshot]] = []
         self.timed_out = False
         self.failed = False
-        #: The torch.distributed process groups initialised before the test (usually none).
-        self.groups_before = groups_before
         #: ``before`` is the last clean check's, the gap since then not read (_QUIET_GAPS_TRUSTED)
         self.gap_unread = False
 

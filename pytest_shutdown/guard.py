@@ -26,7 +26,6 @@ other parts of :class:`ShutdownGuard` are listed in :mod:`pytest_shutdown.guard_
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
@@ -76,10 +75,6 @@ _NO_MARKS: tuple[AllowLeaks | None, float | None, str | None] = (None, None, Non
 _QUIET_GAPS_TRUSTED = 8
 _PROBE_EVERY = 8
 
-#: Process groups exist only once torch.distributed is loaded: no lookup per test before.
-_C10D = "torch.distributed.distributed_c10d"
-
-
 def _same(marks: list[Any], others: list[Any]) -> bool:
     """Two lists of fingerprints are equal (identity first, in C); a value whose ``__eq__``
     raises counts as moved."""
@@ -87,22 +82,6 @@ def _same(marks: list[Any], others: list[Any]) -> bool:
         return bool(marks == others)
     except Exception:  # noqa: BLE001 - a hostile __eq__ in process-wide state
         return False
-
-
-# The helpers below import their modules on first use: without torch.distributed there is no
-# process group to look at.
-def group_names() -> frozenset[str]:
-    from pytest_shutdown.helpers.process_groups import group_names as names  # noqa: PLC0415
-
-    return names()
-
-
-def process_group_findings(subject: str, before: frozenset[str]) -> list[Finding]:
-    from pytest_shutdown.helpers.process_groups import (  # noqa: PLC0415
-        process_group_findings as findings,
-    )
-
-    return findings(subject, before)
 
 
 @scanned_names_are_hooks
@@ -179,7 +158,6 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
             before,
             allow,
             self.settings.budget_s if budget is None else budget,
-            groups_before=group_names() if _C10D in sys.modules else frozenset(),
             marks=marks,
         )
         self._watch.gap_unread = gap_unread
@@ -220,8 +198,6 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         guard_error = None
         try:  # (the test is still the current one while its check runs: see _note_late)
             findings = self._check(watch)
-            if watch.groups_before or _C10D in sys.modules:
-                findings += process_group_findings(f"test {item.name}", watch.groups_before)
         except Exception as exc:  # noqa: BLE001 - the guard's own failure is not the test's
             findings, guard_error = [], describe_guard_error(exc)
         origins.set_current_test(None)
@@ -293,8 +269,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         return moved
 
     def _unmoved_since(self, name: str, baseline: Snapshot, moved: set[str]) -> bool:
-        unmoved_since = getattr(self._by_name[name], "unmoved_since", None)
-        return unmoved_since is not None and bool(unmoved_since(baseline[name], moved))
+        return bool(self._by_name[name].unmoved_since(baseline[name], moved))
 
     # --- the check: what the test left, after its teardown ---
 

@@ -192,10 +192,9 @@ class FixtureLedger(GuardState):
         kind's ``kept_by_libraries``: Ray's gRPC pollers and log files after ``ray.shutdown()``):
         opened by the fixture's set-up, open for good whatever its teardown does, with no
         Python object to close. Listed as long-lived at session end, not a finding."""
-        kept_by = getattr(kind, "kept_by_libraries", None)
-        if not items or kept_by is None:
+        if not items:
             return items
-        kept = kept_by(items)
+        kept = kind.kept_by_libraries(items)
         for item, library in kept.items():
             key = (kind.name, item)
             if key not in self._long_lived:

@@ -66,7 +66,7 @@ class WhoseIsIt(FixtureLedger):
                 # what leaves the tree later is allowed too (the session-end sweep lists it)
                 self._allowed_late.setdefault(watch.nodeid, set()).add(kind.name)
                 continue
-            if not getattr(kind, "ends_by_itself", False):
+            if not kind.ends_by_itself:
                 later.append((kind, allowance))
                 continue
             items = asked.get(kind.name)
@@ -97,7 +97,7 @@ class WhoseIsIt(FixtureLedger):
         allow = watch.allow
         asked: Found = {}
         for kind in self._objects:
-            if not getattr(kind, "ends_by_itself", False):
+            if not kind.ends_by_itself:
                 continue
             if moved is not None and kind.name not in moved:
                 continue
@@ -112,9 +112,8 @@ class WhoseIsIt(FixtureLedger):
         recorded start was outside any test (in that gap: what a set-up reading would have
         put in the baseline)."""
         items = tuple(kind.new_since(watch.before[kind.name], allowance))
-        outside = getattr(kind, "started_outside_tests", None) if watch.gap_unread else None
-        if items and outside is not None:
-            between = outside(items)
+        if items and watch.gap_unread:
+            between = kind.started_outside_tests(items)
             if between:
                 items = tuple(i for i in items if i not in between)
         return items
@@ -159,7 +158,7 @@ class WhoseIsIt(FixtureLedger):
         delay = 0.001
         while True:
             for name, items in list(leaving.items()):
-                left = self._by_name[name].still_there(items)  # type: ignore[attr-defined]
+                left = self._by_name[name].still_there(items)
                 ended = ended or len(left) < len(items)
                 if left:
                     leaving[name] = tuple(left)
@@ -218,10 +217,11 @@ class WhoseIsIt(FixtureLedger):
         optional ``known_referrers``), for the ownership search's first heap pass."""
         near: dict[Any, Sequence[object]] = {}
         for kind in self._objects:
-            known = getattr(kind, "known_referrers", None)
             items = [item for name, item in targets if name == kind.name]
-            if known is not None and items:
-                near.update(((kind.name, item), objs) for item, objs in known(items).items())
+            if items:
+                near.update(
+                    ((kind.name, item), objs) for item, objs in kind.known_referrers(items).items()
+                )
         return near
 
     def _without_owned(

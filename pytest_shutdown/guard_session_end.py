@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
-from pytest_shutdown.guard_state import GuardState, _finds_late
+from pytest_shutdown.guard_state import GuardState
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources.primitives import Started, descendant_pids
 
@@ -45,7 +45,7 @@ class SessionEnd(GuardState):
         mode's pending candidates are confirmed first, with no wait (see pending.py)."""
         if self._deferred is not None and len(self._deferred):
             self._reported_at_end = self._deferred.confirm_all()
-        late_finders = [k for k in self._objects if _finds_late(k)]
+        late_finders = [k for k in self._objects if k.finds_late]
         if late_finders:  # what left the last tests' trees after their checks
             self._snapshot(late_finders)
             self._report_late()
@@ -58,11 +58,8 @@ class SessionEnd(GuardState):
             kind = self._by_name.get(name)
             if kind is None:
                 continue
-            if hasattr(kind, "settle_long_lived"):  # listed only: no whole-heap collection
-                thorough = self.settings.long_lived == "fail"
-                left = kind.settle_long_lived(tuple(items), now, thorough=thorough)
-            else:
-                left = kind.settle(tuple(items), now)
+            thorough = self.settings.long_lived == "fail"  # else listed only: no whole-heap gc
+            left = kind.settle_long_lived(tuple(items), now, thorough=thorough)
             alive.update((name, item) for item in left)
         for key, record in self._long_lived.items():
             if key in alive:
@@ -85,9 +82,7 @@ class SessionEnd(GuardState):
         origins.set_current_test(None)
         self.containment.release()
         for kind in self.kinds:  # a kind that installed something (a recorder) removes it
-            close = getattr(kind, "close", None)
-            if callable(close):
-                close()
+            kind.close()
         if self._blocking_exit and self.settings.mode == "fail":
             # The report and the record log are written (the report plugin's sessionfinish).
             from pytest_shutdown.exit_bound import bound_the_exit  # noqa: PLC0415
@@ -203,10 +198,9 @@ class SessionEnd(GuardState):
         daemonises after a delay): a record for that test, a warning in warn mode; fail mode
         stops it and the session fails."""
         for kind in self._objects:
-            if not _finds_late(kind):
+            if not kind.finds_late:
                 continue
-            late_items = getattr(kind, "late_items")  # noqa: B009 - optional, see _finds_late
-            for nodeid, items in late_items().items():
+            for nodeid, items in kind.late_items().items():
                 if kind.name in self._allowed_late.get(nodeid, ()):
                     continue  # its test allowed such leaks
                 name = nodeid.rpartition("::")[2] or nodeid

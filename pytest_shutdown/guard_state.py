@@ -28,7 +28,7 @@ from pytest_shutdown.ownership.containment import Containment
 from pytest_shutdown.pending import DeferredLeaks
 from pytest_shutdown.report import ShutdownReport, render_findings
 from pytest_shutdown.resources import default_kinds
-from pytest_shutdown.resources.base import ObjectKind, ResourceKind
+from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.marks import FingerprintPass
 from pytest_shutdown.resources.primitives import descendant_pids
 from pytest_shutdown.settings import AllowLeaks, GuardSettings, shows_details
@@ -48,7 +48,7 @@ class _Watch:
     class: one is made per test, and a dataclass's generated methods cost 0.5 ms to make.)"""
 
     __slots__ = ("item", "before", "marks", "allow", "budget_s", "finished", "timed_out",
-                 "failed", "groups_before", "gap_unread", "nodeid")
+                 "failed", "gap_unread", "nodeid")
 
     def __init__(
         self,
@@ -56,7 +56,6 @@ class _Watch:
         before: Snapshot,
         allow: AllowLeaks | None,
         budget_s: float,
-        groups_before: frozenset[str] = frozenset(),
         marks: list[Any] | None = None,
     ) -> None:
         self.item = item
@@ -70,8 +69,6 @@ class _Watch:
         self.finished: list[tuple[_Owned, Snapshot]] = []
         self.timed_out = False
         self.failed = False
-        #: The torch.distributed process groups initialised before the test (usually none).
-        self.groups_before = groups_before
         #: ``before`` is the last clean check's, the gap since then not read (_QUIET_GAPS_TRUSTED)
         self.gap_unread = False
 
@@ -79,13 +76,8 @@ class _Watch:
 def _fingerprinted_by_others(kind: ResourceKind, on: Mapping[str, ResourceKind]) -> bool:
     """Whether the kinds ``kind`` names in ``fingerprinted_by`` are all on (their fingerprints
     then move whenever its own would)."""
-    others = getattr(kind, "fingerprinted_by", ())
+    others = kind.fingerprinted_by
     return bool(others) and all(name in on for name in others)
-
-
-def _finds_late(kind: ResourceKind) -> bool:
-    """Whether the kind reports items after their test ended (``late_items``, optional)."""
-    return getattr(type(kind), "late_items", ObjectKind.late_items) is not ObjectKind.late_items
 
 
 class GuardState:
@@ -112,8 +104,8 @@ class GuardState:
         #: reported, never stopped (fail mode kills only what is certainly the test's).
         self._uncertain: set[tuple[str, Any]] = set()
         for kind in self._objects:
-            if _finds_late(kind):  # the guard keeps the current test: late items are told apart
-                kind.track_late = True  # type: ignore[attr-defined]
+            if kind.finds_late:  # the guard keeps the current test: late items are told apart
+                kind.track_late = True
         self._states = [k for k in self.kinds if k.stateful]
         self._by_name = {k.name: k for k in self.kinds}
         #: The kinds whose fingerprints the fast path compares: not one whose fingerprint is
@@ -123,7 +115,7 @@ class GuardState:
         )
         #: kind -> the kinds whose fingerprints stand for its own (the ports kind's)
         self._covered = {
-            k.name: tuple(getattr(k, "fingerprinted_by", ()))
+            k.name: tuple(k.fingerprinted_by)
             for k in self.kinds
             if _fingerprinted_by_others(k, self._by_name)
         }

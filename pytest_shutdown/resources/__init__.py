@@ -30,6 +30,10 @@ KINDS: dict[str, tuple[str, str]] = {
     "shm": ("shm", "pytest_shutdown.resources.shm:ShmKind"),
     "global-state": ("global_state", "pytest_shutdown.resources.global_state:GlobalStateKind"),
     "atexit": ("atexit", "pytest_shutdown.resources.atexit_holds:AtexitKind"),
+    "process-groups": (
+        "process_groups",
+        "pytest_shutdown.resources.process_groups:ProcessGroupKind",
+    ),
 }
 
 

@@ -53,19 +53,35 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
 A kind that installs something for the session (a recorder) may define ``close()``: the guard
 calls it at ``pytest_unconfigure``.
 
-A new kind is a new module with a class of this shape and one line in
-:data:`pytest_shutdown.resources.KINDS`.
+The optional parts (``mark``, ``reads_alone``, ``fingerprinted_by``, ``unmoved_since``,
+``ends_by_itself``, ``still_there``, ``started_outside_tests``, ``known_referrers``,
+``kept_by_libraries``, ``settle_long_lived``, ``finds_late``/``track_late``/``late_items``,
+``close``) are declared once, with their defaults, on :class:`KindDefaults`, which
+:class:`ObjectKind` and :class:`StateKind` derive from: every kind derives from one of them, and
+the guard calls the parts directly, never probing for them.
+
+A new kind is a new module with a class of this shape (a subclass of :class:`ObjectKind` or
+:class:`StateKind`) and one line in :data:`pytest_shutdown.resources.KINDS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from typing import Any, Protocol, runtime_checkable
 
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 
-__all__ = ["Allowance", "Change", "ResourceKind", "after_grace"]
+__all__ = [
+    "Allowance",
+    "Change",
+    "KindDefaults",
+    "ObjectKind",
+    "ResourceKind",
+    "StateKind",
+    "after_grace",
+]
 
 
 #: What ``@pytest.mark.allow_leaks(<allow_key>=...)`` gave one kind: True (anything), or
@@ -106,6 +122,33 @@ class ResourceKind(Protocol):
 
     def restore(self, items: Sequence[Any]) -> None: ...
 
+    # --- the optional parts: their defaults and what they mean are on KindDefaults ---
+
+    mark: str | None
+    reads_alone: bool
+    fingerprinted_by: tuple[str, ...]
+    ends_by_itself: bool
+    finds_late: bool
+    track_late: bool
+
+    def unmoved_since(self, before: Any, moved: AbstractSet[str]) -> bool: ...
+
+    def still_there(self, items: Sequence[Any]) -> Sequence[Any]: ...
+
+    def started_outside_tests(self, items: Sequence[Any]) -> AbstractSet[Any]: ...
+
+    def known_referrers(self, items: Sequence[Any]) -> Mapping[Any, Sequence[object]]: ...
+
+    def kept_by_libraries(self, items: Sequence[Any]) -> Mapping[Any, str]: ...
+
+    def settle_long_lived(
+        self, items: Sequence[Any], deadline: float, *, thorough: bool = False
+    ) -> Sequence[Any]: ...
+
+    def late_items(self) -> Mapping[str, Sequence[Any]]: ...
+
+    def close(self) -> None: ...
+
 
 @lazy_dataclass(frozen=True)
 class Change:
@@ -122,7 +165,80 @@ class Change:
     undo: Callable[[], None] | None = None
 
 
-class ObjectKind:
+class KindDefaults:
+    """The optional parts of :class:`ResourceKind`, each declared once with its default (what
+    a kind that does not define it answers). :class:`ObjectKind` and :class:`StateKind` derive
+    from it; the guard calls these directly."""
+
+    #: The one shared reading that stands for the kind's fingerprint
+    #: (:data:`pytest_shutdown.resources.marks.MARKS`); None: the kind is asked itself.
+    mark: str | None = None
+    #: The kind's fingerprint shares no reading with another kind's: asked outside a moment.
+    reads_alone: bool = False
+    #: The kinds whose fingerprints move whenever this one's would (the ports kind: the fds
+    #: and the processes): while they are on, the guard compares theirs, not this one's.
+    fingerprinted_by: tuple[str, ...] = ()
+    #: The kind's items end by themselves (threads, processes): :meth:`still_there` says which
+    #: have, and the guard gives new ones a brief wait before the ownership search.
+    ends_by_itself: bool = False
+    #: The kind reports items found after their test had ended (:meth:`late_items`).
+    finds_late: bool = False
+    #: Set by the guard on a kind that :attr:`finds_late`: keep the current test, to tell late
+    #: items apart.
+    track_late: bool = False
+
+    def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def unmoved_since(self, before: Any, moved: AbstractSet[str]) -> bool:
+        """With :attr:`fingerprinted_by`: whether the kind's own fingerprint cannot have moved
+        since the snapshot ``before`` although the kinds named in ``moved`` did. Default: it
+        may have (the kind counts as moved with them)."""
+        return False
+
+    def still_there(self, items: Sequence[Any]) -> Sequence[Any]:
+        """With :attr:`ends_by_itself`: what of ``items`` is still there now, without waiting
+        or collecting. Default: all of them."""
+        return items
+
+    def started_outside_tests(self, items: Sequence[Any]) -> AbstractSet[Any]:
+        """Of new ``items``, those whose recorded start was outside any test (in the gap
+        before it, when the guard did not read that gap). Default: none known."""
+        return frozenset()
+
+    def known_referrers(self, items: Sequence[Any]) -> Mapping[Any, Sequence[object]]:
+        """With ``targets``: objects known to refer to an item's target directly (an
+        ``atexit`` registration's bound method), keyed by item; the ownership search walks
+        them from its first heap pass on. Default: none known."""
+        return {}
+
+    def kept_by_libraries(self, items: Sequence[Any]) -> Mapping[Any, str]:
+        """Of a fixture's leftover ``items``, those a loaded native library keeps for the
+        process's lifetime, with the library's name: listed as long-lived, not a finding.
+        Default: none."""
+        return {}
+
+    def settle_long_lived(
+        self, items: Sequence[Any], deadline: float, *, thorough: bool = False
+    ) -> Sequence[Any]:
+        """:meth:`settle` for the long-lived list at session end; a kind whose items a
+        collection releases collects the whole heap only when ``thorough`` (the list fails the
+        session). Default: :meth:`settle`."""
+        return self.settle(items, deadline)
+
+    def late_items(self) -> Mapping[str, Sequence[Any]]:
+        """With :attr:`finds_late`: items found after the test that made them had ended, by
+        that test's node id (a process that left the test's tree later); each handed out
+        once. Default: none."""
+        return {}
+
+    def close(self) -> None:
+        """Remove what the kind installed for the session (a recorder): called at
+        ``pytest_unconfigure``. Default: nothing installed."""
+        return None
+
+
+class ObjectKind(KindDefaults):
     """Defaults for a kind whose items are objects that end by themselves (threads, pids)."""
 
     stateful = False
@@ -150,13 +266,8 @@ class ObjectKind:
     def restore(self, items: Sequence[Any]) -> None:
         return None
 
-    def late_items(self) -> Mapping[str, Sequence[Any]]:
-        """Items found after the test that made them had ended, by that test's node id (a
-        process that left the test's tree later); each handed out once."""
-        return {}
 
-
-class StateKind:
+class StateKind(KindDefaults):
     """Defaults for a kind whose items are :class:`Change` records of process-wide state.
 
     Subclasses define ``snapshot()`` and ``diff(before, after)``; a change made by a wider-scope
@@ -186,9 +297,6 @@ class StateKind:
         return self.rebase(before, start, end)
 
     def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
-        return {}
-
-    def late_items(self) -> Mapping[str, Sequence[Any]]:
         return {}
 
     def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:

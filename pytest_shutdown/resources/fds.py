@@ -38,9 +38,9 @@ from pytest_shutdown._os.moments import reading
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import socket_inode
+from pytest_shutdown.resources.base import Extra, ObjectKind
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.resources.base import Extra
     from pytest_shutdown.resources.sockets import SocketInfo
 
 __all__ = [
@@ -837,7 +837,7 @@ def _innermost(objects: Sequence[object]) -> object:
     return objects[0]
 
 
-class FdKind:
+class FdKind(ObjectKind):
     """The ``fds`` resource kind (see the module docstring).
 
     A listening or bound socket is the ``ports`` kind's (``port-leak``), not an ``fd-leak``.
@@ -846,7 +846,6 @@ class FdKind:
     name = "fds"
     allow_key = "fds"
     mark = "fd_count"  # the guard's one-pass reading (resources.marks)
-    stateful = False
 
     def __init__(self) -> None:
         #: fd -> the types of the Python objects wrapping it (names only: holding the objects
@@ -976,7 +975,7 @@ class FdKind:
         return kept_by_libraries(items)
 
     def settle_long_lived(
-        self, items: Sequence[FdItem], deadline: float, *, thorough: bool
+        self, items: Sequence[FdItem], deadline: float, *, thorough: bool = False
     ) -> list[FdItem]:
         """What module globals and class attributes owned that is still open at session end:
         what a remembered owner still reaches is open for good, no collection asked; the rest

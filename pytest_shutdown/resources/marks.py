@@ -28,6 +28,9 @@ once, with the system call inline, and asks only the other kinds for theirs:
                     number (a test that swapped one descriptor for another moves it)
 ``"shm_state"``     ``/dev/shm``'s modification time and size
 ``"atexit_count"``  the registrations recorded so far
+``"c10d"``          the initialised process groups' names
+                    (:func:`~pytest_shutdown.resources.process_groups.group_names`: one
+                    lookup in ``sys.modules`` while ``torch.distributed`` is not loaded)
 ==================  =======================================================================
 
 The pass's marks are only compared with another pass's marks: equal means no kind's
@@ -55,6 +58,7 @@ from pytest_shutdown.resources.primitives import (
     descendants_if_nothing_of_ours,
     nothing_of_ours_since,
 )
+from pytest_shutdown.resources.process_groups import group_names
 
 __all__ = ["MARKS", "FingerprintPass"]
 
@@ -66,6 +70,7 @@ MARKS = (
     "fd_count",
     "shm_state",
     "atexit_count",
+    "c10d",
 )
 _LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
 #: Bumped in a forked child: the pass's held descriptors are the parent's, closed there.
@@ -108,7 +113,7 @@ class FingerprintPass:
         self._forks = _forks
         by_mark: dict[str, list[Any]] = {}
         for kind in self.kinds:
-            mark = getattr(kind, "mark", None)
+            mark = kind.mark
             by_mark.setdefault(mark if mark in MARKS else "", []).append(kind)
         tables = _thread_tables() if "threads" in by_mark else None
         self._threads = tables
@@ -137,8 +142,11 @@ class FingerprintPass:
             self._shm = []
         #: Kinds asked themselves: those that share no reading with another are asked without
         #: a moment (global-state), the others inside one.
-        self._alone = [kind for kind in own if getattr(kind, "reads_alone", False)]
+        self._alone = [kind for kind in own if kind.reads_alone]
         self._alone_reads = [kind.fingerprint for kind in self._alone]
+        c10d = by_mark.get("c10d", [])  # a module function: one lookup without torch.distributed
+        self._alone += c10d
+        self._alone_reads += [group_names] * len(c10d)
         self._own = [kind for kind in own if kind not in self._alone]
         self._owners = self._positions(by_mark)
 

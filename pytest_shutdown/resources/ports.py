@@ -21,6 +21,7 @@ from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import socket_inode
+from pytest_shutdown.resources.base import Extra, ObjectKind
 from pytest_shutdown.resources.fds import (
     FdFingerprint,
     FdKind,
@@ -32,7 +33,6 @@ from pytest_shutdown.resources.fds import (
 from pytest_shutdown.resources.primitives import descendant_pids, multiprocessing_helper_pids
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.resources.base import Extra
     from pytest_shutdown.resources.sockets import SocketInfo
 
 __all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of", "port_findings"]
@@ -191,12 +191,11 @@ def port_findings(
     ]
 
 
-class PortKind:
+class PortKind(ObjectKind):
     """The ``ports`` resource kind (see the module docstring)."""
 
     name = "ports"
     allow_key = "ports"
-    stateful = False
     #: The fd fingerprint and the descendants: what :meth:`fingerprint` reads (see base).
     fingerprinted_by = ("fds", "processes")
 
@@ -269,7 +268,7 @@ class PortKind:
         return settle(items, deadline)
 
     def settle_long_lived(
-        self, items: Sequence[PortItem], deadline: float, *, thorough: bool
+        self, items: Sequence[PortItem], deadline: float, *, thorough: bool = False
     ) -> list[PortItem]:
         """What is still there at session end, for the list of long-lived resources."""
         return _cheap.settle_listed(items, still_bound, deadline, thorough=thorough)

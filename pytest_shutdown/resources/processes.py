@@ -54,6 +54,8 @@ class ProcessKind(ObjectKind):
     mark = "last_pid"  # the guard's one-pass reading (resources.marks)
     #: Its items end by themselves (:meth:`still_there` says which have).
     ends_by_itself = True
+    #: Reports a process that left its test's tree after the check (:meth:`late_items`).
+    finds_late = True
 
     def __init__(self) -> None:
         #: Whether processes that appear after their test are told apart (the guard turns it

@@ -35,12 +35,13 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources import _cheap
+from pytest_shutdown.resources.base import Extra, ObjectKind
 
 __all__ = [
     "ShmItem",
@@ -61,9 +62,6 @@ NEVER_BLAMED: tuple[str, ...] = ("torch_*", "sem.loky-*")
 _CREATOR = re.compile(r"^psd_(\d+)_")
 
 _listing: tuple[tuple[int, int] | None, Mapping[str, int]] | None = None
-
-if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.resources.base import Extra
 
 
 class ShmSnapshot(FrozenRecord):
@@ -486,13 +484,12 @@ def unlink(items: Iterable[ShmItem]) -> list[str]:
     return done
 
 
-class ShmKind:
+class ShmKind(ObjectKind):
     """The ``shm`` resource kind (see the module docstring)."""
 
     name = "shm"
     allow_key = "shm"
     mark = "shm_state"  # the guard's one-pass reading (resources.marks)
-    stateful = False
 
     def __init__(self) -> None:
         self._holders: dict[str, list[int]] = {}
@@ -549,7 +546,7 @@ class ShmKind:
         return settle(items, deadline)
 
     def settle_long_lived(
-        self, items: Sequence[ShmItem], deadline: float, *, thorough: bool
+        self, items: Sequence[ShmItem], deadline: float, *, thorough: bool = False
     ) -> list[ShmItem]:
         """What is still there at session end, for the list of long-lived resources."""
         return _cheap.settle_listed(items, still_present, deadline, thorough=thorough)

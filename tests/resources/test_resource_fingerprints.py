@@ -100,7 +100,7 @@ def _native_thread_starter(undo: list[Callable[[], object]], name: bytes) -> Cal
 @pytest.mark.parametrize(
     "name",
     ["threads", "native-threads", "processes", "collateral", "gc-freeze", "fds", "ports", "shm",
-     "global-state", "atexit"],
+     "global-state", "atexit", "process-groups"],
 )
 def test_nothing_changed_nothing_moves(name: str) -> None:
     """Four readings in a row are equal. The process-wide readings (the fds and ports kinds

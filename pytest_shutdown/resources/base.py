@@ -53,12 +53,23 @@ per kind (:mod:`pytest_shutdown.guard` only iterates them):
 A kind that installs something for the session (a recorder) may define ``close()``: the guard
 calls it at ``pytest_unconfigure``.
 
+At session end the guard calls two optional hooks on every kind, in order, each given a
+:class:`SessionEndContext` (the data they need, not the guard):
+
+* ``sweep_session_end(end)``: what the session's tests left of this kind that no test's check
+  saw (the processes kind: descendants started since the session began, however re-parented),
+  reported as findings of ``<session end>``; fail mode stops them. Not called on the xdist
+  controller (its workers sweep their own).
+* ``blocking_exit(end)``: what the tests left of this kind that would block the interpreter's
+  exit (the threads kind: the non-daemon threads it reported, still alive), reported as
+  findings of ``<session end>``; returned, and fail mode bounds the exit's wait for them.
+
 The optional parts (``mark``, ``reads_alone``, ``fingerprinted_by``, ``unmoved_since``,
 ``ends_by_itself``, ``still_there``, ``started_outside_tests``, ``known_referrers``,
 ``kept_by_libraries``, ``settle_long_lived``, ``finds_late``/``track_late``/``late_items``,
-``close``) are declared once, with their defaults, on :class:`KindDefaults`, which
-:class:`ObjectKind` and :class:`StateKind` derive from: every kind derives from one of them, and
-the guard calls the parts directly, never probing for them.
+``close``, ``sweep_session_end``, ``blocking_exit``) are declared once, with their defaults,
+on :class:`KindDefaults`, which :class:`ObjectKind` and :class:`StateKind` derive from: every
+kind derives from one of them, and the guard calls the parts directly, never probing for them.
 
 A new kind is a new module with a class of this shape (a subclass of :class:`ObjectKind` or
 :class:`StateKind`) and one line in :data:`pytest_shutdown.resources.KINDS`.
@@ -68,10 +79,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
+
+if TYPE_CHECKING:  # pragma: no cover
+    import threading
+
+    from pytest_shutdown.ownership.containment import Containment
 
 __all__ = [
     "Allowance",
@@ -79,6 +95,8 @@ __all__ = [
     "KindDefaults",
     "ObjectKind",
     "ResourceKind",
+    "SessionEndContext",
+    "SessionEndReport",
     "StateKind",
     "after_grace",
 ]
@@ -149,6 +167,10 @@ class ResourceKind(Protocol):
 
     def close(self) -> None: ...
 
+    def sweep_session_end(self, end: SessionEndContext) -> None: ...
+
+    def blocking_exit(self, end: SessionEndContext) -> Sequence[Any]: ...
+
 
 @lazy_dataclass(frozen=True)
 class Change:
@@ -163,6 +185,41 @@ class Change:
     before: Any
     after: Any
     undo: Callable[[], None] | None = None
+
+
+class SessionEndReport(Protocol):
+    """What a session-end hook may tell the report (the guard's report object)."""
+
+    def add_findings(self, nodeid: str, findings: list[dict[str, Any]]) -> None: ...
+
+    def exit_blocked(
+        self, threads: list[threading.Thread], described: list[dict[str, Any]]
+    ) -> None: ...
+
+
+@lazy_dataclass(frozen=True)
+class SessionEndContext:
+    """What the session-end hooks (``sweep_session_end``, ``blocking_exit``) are given: the
+    guard's data at the session's end, never the guard itself."""
+
+    #: The guard's mode, ``"warn"`` or ``"fail"``.
+    mode: str
+    #: The grace, in seconds (``--shutdown-grace``): fail mode's bound on the exit's wait.
+    grace_s: float
+    #: Where findings of ``<session end>`` go (:class:`SessionEndReport`).
+    report: SessionEndReport
+    #: The descendants of this process when the session began (none of its tests').
+    session_start_pids: AbstractSet[int]
+    #: The threads alive when the session began (none of its tests').
+    session_start_threads: AbstractSet[threading.Thread]
+    #: The session's containment (its marker, whether this process is a subreaper).
+    containment: Containment
+    #: ``(kind name, item)`` of the long-lived resources (a module global's pool): listed as
+    #: long-lived, not reported again.
+    long_lived: tuple[tuple[str, Any], ...]
+    #: ``(kind name, item)`` of the last tests' leaks reported with their test at session end
+    #: (warn mode, pending.py): not reported again.
+    reported_at_end: AbstractSet[tuple[str, Any]]
 
 
 class KindDefaults:
@@ -236,6 +293,22 @@ class KindDefaults:
         """Remove what the kind installed for the session (a recorder): called at
         ``pytest_unconfigure``. Default: nothing installed."""
         return None
+
+    def sweep_session_end(self, end: SessionEndContext) -> None:
+        """At session end, what the session's tests left of this kind that no test's check
+        saw (a process re-parented away from its test's tree): reported to ``end.report`` as
+        findings of ``<session end>``; fail mode stops them. Called for every kind in order,
+        not on the xdist controller (its workers sweep their own). Default: nothing to
+        sweep."""
+        return None
+
+    def blocking_exit(self, end: SessionEndContext) -> Sequence[Any]:
+        """At session end, after every kind's :meth:`sweep_session_end`: what the tests left
+        of this kind that will block the interpreter's exit (a non-daemon thread), reported to
+        ``end.report`` as findings of ``<session end>``, and returned: fail mode bounds the
+        exit's wait for them (``pytest_unconfigure``). Called for every kind in order.
+        Default: nothing blocks."""
+        return ()
 
 
 class ObjectKind(KindDefaults):

@@ -5,14 +5,14 @@
   (:meth:`SessionEnd._report_late`).
 - The long-lived resources (a module global's pool, a library's monitor thread) still alive
   are listed; ``--shutdown-long-lived=fail`` fails the session with them.
-- The sweep: nothing a test started may remain (:meth:`SessionEnd._sweep_session`); the
-  non-daemon threads tests left would block the interpreter's exit
-  (:meth:`SessionEnd._note_threads_blocking_exit`): fail mode bounds it (``pytest_unconfigure``).
+- The kinds' session-end hooks (:meth:`SessionEnd._end_the_kinds`), every kind in order: the
+  sweep, nothing a test started may remain (``sweep_session_end``); then what the tests left
+  that would block the interpreter's exit (``blocking_exit``): fail mode bounds the exit's
+  wait for it (``pytest_unconfigure``).
 """
 
 from __future__ import annotations
 
-import threading
 import time
 import warnings
 from collections.abc import Set as AbstractSet
@@ -23,11 +23,8 @@ import pytest
 from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.guard_state import GuardState
 from pytest_shutdown.ownership import origins
-from pytest_shutdown.resources.primitives import Started, descendant_pids
-
-#: Extra looks of the fail-mode session-end sweep for a process that hopped (forked and
-#: exited) between the look and the kill.
-_SWEEP_ROUNDS = 5
+from pytest_shutdown.resources import session_end_kinds
+from pytest_shutdown.resources.base import SessionEndContext
 
 
 class SessionEnd(GuardState):
@@ -64,8 +61,7 @@ class SessionEnd(GuardState):
         for key, record in self._long_lived.items():
             if key in alive:
                 self.report.add_long_lived(record)
-        self._sweep_session()
-        self._note_threads_blocking_exit()
+        self._end_the_kinds()
         self._exitstatus = int(session.exitstatus)
         self._long_lived.clear()
         if self._late_failures and session.exitstatus == pytest.ExitCode.OK:
@@ -89,109 +85,27 @@ class SessionEnd(GuardState):
 
             bound_the_exit(self._blocking_exit, self.settings.grace_s, self._exitstatus)
 
-    def _note_threads_blocking_exit(self) -> None:
-        """Non-daemon threads tests leaked (reported as ``thread-leak``) still alive block the
-        interpreter's exit (``threading._shutdown`` joins them): say so; fail mode bounds it."""
-        from pytest_shutdown.resources.primitives import leak_findings  # noqa: PLC0415
-
-        kind = self._by_name.get("threads")
-        tools = getattr(kind, "tools", None)
-        from pytest_shutdown.resources.threads import REPORTED  # noqa: PLC0415
-
-        blocking = [
-            t
-            for t in list(REPORTED)  # a test's leak, not a global's pool (listed as long-lived)
-            if t not in self._session_start_threads
-            and not t.daemon
-            and t.is_alive()
-            and t is not threading.current_thread()
-            and not isinstance(t, threading._DummyThread)
-            and not (tools is not None and tools(t))
-        ]
-        if not blocking:
-            return
-        self._blocking_exit = blocking
-        findings = leak_findings(Started(tuple(blocking)), grace=0.0, subject="the session")
-        plain = [f.to_dict() for f in findings]
-        if self.settings.mode == "warn":  # the report says so until the exit is unblocked
-            records = [r for f in plain for r in f["details"].get("threads", [])]
-            self.report.exit_blocked(
-                blocking,
-                [
-                    {k: r.get(k) for k in ("name", "ident", "started_in", "started_at")}
-                    for r in records
-                ],
-            )
-        for finding in plain:
-            names = ", ".join(repr(t.name) for t in blocking)
-            finding["message"] = (
-                f"{len(blocking)} non-daemon thread{'s' if len(blocking) != 1 else ''} started "
-                f"by the session's tests still running at session end: {names}; "
-                + (
-                    f"the exit waits at most the {self.settings.grace_s:g} s grace for "
-                    "them instead of hanging."
-                    if self.settings.mode == "fail"
-                    else "the interpreter's exit will wait for them (forever if they never end)."
-                )
-            )
-        self.report.add_findings("<session end>", plain)
-
-    def _sweep_session(self) -> None:
-        """At session end, nothing a test started may remain: descendants started since the
-        session began (found however they were re-parented) that no module global owns are
-        listed as ``process-leak`` of the session; fail mode kills them. Adopted zombies are
-        reaped. Not on the xdist controller (its workers sweep their own)."""
-        if self.config.pluginmanager.hasplugin("dsession"):
-            return
-        from pytest_shutdown.ownership.containment import reap_adopted  # noqa: PLC0415
-        from pytest_shutdown.resources.primitives import (  # noqa: PLC0415
-            _walk_descendants,
-            multiprocessing_helper_pids,
-            process_running,
+    def _end_the_kinds(self) -> None:
+        """Every kind's session-end hooks, in order, given the session's data (not the guard):
+        first the sweep of what the session's tests left (not on the xdist controller: its
+        workers sweep their own), then what would block the interpreter's exit (kept for fail
+        mode's bound, ``pytest_unconfigure``)."""
+        end = SessionEndContext(
+            mode=self.settings.mode,
+            grace_s=self.settings.grace_s,
+            report=self.report,
+            session_start_pids=self._session_start_pids,
+            session_start_threads=self._session_start_threads,
+            containment=self.containment,
+            long_lived=tuple(self._long_lived),
+            reported_at_end=self._reported_at_end,
         )
-        from pytest_shutdown.resources.processes import (  # noqa: PLC0415
-            ProcessKind,
-            stop_processes,
-        )
-
-        now = descendant_pids()
-        if not self.containment.subreaper:  # re-parented ones are found by their marker
-            now = now | frozenset(self.containment.stray_marked(now))
-        if not now:
-            return
-        kept = set(self._session_start_pids) | set(multiprocessing_helper_pids())
-        for name, item in [*self._long_lived, *self._reported_at_end]:
-            # a global's pool, listed as long-lived, or a test's leak just reported with its
-            # test (warn mode, pending.py): not listed again
-            if name == "processes":
-                kept.add(item)
-                kept.update(_walk_descendants(item) or ())
-        left = tuple(sorted(p for p in now - kept if process_running(p)))
-        reap_adopted(now - set(left))
-        if not left:
-            return
-        findings = ProcessKind().findings(left, "the session's tests", grace=0.0)
-        plain = [f.to_dict() for f in findings]
-        for finding in plain:
-            procs = finding["details"].get("processes", [])
-            described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in procs)
-            count = len(procs)
-            finding["message"] = (
-                f"{count} process{'es' if count != 1 else ''} started by the session's tests "
-                f"still running at session end: {described}"
-                + ("; killed." if self.settings.mode == "fail" else ".")
-            )
-        self.report.add_findings("<session end>", plain)
-        if self.settings.mode == "fail":
-            stop_processes(left, why="the session-end sweep (fail mode)")
-            # A fork-and-exit hopper may have hopped between the look and the kill: look again
-            # (a few rounds, each one pass), and stop what still carries the marker.
-            for _ in range(_SWEEP_ROUNDS):
-                again = frozenset(self.containment.stray_marked(kept)) - kept
-                again = frozenset(p for p in again if process_running(p))
-                if not again:
-                    break
-                stop_processes(sorted(again), why="the session-end sweep (fail mode)")
+        kinds = session_end_kinds(self.kinds, settings=self.settings)
+        if not self.config.pluginmanager.hasplugin("dsession"):
+            for kind in kinds:
+                kind.sweep_session_end(end)
+        for kind in kinds:
+            self._blocking_exit.extend(kind.blocking_exit(end))
 
     def _report_late(self) -> None:
         """Report what the kinds found after the test that made it had ended (a launcher that

@@ -16,7 +16,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.resources.base import ResourceKind
 
-__all__ = ["KINDS", "allow_keys", "default_kinds", "kind_names", "load_kind"]
+__all__ = [
+    "ENDS_EVERY_SESSION",
+    "KINDS",
+    "allow_keys",
+    "default_kinds",
+    "kind_names",
+    "load_kind",
+    "session_end_kinds",
+]
 
 #: kind name -> (allow_leaks keyword, "module:Class"). Order is the order of the findings.
 KINDS: dict[str, tuple[str, str]] = {
@@ -35,6 +43,11 @@ KINDS: dict[str, tuple[str, str]] = {
         "pytest_shutdown.resources.process_groups:ProcessGroupKind",
     ),
 }
+
+#: The kinds whose session-end hooks run whether or not ``--shutdown-resources`` chose them:
+#: the processes kind's sweep keeps the containment's promise that nothing the session's tests
+#: started outlives the session.
+ENDS_EVERY_SESSION: frozenset[str] = frozenset({"processes"})
 
 
 def kind_names() -> tuple[str, ...]:
@@ -70,3 +83,16 @@ def default_kinds(names: Iterable[str] | None = None, **options: Any) -> list[Re
     """The kinds the guard walks: ``names`` (validated by the settings), else every kind."""
     chosen = set(KINDS if names is None else names)
     return [load_kind(name, **options) for name in KINDS if name in chosen]
+
+
+def session_end_kinds(chosen: Iterable[ResourceKind], **options: Any) -> list[ResourceKind]:
+    """The kinds whose session-end hooks the guard calls, in registry order: the ``chosen``
+    kinds (the guard's own), and a kind of :data:`ENDS_EVERY_SESSION` built now when it was not
+    chosen."""
+    by_name = {kind.name: kind for kind in chosen}
+    ends = [
+        by_name.pop(name) if name in by_name else load_kind(name, **options)
+        for name in KINDS
+        if name in by_name or name in ENDS_EVERY_SESSION
+    ]
+    return ends + list(by_name.values())  # a kind outside the registry last (none today)

@@ -19,9 +19,10 @@ from pytest_shutdown.ownership.containment import (
     reap_adopted,
     started_in_test,
 )
-from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
+from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind, SessionEndContext
 from pytest_shutdown.resources.primitives import (
     Started,
+    _walk_descendants,
     await_exit,
     descendant_pids,
     kill_process_trees,
@@ -42,6 +43,10 @@ UNKNOWN_SITE = (
 #: Pids reported as ``process-leak`` (oldest dropped first): a later test that ends one of
 #: them is cleaning up, not killing a bystander (see the collateral kind).
 REPORTED: dict[int, None] = {}
+
+#: Extra looks of the fail-mode session-end sweep for a process that hopped (forked and
+#: exited) between the look and the kill.
+_SWEEP_ROUNDS = 5
 
 
 class ProcessKind(ObjectKind):
@@ -157,6 +162,50 @@ class ProcessKind(ObjectKind):
 
     def restore(self, items: Sequence[int]) -> None:
         stop_processes(items, why="the guard restores order (fail mode)")
+
+    def sweep_session_end(self, end: SessionEndContext) -> None:
+        """At session end, nothing a test started may remain: descendants started since the
+        session began (found however they were re-parented) that no module global owns are
+        listed as ``process-leak`` of the session; fail mode kills them. Adopted zombies are
+        reaped."""
+        now = descendant_pids()
+        containment = end.containment
+        if not containment.subreaper:  # re-parented ones are found by their marker
+            now = now | frozenset(containment.stray_marked(now))
+        if not now:
+            return
+        kept = set(end.session_start_pids) | set(multiprocessing_helper_pids())
+        for name, item in [*end.long_lived, *end.reported_at_end]:
+            # a global's pool, listed as long-lived, or a test's leak just reported with its
+            # test (warn mode, pending.py): not listed again
+            if name == self.name:
+                kept.add(item)
+                kept.update(_walk_descendants(item) or ())
+        left = tuple(sorted(p for p in now - kept if process_running(p)))
+        reap_adopted(now - set(left))
+        if not left:
+            return
+        plain = [f.to_dict() for f in self.findings(left, "the session's tests", grace=0.0)]
+        for finding in plain:
+            procs = finding["details"].get("processes", [])
+            described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in procs)
+            count = len(procs)
+            finding["message"] = (
+                f"{count} process{'es' if count != 1 else ''} started by the session's tests "
+                f"still running at session end: {described}"
+                + ("; killed." if end.mode == "fail" else ".")
+            )
+        end.report.add_findings("<session end>", plain)
+        if end.mode == "fail":
+            stop_processes(left, why="the session-end sweep (fail mode)")
+            # A fork-and-exit hopper may have hopped between the look and the kill: look again
+            # (a few rounds, each one pass), and stop what still carries the marker.
+            for _ in range(_SWEEP_ROUNDS):
+                again = frozenset(containment.stray_marked(kept)) - kept
+                again = frozenset(p for p in again if process_running(p))
+                if not again:
+                    break
+                stop_processes(sorted(again), why="the session-end sweep (fail mode)")
 
 
 #: Seconds a leaked ``multiprocessing.Pool`` has to stop through its own ``terminate()``.

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pytest_shutdown.ownership import origins
-from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
+from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind, SessionEndContext
 from pytest_shutdown.resources.primitives import (
     Started,
     ThreadFilter,
@@ -124,3 +124,45 @@ class ThreadKind(ObjectKind):
         return leak_findings(
             Started(tuple(items)), grace=grace, subject=subject, extra=dict(extra or {})
         )
+
+    def blocking_exit(self, end: SessionEndContext) -> list[threading.Thread]:
+        """Non-daemon threads tests leaked (reported as ``thread-leak``) still alive block the
+        interpreter's exit (``threading._shutdown`` joins them): say so (warn mode: the report
+        says the exit is blocked); returned, fail mode bounds the exit's wait for them."""
+        blocking = [
+            t
+            for t in list(REPORTED)  # a test's leak, not a global's pool (listed as long-lived)
+            if t not in end.session_start_threads
+            and not t.daemon
+            and t.is_alive()
+            and t is not threading.current_thread()
+            and not isinstance(t, threading._DummyThread)
+            and not self.tools(t)
+        ]
+        if not blocking:
+            return blocking
+        findings = leak_findings(Started(tuple(blocking)), grace=0.0, subject="the session")
+        plain = [f.to_dict() for f in findings]
+        if end.mode == "warn":  # the report says so until the exit is unblocked
+            records = [r for f in plain for r in f["details"].get("threads", [])]
+            end.report.exit_blocked(
+                blocking,
+                [
+                    {k: r.get(k) for k in ("name", "ident", "started_in", "started_at")}
+                    for r in records
+                ],
+            )
+        for finding in plain:
+            names = ", ".join(repr(t.name) for t in blocking)
+            finding["message"] = (
+                f"{len(blocking)} non-daemon thread{'s' if len(blocking) != 1 else ''} started "
+                f"by the session's tests still running at session end: {names}; "
+                + (
+                    f"the exit waits at most the {end.grace_s:g} s grace for "
+                    "them instead of hanging."
+                    if end.mode == "fail"
+                    else "the interpreter's exit will wait for them (forever if they never end)."
+                )
+            )
+        end.report.add_findings("<session end>", plain)
+        return blocking

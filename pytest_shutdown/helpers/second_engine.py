@@ -129,8 +129,7 @@ def assert_second_engine_clean(
     del engine
 
     try:
-        findings = _leftovers(
-            subject,
+        of_a = _OfEngineA(
             engine_ref,
             kinds,
             objects_before,
@@ -139,8 +138,8 @@ def assert_second_engine_clean(
             reader,
             memory_before,
             device_tolerance,
-            time.monotonic() + deadline_s,
         )
+        findings = _leftovers(subject, of_a, time.monotonic() + deadline_s)
     finally:
         close = getattr(reader, "close", None)
         if isinstance(device_memory, str) and callable(close):
@@ -182,23 +181,25 @@ def _weak(engine: object) -> Callable[[], object] | None:
         return None
 
 
-def _leftovers(
-    subject: str,
-    engine_ref: Callable[[], object] | None,
-    kinds: list[str],
-    objects_before: dict[str, int],
-    threads: list[weakref.ReferenceType[threading.Thread]],
-    fds: dict[str, str],
-    reader: MemoryReader | None,
-    memory_before: int | None,
-    device_tolerance: int,
-    deadline: float,
-) -> list[Finding]:
+class _OfEngineA(NamedTuple):
+    """What engine A was made of and what was there before it: what its leftovers are read
+    against."""
+
+    engine_ref: Callable[[], object] | None
+    kinds: list[str]
+    objects_before: dict[str, int]
+    threads: list[weakref.ReferenceType[threading.Thread]]
+    fds: dict[str, str]
+    reader: MemoryReader | None
+    memory_before: int | None
+    device_tolerance: int
+
+
+def _leftovers(subject: str, of_a: _OfEngineA, deadline: float) -> list[Finding]:
     """What is left of engine A at the deadline (polled: clean engines do not wait)."""
+    engine_ref, reader, memory_before = of_a.engine_ref, of_a.reader, of_a.memory_before
     while True:
-        left = _read_leftovers(
-            engine_ref, kinds, objects_before, threads, fds, reader, memory_before, device_tolerance
-        )
+        left = _read_leftovers(of_a)
         if left.nothing() or time.monotonic() >= deadline:
             break
         del left
@@ -212,7 +213,9 @@ def _leftovers(
         findings.append(_fds_left_open(subject, left.open_fds))
     if left.memory_held:
         assert left.memory is not None and memory_before is not None
-        findings.append(_memory_held(subject, reader, memory_before, left.memory, device_tolerance))
+        findings.append(
+            _memory_held(subject, reader, memory_before, left.memory, of_a.device_tolerance)
+        )
     return findings
 
 
@@ -238,18 +241,10 @@ class _Leftovers(NamedTuple):
         )
 
 
-def _read_leftovers(
-    engine_ref: Callable[[], object] | None,
-    kinds: list[str],
-    objects_before: dict[str, int],
-    threads: list[weakref.ReferenceType[threading.Thread]],
-    fds: dict[str, str],
-    reader: MemoryReader | None,
-    memory_before: int | None,
-    device_tolerance: int,
-) -> _Leftovers:
+def _read_leftovers(of_a: _OfEngineA) -> _Leftovers:
     """One reading, after a collection: the thread objects themselves are not kept (only their
     names), so the reading never keeps a thread of A alive."""
+    engine_ref, kinds, objects_before, threads, fds, reader, memory_before, device_tolerance = of_a
     gc.collect()
     alive = [t for t in (ref() for ref in threads) if t is not None and t.is_alive()]
     thread_names = [t.name for t in alive]

@@ -68,9 +68,15 @@ def test_one_still_empty_after_the_wait_is_read_once_more_at_the_next_look(
     marked_child: subprocess.Popen[bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(escaped, "EXEC_PATIENCE_S", 0.0)
-    _reads_empty_first(1, monkeypatch, marked_child.pid)
+    reads = _reads_empty_first(1, monkeypatch, marked_child.pid)
     assert marked_child.pid not in escaped.escaped_processes(frozenset(), _last_pid())
-    assert marked_child.pid in escaped.escaped_processes(frozenset(), _last_pid())
+    unread, looked_to = set(escaped._unread), escaped._looked_to
+    found = escaped.escaped_processes(frozenset(), _last_pid())
+    # (It failed once in a loaded CI run, found empty: the state says which step missed it.)
+    assert marked_child.pid in found, (
+        f"reads={reads} unread after the first look={unread} looked_to={looked_to} "
+        f"watching={escaped.watching()} alive={marked_child.poll() is None}"
+    )
 
 
 def test_a_process_with_no_environment_at_all_costs_one_wait_and_is_not_found(

@@ -132,20 +132,32 @@ def exit_stack_callbacks(stack: object) -> list[Callable[..., Any]]:
     return [cb for _is_sync, cb in list(entries)]
 
 
+def _copy(registry: dict[Any, Any]) -> dict[Any, Any]:
+    """A copy of a finalizer registry. ``list(registry.items())`` allocates as it goes: a
+    collection it sets off runs finalizers, which remove their entries mid-iteration
+    ("dictionary changed size during iteration", seen in ``make test``); ``dict.copy`` copies
+    the table at once."""
+    for _ in range(100):
+        try:
+            return registry.copy()
+        except RuntimeError:  # not a plain dict after all: try again
+            continue
+    return {}
+
+
 def finalizer_registrations(obj: object) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
     """``(func, args, kwargs)`` of every pending finalizer whose referent is ``obj``.
 
     Both ``weakref.finalize`` and ``multiprocessing.util.Finalize`` registrations are returned.
     """
     found: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
-    registry = getattr(weakref.finalize, "_registry", {})
-    for info in list(registry.values()):
+    for info in _copy(getattr(weakref.finalize, "_registry", {})).values():
         ref = getattr(info, "weakref", None)
         if ref is not None and ref() is obj:
             found.append((info.func, tuple(info.args), dict(info.kwargs or {})))
     mp_util = sys.modules.get("multiprocessing.util")
     if mp_util is not None:
-        for final in list(getattr(mp_util, "_finalizer_registry", {}).values()):
+        for final in _copy(getattr(mp_util, "_finalizer_registry", {})).values():
             ref = getattr(final, "_weakref", None)
             if ref is not None and ref() is obj:
                 found.append(
@@ -157,14 +169,13 @@ def finalizer_registrations(obj: object) -> list[tuple[Any, tuple[Any, ...], dic
 def pending_finalizers(obj: object) -> list[Callable[[], Any]]:
     """The pending finalizer objects of ``obj``: calling one runs what collection would run."""
     found: list[Callable[[], Any]] = []
-    registry = getattr(weakref.finalize, "_registry", {})
-    for final, info in list(registry.items()):
+    for final, info in _copy(getattr(weakref.finalize, "_registry", {})).items():
         ref = getattr(info, "weakref", None)
         if ref is not None and ref() is obj:
             found.append(final)
     mp_util = sys.modules.get("multiprocessing.util")
     if mp_util is not None:
-        for final in list(getattr(mp_util, "_finalizer_registry", {}).values()):
+        for final in _copy(getattr(mp_util, "_finalizer_registry", {})).values():
             ref = getattr(final, "_weakref", None)
             if ref is not None and ref() is obj:
                 found.append(final)

@@ -66,10 +66,11 @@ def test_a_process_caught_inside_an_exec_is_read_again_and_found(
 
 
 #: The looks that carry state from one to the next (what read empty is read once more at the
-#: next look), in a fresh interpreter: no other test's thread of this process can take a look
-#: between them (a loaded CI run once found the process missing at the second look).
+#: next look), in a fresh interpreter: no other thread of the test process takes a look between
+#: them. (A loaded CI run found the process missing at the second look, twice: the child was
+#: still inside its exec, its real environment empty, when the read that is not simulated came.)
 ACROSS_LOOKS = """
-import os, subprocess, sys
+import os, subprocess, sys, time
 from pytest_shutdown._os import escaped
 
 def last_pid():
@@ -82,6 +83,12 @@ before = last_pid()
 if case == "marked":
     env = {**os.environ, "PYTEST_SHUTDOWN_TEST_ESCAPED": "tok-escaped"}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], env=env)
+    # Popen returns once the exec closed its pipe, before the kernel has set up the new
+    # environment: on a busy machine it still reads empty for a moment (the very case the
+    # looks handle). Here the read that is not simulated must see it: wait until it does.
+    deadline = time.monotonic() + 10
+    while not escaped._read_environ(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.005)
 else:  # env -i: no environment at all
     child = subprocess.Popen(["sleep", "30"], env={})
 try:

@@ -40,11 +40,14 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             stacklevel=2,
         )
         module = importlib.import_module(new)
-        self._spec = module.__spec__  # the import system sets the alias's spec on it next
+        # The import system sets the alias's spec on the module next: keep the module's own.
+        spec.loader_state = module.__spec__
         return module
 
     def exec_module(self, module: ModuleType) -> None:
-        module.__spec__ = self._spec  # the module stays itself (reload, pickling)
+        spec = module.__spec__
+        assert spec is not None
+        module.__spec__ = spec.loader_state  # the module stays itself (reload, pickling)
 
 
 if not any(isinstance(finder, _Moved) for finder in sys.meta_path):

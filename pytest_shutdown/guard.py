@@ -314,8 +314,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         one after a brief wait for new threads and processes on their way out."""
         # Warn mode waits for nothing, not even the brief wait: what is on its way out is
         # dropped when its deferred verdict comes (pending.py).
-        waits = not (watch.timed_out or watch.failed or self._deferred is not None)
-        brief_s = min(_BRIEF_S, self.settings.grace_s) if waits else 0.0
+        brief_s = min(_BRIEF_S, self.settings.grace_s) if self._waits_for(watch) else 0.0
         leaving: Found = {}
         left: Found | None = None
         with one_moment():
@@ -336,6 +335,11 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
                 left = self._left(watch, allowed, moved, {}, walked)
         return left
 
+    def _waits_for(self, watch: _Watch) -> bool:
+        """Whether the test's own leftovers are waited for here (their brief wait and their
+        grace): not when it already failed or timed out, nor in warn mode (deferred)."""
+        return not (watch.timed_out or watch.failed or self._deferred is not None)
+
     def _alive_after_grace(
         self, watch: _Watch, found: Found
     ) -> tuple[dict[str, set[Any]], float, float]:
@@ -348,7 +352,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
                 fixtures[name] = fixtures.get(name, ()) + items
         now = time.monotonic()
         alive: dict[str, set[Any]] = {}
-        if watch.timed_out or watch.failed or self._deferred is not None:
+        if not self._waits_for(watch):
             # The test already failed (or timed out): no grace for its own leftovers, which go
             # with its failure. Warn mode waits for them neither: they are confirmed once their
             # grace ran out, while the next tests run (deferred below). Fixtures torn down here

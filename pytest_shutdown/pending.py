@@ -19,11 +19,12 @@ node id (merged into its record in the report, the JSON report and the terminal 
 xdist worker it travels with the teardown report being made, or with the session's last
 records), and a :class:`~pytest_shutdown.guard.ShutdownLeakWarning` that names the test,
 attributed to the test's own line (pytest lists it under the test during which it was
-confirmed). Items that ended in time are dropped: not a leak. At session end nothing is waited
-for: what is due is confirmed; what is still there of the rest (the last tests' candidates) is
-reported as still running when the session ended, how far into its grace. So warn mode's verdict
-on the last tests may name something that would have ended within its grace, and that fail mode
-(which waits it out) does not report; it is a warning that says so, never an outcome.
+confirmed). Items that ended in time are dropped: not a leak. At session end what is due is
+confirmed; the rest (the last tests' candidates) get :data:`ON_ITS_WAY_OUT_S` more, and what is
+still there then is reported as still running when the session ended, how far into its grace.
+So warn mode's verdict on the last tests may name something that would have ended within its
+grace, and that fail mode (which waits it out) does not report; it is a warning that says so,
+never an outcome.
 
 What cannot follow a deferred verdict: the test's ``user_properties`` (its reports, and the
 junitxml properties made from them, are written before the grace runs out); a deferred leak

@@ -4,8 +4,9 @@ its port and its GPU (SGLang #31645 / #23627: schedulers re-parented to PID 1 fo
 Fixed: the scheduler stays a child of the launcher, in the launcher's own process group, and
 shutdown ends the whole group.
 
-``no_leaks`` finds the scheduler although its parent exited: the process is a child subreaper
-for the block (the guard makes the whole pytest session one), so orphans are re-parented to it.
+``no_leaks`` finds the scheduler although its parent exited, by the marker every process started
+in the block carries in its environment (the guard's session marker under the plugin); nothing is
+re-parented to the test, which sees what it would see without the check.
 """
 
 from __future__ import annotations

@@ -38,16 +38,18 @@ EXEC_PATIENCE_S = 0.25
 _RANGE_LIMIT = 4096
 
 
-def watch_marker(name: str | None, token: str | None = None) -> object:
+def watch_marker(name: str | None, token: str | None = None, since: bytes | None = None) -> object:
     """Look for processes carrying ``name=token`` from now on (None: stop looking). Returns
     what was watched before, for :func:`restore_watch` (an inline pytester run's session
-    inside a guarded one gives the outer session's watch back when it ends)."""
+    inside a guarded one gives the outer session's watch back when it ends). ``since``:
+    ``ns_last_pid`` read before a new token was first put in the environment (no process
+    created before carries it): the first look starts there, not with a pass over ``/proc``."""
     global _entry, _found, _looked_to, _last_tree, _unread
     previous = (_entry, _found, _looked_to, _last_tree, _unread)
     _entry = None if name is None or token is None else f"{name}={token}\0".encode()
     _found = set()
     _unread = set()
-    _looked_to = None
+    _looked_to = int(since) if since is not None and since.strip().isdigit() else None
     _last_tree = frozenset()
     return previous
 

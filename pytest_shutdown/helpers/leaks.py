@@ -1,9 +1,11 @@
-"""``no_leaks``: threads, child processes and gc freezes a block of code leaves behind.
+"""``no_leaks``: what a block of code leaves behind, seen through the guard's resource kinds.
 
-Built on the primitives the guard's resource kinds share
-(:mod:`pytest_shutdown.resources.primitives`: snapshot, ``started_since``, ``await_exit``,
-``leak_findings``, ``kill_process_trees``), re-exported here: the helper and the plugin share one
-implementation, cheap when nothing leaked.
+The helper walks the kinds the guard walks after a test (:data:`pytest_shutdown.resources.KINDS`:
+Python threads, native threads, descendant processes, a ``gc.freeze()``), with their snapshots,
+their diffs, their grace and their findings: a helper and the guard see the same things. Like the
+guard in warn mode it only observes: it never becomes a child subreaper, reaps, kills or unfreezes.
+The primitives those kinds share (:mod:`pytest_shutdown.resources.primitives`) are importable from
+here as before.
 
 :func:`assert_device_memory_released` checks the ``device-memory-held`` contract against any
 reader with ``name`` and ``used_bytes()`` (see :class:`pytest_shutdown.devices.MemoryReader`).
@@ -13,16 +15,34 @@ from __future__ import annotations
 
 import gc
 import math
+import os
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from pytest_shutdown._base.hidden import contextmanager  # no contextlib frame on failure
+from pytest_shutdown._base.lazy_exports import lazy_exports
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
+from pytest_shutdown.resources.primitives import (
+    AllowRule,
+    LeakSnapshot,
+    Started,
+    ThreadFilter,
+    await_exit,
+    kill_process_trees,
+    last_pid,
+    leak_findings,
+    process_running,
+    started_since,
+    take_snapshot,
+    thread_filter,
+    thread_name,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
-
     from pytest_shutdown.devices import MemoryReader
+    from pytest_shutdown.resources.base import ResourceKind
 
 __all__ = [
     "AllowRule",
@@ -41,105 +61,62 @@ __all__ = [
     "thread_name",
 ]
 
-# Moved to pytest_shutdown.resources.primitives (issue 47); importable from here as before.
-from pytest_shutdown.resources.primitives import (
-    FOREIGN_LOOKUPS as FOREIGN_LOOKUPS,
-)
-from pytest_shutdown.resources.primitives import (
-    HELPER_MODULE_NAMES as HELPER_MODULE_NAMES,
-)
-from pytest_shutdown.resources.primitives import (
-    OWN_THREAD_PREFIX as OWN_THREAD_PREFIX,
-)
-from pytest_shutdown.resources.primitives import (
-    STACK_LIMIT as STACK_LIMIT,
-)
-from pytest_shutdown.resources.primitives import (
-    AllowRule as AllowRule,
-)
-from pytest_shutdown.resources.primitives import (
-    LeakSnapshot as LeakSnapshot,
-)
-from pytest_shutdown.resources.primitives import (
-    Started as Started,
-)
-from pytest_shutdown.resources.primitives import (
-    ThreadFilter as ThreadFilter,
-)
-from pytest_shutdown.resources.primitives import (
-    await_exit as await_exit,
-)
-from pytest_shutdown.resources.primitives import (
-    cached_descendants as cached_descendants,
-)
-from pytest_shutdown.resources.primitives import (
-    child_state as child_state,
-)
-from pytest_shutdown.resources.primitives import (
-    descendant_pids as descendant_pids,
-)
-from pytest_shutdown.resources.primitives import (
-    descendants_if_nothing_of_ours as descendants_if_nothing_of_ours,
-)
-from pytest_shutdown.resources.primitives import (
-    helper_module_names as helper_module_names,
-)
-from pytest_shutdown.resources.primitives import (
-    helper_numbers as helper_numbers,
-)
-from pytest_shutdown.resources.primitives import (
-    kill_process_trees as kill_process_trees,
-)
-from pytest_shutdown.resources.primitives import (
-    last_pid as last_pid,
-)
-from pytest_shutdown.resources.primitives import (
-    leak_findings as leak_findings,
-)
-from pytest_shutdown.resources.primitives import (
-    modules_named as modules_named,
-)
-from pytest_shutdown.resources.primitives import (
-    multiprocessing_helper_pids as multiprocessing_helper_pids,
-)
-from pytest_shutdown.resources.primitives import (
-    nothing_of_ours_since as nothing_of_ours_since,
-)
-from pytest_shutdown.resources.primitives import (
-    own_tasks as own_tasks,
-)
-from pytest_shutdown.resources.primitives import (
-    process_lifetime_helpers as process_lifetime_helpers,
-)
-from pytest_shutdown.resources.primitives import (
-    process_running as process_running,
-)
-from pytest_shutdown.resources.primitives import (
-    started_since as started_since,
-)
-from pytest_shutdown.resources.primitives import (
-    take_snapshot as take_snapshot,
-)
-from pytest_shutdown.resources.primitives import (
-    thread_filter as thread_filter,
-)
-from pytest_shutdown.resources.primitives import (
-    thread_name as thread_name,
+#: The primitives' other names, importable from here as before they moved (issue 47).
+__getattr__, _ = lazy_exports(
+    __name__,
+    dict.fromkeys(
+        "FOREIGN_LOOKUPS HELPER_MODULE_NAMES OWN_THREAD_PREFIX STACK_LIMIT cached_descendants "
+        "child_state descendant_pids descendants_if_nothing_of_ours helper_module_names "
+        "helper_numbers last_pid modules_named multiprocessing_helper_pids nothing_of_ours_since "
+        "own_tasks process_lifetime_helpers".split(),
+        "pytest_shutdown.resources.primitives",
+    ),
+    globals(),
 )
 
-# --- the helper ------------------------------------------------------------------------------
+#: Where ``no_leaks``'s findings say things were started.
+SUBJECT = "the no_leaks() block"
 
 
-def _contain() -> Callable[[], None] | None:
-    """Become a child subreaper (Linux) unless already one; the undo, or None."""
-    from pytest_shutdown._os.prctl import PR_SET_CHILD_SUBREAPER, prctl  # noqa: PLC0415
-    from pytest_shutdown.ownership.containment import _subreaper_now  # noqa: PLC0415
+def _kinds(
+    threads: bool, processes: bool, gc_freeze: bool, tools: ThreadFilter
+) -> list[ResourceKind]:
+    """The guard's kinds that ``no_leaks`` checks, in the registry's order (its findings')."""
+    from pytest_shutdown.resources import KINDS, load_kind  # noqa: PLC0415
 
-    if _subreaper_now() is not False or not prctl(PR_SET_CHILD_SUBREAPER, 1):
+    wanted = {"threads": threads, "native-threads": threads, "processes": processes}
+    wanted["gc-freeze"] = gc_freeze
+    return [load_kind(name, tools=tools) for name in KINDS if wanted.get(name)]
+
+
+def _mark() -> Callable[[], None] | None:
+    """Put a marker of the block's own in the environment and watch for it, as the guard does
+    for its session (:mod:`pytest_shutdown._os.escaped`): a process that leaves the block's tree
+    (a daemon's double fork) is found by it, not adopted. Nothing to do where a marker is
+    watched already (a guarded session), where orphans come back to this process (a
+    subreaper), or off Linux. Returns the undo, or None."""
+    from pytest_shutdown._os import escaped  # noqa: PLC0415
+    from pytest_shutdown.ownership.containment import (  # noqa: PLC0415
+        SESSION_MARKER_ENV,
+        _subreaper_now,
+    )
+
+    if not sys.platform.startswith("linux") or escaped.watching() or _subreaper_now():
         return None
+    since = last_pid()  # before the marker: a process that can carry it is numbered after
+    token, old, pid = os.urandom(8).hex(), os.environ.get(SESSION_MARKER_ENV), os.getpid()
+    os.environ[SESSION_MARKER_ENV] = token
+    previous = escaped.watch_marker(SESSION_MARKER_ENV, token, since)
 
     def undo() -> None:
-        prctl(PR_SET_CHILD_SUBREAPER, 0)
+        if os.getpid() != pid:  # a child forked inside the block: the watch is not its
+            return
+        escaped.restore_watch(previous)
+        if os.environ.get(SESSION_MARKER_ENV) == token:
+            if old is None:
+                del os.environ[SESSION_MARKER_ENV]
+            else:
+                os.environ[SESSION_MARKER_ENV] = old
 
     return undo
 
@@ -160,15 +137,19 @@ def no_leaks(
 ) -> Iterator[LeakSnapshot]:
     """Fail when the block leaves threads, child processes or a ``gc.freeze()`` behind.
 
-    Threads and child processes (recursive) started inside the block and still running ``grace``
-    seconds after it ends are ``thread-leak`` (names and stacks) and ``process-leak`` (pid, name,
-    command line); a ``gc.get_freeze_count()`` higher than at entry is ``gc-frozen-leak`` (a
-    lower one is not: frozen objects that die leave the permanent generation by themselves).
-    On Linux the process is a child subreaper for the block's duration (as it is for the whole
-    session under the guard), so a daemon, a shell's background job or a grandchild whose parent
-    exited is still found. Each kind can be switched off. ``allow`` ignores threads: glob
-    patterns matched against the thread name (``"ThreadPoolExecutor-*"``) or predicates taking
-    the ``threading.Thread``.
+    Threads started inside the block and still running ``grace`` seconds after it ends are
+    ``thread-leak``: Python threads (names and stacks) and native ones, which ``threading`` does
+    not list (tid and kernel name; the process-lifetime pools of torch, OpenMP, gRPC ... are
+    not blamed); child processes (recursive) are ``process-leak`` (pid, name, command line); a
+    ``gc.get_freeze_count()`` higher than at entry is ``gc-frozen-leak`` (a lower one is not:
+    frozen objects that die leave the permanent generation by themselves). These are the
+    guard's kinds, checked as it checks them (one deadline for all). A daemon, a shell's
+    background job or a grandchild whose parent exited is found by a marker the block puts in
+    the environment (the guard's session marker, where one is watched): the process is never
+    made a subreaper, so the code sees what it would see without the check. Each kind can be
+    switched off (``threads`` covers both kinds of threads). ``allow`` ignores threads: glob
+    patterns matched against the thread name (``"ThreadPoolExecutor-*"``; a native thread's
+    kernel name) or predicates taking the ``threading.Thread``.
     Raises :class:`~pytest_shutdown.findings.finding.ShutdownContractError`; when the block itself
     raises, that exception propagates unchanged and nothing is checked.
 
@@ -182,24 +163,25 @@ def no_leaks(
     """
     __tracebackhide__ = True  # a failure points at the caller's line
     _check_grace(grace)
-    allowed = thread_filter(allow)
-    contained = _contain() if processes else None
+    kinds = _kinds(threads, processes, gc_freeze, thread_filter(allow))
+    patterns = tuple(rule for rule in allow if isinstance(rule, str)) or None
+    unmark = _mark() if processes else None
     try:
-        before = take_snapshot(threads=threads, processes=processes)
-        yield before
-        started = started_since(before, threads=threads, processes=processes, allow=allowed)
-        left = await_exit(started, grace) if started else started
+        before = {kind.name: kind.snapshot() for kind in kinds}
+        yield LeakSnapshot(
+            before.get("threads", frozenset()),
+            before.get("processes", frozenset()),
+            before.get("gc-freeze", gc.get_freeze_count()),
+        )
+        found = [(kind, kind.new_since(before[kind.name], patterns)) for kind in kinds]
+        deadline = time.monotonic() + grace
+        left = [(kind, kind.settle(items, deadline)) for kind, items in found if items]
+        findings = [
+            f for kind, items in left if items for f in kind.findings(items, SUBJECT, grace=grace)
+        ]
     finally:
-        if contained is not None:
-            contained()
-    freeze_after = gc.get_freeze_count()
-    findings = leak_findings(
-        left,
-        grace=grace,
-        subject="the no_leaks() block",
-        freeze_before=before.freeze_count if gc_freeze else None,
-        freeze_after=freeze_after if gc_freeze else None,
-    )
+        if unmark is not None:
+            unmark()
     if findings:
         raise ShutdownContractError(findings)
 

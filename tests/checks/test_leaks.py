@@ -193,8 +193,11 @@ def test_process_running_tells_running_zombie_and_gone_apart(
 ) -> None:
     """Read from /proc without psutil: a zombie has ended, a reaped pid is gone; the same
     answers as psutil's status."""
-    procs.append(subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
-                                  stdin=subprocess.PIPE))
+    procs.append(
+        subprocess.Popen(
+            [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+        )
+    )
     pid = procs[0].pid
     assert process_running(pid)
     assert psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -221,6 +224,159 @@ def test_kill_process_trees_kills_the_whole_tree(procs: list[subprocess.Popen[by
     assert sorted(r["pid"] for r in killed) == sorted(tree)
     assert not any(_running(pid) for pid in tree)
     assert procs[0].wait(timeout=5) == -9  # not reaped by the helper: the owner gets the status
+
+
+ORPHANING_PARENT = """
+import os, sys, time
+pid = os.fork()
+if pid == 0:  # the grandchild: let go of the pipe, then run on as an orphan
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    time.sleep(60)
+    os._exit(0)
+print(pid, flush=True)
+"""
+
+
+def _orphan() -> int:
+    """Start a child that forks a grandchild and exits at once: the grandchild's pid, an orphan."""
+    parent = subprocess.run(
+        [sys.executable, "-c", ORPHANING_PARENT], capture_output=True, timeout=30, check=True
+    )
+    return int(parent.stdout)
+
+
+def _waitpid_outcome(pid: int) -> str:
+    try:
+        return f"returned {os.waitpid(pid, os.WNOHANG)}"
+    except ChildProcessError:
+        return "ChildProcessError"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re-parenting, /proc (Linux)")
+def test_an_orphan_stays_nobodys_child_in_the_block_and_is_still_reported() -> None:
+    """No subreaper: inside the block an orphaned grandchild is re-parented as it is without
+    the block (``os.waitpid`` on it raises ``ChildProcessError``; a subreaper made it succeed),
+    and the block still reports it, found by the marker in its environment."""
+    orphans = [_orphan()]
+    try:
+        without = _waitpid_outcome(orphans[0])
+        with pytest.raises(ShutdownContractError) as caught, no_leaks(grace=0.2):
+            orphans.append(_orphan())
+            inside = _waitpid_outcome(orphans[1])
+        assert inside == without == "ChildProcessError"
+        (finding,) = caught.value.findings
+        assert finding.code == "process-leak"
+        (record,) = finding.details["processes"]
+        assert record["pid"] == orphans[1] and record["ppid"] != os.getpid()
+        assert record["reparented"] is True and record["adopted"] is False
+    finally:
+        kill_process_trees(orphans, timeout=10.0)
+    assert not any(process_running(pid) for pid in orphans)
+
+
+def test_the_block_leaves_the_environment_as_it_found_it() -> None:
+    from pytest_shutdown._os import escaped
+    from pytest_shutdown.ownership.containment import SESSION_MARKER_ENV
+
+    before = os.environ.get(SESSION_MARKER_ENV)
+    with no_leaks():
+        inside = os.environ.get(SESSION_MARKER_ENV)
+    assert os.environ.get(SESSION_MARKER_ENV) == before
+    assert not escaped.watching()
+    if sys.platform.startswith("linux"):
+        assert inside is not None and inside != before  # a marker of the block's own
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc (Linux)")
+def test_the_blocks_marker_is_looked_for_among_new_pids_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The marker is new: no process older than the block carries it, so finding escaped ones
+    never lists the host's processes (``/proc``), only the pids allocated since the entry."""
+    from pytest_shutdown._os import escaped
+
+    listings: list[int] = []
+    real_listing = escaped._listing
+    monkeypatch.setattr(escaped, "_listing", lambda: listings.append(1) or real_listing())
+    with no_leaks(grace=0.1):
+        subprocess.run([sys.executable, "-c", "pass"], check=True, timeout=30)
+    assert listings == []
+
+
+# --- native threads --------------------------------------------------------------------------
+
+
+class NativeThread:
+    """A thread started in C (``pthread_create``, no Python in it: it waits on a semaphore),
+    named so that no rule for unnamed pool workers applies."""
+
+    def __init__(self, name: bytes) -> None:
+        import ctypes
+
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.semaphore = ctypes.create_string_buffer(64)  # room for any sem_t
+        assert self.libc.sem_init(self.semaphore, 0, 0) == 0
+        self.tid = ctypes.c_ulong()
+        routine = ctypes.cast(
+            self.libc.sem_wait, ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p)
+        )
+        assert self.libc.pthread_create(ctypes.byref(self.tid), None, routine, self.semaphore) == 0
+        self.libc.pthread_setname_np(self.tid, name)
+        self.joined = False
+
+    def release(self) -> None:
+        self.libc.sem_post(self.semaphore)
+
+    def join(self) -> None:
+        if not self.joined:
+            self.release()
+            self.libc.pthread_join(self.tid, None)  # returns once sem_wait did: no deadline needed
+            self.joined = True
+
+
+@pytest.fixture
+def native_threads() -> Iterator[list[NativeThread]]:
+    """Native threads a test starts; released and joined at teardown."""
+    started: list[NativeThread] = []
+    yield started
+    for thread in started:
+        thread.join()
+
+
+linux_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="reads /proc/self/task (Linux)"
+)
+
+
+@linux_only
+def test_a_native_thread_left_running_is_a_thread_leak(native_threads: list[NativeThread]) -> None:
+    with pytest.raises(ShutdownContractError) as caught, no_leaks(grace=0.2):
+        native_threads.append(NativeThread(b"leaky-native"))
+    (finding,) = caught.value.findings
+    assert finding.code == "thread-leak"
+    assert "native thread (not listed by threading)" in finding.message
+    assert "the no_leaks() block" in finding.message
+    (record,) = finding.details["threads"]
+    assert record["name"] == "leaky-native" and record["native"] is True
+
+
+@linux_only
+def test_a_native_thread_that_ended_is_not_a_leak(native_threads: list[NativeThread]) -> None:
+    with no_leaks(grace=5.0):
+        native_threads.append(NativeThread(b"joined-native"))
+        native_threads[-1].join()  # ended inside the block
+        native_threads.append(NativeThread(b"ends-in-grace"))
+        native_threads[-1].release()  # ends while the grace runs
+
+
+@linux_only
+def test_allow_and_threads_false_cover_native_threads(native_threads: list[NativeThread]) -> None:
+    with no_leaks(grace=0.1, allow=["allowed-*"]):
+        native_threads.append(NativeThread(b"allowed-native"))
+    with no_leaks(grace=0.1, threads=False):
+        native_threads.append(NativeThread(b"unchecked"))
 
 
 # --- gc-frozen-leak --------------------------------------------------------------------------

@@ -27,6 +27,8 @@ import threading
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from pytest_shutdown.resources.primitives import own_tasks
+
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.gpu.readers import MemoryReader
 
@@ -94,16 +96,15 @@ def own_records() -> dict[str, int]:
 
 
 def fd_numbers() -> list[int]:
-    """This process's open file descriptors (without the one used to list them)."""
-    try:
-        listed = os.listdir("/proc/self/fd")
-    except OSError:
-        import psutil  # noqa: PLC0415 - only where /proc is missing
+    """This process's open file descriptors (the fds kind's listing; ``psutil`` where there is
+    no ``/proc``)."""
+    if os.path.isdir("/proc/self/fd"):
+        from pytest_shutdown.resources.fds import open_fds  # noqa: PLC0415 - when counted
 
-        return list(range(psutil.Process().num_fds()))
-    fds = sorted(int(name) for name in listed)
-    # listdir's own descriptor is closed again; it no longer resolves
-    return [fd for fd in fds if fd_target(fd) is not None]
+        return sorted(open_fds())
+    import psutil  # noqa: PLC0415 - only where /proc is missing
+
+    return list(range(psutil.Process().num_fds()))
 
 
 def fd_target(fd: int) -> str | None:
@@ -120,12 +121,10 @@ def describe_fds(fds: Iterable[int]) -> dict[str, str]:
 
 
 def os_thread_ids() -> list[int]:
-    """Ids of this process's OS threads (``/proc/self/task``); one per Python thread, plus native
-    ones (OpenMP, CUDA, gRPC, ...). Empty where ``/proc`` is missing."""
-    try:
-        return sorted(int(name) for name in os.listdir("/proc/self/task"))
-    except OSError:
-        return []
+    """Ids of this process's OS threads (``/proc/self/task``, as the native threads kind reads
+    them); one per Python thread, plus native ones (OpenMP, CUDA, gRPC, ...). Empty where
+    ``/proc`` is missing."""
+    return sorted(int(tid) for tid in own_tasks())
 
 
 def describe_os_threads(tids: Iterable[int]) -> dict[str, str]:
@@ -218,7 +217,7 @@ class Census:
         """Threads, OS threads, fds, RSS and (with a reader) device memory."""
         scalars = {
             THREADS: threading.active_count(),
-            OS_THREADS: len(os_thread_ids()),
+            OS_THREADS: len(own_tasks()),
             FDS: len(fd_numbers()),
             RSS: int(self._process.memory_info().rss),
         }
@@ -226,33 +225,33 @@ class Census:
             scalars[DEVICE_MEMORY] = int(self.device_reader.used_bytes())
         return scalars
 
-    def instance_ids(self, names: Iterable[str]) -> set[int]:
+    @staticmethod
+    def instance_ids(names: Iterable[str]) -> set[int]:
         """The ids of the live instances of the named types (failure path only)."""
-        wanted = set(names)
-        objects = gc.get_objects()
-        kinds = {kind for kind in set(map(type, objects)) if type_name(kind) in wanted}
-        ids = {id(obj) for obj in objects if type(obj) in kinds}
-        del objects
-        return ids
+        return {id(obj) for obj in instances_of(names)}
 
-    def one_instance_each(self, names: Iterable[str], old_ids: set[int]) -> dict[str, Any]:
+    @staticmethod
+    def one_instance_each(names: Iterable[str], old_ids: set[int]) -> dict[str, Any]:
         """For each type name, one live instance: preferably one whose id is not in ``old_ids``
         (made since they were taken), the most recently tracked first. Used on failure only;
         the caller drops the result as soon as it is done."""
-        wanted = set(names)
-        objects = gc.get_objects()
-        kinds = {kind for kind in set(map(type, objects)) if type_name(kind) in wanted}
         chosen: dict[str, Any] = {}
         fallback: dict[str, Any] = {}
-        for obj in reversed(objects):  # a full collection appends survivors: newest last
-            if type(obj) not in kinds:
-                continue
+        for obj in reversed(instances_of(names)):  # a full collection appends survivors
             name = type_name(type(obj))
             if name not in chosen and id(obj) not in old_ids:
                 chosen[name] = obj
             elif name not in fallback:
                 fallback[name] = obj
-        del objects
         for name, obj in fallback.items():
             chosen.setdefault(name, obj)
         return chosen
+
+
+def instances_of(names: Iterable[str]) -> list[object]:
+    """The live (GC-tracked) instances of the named types, oldest first. Failure path only:
+    the caller drops the list as soon as it is done."""
+    wanted = set(names)
+    objects = gc.get_objects()
+    kinds = {kind for kind in set(map(type, objects)) if type_name(kind) in wanted}
+    return [obj for obj in objects if type(obj) in kinds]

@@ -67,7 +67,7 @@ __getattr__, _ = lazy_exports(
     dict.fromkeys(
         "FOREIGN_LOOKUPS HELPER_MODULE_NAMES OWN_THREAD_PREFIX STACK_LIMIT cached_descendants "
         "child_state descendant_pids descendants_if_nothing_of_ours helper_module_names "
-        "helper_numbers last_pid modules_named multiprocessing_helper_pids nothing_of_ours_since "
+        "helper_numbers modules_named multiprocessing_helper_pids nothing_of_ours_since "
         "own_tasks process_lifetime_helpers".split(),
         "pytest_shutdown.resources.primitives",
     ),
@@ -121,9 +121,9 @@ def _mark() -> Callable[[], None] | None:
     return undo
 
 
-def _check_grace(grace: float) -> None:
-    if not isinstance(grace, (int, float)) or math.isnan(grace) or grace < 0:
-        raise ValueError(f"grace: expected a number of seconds >= 0, got {grace!r}")
+def _check_seconds(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
+        raise ValueError(f"{name}: expected a number of seconds >= 0, got {value!r}")
 
 
 @contextmanager
@@ -162,7 +162,7 @@ def no_leaks(
             engine.shutdown()
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    _check_grace(grace)
+    _check_seconds("grace", grace)
     kinds = _kinds(threads, processes, gc_freeze, thread_filter(allow))
     patterns = tuple(rule for rule in allow if isinstance(rule, str)) or None
     unmark = _mark() if processes else None
@@ -211,9 +211,8 @@ def assert_device_memory_released(
     did not come back.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    for option, value in (("timeout", timeout), ("interval", interval)):
-        if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-            raise ValueError(f"{option}: expected a number of seconds >= 0, got {value!r}")
+    _check_seconds("timeout", timeout)
+    _check_seconds("interval", interval)
     if interval == 0:
         raise ValueError("interval: expected a number of seconds > 0, got 0")
     if tolerance_bytes < 0 or baseline_bytes < 0:

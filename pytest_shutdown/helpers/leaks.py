@@ -27,17 +27,9 @@ from pytest_shutdown.findings.finding import Finding, ShutdownContractError
 from pytest_shutdown.resources.primitives import (
     AllowRule,
     LeakSnapshot,
-    Started,
     ThreadFilter,
-    await_exit,
-    kill_process_trees,
     last_pid,
-    leak_findings,
-    process_running,
-    started_since,
-    take_snapshot,
     thread_filter,
-    thread_name,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,28 +39,21 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "AllowRule",
     "LeakSnapshot",
-    "Started",
     "ThreadFilter",
     "assert_device_memory_released",
-    "await_exit",
-    "kill_process_trees",
-    "leak_findings",
     "no_leaks",
-    "process_running",
-    "started_since",
-    "take_snapshot",
     "thread_filter",
-    "thread_name",
 ]
 
-#: The primitives' other names, importable from here as before they moved (issue 47).
+#: The other primitives, importable from here as before they moved (issue 47).
 __getattr__, _ = lazy_exports(
     __name__,
     dict.fromkeys(
-        "FOREIGN_LOOKUPS HELPER_MODULE_NAMES OWN_THREAD_PREFIX STACK_LIMIT cached_descendants "
-        "child_state descendant_pids descendants_if_nothing_of_ours helper_module_names "
-        "helper_numbers modules_named multiprocessing_helper_pids nothing_of_ours_since "
-        "own_tasks process_lifetime_helpers".split(),
+        "FOREIGN_LOOKUPS HELPER_MODULE_NAMES OWN_THREAD_PREFIX STACK_LIMIT Started await_exit "
+        "cached_descendants child_state descendant_pids descendants_if_nothing_of_ours "
+        "helper_module_names helper_numbers kill_process_trees leak_findings modules_named "
+        "multiprocessing_helper_pids nothing_of_ours_since own_tasks process_lifetime_helpers "
+        "process_running started_since take_snapshot thread_name".split(),
         "pytest_shutdown.resources.primitives",
     ),
     globals(),
@@ -137,23 +122,22 @@ def no_leaks(
 ) -> Iterator[LeakSnapshot]:
     """Fail when the block leaves threads, child processes or a ``gc.freeze()`` behind.
 
-    Threads started inside the block and still running ``grace`` seconds after it ends are
-    ``thread-leak``: Python threads (names and stacks) and native ones, which ``threading`` does
-    not list (tid and kernel name; the process-lifetime pools of torch, OpenMP, gRPC ... are
-    not blamed); child processes (recursive) are ``process-leak`` (pid, name, command line); a
+    The guard's kinds, checked as the guard checks a test (one deadline for all): threads
+    started inside the block and still running ``grace`` seconds after it ends are
+    ``thread-leak``, Python threads (names, stacks) and native ones that ``threading`` does not
+    list (tid, kernel name; process-lifetime pools of torch, OpenMP, gRPC ... are not blamed);
+    child processes (recursive) are ``process-leak`` (pid, name, command line); a
     ``gc.get_freeze_count()`` higher than at entry is ``gc-frozen-leak`` (a lower one is not:
-    frozen objects that die leave the permanent generation by themselves). These are the
-    guard's kinds, checked as it checks them (one deadline for all). A daemon, a shell's
-    background job or a grandchild whose parent exited is found by a marker the block puts in
-    the environment (the guard's session marker, where one is watched): the process is never
-    made a subreaper, so the code sees what it would see without the check. Each kind can be
-    switched off (``threads`` covers both kinds of threads). ``allow`` ignores threads: glob
-    patterns matched against the thread name (``"ThreadPoolExecutor-*"``; a native thread's
-    kernel name) or predicates taking the ``threading.Thread``.
-    Raises :class:`~pytest_shutdown.findings.finding.ShutdownContractError`; when the block itself
-    raises, that exception propagates unchanged and nothing is checked.
-
-    Nothing is killed or unfrozen: the caller decides (see :func:`kill_process_trees`).
+    frozen objects that die leave the permanent generation by themselves). A daemon, a shell's
+    background job or a grandchild whose parent exited is found by a marker in the environment
+    (the block's own, or a guarded session's): this process never becomes their subreaper, so
+    the code sees what it sees without the check. Each kind can be switched off (``threads``:
+    both kinds of threads). ``allow`` ignores threads: glob patterns matched against the name
+    (``"ThreadPoolExecutor-*"``; a native thread's kernel name) or predicates taking the
+    ``threading.Thread``. Raises :class:`~pytest_shutdown.findings.finding.ShutdownContractError`;
+    when the block itself raises, that exception propagates unchanged and nothing is checked.
+    Nothing is killed or unfrozen: the caller decides
+    (:func:`pytest_shutdown.orphans.kill_process_trees`).
 
     Example::
 

@@ -134,7 +134,7 @@ def assert_second_engine_clean(
         threads = [t for t in (ref() for ref in threads_of_a) if t is not None]
         left: dict[str, Any] = {"threads": [t.name for t in thread_kind.still_there(threads)]}
         del threads
-        left["fds"] = {str(item.fd): item.target for item in still_open(fds_of_a)}
+        left["fds"] = _described(still_open(fds_of_a))
         memory = reader.used_bytes() if reader is not None else None
         if memory is not None and memory_before is not None:
             left["memory"] = memory if memory > memory_before + device_tolerance else None

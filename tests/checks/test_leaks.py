@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import psutil
 import pytest
-from inner_runs import fresh_python
+from inner_runs import ARGS, fresh_python
 
 from pytest_shutdown import ShutdownContractError, no_leaks
 from pytest_shutdown.helpers.leaks import (
@@ -274,6 +274,35 @@ def test_an_orphan_stays_nobodys_child_in_the_block_and_is_still_reported() -> N
     finally:
         kill_process_trees(orphans, timeout=10.0)
     assert not any(process_running(pid) for pid in orphans)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re-parenting, /proc (Linux)")
+def test_under_the_guard_the_block_uses_the_sessions_marker(pytester: pytest.Pytester) -> None:
+    """In a guarded session (a marker watched already) the block puts no marker of its own in
+    the environment, and an orphan is still nobody's child of ours and still reported."""
+    pytester.makepyfile(
+        test_inner=f"""
+        import os, subprocess, sys
+        import pytest
+        from pytest_shutdown import ShutdownContractError, no_leaks
+        from pytest_shutdown.orphans import kill_process_trees
+
+        PARENT = {ORPHANING_PARENT!r}
+
+        def test_orphan():
+            marker = os.environ["PYTEST_SHUTDOWN_SESSION"]
+            with pytest.raises(ShutdownContractError) as caught, no_leaks(grace=0.2):
+                assert os.environ["PYTEST_SHUTDOWN_SESSION"] == marker
+                out = subprocess.run([sys.executable, "-c", PARENT], capture_output=True,
+                                     timeout=30, check=True).stdout
+                with pytest.raises(ChildProcessError):
+                    os.waitpid(int(out), os.WNOHANG)
+            kill_process_trees([int(out)], timeout=10.0)
+            assert [r["pid"] for r in caught.value.findings[0].details["processes"]] == [int(out)]
+        """
+    )
+    result = pytester.runpytest_subprocess(*ARGS, "--shutdown-guard=warn")
+    result.assert_outcomes(passed=1)
 
 
 def test_the_block_leaves_the_environment_as_it_found_it() -> None:

@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 #: The other primitives, importable from here as before they moved (issue 47).
-__getattr__, _ = lazy_exports(
+__getattr__ = lazy_exports(
     __name__,
     dict.fromkeys(
         "FOREIGN_LOOKUPS HELPER_MODULE_NAMES OWN_THREAD_PREFIX STACK_LIMIT Started await_exit "
@@ -57,7 +57,7 @@ __getattr__, _ = lazy_exports(
         "pytest_shutdown.resources.primitives",
     ),
     globals(),
-)
+)[0]
 
 #: Where ``no_leaks``'s findings say things were started.
 SUBJECT = "the no_leaks() block"

@@ -17,9 +17,10 @@ import gc
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown._base.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown._base.lazy_exports import lazy_exports
@@ -86,24 +87,48 @@ def _mark() -> Callable[[], None] | None:
         _subreaper_now,
     )
 
-    if not sys.platform.startswith("linux") or escaped.watching() or _subreaper_now():
+    with _blocks_lock:
+        return _start_block(escaped, SESSION_MARKER_ENV, _subreaper_now)
+
+
+def _start_block(escaped: Any, env: str, subreaper_now: Callable[[], bool | None]) -> Any:
+    global _blocks, _undo_marker, _marker_pid
+    if _blocks:  # another thread's block put the marker: it stays until the last one ends
+        _blocks += 1
+        return _end_block
+    if not sys.platform.startswith("linux") or escaped.watching() or subreaper_now():
         return None
     since = last_pid()  # before the marker: a process that can carry it is numbered after
-    token, old, pid = os.urandom(8).hex(), os.environ.get(SESSION_MARKER_ENV), os.getpid()
-    os.environ[SESSION_MARKER_ENV] = token
-    previous = escaped.watch_marker(SESSION_MARKER_ENV, token, since)
+    token, old = os.urandom(8).hex(), os.environ.get(env)
+    os.environ[env] = token
+    previous = escaped.watch_marker(env, token, since)
 
     def undo() -> None:
-        if os.getpid() != pid:  # a child forked inside the block: the watch is not its
-            return
         escaped.restore_watch(previous)
-        if os.environ.get(SESSION_MARKER_ENV) == token:
+        if os.environ.get(env) == token:
             if old is None:
-                del os.environ[SESSION_MARKER_ENV]
+                del os.environ[env]
             else:
-                os.environ[SESSION_MARKER_ENV] = old
+                os.environ[env] = old
 
-    return undo
+    _blocks, _undo_marker, _marker_pid = 1, undo, os.getpid()
+    return _end_block
+
+
+_blocks_lock = threading.Lock()
+#: How many blocks (in any thread) use the marker the first of them put; its undo, and the
+#: process that put it.
+_blocks = 0
+_undo_marker: Callable[[], None] | None = None
+_marker_pid = 0
+
+
+def _end_block() -> None:
+    global _blocks
+    with _blocks_lock:
+        _blocks -= 1
+        if _blocks == 0 and _undo_marker is not None and os.getpid() == _marker_pid:
+            _undo_marker()  # (a forked child's copy of the block is not the marker's owner)
 
 
 def _check_seconds(name: str, value: float) -> None:

@@ -318,6 +318,39 @@ def test_the_block_leaves_the_environment_as_it_found_it() -> None:
         assert inside is not None and inside != before  # a marker of the block's own
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re-parenting, /proc (Linux)")
+def test_a_block_in_another_thread_ending_first_leaves_the_marker_to_the_other() -> None:
+    """Two blocks at once share the first one's marker: the first to end leaves it in place, so
+    an orphan the other block makes afterwards is still found; the last to end removes it."""
+    from pytest_shutdown._os import escaped
+    from pytest_shutdown.ownership.containment import SESSION_MARKER_ENV
+
+    before = os.environ.get(SESSION_MARKER_ENV)
+    entered, leave = threading.Event(), threading.Event()
+
+    def other_block() -> None:
+        with no_leaks(grace=0.2):
+            entered.set()
+            leave.wait(30)
+
+    other = threading.Thread(target=other_block)
+    other.start()
+    orphans: list[int] = []
+    try:
+        assert entered.wait(30)
+        with pytest.raises(ShutdownContractError) as caught, no_leaks(threads=False, grace=0.2):
+            leave.set()
+            other.join(30)
+            assert not other.is_alive() and escaped.watching()
+            orphans.append(_orphan())
+        assert [r["pid"] for r in caught.value.findings[0].details["processes"]] == orphans
+    finally:
+        leave.set()
+        other.join(30)
+        kill_process_trees(orphans, timeout=10.0)
+    assert os.environ.get(SESSION_MARKER_ENV) == before and not escaped.watching()
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc (Linux)")
 def test_the_blocks_marker_is_looked_for_among_new_pids_only(
     monkeypatch: pytest.MonkeyPatch,

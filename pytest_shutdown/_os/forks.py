@@ -54,7 +54,7 @@ def undo_in_forked_child(key: str, undo: Callable[[], None], *, hold: Iterable[i
     _undos[key] = undo
     _held[key] = frozenset(hold)
     if not _hooked and hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_before, after_in_parent=_in_parent, after_in_child=_in_child)
+        os.register_at_fork(before=_before, after_in_parent=_restore_mask, after_in_child=_in_child)
         _hooked = True
 
 
@@ -74,10 +74,6 @@ def _restore_mask() -> None:
     _fork_state.mask = None
     if mask is not None:
         _sigmask(signal.SIG_SETMASK, mask)
-
-
-def _in_parent() -> None:
-    _restore_mask()
 
 
 def _in_child() -> None:

@@ -10,7 +10,9 @@ not seen; a forked child never inherits the wrappers.
 from __future__ import annotations
 
 import atexit
+import functools
 import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import field
@@ -139,12 +141,12 @@ def recording() -> Iterator[None]:
         uninstall()
 
 
+_PLAIN = (type, types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, type(None))
+
+
 def reached_objects(registration: Registration) -> list[object]:
     """Objects the callback and its arguments hold directly (functions, classes, modules and
     plain values left out)."""
-    import functools  # noqa: PLC0415
-    import types  # noqa: PLC0415
-
     found: list[object] = []
     pending: list[object] = [registration.func, *registration.args, *registration.kwargs.values()]
     seen: set[int] = set()
@@ -159,20 +161,7 @@ def reached_objects(registration: Registration) -> list[object]:
             pending.extend([node.func, *node.args, *(node.keywords or {}).values()])
         elif isinstance(node, types.FunctionType):
             pending.extend(c.cell_contents for c in node.__closure__ or () if _filled(c))
-        elif not isinstance(
-            node,
-            (
-                type,
-                types.ModuleType,
-                types.BuiltinFunctionType,
-                str,
-                bytes,
-                int,
-                float,
-                bool,
-                type(None),
-            ),
-        ):
+        elif not isinstance(node, _PLAIN):
             found.append(node)
     return found
 

@@ -104,7 +104,6 @@ def _container_edges(
 def _object_edges(node: object) -> Iterator[tuple[str, object]]:
     """A partial's parts, ``__self__``, the instance dict and slots (guarded lookups)."""
     func = _attribute(node, "func")
-    # functools.partial and relatives
     if func is not None and _attribute(node, "keywords") is not None:
         yield ".func", func
         for index, value in enumerate(_attribute(node, "args") or ()):
@@ -244,13 +243,8 @@ def _edge_name(parent: object, child: object) -> str:
             if value is child:
                 return f"local {name!r}"
         return "frame"
-    if isinstance(parent, types.ModuleType):
-        for name, value in vars(parent).items():
-            if value is child:
-                return f".{name}"
-        return ".__dict__"
-    if isinstance(parent, type):
-        if child is getattr(parent, "__dict__", None):
+    if isinstance(parent, (types.ModuleType, type)):
+        if isinstance(parent, type) and child is getattr(parent, "__dict__", None):
             return ".__dict__"
         for name, value in vars(parent).items():
             if value is child:
@@ -302,8 +296,6 @@ def runs_through_finalizer_registry(chain: list[Any]) -> bool:
         registries.append(getattr(mp_util, "_finalizer_registry", None))
     return any(node is registry for node in chain for registry in registries if registry)
 
-
-# --- pictures: objgraph.show_backrefs, drawn while the object is still alive ---------------------
 
 DOT_TIMEOUT_S = 30.0
 GRAPH_MAX_DEPTH = 6

@@ -141,18 +141,14 @@ def _is_library(filename: str) -> bool:
     return cached
 
 
-def _is_tool(filename: str) -> bool:
+def is_tool_file(filename: str) -> bool:
+    """Whether ``filename`` belongs to pytest, pluggy, xdist, pytest-timeout or this plugin."""
     cached = _is_tool_cache.get(filename)
     if cached is None:
         parts = filename.replace("\\", "/").split("/")
         cached = any(part in _TOOL_PACKAGES for part in parts[:-1])
         _is_tool_cache[filename] = cached
     return cached
-
-
-def is_tool_file(filename: str) -> bool:
-    """Whether ``filename`` belongs to pytest, pluggy, xdist, pytest-timeout or this plugin."""
-    return _is_tool(filename)
 
 
 _THIS, _TOOL, _LIBRARY, _USER = range(4)
@@ -163,7 +159,7 @@ _frame_kinds: dict[str, int] = {}
 def _frame_kind(filename: str) -> int:
     if os.path.normcase(filename) == _THIS_FILE:
         return _THIS
-    if _is_tool(filename):
+    if is_tool_file(filename):
         return _TOOL
     return _LIBRARY if _is_library(filename) else _USER
 
@@ -487,8 +483,6 @@ def _stop_waiting_for_import(name: str | None = None) -> None:
                 sys.meta_path.remove(waiting)
             _process_start_pending.remove(waiting)
 
-
-# --- shared-memory segments ---------------------------------------------------------------------
 
 _SHM_MODULE = "multiprocessing.shared_memory"
 SEGMENT_LIMIT = 4096

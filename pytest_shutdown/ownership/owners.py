@@ -1,16 +1,10 @@
 """Whose is it? The owner of a thread or child process that outlives a test.
 
 A survivor is the test's leak only when nothing that outlives the test reaches it. Owners,
-narrowest first: a wider-scope fixture's value (or its suspended generator); a module global or
-class attribute; a process-lifetime helper of the standard library; last, the import of a
-module whose top-level code created it (:func:`pytest_shutdown.ownership.origins.imported_by`).
-
-:func:`find_owners` walks *backwards* through ``gc.get_referrers``, one heap pass per level for
-all suspects, never through frames, tracebacks, the test tools' objects or the standard
-library's bookkeeping registries, bounded by depth, nodes and time (a walk that gives up leaves
-the suspect unowned). Forward searches along ``gc.get_referents`` from the fixtures' values and
-the recently remembered owners come first: a reusable executor owning its new workers test
-after test costs no heap pass.
+narrowest first: a wider-scope fixture's value; a module global or class attribute; a
+process-lifetime helper of the standard library; last, the import of a module whose top-level
+code created it. :func:`find_owners` searches forwards from the known owners, then backwards
+through ``gc.get_referrers``, one heap pass per level for all suspects, bounded.
 """
 
 from __future__ import annotations
@@ -42,18 +36,14 @@ RECENT_OWNERS = 8
 #: Objects a forward search visits at most before the backward walk takes over.
 SHORTCUT_NODES = 5_000
 
-#: Globals ``("module", module, name)`` and class attributes ``("class", weakref to the class,
-#: name)`` that owned something lately, most recent last: a forward search from a reusable
-#: executor costs a few hundred objects, where each backward level is a heap pass (~10 ms with
-#: numpy loaded).
+#: ``("module", module, name)`` / ``("class", weakref to the class, name)`` that owned something
+#: lately, most recent last: a forward search from one costs a few hundred objects, where each
+#: backward level is a heap pass (~10 ms with numpy loaded).
 _recent: collections.OrderedDict[tuple[str, Any, str], None] = collections.OrderedDict()
 
-#: Objects of these top-level packages are never owners and are not walked through.
-_TOOL_PACKAGES = frozenset(
-    {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
-)
-#: ... except the reference engine, and ``ray_cluster``'s value: it holds the replacement
-#: node's tree (a walk stopped at it blamed that tree on the test that called ``restore()``).
+#: The test tools' objects (``origins._TOOL_PACKAGES``) are never owners, except the reference
+#: engine's, and ``ray_cluster``'s value: it holds the replacement node's tree (a walk stopped at
+#: it blamed that tree on the test that called ``restore()``).
 _CODE_UNDER_TEST = ("pytest_shutdown.engine", "pytest_shutdown.ray_cluster")
 #: ... and execnet's master side: only a test suite makes a ``Group`` or ``Gateway`` here, and a
 #: session fixture's group owns the gateways a function fixture makes (skipping them made fail
@@ -62,8 +52,7 @@ _SUITES_OWN_TOOL_MODULES = frozenset(
     {"execnet.multi", "execnet.gateway", "execnet.gateway_io", "execnet.xspec", "execnet.rsync"}
 )
 
-#: The standard library's registries: they reference every thread, process or cleanup and own
-#: nothing.
+#: The standard library's registries: they reference everything and own nothing.
 _REGISTRIES = (
     ("threading", "_active"),
     ("threading", "_limbo"),
@@ -131,14 +120,13 @@ def _registry_ids() -> set[int]:
     return ids
 
 
-#: Never owners: a stack is no owner (a failed test's traceback holds its locals); a module is
-#: reached through its namespace dict.
+#: A stack is no owner (a failed test's traceback holds its locals); a module is its namespace.
 _NEVER_OWNERS = (types.FrameType, types.TracebackType, types.ModuleType)
 
 
 def _is_tool_module(name: str) -> bool:
     return (
-        name.partition(".")[0] in _TOOL_PACKAGES
+        name.partition(".")[0] in origins._TOOL_PACKAGES
         and not name.startswith(_CODE_UNDER_TEST)
         and name not in _SUITES_OWN_TOOL_MODULES
     )
@@ -226,7 +214,6 @@ def find_owners(
     fixture_roots: Mapping[int, tuple[Any, str, object]],
     *,
     max_depth: int = MAX_DEPTH,
-    max_nodes: int = MAX_NODES,
     max_seconds: float = MAX_SECONDS,
     follow_starters: bool = True,
     shortcut: bool = True,
@@ -259,7 +246,7 @@ def find_owners(
         return Owners(search.answers)
     if near:
         search.take_near(near)
-    search.walk(max_depth, max_nodes, deadline, forwards)
+    search.walk(max_depth, deadline, forwards)
     return search.last_resorts(deadline, max_seconds, follow_starters)
 
 
@@ -390,11 +377,11 @@ class _Search:
                 for ref in near[key]:
                     self.take(ref, frontier_ids, self.frontier)
 
-    def walk(self, max_depth: int, max_nodes: int, deadline: float, forwards: bool) -> None:
+    def walk(self, max_depth: int, deadline: float, forwards: bool) -> None:
         """Backwards, one heap pass a level, until all is answered or a bound is reached."""
         depth = 0
         while self.frontier and depth < max_depth and self.unsettled():
-            if time.monotonic() > deadline or len(self.objects) > max_nodes:
+            if time.monotonic() > deadline or len(self.objects) > MAX_NODES:
                 break
             depth += 1
             next_frontier = self.level()
@@ -471,9 +458,7 @@ class Owners(dict):  # type: ignore[type-arg]
 def _import_owners(targets: Mapping[Any, object], answers: Mapping[Any, Owner]) -> dict[Any, Owner]:
     found: dict[Any, Owner] = {}
     for key, target in targets.items():
-        if key in answers:
-            continue
-        module = origins.imported_by(target)
+        module = None if key in answers else origins.imported_by(target)
         if module is not None:
             found[key] = Owner("import", module, f"created while {module} was being imported")
     return found
@@ -647,11 +632,15 @@ def _remembered_owners(
     for entry in reversed(list(_recent)):
         if not wanted:
             break
-        found = _from_remembered(entry, wanted, skip, modules, max_depth)
-        for target_id, owner in found.items():
-            by_id[target_id] = owner
+        root = _remembered_root(entry, modules)
+        if root is None:
+            continue
+        value, prefix, kind, owner_name = root
+        reached = _reached_from(value, wanted, skip, modules, max_depth - len(prefix))
+        for target_id, chain in reached.items():
+            by_id[target_id] = _owner([*prefix, *chain], kind, owner_name, None)
             wanted.pop(target_id, None)
-        if found:
+        if reached:
             _recent.move_to_end(entry)
     return by_id
 
@@ -756,24 +745,6 @@ def _module_of_file(filename: str, modules: Mapping[int, str]) -> tuple[dict[str
     return namespace, name
 
 
-def _from_remembered(
-    entry: tuple[str, Any, str],
-    wanted: Mapping[int, object],
-    skip: set[int],
-    modules: Mapping[int, str],
-    max_depth: int,
-) -> dict[int, Owner]:
-    root = _remembered_root(entry, modules)
-    if root is None:
-        return {}
-    value, prefix, kind, owner_name = root
-    reached = _reached_from(value, wanted, skip, modules, max_depth - len(prefix))
-    return {
-        target_id: _owner([*prefix, *chain], kind, owner_name, None)
-        for target_id, chain in reached.items()
-    }
-
-
 def _reached_from(
     value: object,
     wanted: Mapping[int, object],
@@ -870,7 +841,6 @@ def _forward_owners(
     fixture_roots: Mapping[int, tuple[Any, str, object]],
     modules: Mapping[int, str],
     deadline: float,
-    max_nodes: int = MAX_NODES,
 ) -> dict[Any, Owner]:
     """Forwards from the fixtures, then the modules' globals, one visited set and budget."""
     from pytest_shutdown.ownership.backrefs import _edges  # noqa: PLC0415 - only when frozen
@@ -887,8 +857,7 @@ def _forward_owners(
         module = by_id.get(namespace_id)
         if module is not None:
             module_roots.append((module.__dict__, "module-global", module_name, None))
-    # The suite's own modules first (test modules, conftests, modules made at run time), then
-    # installed packages, the standard library last: the budget goes where owners usually are.
+    # The suite's own modules first, the standard library last: where owners usually are.
     module_roots.sort(key=lambda root: _module_rank(root[0]))
     roots.extend(module_roots)
     answers: dict[Any, Owner] = {}
@@ -899,7 +868,7 @@ def _forward_owners(
             continue
         seen.add(id(root))
         queue: collections.deque[tuple[object, str, str]] = collections.deque([(root, "", "")])
-        while queue and visited < max_nodes and len(answers) < len(targets):
+        while queue and visited < MAX_NODES and len(answers) < len(targets):
             if visited % 1000 == 0 and time.monotonic() > deadline:
                 return answers
             node, path, attribute = queue.popleft()
@@ -1007,19 +976,16 @@ def _assigned_slot(filename: str, lineno: int, qualname: str) -> tuple[Owner, ob
                 )
                 return owner, vars(klass).get(target.attr)
         elif isinstance(target, ast.Name) and target.id in namespace:
-            if qualname == "<module>" or target.id in _declared_global(filename, qualname):
+            if qualname == "<module>" or target.id in _declared_global(namespace, qualname):
                 where = f"assigned at {filename}:{lineno}"
                 owner = Owner("module-global", f"{module_name}.{target.id}", where)
                 return owner, namespace.get(target.id)
     return None
 
 
-def _declared_global(filename: str, qualname: str) -> frozenset[str]:
-    """The names the function ``qualname`` declares ``global``."""
-    found = _module_of_file(filename, _namespaces()[0])
-    if found is None:
-        return frozenset()
-    obj: Any = found[0].get(qualname.split(".")[0])
+def _declared_global(namespace: dict[str, Any], qualname: str) -> frozenset[str]:
+    """The names the function ``qualname`` of the module declares ``global``."""
+    obj: Any = namespace.get(qualname.split(".")[0])
     for part in qualname.split(".")[1:]:
         obj = getattr(obj, part, None)
     code = getattr(getattr(obj, "__func__", obj), "__code__", None)

@@ -91,11 +91,8 @@ class Containment:
 
     def marked(self, pid: int) -> bool:
         """Whether ``pid`` carries this session's marker in its environment."""
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                return f"{SESSION_MARKER_ENV}={self.token}\0".encode() in f.read()
-        except OSError:
-            return False
+        environ = escaped._read_environ(pid) or b""
+        return f"{SESSION_MARKER_ENV}={self.token}\0".encode() in environ
 
     def stray_marked(self, exclude: Iterable[int] = ()) -> list[int]:
         """Processes carrying the marker (one pass over ``/proc``, at session end only)."""
@@ -169,10 +166,8 @@ def reap_adopted(pids: Iterable[int]) -> list[int]:
 
 def started_in_test(pid: int) -> str | None:
     """The test a program was executed in (its inherited ``PYTEST_CURRENT_TEST``)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:
+    env = escaped._read_environ(pid)
+    if env is None:
         return None
     for entry in env.split(b"\0"):
         if entry.startswith(b"PYTEST_CURRENT_TEST="):

@@ -117,8 +117,7 @@ def current_test() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
-    """The standard library's folder: where ``os`` was loaded from (importing ``sysconfig``
-    took 10 ms of the first recording)."""
+    """Where ``os`` was loaded from (importing ``sysconfig`` took 10 ms)."""
     where = getattr(os, "__file__", None)
     if where:
         return (os.path.normcase(os.path.realpath(os.path.dirname(where))) + os.sep,)
@@ -364,8 +363,7 @@ def install() -> None:
 
 
 def _wrap_start_new_thread() -> None:
-    """Record what each ``_thread.start_new_thread`` thread runs (``threading`` keeps its own
-    reference: not these)."""
+    """Record what each ``_thread.start_new_thread`` thread runs (not ``threading``'s)."""
     import _thread  # noqa: PLC0415
 
     original = _thread.start_new_thread
@@ -394,8 +392,7 @@ def _wrap_start_new_thread() -> None:
 
 
 def _weak_run(function: Any) -> Any:
-    """A weak reference to a Python method's object or a Python function; None for a built-in's
-    method (``lock.acquire`` serves no one in particular)."""
+    """A weakref to a Python method's object or function; None for a built-in's method."""
     if isinstance(function, types.MethodType):
         candidate = function.__self__
     elif isinstance(function, types.FunctionType):
@@ -585,8 +582,7 @@ def recorded_segment(name: str) -> tuple[object | None, Origin, int] | None:
 
 
 class _AfterImport:
-    """A ``sys.meta_path`` entry that runs ``then(module)`` right after ``name`` is first
-    imported, and then leaves the path."""
+    """A ``sys.meta_path`` entry: ``then(module)`` right after ``name`` is first imported."""
 
     def __init__(self, name: str, then: Callable[[Any], None]) -> None:
         self.name = name

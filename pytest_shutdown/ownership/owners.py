@@ -41,9 +41,10 @@ SHORTCUT_NODES = 5_000
 #: backward level is a heap pass (~10 ms with numpy loaded).
 _recent: collections.OrderedDict[tuple[str, Any, str], None] = collections.OrderedDict()
 
-#: The test tools' objects (``origins._TOOL_PACKAGES``) are never owners, except the reference
-#: engine's, and ``ray_cluster``'s value: it holds the replacement node's tree (a walk stopped at
-#: it blamed that tree on the test that called ``restore()``).
+#: The test tools' objects are never owners, except the reference engine's, and ``ray_cluster``'s
+#: value: it holds the replacement node's tree (a walk stopped at it blamed that tree on the test
+#: that called ``restore()``).
+_TOOL_PACKAGES = origins._TOOL_PACKAGES
 _CODE_UNDER_TEST = ("pytest_shutdown.engine", "pytest_shutdown.ray_cluster")
 #: ... and execnet's master side: only a test suite makes a ``Group`` or ``Gateway`` here, and a
 #: session fixture's group owns the gateways a function fixture makes (skipping them made fail
@@ -126,7 +127,7 @@ _NEVER_OWNERS = (types.FrameType, types.TracebackType, types.ModuleType)
 
 def _is_tool_module(name: str) -> bool:
     return (
-        name.partition(".")[0] in origins._TOOL_PACKAGES
+        name.partition(".")[0] in _TOOL_PACKAGES
         and not name.startswith(_CODE_UNDER_TEST)
         and name not in _SUITES_OWN_TOOL_MODULES
     )
@@ -147,8 +148,7 @@ def _opaque(obj: object) -> bool:
 
 
 def _is_mock_class(obj: object) -> bool:
-    """A ``unittest.mock`` class: it fabricates attributes on demand, so reaching an object
-    through one says nothing about what outlives the test."""
+    """A ``unittest.mock`` class: its attributes are made on demand, so it owns nothing."""
     mock = sys.modules.get("unittest.mock")
     base = getattr(mock, "NonCallableMock", None)
     return base is not None and _is_a(obj, type) and issubclass(obj, base)  # type: ignore[arg-type]
@@ -465,8 +465,7 @@ def _import_owners(targets: Mapping[Any, object], answers: Mapping[Any, Owner]) 
 
 
 def _namespaces() -> tuple[dict[int, str], set[int]]:
-    """``id`` of each non-tool module namespace -> its name, and the ids never walked through.
-    Read once per moment: callers must not change what they get."""
+    """Non-tool namespace ids -> module names, and the ids never walked (once per moment)."""
     return reading("module_namespaces", _read_namespaces)
 
 
@@ -648,8 +647,7 @@ def _remembered_owners(
 def _creation_site_owners(
     wanted: dict[int, object], skip: set[int], modules: Mapping[int, str], max_depth: int
 ) -> dict[int, Owner]:
-    """Owners found forwards from the globals and classes of the modules in the user frames of
-    a wanted object's creation site, the first time they own something (then remembered)."""
+    """Owners found forwards from the globals and classes of the creation sites' modules."""
     files: dict[str, None] = {}
     for target in wanted.values():
         origin = origins.origin_of(target)

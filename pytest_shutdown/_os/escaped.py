@@ -33,10 +33,7 @@ def watch_marker(name: str | None, token: str | None = None) -> object:
     global _entry, _found, _looked_to, _last_tree, _unread
     previous = (_entry, _found, _looked_to, _last_tree, _unread)
     _entry = None if name is None or token is None else f"{name}={token}\0".encode()
-    _found = set()
-    _unread = set()
-    _looked_to = None
-    _last_tree = frozenset()
+    _found, _unread, _looked_to, _last_tree = set(), set(), None, frozenset()
     return previous
 
 

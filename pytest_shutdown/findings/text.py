@@ -55,10 +55,7 @@ def first_user_frame(stacks: str) -> str:
 
 
 def _cmdline(parts: Any) -> str:
-    if isinstance(parts, str):
-        text = parts
-    else:
-        text = " ".join(str(p) for p in (parts or []))
+    text = parts if isinstance(parts, str) else " ".join(str(p) for p in (parts or []))
     text = text.replace("\n", "\\n")
     return text if len(text) <= CMDLINE_CHARS else text[: CMDLINE_CHARS - 3] + "..."
 

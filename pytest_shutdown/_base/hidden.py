@@ -1,10 +1,5 @@
-"""``contextmanager`` for helpers: a failure raised when the block ends shows the caller's line.
-
-``contextlib.contextmanager`` raises from its own ``__exit__``, so pytest shows a frame of
-``contextlib.py`` between the user's ``with`` line and the error. This one drives the generator
-itself from an ``__exit__`` marked ``__tracebackhide__``, with the same semantics: an exception
-from the block is thrown into the generator and propagates unchanged unless the generator
-swallows it or raises another.
+"""``contextmanager`` for helpers: a failure raised when the block ends shows the caller's line,
+not a frame of ``contextlib.py`` (the ``__exit__`` is ``__tracebackhide__``; same semantics).
 """
 
 from __future__ import annotations

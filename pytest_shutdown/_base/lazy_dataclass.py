@@ -1,19 +1,10 @@
 """``@lazy_dataclass``: a dataclass whose methods are generated when its first instance is made.
 
-``dataclasses.dataclass`` compiles each generated method (``__init__``, ``__repr__``,
-``__eq__``, ``__hash__``, and ``__setattr__``/``__delattr__`` when frozen) with ``exec`` at
-class creation: 0.25 ms per class, 0.55 ms per frozen one on CPython 3.11 here. The plugin
-defines some thirty such records (findings, snapshots, settings, owners...), most of which a
-clean session never instantiates, and they were a quarter of the guard's fixed cost per session.
-
-``lazy_dataclass(**options)`` takes the options of ``dataclass`` and defers it: the class gets
-a ``__new__`` that runs ``dataclass(**options)`` on the class (once, under a lock) and then
-becomes a plain ``object.__new__`` call (0.3 us more per instance). Every way an instance comes
-to be passes through ``__new__`` (a call, ``copy``, unpickling), so no instance ever exists
-before the class is complete; ``inspect.signature(cls)`` completes it too. What does
-not work before the first instance: ``dataclasses.fields(cls)`` on the class itself, and
-subclassing (a subclass would not see the fields); the decorator refuses neither, so use it on
-leaf records only.
+``dataclass`` compiles its methods with ``exec`` at class creation (0.25 ms a class, 0.55 ms a
+frozen one): some thirty records, most never made in a clean session, were a quarter of the
+guard's fixed cost. The class gets a ``__new__`` that completes it (once, under a lock); every
+instance passes through ``__new__``, and ``inspect.signature(cls)`` completes it too. Not before
+the first instance: ``dataclasses.fields(cls)``, subclassing: use it on leaf records only.
 """
 
 from __future__ import annotations
@@ -63,8 +54,7 @@ def lazy_dataclass(
 
 
 class _SignatureOfInit:
-    """``inspect.signature(cls)`` is the generated ``__init__``'s (the class is completed for
-    it), not the ``(*args, **kwargs)`` of the ``__new__`` that completes it."""
+    """``inspect.signature(cls)``: the generated ``__init__``'s, not ``__new__``'s."""
 
     def __get__(self, instance: object, owner: type) -> Any:
         if instance is not None:
@@ -96,21 +86,17 @@ def complete(cls: type) -> type:
         if options is None:
             return cls
         delattr(cls, _PENDING)  # dataclass() asks inspect.signature(cls): done, for it
-        # The methods before the lock-free __new__: another thread's first instance that meets
-        # that __new__ must find the generated __init__ already in place.
+        # The methods before the lock-free __new__: another thread must find __init__ ready.
         dataclasses.dataclass(cls, **options)
-        # Not ``del``: a class whose __new__ was ever assigned keeps CPython's slot for it, and
-        # would then reach object.__new__ with the constructor's arguments (a TypeError).
+        # Not ``del``: CPython keeps the slot, and object.__new__ would get the arguments.
         cls.__new__ = staticmethod(_new)  # type: ignore[assignment]
     return cls
 
 
 class FrozenRecord:
-    """An immutable record whose fields are its ``__slots__``, for the few records every guarded
-    session makes (the first snapshots): equality, hashing and ``repr`` read the slots, so
-    nothing is compiled when the class is made or first used (a frozen dataclass's six
-    generated methods are). A subclass names its fields in ``__slots__`` and passes their
-    values, in that order, to ``FrozenRecord.__init__`` from a typed ``__init__`` of its own."""
+    """An immutable record whose fields are its ``__slots__`` (nothing compiled, unlike a frozen
+    dataclass), for the records every session makes. A subclass passes the values, in slot
+    order, to ``FrozenRecord.__init__`` from a typed ``__init__`` of its own."""
 
     __slots__: tuple[str, ...] = ()
 

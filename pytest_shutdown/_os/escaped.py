@@ -1,15 +1,10 @@
 """Processes that left the session's tree, found by the session marker, not by adopting them.
 
-A guarded session puts ``PYTEST_SHUTDOWN_SESSION=<token>`` in its environment; every program a
-test executes inherits it, whatever parent, session or process group it moves to. A daemon's
-double fork or a shell's background job re-parents the process to PID 1 (or to the nearest
-child subreaper of the host): no walk down pytest's children lists finds it, and becoming a
-subreaper to keep it would change what the test sees (``os.waitpid`` on an orphan succeeds,
-zombies pile up under pytest). So the pids the kernel allocated since the last look are
-looked up (``ns_last_pid`` counts upwards: every process created since has a number in the
-range), and those that run, lead their thread group, are not in the tree and carry the token
-are the session's escaped processes. The cost follows the pids allocated since the last look,
-never the host's whole process table, and nothing is read while no pid was allocated.
+Every program a guarded session executes inherits ``PYTEST_SHUTDOWN_SESSION=<token>``. A
+re-parented one (a double fork, a shell's background job) is no longer in pytest's tree, so the
+pids the kernel allocated since the last look (``ns_last_pid`` counts upwards) are looked up:
+those that run, lead their thread group, are not in the tree and carry the token escaped. The
+cost follows the pids allocated, never the host's process table.
 """
 
 from __future__ import annotations
@@ -19,38 +14,29 @@ import time
 
 __all__ = ["carries_marker", "escaped_processes", "restore_watch", "watch_marker", "watching"]
 
-#: The environment entry an escaped process carries (``NAME=token\0``); None: not watched.
+#: The entry an escaped process carries (``NAME=token\0``); None: not watched.
 _entry: bytes | None = None
-#: The escaped processes found so far (pruned of those that ended on each look).
 _found: set[int] = set()
-#: The last pid looked at; None before the first look.
 _looked_to: int | None = None
-#: The tree at the last look: a process that was in it then and is not now (its parent exited
-#: after the look) is looked at again, whatever its number.
+#: The tree at the last look: one that has left it since is looked at again.
 _last_tree: frozenset[int] = frozenset()
-#: Processes whose environment read empty at the last look (inside an exec, or started with
-#: none): read again at the next one.
+#: Processes whose environment read empty (inside an exec): read again at the next look.
 _unread: set[int] = set()
-#: How long a new process whose environment reads empty is read again (see carries_marker).
 EXEC_PATIENCE_S = 0.25
-#: More pids than this allocated since the last look (or the numbers wrapped): one pass over
-#: ``/proc`` instead of one lookup per number.
+#: More pids than this since the last look (or wrapped): one pass over ``/proc`` instead.
 _RANGE_LIMIT = 4096
 
 
 def watch_marker(name: str | None, token: str | None = None, since: bytes | None = None) -> object:
-    """Look for processes carrying ``name=token`` from now on (None: stop looking). Returns
-    what was watched before, for :func:`restore_watch` (an inline pytester run's session
-    inside a guarded one gives the outer session's watch back when it ends). ``since``:
-    ``ns_last_pid`` read before a new token was first put in the environment (no process
-    created before carries it): the first look starts there, not with a pass over ``/proc``."""
+    """Look for processes carrying ``name=token`` from now on (None: stop looking); returns the
+    previous watch, for :func:`restore_watch`. ``since``: ``ns_last_pid`` read before a new
+    token was first put in the environment: the first look starts there, not with a pass over
+    ``/proc``."""
     global _entry, _found, _looked_to, _last_tree, _unread
     previous = (_entry, _found, _looked_to, _last_tree, _unread)
     _entry = None if name is None or token is None else f"{name}={token}\0".encode()
-    _found = set()
-    _unread = set()
     _looked_to = int(since) if since is not None and since.strip().isdigit() else None
-    _last_tree = frozenset()
+    _found, _unread, _last_tree = set(), set(), frozenset()
     return previous
 
 
@@ -61,21 +47,18 @@ def restore_watch(previous: object) -> None:
 
 
 def watching() -> bool:
-    """Whether a marker is watched (a guarded session that contains without a subreaper)."""
+    """Whether a marker is watched."""
     return _entry is not None
 
 
 def carries_marker(pid: int, patience_s: float = 0.0) -> bool:
-    """Whether process ``pid`` carries the watched marker in its environment (see
-    :func:`_marker_of`)."""
+    """Whether process ``pid`` carries the watched marker in its environment."""
     return _marker_of(pid, patience_s) is True
 
 
 def _marker_of(pid: int, patience_s: float) -> bool | None:
-    """Whether ``pid`` carries the watched marker; None when its environment reads empty, even
-    after reading it again for up to ``patience_s``: a process caught inside an ``execve`` (a
-    shell's background job between its fork and the exec of its program, which a busy machine
-    may not have run yet) shows none until the exec is done."""
+    """None when its environment reads empty for ``patience_s``: a process inside an
+    ``execve`` (which a busy machine may not have run yet) shows none until it is done."""
     entry = _entry
     if entry is None:
         return False
@@ -94,7 +77,7 @@ def _marker_of(pid: int, patience_s: float) -> bool | None:
 
 
 def _leads_and_runs(pid: int) -> bool:
-    """``pid`` is a process (not another process's thread) and has not ended."""
+    """``pid`` is a process (not a thread) and has not ended."""
     try:
         with open(f"/proc/{pid}/status", "rb") as f:
             status = f.read(1024)
@@ -111,8 +94,8 @@ def _leads_and_runs(pid: int) -> bool:
 
 
 def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset[int]:
-    """The session's processes outside ``tree`` (this process's descendants now), given
-    ``ns_last_pid`` read before ``tree`` was walked; empty while no marker is watched."""
+    """The session's processes outside ``tree`` (the descendants now), given ``ns_last_pid``
+    read before ``tree`` was walked."""
     global _looked_to, _last_tree, _unread
     if _entry is None:
         return frozenset()
@@ -127,7 +110,7 @@ def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset
         candidates = list(range(_looked_to + 1, now + 1))
     if now is not None:
         _looked_to = now
-    candidates.extend(_last_tree - tree)  # left the tree since the last look
+    candidates.extend(_last_tree - tree)
     _last_tree = tree
     again, _unread = _unread, set()
     for pid in candidates:
@@ -137,7 +120,7 @@ def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset
         if marked:
             _found.add(pid)
         elif marked is None:
-            _unread.add(pid)  # read once more, with no wait, at the next look
+            _unread.add(pid)  # read once more, with no wait
     for pid in again - _unread:
         if pid not in tree and _leads_and_runs(pid) and carries_marker(pid):
             _found.add(pid)
@@ -147,7 +130,7 @@ def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset
 
 
 def _is_kernel_thread(pid: int) -> bool:
-    """A kernel thread (``PF_KTHREAD`` in its flags): no environment, ever."""
+    """A kernel thread (``PF_KTHREAD``): no environment, ever."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             stat = f.read()

@@ -1,24 +1,14 @@
 """What a forked child must not inherit from the plugin.
 
-``os.fork()`` copies the whole interpreter: the plugin's SIGTERM handler, its wrapped
-``Thread.start``/``Process.start``/``Popen.__init__``, its record log's open file. A child that
-keeps the SIGTERM handler no longer dies on ``Process.terminate()`` or ``Pool.terminate()``: it
-raises :class:`~pytest_shutdown.interrupts.SigtermInterrupted` instead, exits 1, and a pool's
-workers hang on their queue. So every piece of the plugin that a fork would inherit registers an
-undo here, and one ``os.register_at_fork(after_in_child=...)`` hook (installed once, never
-removable) runs them in the child, before any of the child's own code: the child then behaves
-exactly as it would without the plugin. ``multiprocessing``'s fork and forkserver start methods
-both go through ``os.fork``; spawn and ``subprocess`` start a fresh interpreter and inherit no
-Python state at all. A child forked in C (``fork()`` through ctypes or a C extension) runs none of
-these hooks: what it inherits must see for itself that it is not in the process that installed it
-(:mod:`pytest_shutdown.interrupts` does, for its handler and its watch).
+``os.fork()`` copies the plugin's SIGTERM handler, its wrapped ``start`` methods, its open
+files: a child keeping the handler no longer dies on ``terminate()`` (a pool's workers hang).
+So each piece registers an undo here, and one ``register_at_fork`` hook runs them in the child
+before its own code. A child forked in C runs none: what it inherits must check its pid itself
+(:mod:`pytest_shutdown.interrupts` does).
 
-A Python-level handler runs only at the child's first bytecode boundary, which can be inside the
-undo itself: a SIGTERM sent right after the fork (``terminate()`` on a busy machine) would still
-reach the inherited handler. So the signals whose handlers are undone are blocked in the forking
-thread across the fork; the child unblocks them only after the undo, and a SIGTERM that arrived
-in between then gets the default action, exactly as without the plugin. The parent unblocks them
-at once and handles what arrived as before.
+A Python handler runs only at the child's first bytecode boundary, maybe inside the undo: so
+the signals whose handlers are undone stay blocked across the fork, and the child unblocks them
+after the undo (a SIGTERM that came meanwhile then gets the default action).
 """
 
 from __future__ import annotations
@@ -30,8 +20,8 @@ from collections.abc import Callable, Iterable
 
 __all__ = ["forget_in_child", "this_pid", "undo_in_forked_child"]
 
-try:  # the C function: signal.pthread_sigmask turns every signal of the mask into an enum
-    from _signal import pthread_sigmask as _sigmask  # (a fork pays it twice)
+try:  # signal.pthread_sigmask makes an enum of every signal of the mask (twice a fork)
+    from _signal import pthread_sigmask as _sigmask
 except ImportError:  # pragma: no cover - another interpreter
     _sigmask = signal.pthread_sigmask
 
@@ -43,10 +33,8 @@ _pid = os.getpid()
 
 
 def this_pid() -> int:
-    """``os.getpid()`` without a system call per question (the per-test checks ask it a dozen
-    times): kept current in every child forked through ``os.fork`` (multiprocessing's fork and
-    forkserver, ``subprocess`` with a ``preexec_fn``: all run the fork hooks before the child's
-    first Python code)."""
+    """``os.getpid()`` without a system call (asked a dozen times a test), kept current in every
+    child forked through ``os.fork``."""
     return _pid
 
 
@@ -59,17 +47,14 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_refresh_pid)
 
 
-def undo_in_forked_child(
-    key: str, undo: Callable[[], None], *, hold: Iterable[int] = ()
-) -> None:
-    """Run ``undo`` in every child forked from now on (until :func:`forget_in_child` is called
-    with the same ``key``); the signals in ``hold`` stay blocked until it has run. A later
-    registration under the same key replaces the earlier one."""
+def undo_in_forked_child(key: str, undo: Callable[[], None], *, hold: Iterable[int] = ()) -> None:
+    """Run ``undo`` in every child forked from now on (until :func:`forget_in_child` of
+    ``key``); the signals in ``hold`` stay blocked until it has run."""
     global _hooked
     _undos[key] = undo
     _held[key] = frozenset(hold)
     if not _hooked and hasattr(os, "register_at_fork"):
-        os.register_at_fork(before=_before, after_in_parent=_in_parent, after_in_child=_in_child)
+        os.register_at_fork(before=_before, after_in_parent=_restore_mask, after_in_child=_in_child)
         _hooked = True
 
 
@@ -89,10 +74,6 @@ def _restore_mask() -> None:
     _fork_state.mask = None
     if mask is not None:
         _sigmask(signal.SIG_SETMASK, mask)
-
-
-def _in_parent() -> None:
-    _restore_mask()
 
 
 def _in_child() -> None:

@@ -1,12 +1,6 @@
-"""Files of ``/proc`` (and ``/dev/shm``) held open, so that a reading is one system call.
-
-The guard reads a few counters before and after every test: this process's open descriptors
-(``fstat`` of ``/proc/self/fd``), ``/dev/shm``'s state (its ``fstat``), the last pid the kernel
-allocated (``pread`` of ``ns_last_pid``). Opening
-and closing each file per reading would cost three system calls instead of one. The handles are
-close-on-exec, left out of the fd kind's findings (:func:`held_open_fds`), and a forked child
-closes its copies at once: they name the parent's ``/proc/self``, and a fork inherits nothing
-of the plugin.
+"""Files of ``/proc`` (and ``/dev/shm``) held open, so that a reading is one system call, not
+three. The handles are close-on-exec, never a finding (:func:`held_open_fds`), and closed in a
+forked child (they name the parent's ``/proc/self``).
 """
 
 from __future__ import annotations
@@ -36,8 +30,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def held_open(path: str, *, directory: bool = True) -> int | None:
-    """The descriptor of ``path`` held open by this module (opened on first use); None when it
-    cannot be opened here."""
+    """The descriptor of ``path`` held open (opened on first use); None when it cannot be."""
     fd = _handles.get(path)
     if fd is not None:
         return fd
@@ -54,7 +47,7 @@ def held_open(path: str, *, directory: bool = True) -> int | None:
 
 
 def read_held(path: str, size: int = 64) -> bytes | None:
-    """The first ``size`` bytes of the file ``path`` now (one ``pread`` of the held handle)."""
+    """The first ``size`` bytes of the file ``path`` now."""
     fd = held_open(path, directory=False)
     if fd is None:
         return None

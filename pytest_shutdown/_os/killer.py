@@ -1,10 +1,6 @@
 """The one tree killer: every process the project kills goes through :func:`kill_trees`, and
-every end the session ordered is recorded with why.
-
-``collateral-kill`` reports processes that died by a signal nobody in the session ordered. So
-the record has one answer to "who ended this": a kill the guard, a helper, a fixture or the
-reference engine made (:func:`kill_trees`), or the teardown of the wider-scope fixture that
-owned the process (:func:`record_ordered_end`: its own ``proc.terminate()`` is its business).
+every end the session ordered is recorded with why (a death not recorded is a
+``collateral-kill``).
 """
 
 from __future__ import annotations
@@ -23,8 +19,7 @@ _KEEP = 4096
 
 
 def record_ordered_end(pids: Iterable[int], why: str) -> None:
-    """Record that the ends of ``pids`` were ordered (``why``: by whom), before or after they
-    happen: a death so recorded is never a collateral kill."""
+    """Record that the ends of ``pids`` were ordered (``why``: by whom)."""
     for pid in pids:
         _ORDERED.pop(pid, None)
         _ORDERED[pid] = why
@@ -38,8 +33,7 @@ def ordered_end_of(pid: int) -> str | None:
 
 
 def tree_of(pid: int) -> list[int]:
-    """``pid`` and its descendants (parents first), listed before anything is killed so that
-    the ones a kill re-parents are not missed; empty when ``pid`` is gone."""
+    """``pid`` and its descendants (parents first); empty when ``pid`` is gone."""
     import psutil  # noqa: PLC0415 - only when something is killed
 
     try:
@@ -79,13 +73,9 @@ def kill_trees(
     signum: int = signal.SIGKILL,
     describe: Callable[[int], dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
-    """Send ``signum`` (SIGKILL by default) to each process of ``pids`` and all its
-    descendants, recording each end as ordered (``why``); wait (one deadline, ``timeout``)
-    until they have ended. Nothing is reaped: the owners (``subprocess``,
-    ``multiprocessing``) still collect the exit status.
-
-    Returns one record per process signalled: ``describe(pid)`` read before the signal, or
-    ``{"pid": pid}``."""
+    """Send ``signum`` to each process of ``pids`` and its descendants (listed first, so that
+    none a kill re-parents is missed), recording each end as ordered; wait up to ``timeout``.
+    Nothing is reaped. Returns ``describe(pid)`` (or ``{"pid": pid}``) per process signalled."""
     victims: dict[int, None] = {}
     for pid in pids:
         victims.update(dict.fromkeys(tree_of(pid)))

@@ -1,10 +1,5 @@
-"""One moment: a reading several resource kinds take of the same process state (its
-descendants, its open descriptor count, ``/dev/shm``) is taken once per snapshot or check.
-
-The guard wraps each snapshot of every kind, and each first pass of its check, in
-:func:`one_moment`; inside it :func:`reading` answers a reading it already took. Outside a
-moment (the grace's polling, the helpers) every call reads afresh. A forked child starts
-outside any moment (its parent's readings are not its own).
+"""One moment: a reading several resource kinds take of the same process state is taken once
+per snapshot or check (:func:`one_moment`); outside a moment every call reads afresh.
 """
 
 from __future__ import annotations
@@ -31,8 +26,7 @@ if hasattr(os, "register_at_fork"):
 
 
 class _Moment:
-    """The context manager :func:`one_moment` returns (a class: the guard enters two moments
-    per test, and a generator-based one costs several times as much)."""
+    """A class: a generator-based context manager costs several times as much."""
 
     __slots__ = ("_outer",)
 

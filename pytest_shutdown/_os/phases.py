@@ -1,13 +1,6 @@
-"""Phases a process tree under test announces, and the phase a test wants it to reach.
-
-An engine (or its launcher) names the phase it is in with ``report_phase("ready")``: one line
-``[pytest-shutdown] phase: ready`` on its standard error, which the tree-death helper reads. A
-launcher that cannot call Python prints the same line, or the test matches its own log lines
-with a regular expression instead. ``wanted_phase()`` tells the target which phase the test will
-act in (``"busy"``: start serving requests; ``"shutting_down"``: begin a shutdown by itself), so
-a target can reach phases no signal from outside would bring about.
-
-No dependencies: safe to import from any engine process.
+"""Phases a process tree under test announces (``report_phase``: a line on stderr the
+tree-death helper reads), and the phase a test wants it to reach (``wanted_phase``). No
+dependencies: safe to import from any engine process.
 """
 
 from __future__ import annotations
@@ -17,10 +10,8 @@ import re
 import sys
 from collections.abc import Iterable
 
-#: The environment variable carrying the phase the test wants the tree to reach.
 WANTED_PHASE_ENV = "PYTEST_SHUTDOWN_PHASE"
 PHASE_LINE_PREFIX = "[pytest-shutdown] phase: "
-#: The line a tree may print once to declare every phase it can reach.
 KNOWN_PHASES_PREFIX = "[pytest-shutdown] phases: "
 
 _PHASE_LINE = re.compile("^" + re.escape(PHASE_LINE_PREFIX) + r"(.+)$", re.MULTILINE)

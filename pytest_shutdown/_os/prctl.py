@@ -1,11 +1,7 @@
-"""Linux ``prctl(2)`` through libc, shared by the guard's containment, the engine's lifelines
-and the tree launcher.
+"""Linux ``prctl(2)`` through libc; elsewhere the calls do nothing and return False (or None).
 
-libc is looked up once, at import: a ``dlopen`` in a child forked from a multi-threaded parent
-can deadlock on the loader's lock. The call goes through ``_ctypes``, the C module under
-``ctypes``, with the one argument type it needs: importing the ``ctypes`` package costs every
-guarded session about 3 ms (its dozens of types), this about 1 ms. Everywhere else (or where libc
-has no ``prctl``) the calls do nothing and return False (or None).
+libc is looked up at import: a ``dlopen`` in a child forked from a multi-threaded parent can
+deadlock. The call goes through ``_ctypes``: the ``ctypes`` package costs 3 ms, this 1 ms.
 """
 
 from __future__ import annotations
@@ -30,7 +26,6 @@ __all__ = [
 
 
 def _load_prctl() -> tuple[Any, Any] | None:
-    """(the C function, the C int type) or None where there is none."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -58,8 +53,7 @@ _PRCTL = _load_prctl()
 
 
 def prctl(option: int, arg: int | bytes) -> bool:
-    """``prctl(option, arg, 0, 0, 0)``; True when it succeeded, False elsewhere or on failure.
-    ``arg`` is an int, or bytes passed as a C string (``PR_SET_NAME``)."""
+    """``prctl(option, arg, 0, 0, 0)``; True when it succeeded (``arg``: an int or bytes)."""
     if _PRCTL is None:
         return False
     function, _ = _PRCTL

@@ -1,8 +1,4 @@
-"""``/proc/PID/stat`` read as a :class:`TreeProcess`: parent, session, state, start time.
-
-Moved from :mod:`pytest_shutdown.helpers.tree` (issue 47): the ports kind reads it too, and the
-kinds sit below the helpers; :mod:`pytest_shutdown.helpers.tree` re-exports both names.
-"""
+"""``/proc/PID/stat`` read as a :class:`TreeProcess` (re-exported by ``helpers.tree``)."""
 
 from __future__ import annotations
 

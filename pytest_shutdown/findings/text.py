@@ -1,15 +1,5 @@
-"""Findings as text a reader can act on: the facts that locate a finding, and all of its facts.
-
-A finding's ``message`` is one sentence; its ``details`` hold the facts. Two renderings of those
-facts live here, for the exception message, the guard's sections and the terminal summary:
-
-* :func:`key_fact_lines`: the few facts that say *where* (always shown): for ``orphan-process``
-  and ``exit-hang`` the survivor's command line and level, and for ``exit-hang`` the first frame
-  of user code in its blocked stacks;
-* :func:`all_fact_lines`: every fact of ``details`` (``-vv`` or ``--shutdown-details``), what the
-  JSON report has.
-
-No pytest, no torch: plain functions over plain data.
+"""Findings as text: :func:`key_fact_lines`, the few facts that say *where* (always shown), and
+:func:`all_fact_lines`, every fact of ``details`` (``-vv`` or ``--shutdown-details``).
 """
 
 from __future__ import annotations
@@ -21,14 +11,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-#: Codes whose facts name a process of a tree and the cell that left it.
 TREE_CODES = frozenset({"orphan-process", "exit-hang"})
-#: The module of the warm tree launcher, whose command line every forked tree process keeps.
+#: The warm tree launcher, whose command line every forked tree process keeps.
 LAUNCHER_MODULE = "pytest_shutdown.helpers.tree_launcher"
-#: How many characters of a command line a key-fact line keeps.
 CMDLINE_CHARS = 300
 
-# Patterns, compiled by ``re`` (and cached there) on first use: most sessions never read a stack.
+# Compiled by ``re`` on first use: most sessions never read a stack.
 _FRAME = r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)'
 _THREAD_HEAD = r"(?i)^(Current thread|Thread) 0x[0-9a-f]+ "
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -46,8 +34,7 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 def is_user_frame(path: str) -> bool:
-    """Whether a frame's file is user code: not the standard library, not an installed package,
-    not pytest-shutdown's own checks (the tree launcher's fork entry)."""
+    """Not the standard library, an installed package or pytest-shutdown's own checks."""
     if path.startswith("<"):
         return False  # <frozen ...>, <string>
     full = os.path.abspath(path)
@@ -57,8 +44,7 @@ def is_user_frame(path: str) -> bool:
 
 
 def first_user_frame(stacks: str) -> str:
-    """The first frame of user code in a faulthandler dump (most recent call first), taking the
-    threads in the order of the dump; ``""`` when there is none."""
+    """The first frame of user code in a faulthandler dump; ``""`` when there is none."""
     for line in stacks.splitlines():
         if re.match(_THREAD_HEAD, line):
             continue
@@ -69,10 +55,7 @@ def first_user_frame(stacks: str) -> str:
 
 
 def _cmdline(parts: Any) -> str:
-    if isinstance(parts, str):
-        text = parts
-    else:
-        text = " ".join(str(p) for p in (parts or []))
+    text = parts if isinstance(parts, str) else " ".join(str(p) for p in (parts or []))
     text = text.replace("\n", "\\n")
     return text if len(text) <= CMDLINE_CHARS else text[: CMDLINE_CHARS - 3] + "..."
 
@@ -85,13 +68,10 @@ def key_fact_lines(code: str, details: Mapping[str, Any], indent: str = "  ") ->
     if details.get("cmdline"):
         line = f"{indent}command line: {_cmdline(details['cmdline'])}"
         if LAUNCHER_MODULE in _cmdline(details["cmdline"]):
-            # a fork of the warm launcher keeps its command line: say what it became instead
             line += f" (a fork of the tree launcher, now named {details.get('name') or '?'})"
         lines.append(line)
     if details.get("level"):
-        cell = ", ".join(
-            f"{key} {details[key]}" for key in ("signal", "phase") if details.get(key)
-        )
+        cell = ", ".join(f"{key} {details[key]}" for key in ("signal", "phase") if details.get(key))
         lines.append(f"{indent}level: {details['level']}" + (f" ({cell})" if cell else ""))
     if code == "exit-hang":
         frame = first_user_frame(str(details.get("stacks") or ""))

@@ -1,23 +1,18 @@
-"""``atexit.register`` calls, recorded with their creation site while the guard (or a helper)
-asks for it.
+"""``atexit.register`` calls, recorded with their creation site while recording is on.
 
-``atexit`` keeps its callbacks in a C array that ``gc.get_referrers`` cannot see: an object held
-only by ``atexit.register(self.shutdown)`` looks unowned to every backref search, yet lives
-until the interpreter exits. While recording is on (:func:`install`, counted like
-:mod:`pytest_shutdown.ownership.origins`), ``atexit.register`` and ``atexit.unregister`` are
-wrapped: each registration is kept (callback, arguments, the short creation site, the running
-test) until it is unregistered. The ``atexit`` resource kind reports a callback registered during a
-test that reaches an object the test created (``atexit-holds-object``); the ``not-collected``
-diagnosis names atexit as the root when a recorded callback reaches the object.
-
-Code that bound ``atexit.register`` to a name before recording started (``from atexit import
-register``) is not seen. A forked child never inherits the wrappers.
+``atexit`` keeps its callbacks in a C array ``gc.get_referrers`` cannot see: an object held only
+by ``atexit.register(self.shutdown)`` looks unowned, yet lives until exit. While recording
+(:func:`install`, counted), ``atexit.register``/``unregister`` are wrapped and each registration
+is kept until unregistered. A name bound before recording (``from atexit import register``) is
+not seen; a forked child never inherits the wrappers.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import sys
+import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import field
@@ -59,7 +54,7 @@ def registrations() -> list[Registration]:
 
 
 def count() -> int:
-    """How many registrations were recorded so far (a cheap snapshot)."""
+    """How many registrations were recorded so far."""
     return _seq
 
 
@@ -138,8 +133,7 @@ def uninstall() -> None:
 
 @contextmanager
 def recording() -> Iterator[None]:
-    """Record ``atexit.register`` calls inside the block (e.g. while a helper builds an
-    object)."""
+    """Record ``atexit.register`` calls inside the block."""
     install()
     try:
         yield
@@ -147,13 +141,12 @@ def recording() -> Iterator[None]:
         uninstall()
 
 
-def reached_objects(registration: Registration) -> list[object]:
-    """Objects the callback and its arguments hold directly: a bound method's instance, a
-    partial's arguments, a closure's cells, the registered arguments (functions, classes,
-    modules and plain values left out)."""
-    import functools  # noqa: PLC0415
-    import types  # noqa: PLC0415
+_PLAIN = (type, types.ModuleType, types.BuiltinFunctionType, str, bytes, int, float, type(None))
 
+
+def reached_objects(registration: Registration) -> list[object]:
+    """Objects the callback and its arguments hold directly (functions, classes, modules and
+    plain values left out)."""
     found: list[object] = []
     pending: list[object] = [registration.func, *registration.args, *registration.kwargs.values()]
     seen: set[int] = set()
@@ -168,20 +161,7 @@ def reached_objects(registration: Registration) -> list[object]:
             pending.extend([node.func, *node.args, *(node.keywords or {}).values()])
         elif isinstance(node, types.FunctionType):
             pending.extend(c.cell_contents for c in node.__closure__ or () if _filled(c))
-        elif not isinstance(
-            node,
-            (
-                type,
-                types.ModuleType,
-                types.BuiltinFunctionType,
-                str,
-                bytes,
-                int,
-                float,
-                bool,
-                type(None),
-            ),
-        ):
+        elif not isinstance(node, _PLAIN):
             found.append(node)
     return found
 

@@ -1,18 +1,10 @@
 """Why is this object still alive? Reference paths, found and rendered as text.
 
-Two searches live here:
-
-* :func:`find_path` walks *forwards* from a finalizer's func/args to the object (partials,
-  bound methods, closures, defaults, containers, instance attributes; any depth, with a visited
-  set and a node budget), for the static finalizer check;
-* :func:`backref_chain` walks *backwards* from the object to a root (a module in
-  ``sys.modules`` or a frame on a running thread's stack) with ``objgraph``, for the
-  ``not-collected`` diagnosis. It is only called on failure.
-
-:func:`draw_backrefs` draws the same question as a picture (``objgraph.show_backrefs``; a PNG when
-graphviz's ``dot`` is installed, else the ``.dot`` source and a note), into the folder given as
-``graphs_dir=`` or set module-wide with :func:`configure_graphs` (the plugin's
-``--shutdown-graphs=DIR`` does that).
+:func:`find_path` walks *forwards* from a finalizer's func/args to the object (the static
+finalizer check); :func:`backref_chain` walks *backwards* with ``objgraph`` to a root (a module
+or a running thread's frame), for the ``not-collected`` diagnosis; :func:`draw_backrefs` draws
+it (a PNG with graphviz's ``dot``, else the ``.dot`` source), into ``graphs_dir=`` or the folder
+of :func:`configure_graphs` (``--shutdown-graphs=DIR``).
 """
 
 from __future__ import annotations
@@ -38,18 +30,15 @@ import objgraph
 
 #: Nodes the forward search visits at most before giving up.
 PATH_BUDGET = 20_000
-#: Depth limit of the backward search; engine object graphs are rarely deeper than a dozen.
 BACKREF_MAX_DEPTH = 16
-#: CPU seconds of this thread the backward search may take before it gives up and lists direct
-#: referrers (CPU time: a machine busy with other work does not cut it short); the wall clock
-#: bounds it too, at :data:`BACKREF_WALL_FACTOR` times as much.
+#: CPU seconds of this thread the backward search may take (a busy machine does not cut it
+#: short); the wall clock bounds it at :data:`BACKREF_WALL_FACTOR` times as much.
 BACKREF_BUDGET_S = 3.0
 BACKREF_WALL_FACTOR = 10.0
 
 
 def _attribute(node: object, name: str) -> Any:
-    """``getattr(node, name, None)`` that never raises: a ``__getattr__`` may do anything
-    (``ctypes.cdll.func`` tries to load a library called ``func``)."""
+    """``getattr(node, name, None)`` that never raises (``ctypes.cdll.func`` loads a library)."""
     try:
         return getattr(node, name, None)
     except Exception:  # noqa: BLE001 - any error means: no such edge
@@ -57,8 +46,7 @@ def _attribute(node: object, name: str) -> Any:
 
 
 def _edges(node: object) -> Iterator[tuple[str, object]]:
-    """``(edge label, child)`` for the references the forward search follows: code objects'
-    and containers' by their type, any other object's by its attributes."""
+    """``(edge label, child)`` for the references the forward search follows."""
     if isinstance(node, (types.MethodType, types.FunctionType, types.CellType)):
         yield from _code_edges(node)
         return
@@ -75,8 +63,6 @@ def _edges(node: object) -> Iterator[tuple[str, object]]:
 def _code_edges(
     node: types.MethodType | types.FunctionType | types.CellType,
 ) -> Iterator[tuple[str, object]]:
-    """A bound method's instance and function; a function's closure cells' contents and its
-    defaults; a cell's contents (an empty cell has none)."""
     if isinstance(node, types.MethodType):
         yield ".__self__", node.__self__
         yield ".__func__", node.__func__
@@ -101,8 +87,7 @@ def _code_edges(
 def _container_edges(
     node: dict[Any, Any] | list[Any] | tuple[Any, ...] | collections.deque[Any] | AbstractSet[Any],
 ) -> Iterator[tuple[str, object]]:
-    """A dict's values and keys, a sequence's items by index, a set's items (read from a
-    copy: the search may run while another thread changes them)."""
+    """Items, read from a copy: another thread may change them meanwhile."""
     if isinstance(node, dict):
         for key, value in list(node.items()):
             yield f"[{key!r}]", value
@@ -117,11 +102,8 @@ def _container_edges(
 
 
 def _object_edges(node: object) -> Iterator[tuple[str, object]]:
-    """Any other object's references: a partial's function and arguments, a bound object's
-    ``__self__``, the instance dict and the slots (read through :func:`_attribute` and guarded
-    lookups: a user's ``__getattr__`` or property may do anything)."""
+    """A partial's parts, ``__self__``, the instance dict and slots (guarded lookups)."""
     func = _attribute(node, "func")
-    # functools.partial and relatives
     if func is not None and _attribute(node, "keywords") is not None:
         yield ".func", func
         for index, value in enumerate(_attribute(node, "args") or ()):
@@ -147,10 +129,8 @@ def _object_edges(node: object) -> Iterator[tuple[str, object]]:
 
 
 def find_path(root: object, target: object, root_label: str = "") -> str | None:
-    """The shortest reference path from ``root`` to ``target`` as text, or ``None``.
-
-    Breadth first, any depth, each object visited once, at most :data:`PATH_BUDGET` objects.
-    """
+    """The shortest reference path from ``root`` to ``target`` as text, or ``None`` (at most
+    :data:`PATH_BUDGET` objects visited)."""
     if root is target:
         return root_label
     seen = {id(root)}
@@ -174,9 +154,7 @@ class SearchGaveUp(Exception):
 
 
 class _RootPredicate:
-    """Roots are proper modules and frames; gives up (raises) once the budget is spent: this
-    thread's CPU time, so that a loaded machine gives the search the time it needs (the same
-    verdict), with a wall-clock bound so that it still ends."""
+    """Roots are proper modules and frames; raises once the budget is spent."""
 
     def __init__(self, budget_s: float) -> None:
         self.budget_s = budget_s
@@ -190,7 +168,7 @@ class _RootPredicate:
 
 
 def _thread_frames() -> tuple[list[types.FrameType], dict[int, str]]:
-    """Materialise every frame of every other thread, so that backref search can see them."""
+    """Every frame of every other thread, so that the search can see them."""
     names = {thread.ident: thread.name for thread in threading.enumerate()}
     frames: list[types.FrameType] = []
     owner: dict[int, str] = {}
@@ -209,13 +187,10 @@ def _thread_frames() -> tuple[list[types.FrameType], dict[int, str]]:
 def backref_chain(
     target: object, *, max_depth: int = BACKREF_MAX_DEPTH, budget_s: float = BACKREF_BUDGET_S
 ) -> tuple[list[Any], str]:
-    """A shortest chain ``[root, ..., target]`` of referrers, and the chain rendered as text.
-
-    ``objgraph.find_backref_chain`` does the search. It ignores the helper's own frames and the
-    ``weakref.finalize`` instances (keys of the registry: they hold nothing, but every one of them
-    refers to the ``finalize`` class, and expanding them all would cost one heap scan each). When
-    no root is found within ``max_depth`` hops or ``budget_s`` seconds the chain is ``[target]``
-    and the text lists the direct referrers instead.
+    """A shortest chain ``[root, ..., target]`` of referrers, and its text; ``[target]`` and the
+    direct referrers when no root is found within ``max_depth`` hops or ``budget_s`` seconds.
+    The helper's frames and the ``weakref.finalize`` instances are ignored (each refers to the
+    ``finalize`` class: expanding them costs a heap scan each).
     """
     frames, owner = _thread_frames()
     ignore: list[int] = [id(frames), id(owner)]
@@ -235,7 +210,7 @@ def backref_chain(
         text = render_chain(chain, owner)
     else:
         text = _render_referrers(target, set(ignore) | {id(frames), id(chain)})
-        if cut_short:  # said, so that a cut-short search is never read as "no root"
+        if cut_short:  # never read as "no root"
             text = text.replace(
                 "no root found within the search depth",
                 f"the search was cut short by its {budget_s:g} s budget before it found a root",
@@ -268,13 +243,8 @@ def _edge_name(parent: object, child: object) -> str:
             if value is child:
                 return f"local {name!r}"
         return "frame"
-    if isinstance(parent, types.ModuleType):
-        for name, value in vars(parent).items():
-            if value is child:
-                return f".{name}"
-        return ".__dict__"
-    if isinstance(parent, type):
-        if child is getattr(parent, "__dict__", None):
+    if isinstance(parent, (types.ModuleType, type)):
+        if isinstance(parent, type) and child is getattr(parent, "__dict__", None):
             return ".__dict__"
         for name, value in vars(parent).items():
             if value is child:
@@ -299,7 +269,7 @@ def _edge_name(parent: object, child: object) -> str:
 
 
 def render_chain(chain: list[Any], owner: dict[int, str] | None = None) -> str:
-    """Render ``[root, ..., target]`` as text, one line per hop (``  -> .attr: type``)."""
+    """``[root, ..., target]`` as text, one line per hop (``  -> .attr: type``)."""
     owner = owner or {}
     lines = [_node_name(chain[0], owner)]
     for parent, child in zip(chain, chain[1:], strict=False):
@@ -319,7 +289,7 @@ def _render_referrers(target: object, ignore: set[int]) -> str:
 
 
 def runs_through_finalizer_registry(chain: list[Any]) -> bool:
-    """True when the chain passes through the weakref.finalize or multiprocessing registry."""
+    """Whether the chain passes through weakref.finalize's or multiprocessing's registry."""
     registries = [getattr(weakref.finalize, "_registry", None)]
     mp_util = sys.modules.get("multiprocessing.util")
     if mp_util is not None:
@@ -327,11 +297,7 @@ def runs_through_finalizer_registry(chain: list[Any]) -> bool:
     return any(node is registry for node in chain for registry in registries if registry)
 
 
-# --- pictures: objgraph.show_backrefs, drawn while the object is still alive ---------------------
-
-#: Seconds graphviz's ``dot`` may take to render one picture.
 DOT_TIMEOUT_S = 30.0
-#: Depth of the backref picture: the chain's length, at most this many hops.
 GRAPH_MAX_DEPTH = 6
 #: Referrers drawn per node; the rest are summarised as "N more backreferences".
 GRAPH_TOO_MANY = 8
@@ -344,25 +310,19 @@ NO_DOT_NOTE = (
 
 @dataclass(frozen=True)
 class BackrefGraph:
-    """The files of one backref picture: the graphviz source, the PNG (``None`` without
-    ``dot``), and a note saying why there is no PNG."""
+    """One backref picture's files: the source, the PNG (``None`` without ``dot``), a note."""
 
     dot: str
     png: str | None
     note: str | None
 
     def to_details(self) -> dict[str, str | None]:
-        """The picture as JSON-serialisable finding details."""
         return {"dot": self.dot, "png": self.png, "note": self.note}
 
 
 class GraphSettings:
-    """Where the diagnosis draws pictures when no ``graphs_dir=`` is passed (module-level).
-
-    ``directory`` is ``None`` (the default: no pictures) or a folder; ``prefix`` starts every
-    file name (the plugin sets the running test's id); every listener is called with each
-    picture drawn (the plugin's terminal summary names the files). Plain Python, no pytest.
-    """
+    """Where pictures go without ``graphs_dir=``: ``directory`` (``None``: none), ``prefix`` of
+    every file name, ``listeners`` called with each picture drawn."""
 
     def __init__(self) -> None:
         self.directory: Path | None = None
@@ -371,12 +331,10 @@ class GraphSettings:
         self._counter = itertools.count(1)
 
     def next_stem(self, label: str) -> str:
-        """A file stem unique in this process: prefix (or pid), label, counter."""
         head = self.prefix or f"pid{os.getpid()}"
         return _safe_name(f"{head}-{label}-{next(self._counter)}")
 
 
-#: The module-level picture settings; :func:`configure_graphs` changes them.
 GRAPHS = GraphSettings()
 
 
@@ -400,19 +358,15 @@ def draw_backrefs(
     max_depth: int = GRAPH_MAX_DEPTH,
     extra_ignore: Iterable[int] = (),
 ) -> BackrefGraph:
-    """Draw ``target``'s referrers (``objgraph.show_backrefs``) into ``directory``.
-
-    The graphviz source ``<stem>.dot`` is always written; with graphviz's ``dot`` on PATH it is
-    rendered to ``<stem>.png`` (within :data:`DOT_TIMEOUT_S`), otherwise the note says so. Must be
-    called while ``target`` is alive; keeps no reference to it.
-    """
+    """Draw ``target``'s referrers into ``directory``: ``<stem>.dot``, and ``<stem>.png`` when
+    ``dot`` is on PATH. Call it while ``target`` is alive; it keeps no reference."""
     folder = Path(directory)
     folder.mkdir(parents=True, exist_ok=True)
     stem = GRAPHS.next_stem(label)
     dot_path = folder / f"{stem}.dot"
     ignore = list(extra_ignore)
     walker: types.FrameType | None = sys._getframe()
-    while walker is not None:  # this call stack (the helper's, the caller's) is not the story
+    while walker is not None:  # this call stack is not the story
         ignore.append(id(walker))
         walker = walker.f_back
     target_id = id(target)

@@ -1,24 +1,15 @@
 """Containment: nothing a test starts can hide from the guard by being re-parented.
 
 While the guard is on, the environment carries ``PYTEST_SHUTDOWN_SESSION=<token>``, inherited
-by every program a test executes (whatever session, process group or parent it moves to). A
-descendant whose parent exits (a daemon's double fork, ``sh -c 'cmd &'``, a grandchild whose
-middle parent exited) is re-parented to PID 1, as without the plugin, and found by that marker
-among the pids allocated since the last look (:mod:`pytest_shutdown._os.escaped`): the cost
-follows the pids the session allocated, never the host's process table. Anyone can find strays
-with it too (``grep -l PYTEST_SHUTDOWN_SESSION= /proc/*/environ``).
+by every program a test executes: a descendant re-parented to PID 1 (a double fork,
+``sh -c 'cmd &'``) is found by it among the pids allocated since the last look
+(:mod:`pytest_shutdown._os.escaped`).
 
-``--shutdown-containment=subreaper`` (opt-in, Linux) makes the pytest process (and each xdist
-worker) a *child subreaper* (``prctl(PR_SET_CHILD_SUBREAPER)``) instead: orphans are
-re-parented to pytest, so a process forked without an ``exec`` (no marker in its
-``/proc/PID/environ``) is found too. That changes what a test sees (``os.waitpid`` on an
-orphan succeeds; it is pytest's child), which is why it is not the default. A re-parented
-process that ends is pytest's zombie: the guard reaps those no ``subprocess``/
-``multiprocessing`` object will (the ones it adopted) at each check, never a child whose owner
-still wants the exit status.
-
-Other platforms: neither; re-parented descendants are not found (documented in
-docs/limits.md), the rest of the guard works as before.
+``--shutdown-containment=subreaper`` (opt-in, Linux) makes pytest a *child subreaper* instead:
+orphans become pytest's, so one forked without an ``exec`` is found too; not the default, as
+it changes what a test sees (``os.waitpid`` on an orphan succeeds). The guard reaps the adopted
+zombies no ``subprocess``/``multiprocessing`` object will. Other platforms: neither
+(docs/limits.md).
 """
 
 from __future__ import annotations
@@ -45,8 +36,6 @@ __all__ = [
     "stat_fields",
 ]
 
-#: The environment variable every program a guarded session executes inherits (its value: the
-#: session's token).
 SESSION_MARKER_ENV = "PYTEST_SHUTDOWN_SESSION"
 
 
@@ -56,10 +45,7 @@ def _subreaper_now() -> bool | None:
 
 
 class Containment:
-    """The session's containment: subreaper flag and environment marker, put back on release.
-
-    (A plain class: made once per session, where a dataclass's generated methods would be
-    compiled for it.)"""
+    """The session's containment: subreaper flag and environment marker, put back on release."""
 
     __slots__ = ("token", "subreaper", "_was_subreaper", "_old_marker", "_pid", "_old_watch")
 
@@ -75,9 +61,8 @@ class Containment:
         return f"Containment(token={self.token!r}, subreaper={self.subreaper!r})"
 
     def engage(self, *, subreaper: bool = False) -> Containment:
-        """Mark the environment; with ``subreaper``, also become a child subreaper (Linux),
-        else watch for the marker in processes that leave the tree
-        (:mod:`pytest_shutdown._os.escaped`). Idempotent."""
+        """Mark the environment; with ``subreaper``, become a child subreaper (Linux), else
+        watch for the marker in processes that leave the tree."""
         self._was_subreaper = _subreaper_now()
         if self._was_subreaper:
             self.subreaper = True  # an inline pytester run inside a subreaper's run
@@ -90,8 +75,7 @@ class Containment:
         return self
 
     def release(self) -> None:
-        """Put the flag, the watch and the environment back as they were (the session is
-        over)."""
+        """Put the flag, the watch and the environment back."""
         if os.getpid() != self._pid:
             return
         if self.subreaper and self._was_subreaper is False:
@@ -107,15 +91,11 @@ class Containment:
 
     def marked(self, pid: int) -> bool:
         """Whether ``pid`` carries this session's marker in its environment."""
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                return f"{SESSION_MARKER_ENV}={self.token}\0".encode() in f.read()
-        except OSError:
-            return False
+        environ = escaped._read_environ(pid) or b""
+        return f"{SESSION_MARKER_ENV}={self.token}\0".encode() in environ
 
     def stray_marked(self, exclude: Iterable[int] = ()) -> list[int]:
-        """Processes carrying the marker that are no descendant of ours (the subreaper could not
-        be set, or they escaped before it was): one pass over ``/proc``, at session end only."""
+        """Processes carrying the marker (one pass over ``/proc``, at session end only)."""
         if not sys.platform.startswith("linux"):
             return []
         skip = set(exclude) | {os.getpid()}
@@ -127,8 +107,8 @@ class Containment:
 
 
 def stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command name (state, ppid, ...); None when
-    ``pid`` is gone. Raises OSError when it exists but cannot be read."""
+    """The fields of ``/proc/PID/stat`` after the command name; None when ``pid`` is gone.
+    Raises OSError when it exists but cannot be read."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read().decode(errors="replace")
@@ -151,8 +131,7 @@ def is_zombie(pid: int) -> bool:
 
 
 def exit_signal(pid: int) -> int | None:
-    """The signal that ended a zombie ``pid`` (``/proc/PID/stat`` field 52), None if it exited
-    normally, is still running, or is gone (reaped)."""
+    """The signal that ended a zombie ``pid`` (stat field 52); None otherwise."""
     fields = _stat_fields(pid)
     if fields is None or fields[0] not in ("Z", "X") or len(fields) < 50:
         return None
@@ -165,9 +144,8 @@ def exit_signal(pid: int) -> int | None:
 
 
 def reap_adopted(pids: Iterable[int]) -> list[int]:
-    """Reap those of ``pids`` that are this process's zombie children and that no
-    ``subprocess.Popen`` / ``multiprocessing.Process`` object of this process owns (those owners
-    still want the exit status): the orphans the subreaper adopted. Returns the pids reaped."""
+    """Reap those of ``pids`` that are this process's zombie children no Popen/Process object
+    owns (the orphans the subreaper adopted); returns the pids reaped."""
     from pytest_shutdown.ownership import origins  # noqa: PLC0415
 
     me = os.getpid()
@@ -187,12 +165,9 @@ def reap_adopted(pids: Iterable[int]) -> list[int]:
 
 
 def started_in_test(pid: int) -> str | None:
-    """The test a program was executed in, from its environment (pytest sets
-    ``PYTEST_CURRENT_TEST`` while a test runs; an executed program inherits it)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read()
-    except OSError:
+    """The test a program was executed in (its inherited ``PYTEST_CURRENT_TEST``)."""
+    env = escaped._read_environ(pid)
+    if env is None:
         return None
     for entry in env.split(b"\0"):
         if entry.startswith(b"PYTEST_CURRENT_TEST="):
@@ -201,10 +176,8 @@ def started_in_test(pid: int) -> str | None:
 
 
 def first_ancestor(pid: int, test: str | None = None) -> tuple[int, str] | None:
-    """The recorded process (a ``Popen``/``Process`` started during ``test``, or during any test
-    when None) this re-parented ``pid`` most likely descends from, and how it was matched: its
-    session or process group leader, else the last one started before it. None when nothing
-    was recorded."""
+    """The recorded process (started during ``test``, or any) this re-parented ``pid`` most
+    likely descends from, and how: its session or group leader, else the last one before it."""
     from pytest_shutdown.ownership import origins  # noqa: PLC0415
 
     fields = _stat_fields(pid)
@@ -217,9 +190,8 @@ def first_ancestor(pid: int, test: str | None = None) -> tuple[int, str] | None:
             return candidate, "session leader"
         if candidate == pgid and candidate != pid:
             return candidate, "process group leader"
-    # Each recorded time is when the ``start()``/``Popen()`` call began, before its fork: never
-    # after anything the recorded process started, however late its parent ran again. The
-    # 0.05 s is for the tick resolution of ``pid``'s start time.
+    # A recorded time precedes the fork: never after anything the process started. The 0.05 s
+    # is for the tick resolution of ``pid``'s start time.
     started = _started_at(pid)
     before = [
         c for c, at in recorded.items() if c != pid and (started is None or at <= started + 0.05)
@@ -228,7 +200,6 @@ def first_ancestor(pid: int, test: str | None = None) -> tuple[int, str] | None:
 
 
 def _started_at(pid: int) -> float | None:
-    """The wall-clock time ``pid`` started (``time.time()`` scale)."""
     fields = _stat_fields(pid)
     if fields is None:
         return None

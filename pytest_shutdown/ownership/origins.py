@@ -1,15 +1,12 @@
-"""Where a thread or child process was started: creation sites, recorded while the guard is on.
+"""Where a thread, child process or shared-memory segment was created, recorded while the guard
+is on.
 
-:func:`install` wraps ``threading.Thread.start``, ``multiprocessing.process.BaseProcess.start``
-and ``subprocess.Popen.__init__``; each call records a short stack (frame locations only, no
-source read: the cost is a walk over a few dozen frames) and the test running at the time.
-:func:`uninstall` puts the originals back. Threads are keyed weakly; processes by pid, with a
-weak reference to the ``multiprocessing.Process`` / ``subprocess.Popen`` object, which is what
-:mod:`pytest_shutdown.ownership.owners` follows to find who owns a child process.
-
-Rendering (:func:`render_origin`) puts user frames first: the innermost frames outside the
-standard library and the test tools, then the library frames that called ``start()`` (whose
-qualified names, e.g. ``ThreadPoolExecutor._adjust_thread_count``, name the pool).
+:func:`install` wraps ``threading.Thread.start``, ``_thread.start_new_thread``,
+``BaseProcess.start``, ``subprocess.Popen.__init__`` and ``SharedMemory.__init__``; each call
+records a short stack (frame locations only, no source read) and the running test. Threads are
+keyed weakly; processes by pid, with a weak reference to their object (what
+:mod:`pytest_shutdown.ownership.owners` follows). :func:`render_origin` puts user frames first,
+then the library frames that called ``start()`` (whose names name the pool).
 """
 
 from __future__ import annotations
@@ -49,12 +46,11 @@ __all__ = [
     "uninstall",
 ]
 
-#: Frames walked per creation (outwards from the ``start()`` call).
+#: Frames walked per creation; frames kept: user frames, then library frames.
 WALK_LIMIT = 40
-#: Frames kept: user frames, then library frames.
 USER_FRAMES = 5
 LIBRARY_FRAMES = 3
-#: Process origins kept (oldest dropped first): a long suite starts many short-lived children.
+#: Process origins kept (oldest dropped first).
 PROCESS_LIMIT = 4096
 
 _TOOL_PACKAGES = frozenset(
@@ -67,20 +63,18 @@ _THIS_FILE = os.path.normcase(os.path.realpath(__file__))
 class Origin:
     """Where and when a thread or process was started.
 
-    ``frames`` holds ``(filename, lineno, qualified function name, is_user)``, innermost first;
-    ``test`` is the node id of the test running then (None outside a test); ``what`` describes a
-    process object (class, name, target).
+    ``frames``: ``(filename, lineno, qualified name, is_user)``, innermost first; ``test``: the
+    node id of the test running then; ``what`` describes a process object.
     """
 
     frames: tuple[tuple[str, int, str, bool], ...]
     test: str | None
     what: str | None = None
-    #: Started by a thread other than the main thread: its name, and when that one was started
-    #: (the test then, ``None`` before any test; ``"unknown"`` when it was not recorded).
+    #: The starting thread when not the main one, and the test it was started in (``None``:
+    #: before any test; ``"unknown"``: not recorded).
     starter: str | None = None
     starter_test: str | None = None
-    #: The module being imported when it was created (its import's ``<module>`` frame was on
-    #: the stack, called by the import machinery): what it made belongs to that import.
+    #: The module being imported when it was created: what it made belongs to that import.
     imported: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,19 +88,15 @@ _starters: weakref.WeakKeyDictionary[threading.Thread, weakref.ref[threading.Thr
     weakref.WeakKeyDictionary()
 )
 _processes: OrderedDict[int, tuple[Callable[[], Any], Origin]] = OrderedDict()
-#: Kernel thread ids (``native_id``) of the ``threading.Thread`` objects started while recording
-#: (newest last, bounded): a joined thread's task can still be listed a moment after ``join()``
-#: returned, when ``threading`` no longer knows it; it is no native thread of anyone's.
+#: ``native_id`` of the ``threading.Thread`` objects started while recording (bounded): a joined
+#: thread's task can still be listed a moment after ``join()``, when ``threading`` forgot it.
 _python_tids: dict[int, None] = {}
 PYTHON_TID_LIMIT = 4096
-#: kernel thread id of a thread started by ``_thread.start_new_thread`` while recording -> a
-#: weak reference to what it runs (a bound method's object, else the function): the object an
-#: ownership search explains for that native thread (an execnet gateway's receiver thread is
-#: its gateway's, and so its group's).
+#: Kernel thread id of a ``_thread.start_new_thread`` thread -> a weak reference to what it
+#: runs for (an execnet gateway's receiver thread is its gateway's).
 _native_runs: OrderedDict[int, Any] = OrderedDict()
-#: The same ids in the order their threads started (the last ones), and how many threads were
-#: started in all: what a move of ``ns_last_pid`` is made of when this process created nothing
-#: else (:func:`pytest_shutdown.resources.primitives.descendant_pids`).
+#: The last ids in start order, and how many were started: what a move of ``ns_last_pid`` is
+#: made of when nothing else was created (``resources.primitives.descendant_pids``).
 _recent_tids: deque[int] = deque(maxlen=64)
 _tids_started = 0
 _originals: dict[str, Any] = {}
@@ -116,22 +106,18 @@ _is_tool_cache: dict[str, bool] = {}
 
 
 def set_current_test(nodeid: str | None) -> None:
-    """Tell the recorder which test runs now (the guard calls this around each test)."""
+    """Tell the recorder which test runs now."""
     global _current_test
     _current_test = nodeid
 
 
 def current_test() -> str | None:
-    """The node id of the test that runs now (None between tests)."""
     return _current_test
 
 
 @functools.lru_cache(maxsize=1)
 def _library_dirs() -> tuple[str, ...]:
-    """The standard library's folder: where ``os`` was loaded from. (``sysconfig`` would say
-    the same, and importing it took 10 ms of the first thread, process or exit hook a session
-    recorded; its other folder in a venv, ``platstdlib``, holds only ``site-packages``, which
-    is never the library here.)"""
+    """Where ``os`` was loaded from (importing ``sysconfig`` took 10 ms)."""
     where = getattr(os, "__file__", None)
     if where:
         return (os.path.normcase(os.path.realpath(os.path.dirname(where))) + os.sep,)
@@ -143,7 +129,6 @@ def _library_dirs() -> tuple[str, ...]:
 
 
 def _is_library(filename: str) -> bool:
-    """The standard library (and frozen modules such as ``<frozen runpy>``)."""
     cached = _is_library_cache.get(filename)
     if cached is None:
         if filename.startswith("<"):
@@ -155,8 +140,8 @@ def _is_library(filename: str) -> bool:
     return cached
 
 
-def _is_tool(filename: str) -> bool:
-    """pytest, pluggy, xdist and pytest-shutdown themselves."""
+def is_tool_file(filename: str) -> bool:
+    """Whether ``filename`` belongs to pytest, pluggy, xdist, pytest-timeout or this plugin."""
     cached = _is_tool_cache.get(filename)
     if cached is None:
         parts = filename.replace("\\", "/").split("/")
@@ -165,27 +150,21 @@ def _is_tool(filename: str) -> bool:
     return cached
 
 
-def is_tool_file(filename: str) -> bool:
-    """Whether ``filename`` belongs to pytest, pluggy, xdist, pytest-timeout or this plugin."""
-    return _is_tool(filename)
-
-
 _THIS, _TOOL, _LIBRARY, _USER = range(4)
-#: code filename -> which of the four it is (one lookup per frame of a creation site).
+#: code filename -> which of the four it is.
 _frame_kinds: dict[str, int] = {}
 
 
 def _frame_kind(filename: str) -> int:
     if os.path.normcase(filename) == _THIS_FILE:
         return _THIS
-    if _is_tool(filename):
+    if is_tool_file(filename):
         return _TOOL
     return _LIBRARY if _is_library(filename) else _USER
 
 
 def capture_here() -> Origin:
-    """The creation site of whatever the caller's caller is doing now (e.g. an
-    ``atexit.register`` call seen by a wrapper)."""
+    """The creation site of what the caller's caller is doing now."""
     return _capture(depth=3)
 
 
@@ -203,8 +182,8 @@ def _capture(what: str | None = None, depth: int = 2) -> Origin:
             where = _frame_kinds[filename] = _frame_kind(filename)
         if where == _TOOL:
             if user:
-                frame = None  # nothing above is looked at for an import either
-                break  # the test tools' frames above the test are no one's creation site
+                frame = None  # the tools' frames above the test: no one's, no import
+                break
         elif where == _LIBRARY:
             if not user and len(library) < LIBRARY_FRAMES:
                 name = getattr(code, "co_qualname", code.co_name)
@@ -216,7 +195,7 @@ def _capture(what: str | None = None, depth: int = 2) -> Origin:
             imported = _module_being_imported(frame)
         frame = frame.f_back
         walked += 1
-    if imported is None and frame is not None:  # the user frames ran out first: look on
+    if imported is None and frame is not None:  # the user frames ran out first
         imported = _importing(frame, WALK_LIMIT - walked, seen_user=bool(user))
     if what is not None:  # name the pool: the innermost method that started the process
         starter = next((f[2] for f in library + user if "." in f[2]), None)
@@ -235,10 +214,8 @@ def _capture(what: str | None = None, depth: int = 2) -> Origin:
 
 
 def _module_being_imported(frame: types.FrameType) -> str | None:
-    """The name of the module whose top-level code ``frame`` runs, when the import machinery
-    runs it (``<frozen importlib._bootstrap>``, or a loader's ``exec_module``: pytest's
-    assertion rewriter execs test modules and conftests itself); None for other ``<module>``
-    frames (``exec`` of a string, ``python -c``, ``runpy``)."""
+    """The module whose top-level code ``frame`` runs under the import machinery (importlib,
+    or a loader's ``exec_module``: pytest's rewriter); None for ``exec``, ``-c``, ``runpy``."""
     back = frame.f_back
     if back is None:
         return None
@@ -252,8 +229,7 @@ def _module_being_imported(frame: types.FrameType) -> str | None:
 def _importing(
     frame: types.FrameType | None, limit: int = WALK_LIMIT, *, seen_user: bool = False
 ) -> str | None:
-    """The innermost module being imported on the stack from ``frame`` outwards (at most
-    ``limit`` frames; the test tools' frames above user code end the search)."""
+    """The innermost module being imported on the stack from ``frame`` outwards."""
     while frame is not None and limit > 0:
         code = frame.f_code
         if code.co_name == "<module>":
@@ -302,8 +278,7 @@ def _describe_process(process: Any) -> str:
 
 
 def recorded_processes(test: str | None = None) -> dict[int, float]:
-    """pid -> wall-clock start time of the processes recorded while ``test`` ran (any test when
-    None), oldest first (``Popen``/``Process`` objects only; a bare ``os.fork`` is not)."""
+    """pid -> wall-clock start of the processes recorded while ``test`` (None: any) ran."""
     return {
         pid: _started_wall.get(pid, 0.0)
         for pid, (_, origin) in _processes.items()
@@ -311,11 +286,9 @@ def recorded_processes(test: str | None = None) -> dict[int, float]:
     }
 
 
-#: pid -> the wall-clock time its ``start()``/``Popen()`` call began: before the fork, so never
-#: later than the process's own start, nor than that of anything it starts. (Taken when the
-#: call returned, it came after the exec; a parent a busy machine did not run for a while
-#: there recorded its child later than the grandchild the child had started meanwhile, and
-#: :func:`pytest_shutdown.ownership.containment.first_ancestor` matched no ancestor at all.)
+#: pid -> when its ``start()``/``Popen()`` call began: before the fork, so never later than
+#: anything it starts (taken after the call, a busy machine recorded a child later than its
+#: grandchild, and ``containment.first_ancestor`` matched nothing).
 _started_wall: dict[int, float] = {}
 
 
@@ -335,10 +308,8 @@ def _remember_process(pid: int | None, obj: Any, origin: Origin, called_at: floa
 
 
 def install() -> None:
-    """Start recording creation sites. Nested calls (a pytester run inside a guarded run) are
-    counted: the originals come back with the last :func:`uninstall`. ``multiprocessing`` is
-    not imported for this (2.6 ms of every session): its ``Process.start`` is wrapped now if it
-    is loaded, else the moment it is first imported."""
+    """Start recording (nested calls are counted). ``multiprocessing`` is not imported for
+    this (2.6 ms a session): it is wrapped when first imported."""
     global _installs
     _installs += 1
     if _originals or _process_start_pending:
@@ -355,7 +326,7 @@ def install() -> None:
         except Exception:  # pragma: no cover - recording must never break a start
             pass
         result = thread_start(self, *args, **kwargs)
-        tid = getattr(self, "native_id", None)  # set by the thread before start() returns
+        tid = getattr(self, "native_id", None)  # set before start() returns
         if tid is not None:
             _python_tids[tid] = None
             if len(_python_tids) > PYTHON_TID_LIMIT:
@@ -392,8 +363,7 @@ def install() -> None:
 
 
 def _wrap_start_new_thread() -> None:
-    """Record what each ``_thread.start_new_thread`` thread runs, by its kernel thread id
-    (``threading`` starts its own threads through a reference it took at import: not these)."""
+    """Record what each ``_thread.start_new_thread`` thread runs (not ``threading``'s)."""
     import _thread  # noqa: PLC0415
 
     original = _thread.start_new_thread
@@ -422,10 +392,7 @@ def _wrap_start_new_thread() -> None:
 
 
 def _weak_run(function: Any) -> Any:
-    """A weak reference to what ``function`` runs for: the object of a method written in
-    Python (an execnet gateway's receiver), or a Python function itself; None for a built-in's
-    method (``lock.acquire``: a primitive serves no one in particular) or what cannot be
-    weakly referenced."""
+    """A weakref to a Python method's object or function; None for a built-in's method."""
     if isinstance(function, types.MethodType):
         candidate = function.__self__
     elif isinstance(function, types.FunctionType):
@@ -438,8 +405,7 @@ def _weak_run(function: Any) -> Any:
         return None
 
 
-#: id of what a ``_thread.start_new_thread`` thread started during an import runs for -> (a weak
-#: reference to it, the module being imported), the newest last.
+#: id of what a thread started during an import runs for -> (weakref, module), newest last.
 _imported_runs: OrderedDict[int, tuple[Any, str]] = OrderedDict()
 
 
@@ -454,10 +420,7 @@ def _remember_import(ref: Any, module: str) -> None:
 
 
 def imported_by(obj: object) -> str | None:
-    """The module whose import created ``obj``, for what this module records the creation of:
-    a ``threading.Thread``, a ``subprocess.Popen`` or ``multiprocessing.Process``, a
-    ``SharedMemory`` segment, what a ``_thread.start_new_thread`` thread runs for; None when
-    it was created outside any import, or not recorded."""
+    """The module whose import created ``obj`` (of what is recorded here); None otherwise."""
     origin = origin_of(obj)
     if origin is None:
         shm = sys.modules.get(_SHM_MODULE)
@@ -476,13 +439,13 @@ def imported_by(obj: object) -> str | None:
 
 
 def native_thread_runs(tid: int) -> object | None:
-    """What the ``_thread.start_new_thread`` thread ``tid`` runs for (see :data:`_native_runs`)."""
+    """What the ``_thread.start_new_thread`` thread ``tid`` runs for."""
     ref = _native_runs.get(tid)
     return ref() if ref is not None else None
 
 
 _PROCESS_MODULE = "multiprocessing.process"
-#: The meta path entry waiting for ``multiprocessing.process`` (at most one).
+#: The meta path entries waiting for a module.
 _process_start_pending: list[_AfterImport] = []
 
 
@@ -510,7 +473,7 @@ def _wrap_process_start(module: Any) -> None:
 
 
 def _stop_waiting_for_import(name: str | None = None) -> None:
-    """Take the meta path entries waiting for ``name`` (all when None) out of the path."""
+    """Take the entries waiting for ``name`` (all when None) out of the meta path."""
     for waiting in list(_process_start_pending):
         if name is None or waiting.name == name:
             if waiting in sys.meta_path:
@@ -518,35 +481,27 @@ def _stop_waiting_for_import(name: str | None = None) -> None:
             _process_start_pending.remove(waiting)
 
 
-# --- shared-memory segments ---------------------------------------------------------------------
-
 _SHM_MODULE = "multiprocessing.shared_memory"
-#: Segment creations kept (oldest dropped first).
 SEGMENT_LIMIT = 4096
-#: segment name (as in ``/dev/shm``) -> (a weak reference to the ``SharedMemory`` object that
-#: created it, where, the creating pid), for each ``SharedMemory(create=True)`` while recording.
+#: segment name -> (weakref to its ``SharedMemory`` object, where, the creating pid).
 _segments: OrderedDict[str, tuple[Callable[[], Any], Origin, int]] = OrderedDict()
-#: The claims this process wrote (see :func:`segment_claim`), removed by the last uninstall
-#: (but for those of segments still there).
+#: The claims this process wrote (see :func:`segment_claim`).
 _claims: list[str] = []
-#: A claim written this long before its segment's change time is of an earlier segment of that
-#: name (a claim is written just after the creation it claims).
+#: A claim older than its segment's change time by this much is of an earlier segment.
 CLAIM_SLACK_S = 0.05
 _SHM_DIR = "/dev/shm"
 
 
 def claims_dir() -> str:
-    """Where each recording process claims the segments it created (one empty file per name,
-    holding its pid): another pytest process of the user (an xdist worker) reads them to tell
-    its own descendants' segments from this process's."""
+    """Where each recording process claims its segments (a file per name holding its pid): an
+    xdist worker tells its own descendants' segments from another process's by them."""
     import tempfile  # noqa: PLC0415
 
     return os.path.join(tempfile.gettempdir(), f"pytest-shutdown-shm-{os.getuid()}")
 
 
 def segment_claim(name: str) -> int | None:
-    """The pid of the recording process that created segment ``name``, when one claimed it
-    (the segment there now: a claim older than it is of an earlier segment of that name)."""
+    """The pid of the recording process that claimed segment ``name`` (the one there now)."""
     path = os.path.join(claims_dir(), name)
     try:
         with open(path, encoding="ascii") as f:
@@ -572,8 +527,7 @@ def _claim(name: str) -> None:
 
 
 def _drop_claims() -> None:
-    """Remove this process's claims, but for those of segments still there (left behind): a
-    pytest process still running beside this one (another xdist worker, in its check) must
+    """Remove this process's claims, but for segments left behind: another xdist worker must
     still tell them from its own descendants' once this one has ended."""
     for path in _claims:
         if os.path.exists(os.path.join(_SHM_DIR, os.path.basename(path))):
@@ -586,7 +540,6 @@ def _drop_claims() -> None:
 
 
 def _wrap_shm(module: Any) -> None:
-    """Record each ``SharedMemory(create=True)``: the segment's name, its object, where."""
     if not _installs or "shm" in _originals:
         return
     _stop_waiting_for_import(_SHM_MODULE)
@@ -621,8 +574,7 @@ def _wrap_shm(module: Any) -> None:
 
 
 def recorded_segment(name: str) -> tuple[object | None, Origin, int] | None:
-    """``(the live SharedMemory object or None, where it was created, the creating pid)`` of a
-    segment this process created while recording; None when it did not."""
+    """``(the live SharedMemory or None, origin, creating pid)``; None when not recorded."""
     entry = _segments.get(name)
     if entry is None:
         return None
@@ -630,8 +582,7 @@ def recorded_segment(name: str) -> tuple[object | None, Origin, int] | None:
 
 
 class _AfterImport:
-    """A ``sys.meta_path`` entry that runs ``then(module)`` right after the module ``name`` is
-    first imported (its loader's ``exec_module`` is wrapped), and then leaves the path."""
+    """A ``sys.meta_path`` entry: ``then(module)`` right after ``name`` is first imported."""
 
     def __init__(self, name: str, then: Callable[[Any], None]) -> None:
         self.name = name
@@ -663,7 +614,6 @@ class _AfterImport:
 
 
 def _uninstall_in_forked_child() -> None:
-    """A forked child starts threads and processes through the originals, as without us."""
     global _installs, _current_test
     _installs = 1
     _current_test = None
@@ -674,7 +624,7 @@ def _uninstall_in_forked_child() -> None:
 
 
 def uninstall() -> None:
-    """Put the original ``start`` methods back (only where nobody replaced ours since)."""
+    """Put the originals back with the last nested call (where nobody replaced ours)."""
     global _installs
     _installs = max(_installs - 1, 0)
     if _installs:
@@ -709,18 +659,18 @@ def origin_of_thread(thread: threading.Thread) -> Origin | None:
 
 
 def started_between_tests(origin: Origin | None) -> bool:
-    """Whether a recorded start happened while no test ran (None, not recorded: unknown)."""
+    """Whether a recorded start happened while no test ran."""
     return origin is not None and origin.test is None
 
 
 def threads_started() -> int:
-    """How many ``threading.Thread`` objects were started while recording, so far."""
+    """How many ``threading.Thread`` objects were started while recording."""
     return _tids_started
 
 
 def tids_started_since(count: int) -> list[int] | None:
-    """The kernel thread ids of the threads started since :func:`threads_started` was
-    ``count``; None when more were started than this module keeps."""
+    """The ids of the threads started since :func:`threads_started` was ``count``; None when
+    more were started than kept."""
     new = _tids_started - count
     if new < 0 or new > len(_recent_tids):
         return None
@@ -728,8 +678,7 @@ def tids_started_since(count: int) -> list[int] | None:
 
 
 def python_thread_tid(tid: int) -> bool:
-    """Whether ``tid`` was the kernel thread id of a ``threading.Thread`` started while
-    recording (a task that ``threading`` no longer lists, e.g. one just joined)."""
+    """Whether ``tid`` was a recorded ``threading.Thread``'s (maybe one just joined)."""
     return tid in _python_tids
 
 
@@ -745,9 +694,8 @@ def origin_of_process(pid: int) -> Origin | None:
 
 
 def origin_of(obj: object) -> Origin | None:
-    """The recorded creation site of a ``threading.Thread``, ``subprocess.Popen`` or
-    ``multiprocessing.Process`` object; None for anything else, or when none was recorded."""
-    kind = type(obj)  # the real type: never a __class__ of the user's
+    """The recorded creation site of a Thread, Popen or Process object, if any."""
+    kind = type(obj)  # never a user's __class__
     if issubclass(kind, threading.Thread):
         return _threads.get(obj)  # type: ignore[call-overload]
     if issubclass(kind, subprocess.Popen):
@@ -764,7 +712,7 @@ def origin_of(obj: object) -> Origin | None:
 
 
 def process_object(pid: int) -> Any:
-    """The live ``multiprocessing.Process`` or ``subprocess.Popen`` object of ``pid``, if any."""
+    """The live Process or Popen object of ``pid``, if any."""
     entry = _processes.get(pid)
     if entry is not None:
         obj = entry[0]()

@@ -1,34 +1,10 @@
 """Whose is it? The owner of a thread or child process that outlives a test.
 
-A thread or process alive after a test is the test's leak only when nothing that outlives the
-test reaches it. Owners, narrowest first:
-
-* a wider-scope fixture's value (or the suspended generator of a yield fixture), directly or
-  through the objects it holds (an executor's worker set, an engine's renderer pool);
-* a module global or a class attribute (a singleton pool, a pool created at import);
-* a process-lifetime helper of the standard library (multiprocessing's fork server and resource
-  tracker, the ``resource_sharer`` listener thread);
-* the import of a module: what a module's top-level code created while it was being imported
-  (its recorded creation site ran under the import machinery, see
-  :func:`pytest_shutdown.ownership.origins.imported_by`) lives as long as the module, whichever test
-  happened to import it first. It is the answer of last resort: a fixture, global or class
-  attribute that reaches the object is named instead.
-
-:func:`find_owners` answers for a set of suspects at once, walking *backwards* through
-``gc.get_referrers`` one level at a time (one heap scan per level, not per object), from the
-``threading.Thread`` objects and from the ``multiprocessing.Process`` / ``subprocess.Popen``
-objects of the child processes (see :mod:`pytest_shutdown.ownership.origins`). The walk never passes
-through frames, tracebacks, the test tools' objects (a test item's ``funcargs`` is the test's,
-not an owner) or the standard library's bookkeeping registries (``threading._active``,
-``multiprocessing.process._children``, cleanup registries such as ``weakref.finalize``'s), and
-it is bounded by depth, node count and time: a walk that gives up leaves the suspect unowned.
-It is only called when something new is still alive after a test.
-
-Each backward level is a pass over the whole heap. Before the walk, forward searches along
-``gc.get_referents`` (bounded, the same objects excluded) try the live wider-scope fixtures'
-values and the module globals and class attributes that owned something lately: a reusable
-executor owning its new workers test after test is answered without a heap pass, and a claim
-is only ever made along a live reference path from the owner.
+A survivor is the test's leak only when nothing that outlives the test reaches it. Owners,
+narrowest first: a wider-scope fixture's value; a module global or class attribute; a
+process-lifetime helper of the standard library; last, the import of a module whose top-level
+code created it. :func:`find_owners` searches forwards from the known owners, then backwards
+through ``gc.get_referrers``, one heap pass per level for all suspects, bounded.
 """
 
 from __future__ import annotations
@@ -54,44 +30,30 @@ __all__ = ["Owner", "find_owners", "singleton_slot", "stdlib_helper_threads"]
 
 #: Levels walked backwards at most (an engine's pool is about ten references deep).
 MAX_DEPTH = 14
-#: Objects visited at most.
 MAX_NODES = 50_000
-#: Seconds the walk may take.
 MAX_SECONDS = 2.0
-
-#: Module globals remembered as owners (the most recent last), tried first by a forward search.
 RECENT_OWNERS = 8
-#: Objects the forward search from remembered owners (and from the fixtures' values) visits at
-#: most, before the backward walk takes over.
+#: Objects a forward search visits at most before the backward walk takes over.
 SHORTCUT_NODES = 5_000
 
-#: The module globals (``("module", module name, global's name)``) and class attributes
-#: (``("class", weak reference to the class, attribute)``) that owned something lately, the most
-#: recent last: a reusable executor (loky's, joblib's) or a class's monitor thread (tqdm's) owns
-#: the new workers, threads and pipes of test after test, and a forward search from it (a few
-#: hundred objects) answers where each level of the backward walk is a pass over the whole heap
-#: (~10 ms with numpy loaded).
+#: ``("module", module, name)`` / ``("class", weakref to the class, name)`` that owned something
+#: lately, most recent last: a forward search from one costs a few hundred objects, where each
+#: backward level is a heap pass (~10 ms with numpy loaded).
 _recent: collections.OrderedDict[tuple[str, Any, str], None] = collections.OrderedDict()
 
-#: Objects of these top-level packages are never owners and are not walked through.
-_TOOL_PACKAGES = frozenset(
-    {"_pytest", "pytest", "pluggy", "pytest_shutdown", "xdist", "execnet", "pytest_timeout"}
-)
-#: ... except the reference engine: its objects own pools like any engine's; and the
-#: ``ray_cluster`` fixture's value: it holds the replacement node's process tree, the
-#: fixture's (a walk stopped at it blamed that tree on the test that called ``restore()``).
+#: The test tools' objects are never owners, except the reference engine's, and ``ray_cluster``'s
+#: value: it holds the replacement node's tree (a walk stopped at it blamed that tree on the test
+#: that called ``restore()``).
+_TOOL_PACKAGES = origins._TOOL_PACKAGES
 _CODE_UNDER_TEST = ("pytest_shutdown.engine", "pytest_shutdown.ray_cluster")
-#: ... and execnet's master side: only a test suite makes a ``Group`` or a ``Gateway`` in a
-#: process that runs tests (an xdist worker's own gateway is ``execnet.gateway_base``'s). A
-#: session fixture's group owns the gateways a function fixture makes (execnet's own suite):
-#: walking through them finds that owner, where skipping them made fail mode kill the gateway
-#: under every later test.
+#: ... and execnet's master side: only a test suite makes a ``Group`` or ``Gateway`` here, and a
+#: session fixture's group owns the gateways a function fixture makes (skipping them made fail
+#: mode kill the gateway under every later test).
 _SUITES_OWN_TOOL_MODULES = frozenset(
     {"execnet.multi", "execnet.gateway", "execnet.gateway_io", "execnet.xspec", "execnet.rsync"}
 )
 
-#: (module, attribute path) of the standard library's registries: they reference every thread or
-#: process (or cleanup) by design and own nothing.
+#: The standard library's registries: they reference everything and own nothing.
 _REGISTRIES = (
     ("threading", "_active"),
     ("threading", "_limbo"),
@@ -111,10 +73,8 @@ class Owner:
     """What outlives the test and reaches a thread or process.
 
     ``kind``: ``"fixture"``, ``"module-global"``, ``"class-attribute"``, ``"stdlib-helper"``
-    or ``"import"``; ``name``: the fixture name, ``module.attribute``, ``Class.attribute``, the
-    helper or the module whose import created it;
-    ``path``: the reference path from the owner down to the thread or process object.
-    ``key`` is the caller's handle of a fixture owner (not rendered).
+    or ``"import"``; ``name``: what it is; ``path``: the reference path down to the object;
+    ``key``: the caller's handle of a fixture owner (not rendered).
     """
 
     kind: str
@@ -161,13 +121,11 @@ def _registry_ids() -> set[int]:
     return ids
 
 
-#: Never owners and never walked through: a frame or traceback is a stack, not an owner (a failed
-#: test's traceback holds its locals); a module is reached through its namespace dict.
+#: A stack is no owner (a failed test's traceback holds its locals); a module is its namespace.
 _NEVER_OWNERS = (types.FrameType, types.TracebackType, types.ModuleType)
 
 
 def _is_tool_module(name: str) -> bool:
-    """The test tools' modules; the bundled reference engine is code under test, not a tool."""
     return (
         name.partition(".")[0] in _TOOL_PACKAGES
         and not name.startswith(_CODE_UNDER_TEST)
@@ -176,12 +134,12 @@ def _is_tool_module(name: str) -> bool:
 
 
 def _is_a(obj: object, kinds: type | tuple[type, ...]) -> bool:
-    """``isinstance`` by the object's real type: never calls a ``__class__`` of the user's."""
+    """``isinstance`` by the real type: never calls a user's ``__class__``."""
     return issubclass(type(obj), kinds)
 
 
 def _opaque(obj: object) -> bool:
-    """An object whose ``__class__`` raises: never walked through, never an owner."""
+    """An object whose ``__class__`` raises."""
     try:
         obj.__class__  # noqa: B018 - the lookup is the test
     except Exception:  # noqa: BLE001 - whatever the user's property raises
@@ -190,10 +148,7 @@ def _opaque(obj: object) -> bool:
 
 
 def _is_mock_class(obj: object) -> bool:
-    """A ``unittest.mock`` class (``NonCallableMock`` and its subclasses, each mock's own
-    subclass among them): never an owner, never walked through. A mock fabricates attributes on
-    demand (``MagicMock.__aiter__``, ``_mock_children``), so reaching a test's object through one
-    says nothing about what outlives the test: mocks are never owners."""
+    """A ``unittest.mock`` class: its attributes are made on demand, so it owns nothing."""
     mock = sys.modules.get("unittest.mock")
     base = getattr(mock, "NonCallableMock", None)
     return base is not None and _is_a(obj, type) and issubclass(obj, base)  # type: ignore[arg-type]
@@ -204,7 +159,6 @@ def _is_tool_object(obj: object) -> bool:
 
 
 def _edge(parent: object, child: object) -> str:
-    """How ``parent`` refers to ``child``, as a short label."""
     if isinstance(parent, dict):
         for key, value in parent.items():
             if value is child:
@@ -234,7 +188,7 @@ def _edge(parent: object, child: object) -> str:
 
 
 def _render_path(chain: list[object]) -> str:
-    """``chain`` runs from the owner down to the target; instance dicts fold into their owner."""
+    """``chain``: owner first; instance dicts fold into their owner."""
     text = ""
     for parent, child in zip(chain, chain[1:], strict=False):
         if isinstance(child, dict) and (
@@ -246,7 +200,6 @@ def _render_path(chain: list[object]) -> str:
 
 
 def _owner(chain: list[object], kind: str, name: str, key: Any) -> Owner:
-    """The owner at ``chain[0]``; ``name`` gets the attribute that holds the next object."""
     if kind != "fixture" and len(chain) > 1:
         holder: Any = chain[0]
         below = chain[1]
@@ -261,38 +214,26 @@ def find_owners(
     fixture_roots: Mapping[int, tuple[Any, str, object]],
     *,
     max_depth: int = MAX_DEPTH,
-    max_nodes: int = MAX_NODES,
     max_seconds: float = MAX_SECONDS,
     follow_starters: bool = True,
     shortcut: bool = True,
     walk: bool = True,
     near: Mapping[Any, Sequence[object]] | None = None,
 ) -> Owners:
-    """Find the owner of each target object (a thread, a Process/Popen); unowned ones are left
-    out of the answer. Those whose backward walk was cut short by the bounds (time, nodes,
-    depth) with referrers still unexplored are in the answer's ``uncertain``: reported, never
-    stopped by fail mode.
+    """The owner of each target (a thread, a Process/Popen); unowned ones are left out. Those
+    whose walk a bound cut short with referrers unexplored are in the answer's ``uncertain``
+    (reported, never stopped by fail mode).
 
-    First, without a heap pass (``shortcut``): forwards from each live wider-scope fixture's
-    value, then from the module globals and class attributes that owned something lately
-    (:func:`_known_owners`); then, for what is left (unless ``walk`` is False), backwards.
+    ``targets``: the caller's key -> the object to explain; ``fixture_roots``: ``id(value)`` of
+    each live wider-scope fixture's value (and suspended generator) -> ``(key, name, value)``;
+    ``near``: a key -> objects known to refer to its target directly (an ``atexit``
+    registration's bound method), walked from the first pass on. ``shortcut``: forwards from
+    the known owners first; ``walk``: False stops there. ``follow_starters``: an unowned thread
+    started by a non-target thread gets that thread's owner.
 
-    A thread that nothing reaches, started by another thread that is not among the targets (a
-    pool's manager thread starting a feeder thread), belongs to that thread's owner, if it has
-    one (``follow_starters``).
-
-    ``targets`` maps the caller's key (a thread, a pid) to the object to explain;
-    ``fixture_roots`` maps ``id(value)`` of each live wider-scope fixture's value (and of its
-    suspended generator) to ``(key, name, value)``; ``near`` maps a key to objects known to
-    refer to its target directly (the bound method an ``atexit`` registration holds): they are
-    walked from the first heap pass on, with the targets, which saves the pass that would find
-    them (what is not a direct referrer of the target is ignored).
-
-    Objects in gc's permanent generation (after a ``gc.freeze()``, as engines do after start-up)
-    are invisible to ``gc.get_referrers``; while a freeze is in place (more frozen than when the
-    package was imported: CPython 3.12.1 starts with 375 frozen objects of its own), what the
-    backward walk left unowned is looked for *forwards* from the fixtures' values and the
-    modules' globals.
+    Frozen objects (``gc.freeze()``) are invisible to ``gc.get_referrers``: while more are frozen
+    than at import (CPython 3.12.1 freezes 375 of its own), what is left is looked for forwards
+    from the fixtures' values and the modules' globals.
     """
     if not targets:
         return Owners()
@@ -305,18 +246,14 @@ def find_owners(
         return Owners(search.answers)
     if near:
         search.take_near(near)
-    search.walk(max_depth, max_nodes, deadline, forwards)
+    search.walk(max_depth, deadline, forwards)
     return search.last_resorts(deadline, max_seconds, follow_starters)
 
 
 class _Search:
-    """The state of one :func:`find_owners` call, one method per step.
-
-    Each target gets a label (its index in ``keys``); every object the backward walk reaches
-    carries the labels of the targets it leads to (``labels_of``) and, per label, the id of the
-    object it refers to on the way down (``parents``): the reference path from an owner to a
-    target is read back from there (:meth:`chain_from`). The walk's own bookkeeping refers to the
-    objects it walks, so each container of it is in ``skip`` and can never read as an owner."""
+    """The state of one :func:`find_owners` call. Each target's label is its index in ``keys``;
+    each reached object carries the labels it leads to (``labels_of``) and, per label, the id
+    it refers to on the way down (``parents``). The walk's own containers are in ``skip``."""
 
     def __init__(
         self,
@@ -333,11 +270,9 @@ class _Search:
         self.parents: dict[int, dict[int, int]] = {}  # node id -> {label: id it refers to}
         self.labels_of: dict[int, frozenset[int]] = {}
         self.frontier: list[object] = []
-        #: A global or class attribute settled something in this level (worth a forward look).
-        self.remembered = False
-        # The keys too: a caller's key ``(kind, thread)`` refers to its target, and the list of
-        # keys, held by the search itself, led the walk up through them, a heap pass a
-        # level. (A key that is a target itself stays walkable.)
+        self.remembered = False  # a global or class attribute settled something this level
+        # The keys too: a key ``(kind, thread)`` refers to its target and led the walk up
+        # through them, a heap pass a level (a key that is a target stays walkable).
         target_ids = {id(target) for target in targets.values()}
         self.skip.update({id(targets), id(self.objects), id(self.frontier), id(self.keys)})
         self.skip.update(id(key) for key in self.keys if id(key) not in target_ids)
@@ -354,8 +289,7 @@ class _Search:
         return len(self.answers) < len(self.keys)
 
     def chain_from(self, node_id: int, label: int) -> list[object]:
-        """The reference path from ``node_id`` down to the target of ``label``, owner first:
-        each node's parent is the node it refers to."""
+        """The path from ``node_id`` down to the target of ``label``, owner first."""
         chain = []
         current: int | None = node_id
         while current is not None:
@@ -364,8 +298,7 @@ class _Search:
         return chain
 
     def settle(self, node_id: int, kind: str, owner_name: str, key: Any) -> None:
-        """``node_id`` is an owner: it answers every unanswered target it leads to. A global
-        or class attribute is remembered, so the next search tries it forwards first."""
+        """``node_id`` owns every unanswered target it leads to; a global is remembered."""
         for label in self.labels_of[node_id]:
             if self.keys[label] not in self.answers:
                 chain = self.chain_from(node_id, label)
@@ -375,25 +308,20 @@ class _Search:
                     self.remembered = True
 
     def unanswered(self, nodes: list[object]) -> list[object]:
-        """The nodes that still lead to a target without an answer (the others are not walked
-        on)."""
+        """The nodes that still lead to an unanswered target."""
         return [
             n for n in nodes if any(self.keys[i] not in self.answers for i in self.labels_of[id(n)])
         ]
 
     def settle_fixture_values(self) -> None:
-        """A target may itself be a fixture's value: the fixture owns it."""
         for node_id in list(self.objects):
             if node_id in self.fixture_roots:
                 key, name, _value = self.fixture_roots[node_id]
                 self.settle(node_id, "fixture", name, key)
 
     def known_owners_first(self, max_depth: int) -> bool:
-        """Forwards from the fixtures' values and the remembered owners, without a heap pass
-        (:func:`_known_owners`); the frontier keeps only what is still unanswered. True when the
-        fixtures' search was complete: then a global found during the walk may be searched
-        forwards too (no fixture can own what is left), a pool's pipes a level or three below
-        the workers that led to it."""
+        """:func:`_known_owners`; True when the fixtures' search was complete: then a global
+        found during the walk may be searched forwards too (no fixture can own what is left)."""
         if not self.unsettled():
             return False
         left = {key: self.targets[key] for key in self.keys if key not in self.answers}
@@ -401,16 +329,15 @@ class _Search:
             left, self.fixture_roots, self.modules, self.skip, max_depth
         )
         self.answers.update(found)
-        del left  # it holds the targets: the walk would take it for a referrer of each
+        del left  # it holds the targets: the walk would take it for a referrer
         self.frontier = self.unanswered(self.frontier)
         return complete
 
     def take(self, ref: Any, frontier_ids: AbstractSet[int], into: list[object]) -> None:
-        """One referrer of the frontier: settled when it is an owner, else walked next."""
+        """One referrer: settled when it is an owner, else walked next."""
         ref_id = id(ref)
         if not _walkable(ref, self.skip):
             return
-        # Which frontier nodes does it hold? It carries their unanswered labels.
         known = self.labels_of.get(ref_id, frozenset())
         links = self._links(ref, known, frontier_ids)
         if not links:
@@ -431,8 +358,7 @@ class _Search:
     def _links(
         self, ref: object, known: frozenset[int], frontier_ids: AbstractSet[int]
     ) -> dict[int, int]:
-        """label -> id of the frontier node ``ref`` refers to, for each unanswered label it
-        does not carry yet (the first such node per label)."""
+        """label -> id of the first frontier node ``ref`` refers to, per new unanswered label."""
         links: dict[int, int] = {}
         for child in gc.get_referents(ref):
             child_id = id(child)
@@ -443,8 +369,7 @@ class _Search:
         return links
 
     def take_near(self, near: Mapping[Any, Sequence[object]]) -> None:
-        """Known referrers join the frontier as if a heap pass had found them: the first pass
-        then asks for their referrers too (one pass less for an atexit-held object)."""
+        """Known referrers join the frontier as if a heap pass had found them."""
         self.skip.update({id(near), *(id(objs) for objs in near.values())})
         frontier_ids = {id(n) for n in self.frontier}
         for key in self.keys:
@@ -452,12 +377,11 @@ class _Search:
                 for ref in near[key]:
                     self.take(ref, frontier_ids, self.frontier)
 
-    def walk(self, max_depth: int, max_nodes: int, deadline: float, forwards: bool) -> None:
-        """Backwards, one heap pass a level, until every target is answered, nothing is left
-        to walk or a bound (depth, nodes, time) is reached."""
+    def walk(self, max_depth: int, deadline: float, forwards: bool) -> None:
+        """Backwards, one heap pass a level, until all is answered or a bound is reached."""
         depth = 0
         while self.frontier and depth < max_depth and self.unsettled():
-            if time.monotonic() > deadline or len(self.objects) > max_nodes:
+            if time.monotonic() > deadline or len(self.objects) > MAX_NODES:
                 break
             depth += 1
             next_frontier = self.level()
@@ -467,16 +391,11 @@ class _Search:
             self.frontier = next_frontier
 
     def level(self) -> list[object]:
-        """One heap pass: the referrers of the frontier, each taken (:meth:`take`); returns
-        those to walk next."""
+        """One heap pass; returns the referrers to walk next."""
         frontier_ids = {id(n) for n in self.frontier}
-        # The call's own argument tuple holds the frontier and is a (tracked) referrer of it:
-        # walked, it led to the next level's argument tuple, and so on to max_depth (every
-        # unowned target's walk took 14 heap passes). A call with an exact tuple passes that
-        # very tuple, whose id is skipped. From Python 3.13 (a fastcall) the call builds a
-        # new tuple of the same objects: one that nothing but ``referrers`` holds (the list,
-        # ``ref`` and getrefcount's argument: 3) is left out too; a tuple someone else holds
-        # is walked even when it holds just the frontier.
+        # The call's own argument tuple refers to the frontier: walked, it led to the next
+        # level's, to max_depth. Its id is skipped; from 3.13 (fastcall) the call builds a new
+        # tuple of the same objects, left out when only ``referrers`` holds it (refcount 3).
         args = tuple(self.frontier)
         referrers = gc.get_referrers(*args)
         next_frontier: list[object] = []
@@ -494,9 +413,7 @@ class _Search:
         return next_frontier
 
     def follow_remembered(self, next_frontier: list[object], max_depth: int) -> list[object]:
-        """A global or class attribute settled something in this level: forwards from the
-        remembered owners for the rest (no heap pass); the next frontier keeps only what is
-        still unanswered."""
+        """Forwards from the remembered owners for the rest (no heap pass)."""
         keys, targets = self.keys, self.targets
         wanted = {id(targets[key]): targets[key] for key in keys if key not in self.answers}
         found = _remembered_owners(wanted, self.skip | {id(wanted)}, self.modules, max_depth)
@@ -506,10 +423,8 @@ class _Search:
         return self.unanswered(next_frontier)
 
     def last_resorts(self, deadline: float, max_seconds: float, follow_starters: bool) -> Owners:
-        """What the backward walk left unowned: forwards while gc is frozen (a frozen object is
-        invisible to ``gc.get_referrers``), then the import that created it, then the owner of
-        the thread that started it; the answer, with the keys whose walk was cut short as
-        ``uncertain``."""
+        """For what is left: forwards while gc is frozen, the import that created it, the owner
+        of the thread that started it."""
         keys, targets, answers = self.keys, self.targets, self.answers
         if self.unsettled() and gc.get_freeze_count() > _FROZEN_AT_IMPORT:
             left = {key: targets[key] for key in keys if key not in answers}
@@ -529,38 +444,28 @@ class _Search:
 
 
 def _walkable(ref: object, skip: AbstractSet[int]) -> bool:
-    """Whether the backward walk may pass through (or stop at) ``ref``: not its own
-    bookkeeping or a registry (``skip``), a frame, traceback or module, the test tools' object,
-    an opaque object or a mock class."""
     if id(ref) in skip or _is_a(ref, _NEVER_OWNERS) or _is_tool_object(ref) or _opaque(ref):
         return False
     return not _is_mock_class(ref)
 
 
 class Owners(dict):  # type: ignore[type-arg]
-    """:func:`find_owners`' answer: key -> :class:`Owner`; ``uncertain``: the keys without one
-    whose search was cut short (fail mode reports them and stops nothing)."""
+    """:func:`find_owners`' answer; ``uncertain``: keys whose search was cut short."""
 
     uncertain: frozenset[Any] = frozenset()
 
 
 def _import_owners(targets: Mapping[Any, object], answers: Mapping[Any, Owner]) -> dict[Any, Owner]:
-    """The unanswered targets created while a module was being imported: that import's."""
     found: dict[Any, Owner] = {}
     for key, target in targets.items():
-        if key in answers:
-            continue
-        module = origins.imported_by(target)
+        module = None if key in answers else origins.imported_by(target)
         if module is not None:
             found[key] = Owner("import", module, f"created while {module} was being imported")
     return found
 
 
 def _namespaces() -> tuple[dict[int, str], set[int]]:
-    """``id`` of each module namespace (not the test tools') -> module name; and the ids never
-    walked through: the tools' namespaces and the standard library's registries. Read once per
-    moment (a check asks several times: the fd kind, then each ownership search); callers
-    must not change what they get."""
+    """Non-tool namespace ids -> module names, and the ids never walked (once per moment)."""
     return reading("module_namespaces", _read_namespaces)
 
 
@@ -578,11 +483,8 @@ def _read_namespaces() -> tuple[dict[int, str], set[int]]:
 
 
 def reached_by_recent_owners(pick: Callable[[object], bool]) -> list[object]:
-    """The objects ``pick`` accepts that a remembered module global or class attribute (one
-    that owned something lately) reaches forwards, within the shortcut's bounds: no heap pass.
-
-    What it returns is held by something that outlives the test; what it misses may be held by
-    anything (the caller then scans the heap, as without it)."""
+    """The objects ``pick`` accepts that a remembered owner reaches forwards (no heap pass): held
+    by something that outlives the test. What it misses may be held by anything."""
     if not _recent:
         return []
     modules, skip = _namespaces()
@@ -597,7 +499,6 @@ def reached_by_recent_owners(pick: Callable[[object], bool]) -> list[object]:
 
 
 def _remember(kind: str, chain: list[object], owner_name: str) -> None:
-    """Remember the module global or class attribute at the top of ``chain`` (owner first)."""
     holder: Any = chain[0]
     below = {id(obj) for obj in chain[1:3]}
     entry: tuple[str, Any, str] | None = None
@@ -632,9 +533,7 @@ def forget_recent_owners() -> None:
 
 
 def _stops(obj: object, skip: set[int], modules: Mapping[int, str]) -> bool:
-    """Where a forward search stops, as the backward walk does: the bookkeeping registries,
-    module namespaces (another owner), classes, frames, tracebacks, modules, the test tools'
-    and opaque objects."""
+    """Where a forward search stops, as the backward walk does (a namespace is another owner)."""
     return (
         id(obj) in skip
         or id(obj) in modules
@@ -656,12 +555,9 @@ def _forward(
     shared: set[int] | None = None,
     not_through: tuple[type, ...] = (),
 ) -> tuple[dict[int, list[object]], bool]:
-    """Breadth-first along ``gc.get_referents`` from ``root`` (at most ``max_depth`` edges and
-    ``budget`` objects): id of each wanted object reached (or of each one ``pick`` accepts) ->
-    the chain from ``root`` down to it (the shortest); and False when the budget cut the search
-    short. Searches from several roots may share ``shared``, the ids visited (and the budget):
-    what one reached is not visited again from the next. Instances of ``not_through`` are not
-    walked through."""
+    """Breadth-first along ``gc.get_referents``: id of each wanted (or picked) object reached ->
+    the shortest chain from ``root``; False when ``budget`` cut it short. Several roots may
+    share ``shared``, the ids visited (and the budget)."""
     parent: dict[int, tuple[int, object] | None] = {id(root): None}
     seen: set[int] | dict[int, tuple[int, object] | None] = parent
     if shared is not None:
@@ -702,14 +598,9 @@ def _known_owners(
     skip: set[int],
     max_depth: int,
 ) -> tuple[dict[Any, Owner], bool]:
-    """The owners found forwards, without a heap pass: a wider-scope fixture's value that
-    reaches a target owns it (the narrowest owner; the nearest of several), else a remembered
-    module global or class attribute that reaches it (the most recent first); and whether the
-    fixtures' search was complete.
-
-    A fixture search cut short by the bounds might have reached any target: then nothing is
-    answered here (the backward walk decides all). What no known owner reaches is left to the
-    backward walk."""
+    """Owners found forwards: the nearest fixture value, else a remembered owner (most recent
+    first), else a creation site's module; and whether the fixtures' search was complete (if
+    not, it might have reached any target: nothing is answered)."""
     wanted = {id(target): target for target in targets.values()}
     skip = skip | {id(wanted), id(targets)}
     by_id: dict[int, Owner] = {}
@@ -735,17 +626,20 @@ def _known_owners(
 def _remembered_owners(
     wanted: dict[int, object], skip: set[int], modules: Mapping[int, str], max_depth: int
 ) -> dict[int, Owner]:
-    """Owners (by target id) found forwards from the remembered module globals and class
-    attributes, the most recent first; what they reach leaves ``wanted``."""
+    """Owners found forwards from the remembered owners; what they reach leaves ``wanted``."""
     by_id: dict[int, Owner] = {}
     for entry in reversed(list(_recent)):
         if not wanted:
             break
-        found = _from_remembered(entry, wanted, skip, modules, max_depth)
-        for target_id, owner in found.items():
-            by_id[target_id] = owner
+        root = _remembered_root(entry, modules)
+        if root is None:
+            continue
+        value, prefix, kind, owner_name = root
+        reached = _reached_from(value, wanted, skip, modules, max_depth - len(prefix))
+        for target_id, chain in reached.items():
+            by_id[target_id] = _owner([*prefix, *chain], kind, owner_name, None)
             wanted.pop(target_id, None)
-        if found:
+        if reached:
             _recent.move_to_end(entry)
     return by_id
 
@@ -753,12 +647,7 @@ def _remembered_owners(
 def _creation_site_owners(
     wanted: dict[int, object], skip: set[int], modules: Mapping[int, str], max_depth: int
 ) -> dict[int, Owner]:
-    """Owners (by target id) found forwards from the modules whose code started a wanted
-    thread or process (the user frames of its recorded creation site): their globals, and the
-    attributes of the classes they define (a library's monitor thread in a class attribute,
-    its reusable executor in a global), the first time they own something, with no heap pass.
-    What is found is remembered; what they do not reach leaves ``wanted`` to the backward
-    walk."""
+    """Owners found forwards from the globals and classes of the creation sites' modules."""
     files: dict[str, None] = {}
     for target in wanted.values():
         origin = origins.origin_of(target)
@@ -799,24 +688,19 @@ def _creation_site_owners(
     return by_id
 
 
-#: Not walked through from a creation site's module: its functions and methods are most of what
-#: its namespace and classes hold, and a thread one holds (in a closure or a default) is rare; the
-#: backward walk still finds it.
+#: Not walked through from a creation site's module: most of what it holds, rarely an owner (the
+#: backward walk still finds one).
 _CODE_TYPES = (types.FunctionType, types.MethodType, staticmethod, classmethod, property)
 
 
-#: Source file -> name of the module loaded from it, and what ``sys.modules`` looked like when it
-#: was read (its size and, weakly, its last module): a creation site's file is looked up at every
-#: search, and reading ``sys.modules`` for it took a third of a search's time.
+#: Source file -> module name, and ``sys.modules``' size and (weakly) last module when read:
+#: reading ``sys.modules`` at every search took a third of its time.
 _modules_by_file: dict[str, str] = {}
 _modules_by_file_mark: tuple[int, weakref.ref[Any] | None] = (-1, None)
 
 
 def _sys_modules_unchanged_since(mark: tuple[int, weakref.ref[Any] | None]) -> bool:
-    """Whether ``sys.modules`` still looks as it did at ``mark``: as many modules, the same
-    last one. A module imported since is the last one; one removed changes the size; one
-    removed and loaded again under its name (pytester's test modules) is another object, which
-    is why the last module is compared by identity, not by name."""
+    """As many modules, the same last one (by identity: pytester reloads under the same name)."""
     size, last = mark
     if last is None or size != len(sys.modules):
         return False
@@ -829,15 +713,13 @@ def _mark_of_sys_modules() -> tuple[int, weakref.ref[Any] | None]:
     last_name = next(reversed(sys.modules), None)
     try:
         last = weakref.ref(sys.modules[last_name]) if last_name is not None else None
-    except TypeError:  # not weakly referable (any object may stand in sys.modules): read again
+    except TypeError:  # not weakly referable: read again
         last = None
     return len(sys.modules), last
 
 
 def _module_of_file(filename: str, modules: Mapping[int, str]) -> tuple[dict[str, Any], str] | None:
-    """The namespace and name of the (non-tool) module loaded from ``filename``, if any.
-    ``sys.modules`` is read again only when a file is not known and modules came or went since
-    the last reading; a known name is checked against what ``sys.modules`` holds now."""
+    """The namespace and name of the non-tool module loaded from ``filename``, if any."""
     global _modules_by_file_mark
     name = _modules_by_file.get(filename)
     if name is None and not _sys_modules_unchanged_since(_modules_by_file_mark):
@@ -861,25 +743,6 @@ def _module_of_file(filename: str, modules: Mapping[int, str]) -> tuple[dict[str
     return namespace, name
 
 
-def _from_remembered(
-    entry: tuple[str, Any, str],
-    wanted: Mapping[int, object],
-    skip: set[int],
-    modules: Mapping[int, str],
-    max_depth: int,
-) -> dict[int, Owner]:
-    """Owners (by target id) found forwards from one remembered global or class attribute."""
-    root = _remembered_root(entry, modules)
-    if root is None:
-        return {}
-    value, prefix, kind, owner_name = root
-    reached = _reached_from(value, wanted, skip, modules, max_depth - len(prefix))
-    return {
-        target_id: _owner([*prefix, *chain], kind, owner_name, None)
-        for target_id, chain in reached.items()
-    }
-
-
 def _reached_from(
     value: object,
     wanted: Mapping[int, object],
@@ -888,8 +751,7 @@ def _reached_from(
     max_depth: int,
     pick: Callable[[object], bool] | None = None,
 ) -> dict[int, list[object]]:
-    """What a remembered owner's ``value`` reaches forwards of ``wanted`` (or of what ``pick``
-    accepts), itself included: id -> the chain from ``value`` down to it."""
+    """What ``value`` reaches of ``wanted`` (or ``pick``), itself included: id -> chain."""
     reached: dict[int, list[object]] = {}
     if not _stops(value, skip, modules):
         reached, _complete = _forward(
@@ -903,13 +765,12 @@ def _reached_from(
 def _remembered_root(
     entry: tuple[str, Any, str], modules: Mapping[int, str]
 ) -> tuple[object, list[object], str, str] | None:
-    """The remembered global's or class attribute's value now, the chain above it, the owner's
-    kind and name; None when it is gone (or a test tool's)."""
+    """(value now, chain above it, kind, owner name); None when gone or a test tool's."""
     what, where, name = entry
     if what == "module":
         namespace = getattr(sys.modules.get(where), "__dict__", None)
         if not isinstance(namespace, dict) or id(namespace) not in modules:
-            return None  # gone, or a test tool's
+            return None
         if name not in namespace:
             return None
         return namespace[name], [namespace], "module-global", where
@@ -933,7 +794,6 @@ def _owners_through_starters(
     fixture_roots: Mapping[int, tuple[Any, str, object]],
     max_seconds: float,
 ) -> dict[Any, Owner]:
-    """Unowned threads started by a thread that is not a target: their starter's owner."""
     starters: dict[Any, threading.Thread] = {}
     explained = {id(obj) for obj in targets.values()}  # keys may be (kind, item) pairs
     for key, target in targets.items():
@@ -979,10 +839,8 @@ def _forward_owners(
     fixture_roots: Mapping[int, tuple[Any, str, object]],
     modules: Mapping[int, str],
     deadline: float,
-    max_nodes: int = MAX_NODES,
 ) -> dict[Any, Owner]:
-    """Search forwards from each owner candidate (fixtures first, then module globals) for the
-    targets, one shared visited set and node budget: what an earlier root reaches is its."""
+    """Forwards from the fixtures, then the modules' globals, one visited set and budget."""
     from pytest_shutdown.ownership.backrefs import _edges  # noqa: PLC0415 - only when frozen
 
     wanted: dict[int, list[Any]] = {}
@@ -997,8 +855,7 @@ def _forward_owners(
         module = by_id.get(namespace_id)
         if module is not None:
             module_roots.append((module.__dict__, "module-global", module_name, None))
-    # The suite's own modules first (test modules, conftests, modules made at run time), then
-    # installed packages, the standard library last: the budget goes where owners usually are.
+    # The suite's own modules first, the standard library last: where owners usually are.
     module_roots.sort(key=lambda root: _module_rank(root[0]))
     roots.extend(module_roots)
     answers: dict[Any, Owner] = {}
@@ -1009,7 +866,7 @@ def _forward_owners(
             continue
         seen.add(id(root))
         queue: collections.deque[tuple[object, str, str]] = collections.deque([(root, "", "")])
-        while queue and visited < max_nodes and len(answers) < len(targets):
+        while queue and visited < MAX_NODES and len(answers) < len(targets):
             if visited % 1000 == 0 and time.monotonic() > deadline:
                 return answers
             node, path, attribute = queue.popleft()
@@ -1019,7 +876,6 @@ def _forward_owners(
                 if child_id in seen:
                     continue
                 seen.add(child_id)
-                # A module global's name: the module, then the key of its namespace dict.
                 first = attribute or (f".{label[2:-2]}" if label.startswith("['") else label)
                 if child_id in wanted:
                     owner_name = name if kind == "fixture" else name + first
@@ -1035,8 +891,8 @@ def _forward_owners(
 def objects_of(
     threads: Iterable[threading.Thread], pids: Iterable[int], parents: Mapping[int, int]
 ) -> dict[Any, object]:
-    """The objects to explain: each thread itself; for a pid, its Process/Popen object, or that
-    of its nearest ancestor among this process's children (``parents`` maps pid to ppid)."""
+    """Each thread itself; for a pid, the Process/Popen object of it or of its nearest
+    recorded ancestor (``parents``: pid -> ppid)."""
     found: dict[Any, object] = {thread: thread for thread in threads}
     for pid in pids:
         current: int | None = pid
@@ -1052,21 +908,15 @@ def objects_of(
 
 
 def singleton_slot(origin: origins.Origin | None, obj: object) -> tuple[Owner, object] | None:
-    """The class attribute or module global that the code which created ``obj`` assigned it to
-    (a process-lifetime singleton: tqdm's ``cls.monitor = TMonitor(cls, ...)``), read from the
-    recorded creation site ``origin``: the first user frame outside ``obj``'s own methods is
-    the call that made it, and its source line assigns the result to ``cls.attr``, to
-    ``Class.attr`` of a class of that module, or to a global of that module. None otherwise (a
-    local, an instance attribute, a call whose line says nothing): the object is then the
-    caller's. Returned with what the slot holds now: it may hold ``obj`` no more (the library
-    released its singleton; what still refers to it, an ``atexit`` registration, is how such a
-    singleton is meant to end)."""
+    """The class attribute or module global the code that created ``obj`` assigned it to (a
+    singleton: tqdm's ``cls.monitor = TMonitor(cls, ...)``), read from the source line of the
+    first user frame of ``origin`` outside ``obj``'s own methods; None otherwise. Returned with
+    what the slot holds now (maybe ``obj`` no more: the library released its singleton)."""
     if origin is None:
         return None
     classes = type(obj).__mro__[:-1]
     own = {getattr(klass, "__qualname__", "") + "." for klass in classes}
-    # Before Python 3.11 a frame names its function only (no co_qualname): a method of the
-    # object's classes is then told by where its code is (file and lines).
+    # Before 3.11 a frame has no co_qualname: a method is told by its code's file and lines.
     spans = [span for klass in classes for span in _method_spans(klass)]
     for filename, lineno, qualname, is_user in origin.frames:
         if not is_user:
@@ -1074,13 +924,12 @@ def singleton_slot(origin: origins.Origin | None, obj: object) -> tuple[Owner, o
         if any(qualname.startswith(prefix) for prefix in own) or any(
             filename == file and first <= lineno <= last for file, first, last in spans
         ):
-            continue  # the object's own method (its __init__ registering the hook)
+            continue  # the object's own method
         return _assigned_slot(filename, lineno, qualname)
     return None
 
 
 def _method_spans(klass: type) -> list[tuple[str, int, int]]:
-    """(file, first line, last line) of each function defined in ``klass``'s body."""
     spans = []
     for value in vars(klass).values():
         code = getattr(getattr(value, "__func__", value), "__code__", None)
@@ -1125,24 +974,20 @@ def _assigned_slot(filename: str, lineno: int, qualname: str) -> tuple[Owner, ob
                 )
                 return owner, vars(klass).get(target.attr)
         elif isinstance(target, ast.Name) and target.id in namespace:
-            if qualname == "<module>" or target.id in _declared_global(filename, qualname):
+            if qualname == "<module>" or target.id in _declared_global(namespace, qualname):
                 where = f"assigned at {filename}:{lineno}"
                 owner = Owner("module-global", f"{module_name}.{target.id}", where)
                 return owner, namespace.get(target.id)
     return None
 
 
-def _declared_global(filename: str, qualname: str) -> frozenset[str]:
-    """The names the function ``qualname`` of the module in ``filename`` declares ``global``."""
-    found = _module_of_file(filename, _namespaces()[0])
-    if found is None:
-        return frozenset()
-    obj: Any = found[0].get(qualname.split(".")[0])
+def _declared_global(namespace: dict[str, Any], qualname: str) -> frozenset[str]:
+    """The names the function ``qualname`` of the module declares ``global``."""
+    obj: Any = namespace.get(qualname.split(".")[0])
     for part in qualname.split(".")[1:]:
         obj = getattr(obj, part, None)
     code = getattr(getattr(obj, "__func__", obj), "__code__", None)
     if code is None:
         return frozenset()
-    # A global assigned in the function is stored by name (STORE_GLOBAL): it is in co_names,
-    # not in co_varnames; a local of the same name would be in co_varnames.
+    # A global assigned in it is in co_names (STORE_GLOBAL), not in co_varnames.
     return frozenset(n for n in code.co_names if n not in code.co_varnames)

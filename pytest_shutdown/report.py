@@ -132,17 +132,7 @@ class TestRecord:
     cut_short: str | None = None
 
     def to_plain(self) -> dict[str, Any]:
-        return plain_record(
-            self.nodeid,
-            self.worker,
-            self.teardown_s,
-            self.guard_s,
-            self.findings,
-            self.budget,
-            self.reported,
-            self.guard_error,
-            self.cut_short,
-        )
+        return plain_record(**vars(self))  # the fields are plain_record's parameters
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> TestRecord:

@@ -165,16 +165,12 @@ def load_settings(config: pytest.Config) -> GuardSettings:
 def resource_kinds(config: pytest.Config) -> tuple[str, ...] | None:
     """``--shutdown-resources``, else ini ``shutdown_resources``: a comma-separated list of
     resource kind names, or ``all`` (the default); None means all of them."""
-    option = config.getoption("shutdown_resources", default=None)
-    source = "--shutdown-resources"
-    value = "" if option is None else str(option)
-    if option is None:
-        value = str(config.getini("shutdown_resources") or "")
-        source = "shutdown_resources (ini)"
+    given = _given(config, "shutdown_resources") or ("", "")
+    value, source = str(given[0]), given[1]
     names = [n.strip() for n in value.split(",") if n.strip()]
     accepted = f"accepted: a comma-separated list of {', '.join(kind_names())}, or all"
     if not names:
-        if option is not None:
+        if source.startswith("--"):  # an empty option is refused, an empty ini key is all
             raise pytest.UsageError(f"{source}: {value!r} is not accepted; {accepted}")
         return None
     if "all" in names:

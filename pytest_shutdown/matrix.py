@@ -59,8 +59,6 @@ def cells_from_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[
             f"accepted: {', '.join(ACCEPTED_KEYS)}"
         )
     call = {ACCEPTED_KEYS[key]: _as_sequence(key, value) for key, value in kwargs.items()}
-    if "grace" in kwargs:
-        call["grace"] = kwargs["grace"]
     try:
         matrix = timeout_matrix(**call)
     except ValueError as exc:

@@ -109,9 +109,8 @@ def kill_tree_of(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) ->
     def kill(target: Callable[..., Any] | Sequence[str], **options: Any) -> TreeDeath:
         __tracebackhide__ = True
         if isinstance(cell, OrphanCell):
-            options.setdefault("level", cell.level)
-            options.setdefault("signal", cell.signal)
-            options.setdefault("phase", cell.phase)
+            for key in ACCEPTED_KEYS:
+                options.setdefault(key, getattr(cell, key))
         options.setdefault("launcher", tree_launcher)
         from pytest_shutdown.helpers.orphans import assert_tree_dies  # noqa: PLC0415
 

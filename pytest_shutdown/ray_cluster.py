@@ -120,10 +120,8 @@ class NodeProcess:
         killed after ``timeout_s``."""
         if self.process.poll() is None:
             self.process.terminate()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
         with contextlib.suppress(OSError):  # whatever of the node outlived it
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()

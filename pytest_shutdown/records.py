@@ -203,10 +203,8 @@ class RecordLog:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             if self.owned_here:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:  # pragma: no cover
-                    pass
 
 
 def _pid_in_head(path: Path) -> int | None:

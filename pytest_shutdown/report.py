@@ -8,6 +8,7 @@ crashed worker loses only the test it was running.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -458,10 +459,8 @@ class ShutdownReport(_Accepted):
     def _suspend_capture(self) -> None:
         capture = self.config.pluginmanager.getplugin("capturemanager")
         if capture is not None:
-            try:
+            with contextlib.suppress(Exception):  # the process ends anyway
                 capture.suspend_global_capture(in_=False)
-            except Exception:  # noqa: BLE001, S110 - the process ends anyway
-                pass
 
     def _on_hung_teardown(self, label: str, outcome: BudgetOutcome) -> None:
         """A teardown hung past its second budget: write the hung test's record, then exit."""

@@ -242,19 +242,12 @@ DEFAULT_NAME_MAX = 255
 
 def _name_max(path: Path) -> int:
     """NAME_MAX of the file system holding ``path``'s nearest existing folder."""
-    existing = next((p for p in path.parents if _lexists(p)), None)
+    existing = next((p for p in path.parents if os.path.lexists(p)), None)
     try:
         limit = os.pathconf(existing or path.anchor or ".", "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):  # not POSIX, or the file system won't say
         return DEFAULT_NAME_MAX
     return limit if isinstance(limit, int) and limit > 0 else DEFAULT_NAME_MAX
-
-
-def _lexists(path: Path) -> bool:
-    try:
-        return os.path.lexists(path)
-    except (OSError, ValueError):
-        return False
 
 
 def _refuse_long_names(path: Path, option: str, whose: str = "") -> None:

@@ -79,26 +79,36 @@ _PARAMETRIZING_MARKERS = frozenset({"engine", ORPHAN_MATRIX_MARKER, MATRIX_MARKE
 
 @pytest.hookimpl
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if not marker_names(metafunc.definition) & _PARAMETRIZING_MARKERS:
+    names = marker_names(metafunc.definition)
+    if not names & _PARAMETRIZING_MARKERS:
         return
     for mark in metafunc.definition.iter_markers("engine"):
         _validate_engine_fields(mark.args, mark.kwargs)
-    if ORPHAN_MATRIX_MARKER in marker_names(metafunc.definition):
-        from pytest_shutdown.orphan_matrix import parametrize  # noqa: PLC0415 - a matrix is used
+    # a matrix's module is imported only where a test uses it
+    if ORPHAN_MATRIX_MARKER in names:
+        from pytest_shutdown.orphan_matrix import cells_from_marker as orphan  # noqa: PLC0415
 
-        parametrize(metafunc)
-    marks = list(metafunc.definition.iter_markers(MATRIX_MARKER))
-    if not marks:
+        _parametrize(metafunc, ORPHAN_MATRIX_MARKER, "orphan_cell", orphan)
+    if MATRIX_MARKER in names:
+        from pytest_shutdown.matrix import cells_from_marker  # noqa: PLC0415
+
+        _parametrize(metafunc, MATRIX_MARKER, "shutdown_timeouts", cells_from_marker)
+
+
+def _parametrize(
+    metafunc: pytest.Metafunc, marker: str, fixture: str, cells_of: Callable[..., list[Any]]
+) -> None:
+    """Parametrize ``fixture`` over the cells of the closest ``marker``; bad arguments fail."""
+    mark = metafunc.definition.get_closest_marker(marker)
+    if mark is None:
         return
-    from pytest_shutdown.matrix import cells_from_marker  # noqa: PLC0415 - a matrix is used
-
     try:
-        cells = cells_from_marker(marks[0].args, marks[0].kwargs)
+        cells = cells_of(mark.args, mark.kwargs)
     except ValueError as exc:
         pytest.fail(str(exc), pytrace=False)
-    if "shutdown_timeouts" not in metafunc.fixturenames:
-        metafunc.fixturenames.append("shutdown_timeouts")
-    metafunc.parametrize("shutdown_timeouts", cells, ids=[c.id for c in cells])
+    if fixture not in metafunc.fixturenames:
+        metafunc.fixturenames.append(fixture)
+    metafunc.parametrize(fixture, cells, ids=[c.id for c in cells])
 
 
 def _validate_engine_fields(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:

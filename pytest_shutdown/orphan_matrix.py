@@ -84,20 +84,6 @@ def _names(key: str, value: Any) -> list[Any]:
     return values
 
 
-def parametrize(metafunc: pytest.Metafunc) -> None:
-    """Turn the test's ``orphan_matrix`` marker (if any) into ``orphan_cell`` parameters."""
-    mark = metafunc.definition.get_closest_marker(MARKER)
-    if mark is None:
-        return
-    try:
-        cells = cells_from_marker(mark.args, mark.kwargs)
-    except ValueError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    if "orphan_cell" not in metafunc.fixturenames:
-        metafunc.fixturenames.append("orphan_cell")
-    metafunc.parametrize("orphan_cell", cells, ids=[c.id for c in cells])
-
-
 KillTree = Callable[..., "TreeDeath"]
 
 

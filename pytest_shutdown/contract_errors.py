@@ -21,7 +21,6 @@ from pytest_shutdown.settings import shows_details
 DETAILS_SECTION = "shutdown finding details"
 #: The attribute of a ``TestReport`` that holds the codes of its ShutdownContractError.
 CODES_ATTR = "shutdown_codes"
-#: The name this module's plugin object is registered under.
 PLUGIN_NAME = "pytest-shutdown-contract-errors"
 
 

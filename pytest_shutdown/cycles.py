@@ -18,7 +18,6 @@ import pytest
 from pytest_shutdown.node_markers import CYCLES as MARKER
 from pytest_shutdown.node_markers import marker_names
 
-#: Warm-up calls of the marker when it does not say.
 DEFAULT_WARMUP = 2
 #: The most calls ``n`` and ``warmup`` may each ask for: past this, a typo (``10**12``).
 MAX_CYCLES = 100_000

@@ -42,7 +42,6 @@ TEST_GRACE_SCALE = 0.1
 THREAD_EXIT_DEADLINE_S = 5.0
 #: How long an engine's processes may take to disappear after its shutdown returned.
 PROCESS_EXIT_DEADLINE_S = 5.0
-#: Children of each ``dp_supervisor``.
 SUPERVISOR_CHILDREN = 2
 
 MARKERS = (

@@ -110,24 +110,18 @@ class NodeProcess:
 
     def kill(self) -> None:
         """A node failure: SIGKILL to every process of the node at once."""
-        with contextlib.suppress(OSError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-        self._close()
+        self.stop(timeout_s=None)
 
-    def stop(self, timeout_s: float = NODE_STOP_S) -> None:
+    def stop(self, timeout_s: float | None = NODE_STOP_S) -> None:
         """SIGTERM (the node kills its raylet and workers, then exits); the process group
-        killed after ``timeout_s``."""
-        if self.process.poll() is None:
+        killed after ``timeout_s`` (None: at once)."""
+        if timeout_s is not None and self.process.poll() is None:
             self.process.terminate()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout_s)
         with contextlib.suppress(OSError):  # whatever of the node outlived it
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
-        self._close()
-
-    def _close(self) -> None:
         if self.process.stdout is not None:
             self.process.stdout.close()
 

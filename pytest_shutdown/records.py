@@ -137,7 +137,6 @@ class RecordLog:
         self._pid = os.getpid()
         #: Why writing stopped (``None`` while every line was written).
         self.error: str | None = None
-        #: Lines written.
         self.lines = 0
 
     @property

@@ -19,11 +19,8 @@ from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.node_markers import CYCLES, marker_names
 from pytest_shutdown.resources import allow_keys, kind_names
 
-#: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
-#: What the guard does with long-lived resources (owned by module globals) at session end.
 LONG_LIVED_CHOICES: tuple[str, ...] = ("list", "fail")
-#: How processes that leave the test's tree are found (CONTAINMENT_DESC).
 CONTAINMENT_CHOICES: tuple[str, ...] = ("marker", "subreaper")
 #: Accepted values of ``--shutdown-platform``: ``auto`` and ``devices.PLATFORMS``, spelled out:
 #: importing the device readers here would cost every session their import.
@@ -343,8 +340,6 @@ def create_folder(folder: Path, option: str) -> None:
         ) from None
 
 
-# --- options ---------------------------------------------------------------------------------
-
 # Each help text is one paragraph: pytest --help keeps line breaks.
 GUARD_DESC = """
 The shutdown guard: 'fail' errors every test that leaves threads, child processes or a
@@ -449,9 +444,6 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("shutdown_containment", CONTAINMENT_DESC, default="")
     parser.addini("shutdown_grace", GRACE_DESC, default="")
     parser.addini("shutdown_budget", BUDGET_DESC, default="")
-
-
-# --- markers ---------------------------------------------------------------------------------
 
 
 @lazy_dataclass(frozen=True)

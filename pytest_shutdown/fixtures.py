@@ -483,14 +483,11 @@ class ShutdownCheck:
         import pytest_shutdown
         from pytest_shutdown.findings.finding import ShutdownContractError
         from pytest_shutdown.helpers.finalization import check_finalizers
-        from pytest_shutdown.helpers.leaks import assert_device_memory_released
 
         # not from the top level: check_finalizers left it (a DeprecationWarning there)
-        off_top: dict[str, Callable[..., Any]] = {
-            "assert_device_memory_released": assert_device_memory_released,
-            "check_finalizers": check_finalizers,
-        }
-        helper: Callable[..., Any] = off_top.get(name) or getattr(pytest_shutdown, name)
+        helper: Callable[..., Any] = (
+            check_finalizers if name == "check_finalizers" else getattr(pytest_shutdown, name)
+        )
         if name == "no_leaks":
             return self._bound_context(helper)
 

@@ -288,10 +288,8 @@ class _Accepted:
     def add_findings(self, nodeid: str, findings: list[dict[str, Any]]) -> None:
         """Add findings of a test made outside the guard (engine fixtures, ``shutdown_check``)."""
         if findings:
-            record = TestRecord(
-                nodeid=nodeid, worker=self.worker, teardown_s=0.0, findings=list(findings)
-            )
-            self._pending.append({"type": "record", "record": record.to_plain(), "timed": False})
+            record = plain_record(nodeid, self.worker, 0.0, findings=list(findings))
+            self._pending.append({"type": "record", "record": record, "timed": False})
 
     def _accept(self, entry: dict[str, Any]) -> None:
         if this_pid() != self._pid:

@@ -641,11 +641,35 @@ class ShutdownReport(_Accepted):
         path = self.settings.report_path
         if path is None:
             return
-        written = self._report_written
-        for line, markup in _report_file_lines(
-            path, self.log, self.report_error, written, self._awaiting_exit
-        ):
+        for line, markup in self._report_file_lines(path):
             terminalreporter.line(line, **markup)
+
+    def _report_file_lines(self, path: Path) -> list[tuple[str, dict[str, bool]]]:
+        """The terminal lines (with their colour) that say what became of ``--shutdown-report``."""
+        lines: list[tuple[str, dict[str, bool]]] = []
+        log = self.log
+        problem = log.error if log is not None else None
+        if log is not None and problem is not None:
+            lines.append(
+                (
+                    f"shutdown report incomplete: writing the record log {log.path} stopped "
+                    f"after {log.lines} lines: {problem}; the tests went on",
+                    {"yellow": True},
+                )
+            )
+        if self.report_error is not None:
+            lines.append(
+                (f"shutdown report not written to {path}: {self.report_error}", {"red": True})
+            )
+        elif self._report_written:
+            state = " (marked incomplete)" if problem is not None else ""
+            if self._awaiting_exit:
+                state += (
+                    " (it says the process has not exited until the non-daemon threads the "
+                    "exit waits for have ended)"
+                )
+            lines.append((f"shutdown report written to {path}{state}", {}))
+        return lines
 
 
 def _mark_in_progress(head: dict[str, Any], path: Path | None) -> str | None:
@@ -721,37 +745,6 @@ def _spill(folder: str | None, worker: str | None, entries: list[dict[str, Any]]
         os.replace(partial, path)
     except OSError:
         pass  # the controller lists the worker as lost, as before
-
-
-def _report_file_lines(
-    path: Path,
-    log: RecordLog | None,
-    report_error: str | None,
-    written: bool,
-    awaiting_exit: bool,
-) -> list[tuple[str, dict[str, bool]]]:
-    """The terminal lines (with their colour) that say what became of ``--shutdown-report``."""
-    lines: list[tuple[str, dict[str, bool]]] = []
-    problem = log.error if log is not None else None
-    if log is not None and problem is not None:
-        lines.append(
-            (
-                f"shutdown report incomplete: writing the record log {log.path} stopped after "
-                f"{log.lines} lines: {problem}; the tests went on",
-                {"yellow": True},
-            )
-        )
-    if report_error is not None:
-        lines.append((f"shutdown report not written to {path}: {report_error}", {"red": True}))
-    elif written:
-        state = " (marked incomplete)" if problem is not None else ""
-        if awaiting_exit:
-            state += (
-                " (it says the process has not exited until the non-daemon threads the "
-                "exit waits for have ended)"
-            )
-        lines.append((f"shutdown report written to {path}{state}", {}))
-    return lines
 
 
 def _summary_head(

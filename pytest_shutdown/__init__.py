@@ -1,13 +1,9 @@
 """pytest-shutdown: make the shutdown paths of inference engines testable.
 
-The helpers are re-exported here, one name per contract (docs/api.md states the rule); the
-reference engine is in :mod:`pytest_shutdown.engine`, the device readers in
-:mod:`pytest_shutdown.devices`, and the harness plumbing in :mod:`pytest_shutdown.orphans` (process
-trees) and :mod:`pytest_shutdown.harness` (everything else). Names are resolved lazily so that
-importing the package (or loading the pytest plugin) stays cheap and never imports torch.
-
-The names that left the top level are still importable from here for one release, with a
-``DeprecationWarning`` naming their replacement (``_DEPRECATED``).
+The helpers are re-exported here, one name per contract (docs/api.md states the rule), resolved
+lazily: importing the package (or loading the plugin) stays cheap and never imports torch.
+Names that left the top level still resolve for one release, with a ``DeprecationWarning``
+naming their replacement (``_DEPRECATED``).
 """
 
 from __future__ import annotations
@@ -19,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
 
-#: ``gc.get_freeze_count()`` when the package was first imported (the plugin loads it before
-#: any conftest): what the interpreter froze by itself, not 0 everywhere (a bare CPython 3.12.1
-#: starts with 375 of its built-in types' tuples frozen, immortal and owning nothing).
+#: ``gc.get_freeze_count()`` at first import (before any conftest): what the interpreter froze
+#: by itself, not 0 everywhere (a bare CPython 3.12.1 starts with 375 tuples frozen).
 _FROZEN_AT_IMPORT = gc.get_freeze_count()
 
 _LAZY: dict[str, str] = {
@@ -72,7 +67,6 @@ _HARNESS = "pytest_shutdown.harness"
 _DEVICES = "pytest_shutdown.devices"
 
 #: Names that left the top level: ``name -> (module to take it from, what to use instead)``.
-#: Each still resolves, to the same object, with a ``DeprecationWarning``, for one release.
 _DEPRECATED: dict[str, tuple[str, str]] = {
     # harness plumbing, moved to a public submodule
     "TreeLauncher": (_ORPHANS, "pytest_shutdown.orphans.TreeLauncher"),

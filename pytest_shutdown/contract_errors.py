@@ -1,18 +1,10 @@
 """Every ShutdownContractError a test raises reaches the reports, and its codes the status line.
 
-A helper imported straight from ``pytest_shutdown`` (not through ``shutdown_check``) raises
-:class:`~pytest_shutdown.findings.finding.ShutdownContractError` in whatever phase it runs:
-setup, call or teardown. This plugin object, registered whenever the plugin is installed, turns
-such an error into data:
-
-* its findings become the test's JUnit ``user_properties`` (``shutdown:<code>``) and, when a
-  shutdown report runs, findings of the test in the terminal summary and the JSON report;
-* its codes go on the report (``report.shutdown_codes``, plain data that travels under xdist)
-  and, for a failed or xfailed test body, on the verbose status line: ``FAILED [thread-leak]``,
-  ``XFAIL [finalizer-bound-method]``.
-
-Findings already recorded (by ``shutdown_check``, the engine fixtures or the guard, which
-record and then raise) are not recorded twice.
+An error raised by a helper in any phase becomes data: its findings the test's JUnit
+``user_properties`` (``shutdown:<code>``) and, with a shutdown report, findings in the summary
+and the JSON; its codes go on the report (``shutdown_codes``, carried under xdist) and, for a
+failed or xfailed body, on the verbose status line (``FAILED [thread-leak]``). Findings already
+recorded (``shutdown_check``, the engine fixtures, the guard) are not recorded twice.
 """
 
 from __future__ import annotations
@@ -29,16 +21,15 @@ from pytest_shutdown.settings import shows_details
 DETAILS_SECTION = "shutdown finding details"
 #: The attribute of a ``TestReport`` that holds the codes of its ShutdownContractError.
 CODES_ATTR = "shutdown_codes"
-#: The name this module's plugin object is registered under.
 PLUGIN_NAME = "pytest-shutdown-contract-errors"
 
 
 def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: Any) -> None:
-    """A phase's report, once made: the codes and findings of its ShutdownContractError (if it
-    raised one) go on the report, the test's user properties and the shutdown report."""
+    """The codes and findings of a phase's ShutdownContractError go on its report, the test's
+    user properties and the shutdown report."""
     error = call.excinfo.value if call.excinfo is not None else None
-    # No such error exists before its module is imported: a session whose tests never import
-    # it (most, with the guard off) loads neither it nor the findings' texts.
+    # No such error exists before its module is imported: a session that never imports it
+    # loads neither it nor the findings' texts.
     findings = sys.modules.get("pytest_shutdown.findings.finding")
     if findings is None or not isinstance(error, findings.ShutdownContractError):
         return
@@ -71,9 +62,8 @@ class ContractErrorsOnStatusLine:
     def pytest_report_teststatus(
         self, report: pytest.TestReport, config: pytest.Config
     ) -> tuple[str, str, Any] | None:
-        """``FAILED [code]`` / ``XFAIL [code]`` on the verbose status line of a test whose body
-        raised (setup and teardown errors keep pytest's ``ERROR``; their codes are in the
-        error's text and in the reports)."""
+        """``FAILED [code]`` / ``XFAIL [code]`` for a test whose body raised (setup and teardown
+        errors keep pytest's ``ERROR``)."""
         codes = getattr(report, CODES_ATTR, None)
         if not codes or report.when != "call":
             return None
@@ -97,8 +87,7 @@ class ContractErrorsReported(ContractErrorsOnStatusLine):
 
 
 def show_codes_on_status_line(config: pytest.Config) -> None:
-    """Register the status-line hook (with the guard on, it is registered at start-up only on
-    an xdist controller, where the workers' reports arrive; elsewhere with the first code, so
-    that a session without contract errors pays no hook call per report for it)."""
+    """Register the status-line hook with the first code (a session without contract errors
+    pays no hook call per report; an xdist controller registers it at start-up)."""
     if not config.pluginmanager.has_plugin(PLUGIN_NAME):
         config.pluginmanager.register(ContractErrorsOnStatusLine(), PLUGIN_NAME)

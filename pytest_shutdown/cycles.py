@@ -1,18 +1,10 @@
 """``@pytest.mark.shutdown_cycles(n)`` and the engine fixtures' cycle count.
 
-The marker re-runs a test's call phase in the same process: ``warmup`` times, then ``n`` times,
-under :func:`~pytest_shutdown.helpers.growth.measure_growth`; the fixtures are set up once per
-run of the test, as CPython's ``-R`` does. Something that grows from call to call fails the
-test with ``growth``. It works with the guard on or off and under pytest-xdist (each worker
-runs its own tests' calls). The plugin registers this module's hook when a collected test has the
-marker.
-
-The engine fixtures take a cycle count by indirect parametrization,
-``@pytest.mark.parametrize("reference_llm", [10], indirect=True)``: before the test gets its
-engine, the fixture builds, uses and shuts down an engine that many times under
-:func:`~pytest_shutdown.assert_no_growth` (after its warm-up); growth fails the fixture's setup.
-
-Nothing here imports torch.
+The marker re-runs a test's call phase in the same process, ``warmup`` then ``n`` times, under
+:func:`~pytest_shutdown.assert_no_growth` (fixtures set up once, as CPython's ``-R`` does); an
+engine fixture given a count by indirect parametrization builds, uses and shuts down that many
+engines before the test gets its own. Growth fails the test (the fixture's setup). Nothing here
+imports torch.
 """
 
 from __future__ import annotations
@@ -26,10 +18,8 @@ import pytest
 from pytest_shutdown.node_markers import CYCLES as MARKER
 from pytest_shutdown.node_markers import marker_names
 
-#: Warm-up calls of the marker when it does not say.
 DEFAULT_WARMUP = 2
-#: The most calls ``n`` and ``warmup`` may each ask for: each is a call of the test function in
-#: one process, so a count past this is a typo (``10**12`` would run for ever), not a check.
+#: The most calls ``n`` and ``warmup`` may each ask for: past this, a typo (``10**12``).
 MAX_CYCLES = 100_000
 
 
@@ -42,10 +32,8 @@ def _positive(value: object, minimum: int) -> bool:
 
 
 def cycles_of(item: pytest.Item) -> tuple[int, int] | None:
-    """``(n, warmup)`` of the closest ``shutdown_cycles`` marker of ``item``, or None.
-
-    Bad arguments raise :class:`pytest.UsageError` (a collection error, through
-    ``settings.validate_markers``)."""
+    """``(n, warmup)`` of the closest ``shutdown_cycles`` marker of ``item``, or None; bad
+    arguments raise :class:`pytest.UsageError`."""
     marker = item.get_closest_marker(MARKER)
     if marker is None:
         return None
@@ -98,38 +86,25 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     return True
 
 
-# -- the engine fixtures' cycle count -------------------------------------------------------------
-def fixture_cycles(request: pytest.FixtureRequest, fixture: str) -> int | None:
-    """The cycle count an engine fixture was given (``indirect`` parametrization), or None.
-
-    Anything but an integer from 1 to :data:`MAX_CYCLES` (or None) fails the fixture's setup,
-    naming the fixture."""
-    value = getattr(request, "param", None)
-    if value is None:
-        return None
-    if not _positive(value, 1):
-        pytest.fail(
-            f"fixture {fixture!r}: its parameter is a cycle count (an integer from 1 to "
-            f"{MAX_CYCLES}, e.g. "
-            f'@pytest.mark.parametrize("{fixture}", [10], indirect=True)), got {value!r}',
-            pytrace=False,
-        )
-    return int(value)
-
-
 def check_engine_cycles(
     request: pytest.FixtureRequest,
     fixture: str,
     build: Callable[[], Any],
     use: Callable[[Any], object] | None = None,
-    shutdown: Callable[[Any], object] | None = None,
 ) -> None:
-    """When the fixture has a cycle count: build, use and shut down an engine that many times
-    (after the default warm-up) and fail on growth."""
+    """When the fixture was given a cycle count (``indirect`` parametrization): build, use and
+    shut down an engine that many times (after the default warm-up) and fail on growth."""
     __tracebackhide__ = True
-    cycles = fixture_cycles(request, fixture)
+    cycles = getattr(request, "param", None)
     if cycles is None:
         return
+    if not _positive(cycles, 1):
+        pytest.fail(
+            f"fixture {fixture!r}: its parameter is a cycle count (an integer from 1 to "
+            f"{MAX_CYCLES}, e.g. "
+            f'@pytest.mark.parametrize("{fixture}", [10], indirect=True)), got {cycles!r}',
+            pytrace=False,
+        )
     from pytest_shutdown.helpers.growth import assert_no_growth
 
     def cycle() -> None:
@@ -138,9 +113,6 @@ def check_engine_cycles(
             if use is not None:
                 use(engine)
         finally:
-            if shutdown is not None:
-                shutdown(engine)
-            else:
-                engine.shutdown()
+            engine.shutdown()
 
-    assert_no_growth(cycle, cycles=cycles)
+    assert_no_growth(cycle, cycles=int(cycles))

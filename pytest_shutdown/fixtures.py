@@ -2,15 +2,9 @@
 the orphan matrix's cells and tree launcher, a Ray cluster.
 
 Every engine fixture shuts its engine down in teardown and checks the engine's contracts there
-(shutdown idempotent, nothing force-killed unless the test said it expects that, nothing left
-running), so a downstream suite that uses them gets those checks without writing them.
-
-Each engine fixture also takes a cycle count by indirect parametrization
-(``@pytest.mark.parametrize("reference_llm", [10], indirect=True)``): it then builds, uses and
-shuts down that many engines under the growth check before the test gets its own
-(:mod:`pytest_shutdown.cycles`).
-
-Nothing here imports torch at import time: the engine is imported when a fixture asks for it.
+(idempotent shutdown, no force kill unless expected, nothing left running); each also takes a
+cycle count by indirect parametrization (:mod:`pytest_shutdown.cycles`). Nothing here imports
+torch at import time.
 """
 
 from __future__ import annotations
@@ -48,7 +42,6 @@ TEST_GRACE_SCALE = 0.1
 THREAD_EXIT_DEADLINE_S = 5.0
 #: How long an engine's processes may take to disappear after its shutdown returned.
 PROCESS_EXIT_DEADLINE_S = 5.0
-#: Children of each ``dp_supervisor``.
 SUPERVISOR_CHILDREN = 2
 
 MARKERS = (
@@ -79,33 +72,42 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return workers.sharing_header(config.option, config.getoption("numprocesses", default=None))
 
 
-# -- collection: markers become parametrizations, bad arguments collection errors ----------
 #: The markers that parametrize a test (or whose arguments collection checks).
 _PARAMETRIZING_MARKERS = frozenset({"engine", ORPHAN_MATRIX_MARKER, MATRIX_MARKER})
 
 
 @pytest.hookimpl
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if not marker_names(metafunc.definition) & _PARAMETRIZING_MARKERS:
+    names = marker_names(metafunc.definition)
+    if not names & _PARAMETRIZING_MARKERS:
         return
     for mark in metafunc.definition.iter_markers("engine"):
         _validate_engine_fields(mark.args, mark.kwargs)
-    if ORPHAN_MATRIX_MARKER in marker_names(metafunc.definition):
-        from pytest_shutdown.orphan_matrix import parametrize  # noqa: PLC0415 - a matrix is used
+    # a matrix's module is imported only where a test uses it
+    if ORPHAN_MATRIX_MARKER in names:
+        from pytest_shutdown.orphan_matrix import cells_from_marker as orphan  # noqa: PLC0415
 
-        parametrize(metafunc)
-    marks = list(metafunc.definition.iter_markers(MATRIX_MARKER))
-    if not marks:
+        _parametrize(metafunc, ORPHAN_MATRIX_MARKER, "orphan_cell", orphan)
+    if MATRIX_MARKER in names:
+        from pytest_shutdown.matrix import cells_from_marker  # noqa: PLC0415
+
+        _parametrize(metafunc, MATRIX_MARKER, "shutdown_timeouts", cells_from_marker)
+
+
+def _parametrize(
+    metafunc: pytest.Metafunc, marker: str, fixture: str, cells_of: Callable[..., list[Any]]
+) -> None:
+    """Parametrize ``fixture`` over the cells of the closest ``marker``; bad arguments fail."""
+    mark = metafunc.definition.get_closest_marker(marker)
+    if mark is None:
         return
-    from pytest_shutdown.matrix import cells_from_marker  # noqa: PLC0415 - a matrix is used
-
     try:
-        cells = cells_from_marker(marks[0].args, marks[0].kwargs)
+        cells = cells_of(mark.args, mark.kwargs)
     except ValueError as exc:
         pytest.fail(str(exc), pytrace=False)
-    if "shutdown_timeouts" not in metafunc.fixturenames:
-        metafunc.fixturenames.append("shutdown_timeouts")
-    metafunc.parametrize("shutdown_timeouts", cells, ids=[c.id for c in cells])
+    if fixture not in metafunc.fixturenames:
+        metafunc.fixturenames.append(fixture)
+    metafunc.parametrize(fixture, cells, ids=[c.id for c in cells])
 
 
 def _validate_engine_fields(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> None:
@@ -132,7 +134,6 @@ def _validate_engine_fields(args: tuple[Any, ...], kwargs: Mapping[str, Any]) ->
         pytest.fail(f"engine marker: {exc}", pytrace=False)
 
 
-# -- configuration fixtures -----------------------------------------------------------------
 @pytest.fixture(scope="session")
 def shutdown_platform(pytestconfig: pytest.Config) -> str:
     """The platform of this run: ``--shutdown-platform`` when forced, else the detected one."""
@@ -199,7 +200,6 @@ def engine_config(request: pytest.FixtureRequest, shutdown_platform: str) -> Eng
     return config
 
 
-# -- the orphan matrix and the Ray cluster: their modules are imported when a test uses them ---
 @pytest.fixture
 def orphan_cell(request: pytest.FixtureRequest) -> OrphanCell:
     """One cell of ``@pytest.mark.orphan_matrix(...)``; the marker parametrizes this fixture."""
@@ -242,7 +242,6 @@ def ray_cluster() -> Iterator[RayCluster]:
     yield from running_cluster()
 
 
-# -- expectations ----------------------------------------------------------------------------
 class ForceKillExpectation:
     """Whether this test expects its engine processes to be force-killed at shutdown.
 
@@ -265,9 +264,8 @@ def expect_force_kill(request: pytest.FixtureRequest) -> ForceKillExpectation:
     return ForceKillExpectation(request.node.get_closest_marker("expect_force_kill") is not None)
 
 
-# -- engine fixtures -------------------------------------------------------------------------
 def _require_torch(fixture: str) -> None:
-    """The reference engine runs on torch: where it is missing, one error naming the extra."""
+    """Where torch is missing, one error naming the extra."""
     __tracebackhide__ = True
     try:
         import torch  # noqa: F401
@@ -445,7 +443,6 @@ def dp_supervisor(
     _fail_teardown(request, findings)
 
 
-# -- shutdown_check: the helpers, bound to the current test --------------------------------
 class ShutdownCheck:
     """The assertion helpers under their own names, bound to the running test.
 
@@ -486,14 +483,11 @@ class ShutdownCheck:
         import pytest_shutdown
         from pytest_shutdown.findings.finding import ShutdownContractError
         from pytest_shutdown.helpers.finalization import check_finalizers
-        from pytest_shutdown.helpers.leaks import assert_device_memory_released
 
         # not from the top level: check_finalizers left it (a DeprecationWarning there)
-        off_top: dict[str, Callable[..., Any]] = {
-            "assert_device_memory_released": assert_device_memory_released,
-            "check_finalizers": check_finalizers,
-        }
-        helper: Callable[..., Any] = off_top.get(name) or getattr(pytest_shutdown, name)
+        helper: Callable[..., Any] = (
+            check_finalizers if name == "check_finalizers" else getattr(pytest_shutdown, name)
+        )
         if name == "no_leaks":
             return self._bound_context(helper)
 
@@ -537,7 +531,6 @@ def shutdown_check(request: pytest.FixtureRequest) -> ShutdownCheck:
     return ShutdownCheck(request)
 
 
-# -- teardown checks shared by the engine fixtures ------------------------------------------
 def _record(request: pytest.FixtureRequest, findings: list[Finding]) -> None:
     """Put findings into the test's JUnit properties and the shutdown report, if one runs."""
     if not findings:
@@ -612,11 +605,8 @@ def _seconds_text(value: float | None) -> str:
 def _check_idempotent(
     request: pytest.FixtureRequest, engine: object, shutdown: Callable[[], object]
 ) -> list[Finding]:
-    """Call ``shutdown`` twice; each call must return without raising.
-
-    A call interrupted by the teardown budget is no raise: it is recorded as ``shutdown-budget``
-    and the interruption goes on (the rest of the teardown is what the budget cuts short).
-    """
+    """Call ``shutdown`` twice; each call must return without raising. A call the teardown
+    budget interrupts is recorded as ``shutdown-budget``, and the interruption goes on."""
     import traceback
 
     from pytest_shutdown.budget import ShutdownBudgetExceeded
@@ -659,18 +649,9 @@ def _assert_force_kill(outcome: ShutdownOutcome, expectation: ForceKillExpectati
 
 
 def _tree_pids(roots: Iterable[int | None]) -> set[int]:
-    import psutil
+    from pytest_shutdown._os.killer import tree_of  # noqa: PLC0415
 
-    pids: set[int] = set()
-    for pid in roots:
-        if pid is None:
-            continue
-        pids.add(pid)
-        try:
-            pids.update(child.pid for child in psutil.Process(pid).children(recursive=True))
-        except psutil.Error:
-            pass
-    return pids
+    return {pid for root in roots if root is not None for pid in tree_of(root) or [root]}
 
 
 def _processes_still_running(owner: object, pids: set[int]) -> list[Finding]:
@@ -686,9 +667,7 @@ def _processes_still_running(owner: object, pids: set[int]) -> list[Finding]:
             proc.wait(max(0.0, deadline - time.monotonic()))
         except psutil.TimeoutExpired:
             alive.append(proc)
-        except (psutil.NoSuchProcess, ChildProcessError):
-            continue
-        except psutil.Error:
+        except (psutil.Error, ChildProcessError):
             continue
     if not alive:
         return []

@@ -1,9 +1,8 @@
 """``@pytest.mark.shutdown_matrix``: marker arguments → the cells of a timeout matrix.
 
-The marker takes the same cells as :func:`pytest_shutdown.timeout_matrix`, spelled for a test
-module: ``shutdown_matrix(request=[...], process=[...], platform=[...], grace=15.0)``. Each cell
-becomes one parametrization of the ``shutdown_timeouts`` fixture, with ids like
-``rocm-req0-proc0``.
+``shutdown_matrix(request=[...], process=[...], platform=[...], grace=15.0)`` takes the cells of
+:func:`pytest_shutdown.timeout_matrix`; each parametrizes the ``shutdown_timeouts`` fixture once
+(ids like ``rocm-req0-proc0``).
 """
 
 from __future__ import annotations
@@ -60,8 +59,6 @@ def cells_from_marker(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> list[
             f"accepted: {', '.join(ACCEPTED_KEYS)}"
         )
     call = {ACCEPTED_KEYS[key]: _as_sequence(key, value) for key, value in kwargs.items()}
-    if "grace" in kwargs:
-        call["grace"] = kwargs["grace"]
     try:
         matrix = timeout_matrix(**call)
     except ValueError as exc:

@@ -1,15 +1,9 @@
 """``@pytest.mark.orphan_matrix``: every level of a process tree, every signal, every phase.
 
 ``orphan_matrix(level=[...], signal=[...], phase=[...])`` parametrizes the ``orphan_cell``
-fixture with one ``OrphanCell`` per combination, ids like ``worker-SIGKILL-busy``. The
-``kill_tree`` fixture runs one cell (both fixtures are defined in :mod:`pytest_shutdown.fixtures`):
-``kill_tree(target, levels=...)`` starts the target through the session's ``tree_launcher``,
-delivers the cell's signal to the cell's level in the cell's phase, and fails the test with
-``orphan-process`` / ``exit-hang`` findings when anything is left,
-``collective-hang`` for a process blocked in a collective or store wait (see
-:mod:`pytest_shutdown.helpers.orphans`). Levels and phases are the target's: the ranks of a
-process group are levels too (``DISTRIBUTED_LEVELS``: ``rank0``, ``rank1``; phase
-``in_collective``).
+fixture, ids like ``worker-SIGKILL-busy``; the ``kill_tree`` fixture runs one cell
+(:func:`pytest_shutdown.helpers.orphans.assert_tree_dies` through the session's
+``tree_launcher``). Levels and phases are the target's (``DISTRIBUTED_LEVELS``: ``rank0``...).
 """
 
 from __future__ import annotations
@@ -22,9 +16,8 @@ import pytest
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.node_markers import ORPHAN_MATRIX
 
-# helpers.orphans (and through it the tree launcher, multiprocessing.connection, ctypes) is
-# imported where a matrix is built or run: loading the plugin registers these fixtures in every
-# session, and must not pay for that import.
+# helpers.orphans (the tree launcher, multiprocessing.connection, ctypes) is imported only
+# where a matrix is built or run: every session loads the plugin.
 if TYPE_CHECKING:
     from pytest_shutdown.helpers.orphans import TreeDeath
     from pytest_shutdown.helpers.tree_launcher import TreeLauncher
@@ -91,20 +84,6 @@ def _names(key: str, value: Any) -> list[Any]:
     return values
 
 
-def parametrize(metafunc: pytest.Metafunc) -> None:
-    """Turn the test's ``orphan_matrix`` marker (if any) into ``orphan_cell`` parameters."""
-    mark = metafunc.definition.get_closest_marker(MARKER)
-    if mark is None:
-        return
-    try:
-        cells = cells_from_marker(mark.args, mark.kwargs)
-    except ValueError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    if "orphan_cell" not in metafunc.fixturenames:
-        metafunc.fixturenames.append("orphan_cell")
-    metafunc.parametrize("orphan_cell", cells, ids=[c.id for c in cells])
-
-
 KillTree = Callable[..., "TreeDeath"]
 
 
@@ -114,11 +93,10 @@ def kill_tree_of(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) ->
     cell = callspec.params.get("orphan_cell") if callspec is not None else None
 
     def kill(target: Callable[..., Any] | Sequence[str], **options: Any) -> TreeDeath:
-        __tracebackhide__ = True  # a failure points at the test's line
+        __tracebackhide__ = True
         if isinstance(cell, OrphanCell):
-            options.setdefault("level", cell.level)
-            options.setdefault("signal", cell.signal)
-            options.setdefault("phase", cell.phase)
+            for key in ACCEPTED_KEYS:
+                options.setdefault(key, getattr(cell, key))
         options.setdefault("launcher", tree_launcher)
         from pytest_shutdown.helpers.orphans import assert_tree_dies  # noqa: PLC0415
 

@@ -1,21 +1,10 @@
 """The ``ray_cluster`` fixture: a local two-node Ray cluster, CPU only, dashboard off, loopback.
 
-Two simulated nodes (``ray.cluster_utils.Cluster``: a head and one worker node, ``num_cpus`` each,
-no GPU), every address on 127.0.0.1 (Ray's "local cluster" mode), the pytest process connected
-as the driver. Session scope (a cluster takes tens of seconds to start); ``baseline`` is the
-cluster's available resources when it was ready, for ``assert_ray_released``. ``remove_node()``
-takes the worker node away (a node failure) and ``restore()`` puts one back. Ray is imported when
-the fixture is first used; without it the test skips, naming the extra to install.
-
-The set-up does what Ray starts once per process, so that it is the fixture's (the guard's
-wider-scope accounting), not the first test's: ``ray.init`` and one actor call (the driver's
-connections Ray opens on first use). It swaps the nodes' ``atexit`` hooks (each keeps its
-``Node`` alive) for one of the cluster's own. ``restore()`` starts the replacement node in a child
-process (:class:`NodeProcess`) this value holds, so that nothing of it is the calling test's. No
-node's environment names a test (``PYTEST_CURRENT_TEST``): its workers are no test's. The
-teardown stops the replacement node and the cluster, drops every reference to them, unregisters
-the cluster's hook and puts back what ``ray.init`` and the nodes changed: the SIGTERM handler,
-``PYTHONBREAKPOINT`` and :data:`LOOPBACK_ENV`.
+Session scope; ``baseline`` is the available resources once ready (for ``assert_ray_released``),
+``remove_node()`` is a node failure and ``restore()`` puts a node back. The set-up does what Ray
+starts once per process (``ray.init``, one actor call), so that it is the fixture's, not the
+first test's; no node's environment names a test. The teardown stops every node, drops every
+reference and puts back what ``ray.init`` and the nodes changed (SIGTERM handler, environment).
 """
 
 from __future__ import annotations
@@ -60,8 +49,8 @@ class RayCluster:
     address: str
     baseline: dict[str, float]
     worker_nodes: list[Any] = field(default_factory=list)
-    #: The process-wide state before the set-up (SIGTERM handler, environment), put back by
-    #: ``stop_cluster``; the ``atexit`` hooks Ray registered meanwhile, unregistered there.
+    #: What the set-up changed (SIGTERM handler, environment) and the cluster's ``atexit``
+    #: hook: put back and unregistered by ``stop_cluster``.
     saved: dict[str, Any] = field(default_factory=dict)
     hooks: list[Any] = field(default_factory=list)
 
@@ -74,19 +63,16 @@ class RayCluster:
             self.cluster.remove_node(node, allow_graceful=False)
 
     def restore(self) -> None:
-        """Put a worker node back after ``remove_node``; wait until the cluster sees it. The
-        replacement runs in a child process (:class:`NodeProcess`) this value holds: its
-        processes, ports and threads are the fixture's, not the calling test's, and the
-        fixture's teardown stops it."""
+        """Put a worker node back after ``remove_node``; wait until the cluster sees it. It runs
+        in a child process (:class:`NodeProcess`): the fixture's, not the calling test's."""
         while len(self.worker_nodes) < 1:
             self.worker_nodes.append(NodeProcess.start(self.address))
 
 
 @lazy_dataclass
 class NodeProcess:
-    """A worker node started in a child process (:data:`NODE_SCRIPT`), in a session of its
-    own: a node failure kills its whole process group, the fixture's teardown ends it in order
-    (SIGTERM: the node stops its raylet and workers, then exits)."""
+    """A worker node in a child process of its own session (:data:`NODE_SCRIPT`): a node
+    failure kills its process group, the teardown SIGTERMs it."""
 
     process: Any
     node_id: str
@@ -124,26 +110,18 @@ class NodeProcess:
 
     def kill(self) -> None:
         """A node failure: SIGKILL to every process of the node at once."""
-        with contextlib.suppress(OSError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait()
-        self._close()
+        self.stop(timeout_s=None)
 
-    def stop(self, timeout_s: float = NODE_STOP_S) -> None:
+    def stop(self, timeout_s: float | None = NODE_STOP_S) -> None:
         """SIGTERM (the node kills its raylet and workers, then exits); the process group
-        killed after ``timeout_s``."""
-        if self.process.poll() is None:
+        killed after ``timeout_s`` (None: at once)."""
+        if timeout_s is not None and self.process.poll() is None:
             self.process.terminate()
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
         with contextlib.suppress(OSError):  # whatever of the node outlived it
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
-        self._close()
-
-    def _close(self) -> None:
         if self.process.stdout is not None:
             self.process.stdout.close()
 
@@ -173,10 +151,9 @@ SAVED_ENV = (*LOOPBACK_ENV, "PYTHONBREAKPOINT")
 
 @contextlib.contextmanager
 def _naming_no_test() -> Iterator[None]:
-    """``PYTEST_CURRENT_TEST`` out of the environment meanwhile: the nodes Ray starts inherit it,
-    and so would every worker their raylets start later, for any test. The guard takes a new
-    process whose environment names another test for that test's late leak: a later test's
-    actor would be blamed on the test during whose set-up the cluster started."""
+    """``PYTEST_CURRENT_TEST`` out of the environment meanwhile: the nodes (and every worker
+    their raylets start later) would inherit it, and the guard would blame a later test's actor
+    on the test during whose set-up the cluster started."""
     current = os.environ.pop(CURRENT_TEST_VAR, None)
     try:
         yield
@@ -237,12 +214,9 @@ def _node_hooks(registrations: list[Any]) -> list[Any]:
 
 
 def _swap_node_hooks(started: RayCluster, hooks: list[Any]) -> None:
-    """Unregister the nodes' ``atexit`` hooks now and register one of the cluster's own
-    instead, which stops it at exit if the teardown never ran. Each node's hook holds its
-    ``Node`` (and its GCS client, whose native thread runs as long as it lives): recorded as a
-    registration of the set-up, it would keep them alive until the set-up's record goes, past
-    the check of the teardown. The cluster's own holds ``started``, which holds no node after
-    the teardown."""
+    """Swap the nodes' ``atexit`` hooks for one of the cluster's own (it stops the cluster at
+    exit if the teardown never ran). Each node's hook holds its ``Node`` and GCS client (a
+    native thread) alive past the teardown's check; the cluster's holds no node after it."""
     for hook in hooks:
         atexit.unregister(hook)
     if not started.hooks:
@@ -262,8 +236,7 @@ def _put_back_sigterm(saved: dict[str, Any]) -> None:
 
 
 def _first_use(ray: Any) -> None:
-    """One actor call: the driver's connections and threads Ray opens on first use are the
-    set-up's, not the first test's."""
+    """One actor call: what Ray opens on first use is the set-up's, not the first test's."""
 
     @ray.remote(num_cpus=0)
     class Warm:
@@ -312,8 +285,7 @@ def _put_back(started: RayCluster) -> None:
 
 
 def running_cluster() -> Iterator[RayCluster]:
-    """The ``ray_cluster`` fixture (:mod:`pytest_shutdown.fixtures`): a started cluster, stopped
-    when the generator is closed or exhausted."""
+    """The ``ray_cluster`` fixture's value: a started cluster, stopped when the generator ends."""
     pytest.importorskip("ray", reason=SKIP_REASON)
     started = start_cluster()
     try:

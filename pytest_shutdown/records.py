@@ -1,42 +1,13 @@
 """The per-test record log (JSON Lines) and the report assembled from it.
 
-``--shutdown-report=PATH`` first writes ``PATH``'s *record log*, a JSON Lines file beside it
-(:func:`record_log_path`: ``report.json`` -> ``report.records.jsonl``). One line per event,
-appended and flushed as it happens:
-
-* ``{"type": "session", ...}``: the settings of the run (first line);
-* ``{"type": "record", "record": {...}, "timed": bool}``: one test's record, written when the
-  test ends (``timed``: the record carries the test's teardown duration);
-* ``{"type": "long_lived", "item": {...}}``: a thread or process owned by a module global or a
-  class attribute, still alive at session end (who owns it, which test first started it);
-* ``{"type": "worker", "worker": "gw0", "lost": bool, "error": "..."}``: an xdist worker ended;
-* ``{"type": "end", "exitstatus": int, "aborted": bool, "interrupted": bool}``: the session's
-  end; ``aborted`` when the process ended at once (a teardown hung past its second budget, a
-  signal the main thread could not take), ``interrupted`` when Ctrl-C or SIGTERM ended it;
-  ``exit_blocked_by`` (warn mode): the non-daemon threads tests left, alive then, that the
-  interpreter's exit waits for;
-* ``{"type": "exit_unblocked"}``: after such an end, those threads ended and the process got
-  past the exit's join (the last line then);
-* ``{"type": "pending", "nodeid": ..., "worker": ..., "findings": [...]}``: warn mode's candidate
-  leaks of a test, whose verdict waits for their grace (:mod:`pytest_shutdown.pending`), and
-  ``{"type": "decided", "nodeid": ..., "worker": ...}`` once it came (its findings, if any, in a
-  record line): a run that ended between the two keeps them, marked ``"unconfirmed": true``.
-
-So a run killed by SIGKILL, ``os._exit`` (pytest-timeout's ``thread`` method) or a double
-Ctrl-C keeps every finished test's findings. At session end the JSON report is assembled from
-the log; after a killed run the same assembly is one command::
-
-    python -m pytest_shutdown.records report.records.jsonl -o report.json
-
-The assembled document says ``"complete": false`` (and why, under ``incomplete``) when the
-log has no ``end`` line, an aborted or interrupted one, one whose exit is still blocked, a lost
-xdist worker, a test the guard failed to check or one whose teardown ``SystemExit`` cut
-short. Only regular files are written (:func:`refusal_of_target`).
-
-Once a run has started, ``PATH`` never describes an earlier run: at session start it is
-replaced by :func:`in_progress_report` (``"complete": false``, the run's pid and start time),
-which the final report replaces at the end. A report path named as a record log is
-(:data:`RECORD_LOG_SUFFIX`) is refused, so a report never replaces another run's log.
+``--shutdown-report=PATH`` appends one line per event to ``PATH``'s record log (``session``,
+``record``, ``long_lived``, ``worker``, ``pending``/``decided``, ``end``, ``exit_unblocked``:
+docs/reports.md describes each), flushed as it happens, so a killed run keeps every finished
+test's findings. The JSON report is assembled from the log at session end, or after a killed run
+by ``python -m pytest_shutdown.records report.records.jsonl -o report.json``; it says
+``"complete": false`` (and why) when the run did not end in order. While a run is in progress,
+``PATH`` says so (:func:`in_progress_report`), never describing an earlier run. Only regular
+files are written (:func:`refusal_of_target`).
 """
 
 from __future__ import annotations
@@ -60,8 +31,7 @@ SCHEMA_VERSION = 1
 SLOW_GUARD_S = 0.5
 
 
-#: How a record log's name ends. No report path may end so (:func:`is_record_log_name`): a
-#: report written over another run's record log would replace that run's crash-safe log.
+#: How a record log's name ends; no report path may (a report would replace another run's log).
 RECORD_LOG_SUFFIX = ".records.jsonl"
 
 
@@ -71,8 +41,7 @@ def record_log_path(report_path: Path) -> Path:
 
 
 def is_record_log_name(path: Path) -> bool:
-    """``path`` is named as a record log is (``*.records.jsonl``, in any letter case: some
-    file systems ignore it); such a path is never a report."""
+    """``path`` is named as a record log is (in any letter case: some file systems ignore it)."""
     return path.name.lower().endswith(RECORD_LOG_SUFFIX)
 
 
@@ -80,9 +49,7 @@ def in_progress_report(
     head: Mapping[str, Any], report_path: Path, started_at: str
 ) -> dict[str, Any]:
     """What the report path holds while a run is in progress: an empty report that says
-    ``"complete": false`` and why, so that a run killed before its end (SIGKILL, a full disk)
-    never leaves an earlier run's report passing for its own. ``in_progress`` names the run
-    (``pid``, ``started_at``) and its record log, from which the partial report is assembled."""
+    ``"complete": false`` and why, naming the run and its record log (``in_progress``)."""
     log = record_log_path(report_path)
     document = assemble([{"type": "session", **head}])
     document["incomplete"] = (
@@ -110,8 +77,6 @@ class LogInUse(Exception):
     """Another live run holds the record log (``pid``: its process, when its head says so)."""
 
     def __init__(self, path: Path, pid: int | None) -> None:
-        self.path = path
-        self.pid = pid
         who = f"pid {pid}" if pid is not None else "a process that has not written its pid yet"
         super().__init__(f"{str(path)!r} is in use by another live run ({who})")
 
@@ -131,9 +96,8 @@ def _kind_of(mode: int) -> str:
 
 
 def refusal_of_target(path: Path) -> str | None:
-    """Why ``path`` must not be written (``None``: it may be). An existing target must be a
-    regular file (a FIFO, a device node, a socket or a symbolic link is never replaced or
-    followed); no path under ``/proc`` or ``/sys``."""
+    """Why ``path`` must not be written (``None``: it may be): an existing target that is not a
+    regular file (never replaced or followed), or a path under ``/proc`` or ``/sys``."""
     absolute = Path(os.path.abspath(path))
     existing = next((p for p in (absolute, *absolute.parents) if os.path.lexists(p)), None)
     if existing is not None:
@@ -162,10 +126,9 @@ def describe_os_error(exc: OSError) -> str:
 class RecordLog:
     """An append-only JSON Lines file; every line is written through at once.
 
-    Only the process that opened it writes (a forked child that runs on writes nothing). A
-    failed write (a full disk, a file-size limit) stops the writing for good and is kept in
-    :attr:`error`; the run goes on. While the log is open, an exclusive ``flock`` on it tells
-    a second run on the same path that this one is alive (:meth:`claim`).
+    Only the process that opened it writes. A failed write (a full disk) stops the writing for
+    good, kept in :attr:`error`; the run goes on. While open, an exclusive ``flock`` tells a
+    second run on the same path that this one is alive (:meth:`claim`).
     """
 
     def __init__(self, path: Path) -> None:
@@ -174,7 +137,6 @@ class RecordLog:
         self._pid = os.getpid()
         #: Why writing stopped (``None`` while every line was written).
         self.error: str | None = None
-        #: Lines written.
         self.lines = 0
 
     @property
@@ -183,9 +145,8 @@ class RecordLog:
         return os.getpid() == self._pid
 
     def claim(self) -> None:
-        """Open the log without truncating it and lock it for this run. Raises
-        :class:`TargetRefused` for a path that must not be written and :class:`LogInUse`
-        when another live run holds it."""
+        """Open the log without truncating it and lock it: :class:`TargetRefused`,
+        :class:`LogInUse` otherwise."""
         refusal = refusal_of_target(self.path)
         if refusal is not None:
             raise TargetRefused(f"{str(self.path)!r}: {refusal}")
@@ -211,7 +172,7 @@ class RecordLog:
         self._fd = fd
 
     def open(self, head: Mapping[str, Any]) -> None:
-        """Start the log (what a previous run left there is dropped) with its session line."""
+        """Start the log (a previous run's lines dropped) with its session line."""
         if self._fd is None:
             self.claim()
         if self._fd is None or not self.owned_here:
@@ -241,10 +202,8 @@ class RecordLog:
         if self._fd is not None:
             fd, self._fd = self._fd, None
             if self.owned_here:
-                try:
+                with contextlib.suppress(OSError):
                     os.close(fd)
-                except OSError:  # pragma: no cover
-                    pass
 
 
 def _pid_in_head(path: Path) -> int | None:
@@ -282,8 +241,7 @@ def _merge(kept: dict[str, Any], record: Mapping[str, Any]) -> None:
 
 
 class _Folded:
-    """What :func:`collect` gathers while it reads the log, one method per kind of line: each
-    line's handling stays short enough to read beside the others."""
+    """What :func:`collect` gathers while it reads the log, one method per kind of line."""
 
     def __init__(self) -> None:
         self.head: dict[str, Any] = {}
@@ -318,8 +276,7 @@ class _Folded:
             self._pending(entry)
 
     def _pending(self, entry: Mapping[str, Any]) -> None:
-        """A test's candidates waiting for their verdict, kept (marked unconfirmed) until its
-        ``decided`` line."""
+        """Candidates waiting for their verdict, kept (unconfirmed) until their ``decided``."""
         key = (str(entry.get("nodeid")), entry.get("worker"))
         if entry.get("type") == "decided":
             self.waiting.pop(key, None)
@@ -335,8 +292,8 @@ class _Folded:
         )
 
     def _record(self, record: Mapping[str, Any], timed: bool) -> None:
-        """One test's record: its durations counted, and kept (merged per test and worker)
-        when the report has something to say about it."""
+        """One test's record: its durations counted, kept (merged per test and worker) if
+        :func:`_worth_keeping`."""
         if timed:
             self.durations.append(float(record.get("teardown_s", 0.0)))
             self.guard_times.append(float(record.get("guard_s", 0.0)))
@@ -399,10 +356,8 @@ def _worth_keeping(record: Mapping[str, Any]) -> bool:
 
 
 def collect(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Fold log entries into: ``head``, ``records`` (one per test and worker, merged, only
-    those with findings, a budget event or a slow guard), ``durations``, ``guard_times``,
-    ``long_lived``, ``workers``, ``lost_workers``, ``complete``, ``exitstatus`` and
-    ``exit_blocked_by``."""
+    """Fold log entries into ``head``, ``records`` (those worth keeping, merged per test and
+    worker), ``durations``, ``complete`` and the rest :meth:`_Folded.result` lists."""
     folded = _Folded()
     for entry in entries:
         folded.add(entry)
@@ -463,8 +418,7 @@ def durations_summary(durations: Iterable[float]) -> dict[str, Any]:
 
 
 def _median(values: list[float]) -> float:
-    """``statistics.median`` (which imports ``fractions``, and compiles its regular expression
-    in every session that writes a report or a summary: some 4 ms)."""
+    """``statistics.median``, whose import (``fractions``, a regex compiled) costs some 4 ms."""
     ordered = sorted(values)
     middle = len(ordered) // 2
     if len(ordered) % 2:
@@ -505,10 +459,8 @@ def assemble(entries: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def write_report(document: Mapping[str, Any], path: Path) -> None:
-    """Write the JSON document to ``path`` through a temporary file in the same folder (never
-    half a report). A target that must not be written (:func:`refusal_of_target`: a FIFO, a
-    device, a symbolic link, a path under /proc or /sys) raises :class:`TargetRefused`;
-    nothing is replaced then."""
+    """Write the JSON document to ``path`` through a temporary file (never half a report); a
+    refused target (:func:`refusal_of_target`) raises :class:`TargetRefused`."""
     refusal = refusal_of_target(path)
     if refusal is not None:
         raise TargetRefused(f"{str(path)!r}: {refusal}")
@@ -532,8 +484,7 @@ _TEMP_NAME_KEEP = 200
 
 
 def _temp_prefix(name: str) -> str:
-    """The start of the temporary file's name: the report's name, cut short enough that the
-    random part and ``.tmp`` still fit within a file name's limit."""
+    """The report's name, cut so that the random part and ``.tmp`` still fit in NAME_MAX."""
     raw = os.fsencode(name)
     if len(raw) > _TEMP_NAME_KEEP:
         name = os.fsdecode(raw[:_TEMP_NAME_KEEP])

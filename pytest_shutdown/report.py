@@ -1,15 +1,14 @@
 """The guard's report: per-test records, the terminal section ``shutdown``, JSON, and xdist glue.
 
-Records are plain data (dicts of str, numbers, lists) from the start. A test's records travel on
-its teardown report (an attribute pytest-xdist serialises with the report), so the controller
-has them as soon as the test ends; there they are appended to the record log
-(:mod:`pytest_shutdown.records`) and rendered as terminal text and as JSON. A worker that
-crashes loses only the test it was running; it is listed under ``lost_workers``.
+Records are plain data from the start; a test's travel on its teardown report (xdist serialises
+it), so the controller logs them (:mod:`pytest_shutdown.records`) as each test ends, and a
+crashed worker loses only the test it was running.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import shutil
@@ -59,16 +58,15 @@ __all__ = ["SCHEMA_VERSION", "ShutdownReport", "TestRecord", "durations_summary"
 WORKEROUTPUT_KEY = "pytest_shutdown"
 #: The attribute of a teardown ``TestReport`` that carries the test's records (plain data).
 REPORT_ATTR = "pytest_shutdown_records"
-#: The key under ``workerinput`` naming the folder where a worker that ends at once (a teardown
-#: hung past its second budget) leaves its last records for the controller.
+#: The key under ``workerinput`` naming the folder where a worker that ends at once leaves its
+#: last records for the controller.
 SPILL_KEY = "pytest_shutdown_spill"
 #: The exit status of a process that a KeyboardInterrupt ends (128 + SIGINT).
 _INTERRUPTED_EXIT = 130
 
 
 def _claim(log: RecordLog) -> None:
-    """Lock the record log for this run: a usage error (exit code 4) when another live run
-    holds it or its path must not be written."""
+    """Lock the record log for this run; a UsageError when another run holds it or it is refused."""
     try:
         log.claim()
     except LogInUse as exc:
@@ -117,8 +115,8 @@ def plain_record(
 class TestRecord:
     """What the guard saw for one test: findings (as dicts), teardown time, budget events.
 
-    ``reported`` is False when the findings were recorded but not raised or warned, because the
-    test had already failed for the same reason (a pytest-timeout timeout, a teardown error).
+    ``reported`` is False when the findings were not raised or warned: the test had already
+    failed for the same reason (a pytest-timeout timeout, a teardown error).
     """
 
     nodeid: str
@@ -131,22 +129,11 @@ class TestRecord:
     guard_s: float = 0.0
     #: The guard's own failure while checking this test (the test was not checked).
     guard_error: str | None = None
-    #: What cut the test's teardown short (``SystemExit`` in a finalizer: pytest skipped the
-    #: finalizers still due), ``None`` when it ran to its end.
+    #: What cut the test's teardown short (``SystemExit`` in a finalizer), else ``None``.
     cut_short: str | None = None
 
     def to_plain(self) -> dict[str, Any]:
-        return plain_record(
-            self.nodeid,
-            self.worker,
-            self.teardown_s,
-            self.guard_s,
-            self.findings,
-            self.budget,
-            self.reported,
-            self.guard_error,
-            self.cut_short,
-        )
+        return plain_record(**vars(self))  # the fields are plain_record's parameters
 
     @classmethod
     def from_plain(cls, data: Mapping[str, Any]) -> TestRecord:
@@ -187,13 +174,12 @@ def render_findings(findings: Iterable[Mapping[str, Any]], details: bool = False
             continue  # every fact is listed, stacks and command lines included
         facts = finding.get("details", {})
         for thread in facts.get("threads", []):
+            name = thread.get("name")
             if thread.get("native"):
-                lines.append(f"  native thread {thread.get('name')!r} (tid {thread.get('tid')}):")
+                lines.append(f"  native thread {name!r} (tid {thread.get('tid')}):")
             else:
                 daemon = "" if thread.get("daemon", True) else ", non-daemon"
-                lines.append(
-                    f"  thread {thread.get('name')!r} (ident {thread.get('ident')}{daemon}):"
-                )
+                lines.append(f"  thread {name!r} (ident {thread.get('ident')}{daemon}):")
             stack = str(thread.get("stack") or "  <no stack>\n")
             lines.extend("    " + line for line in stack.rstrip("\n").splitlines())
             lines.extend(_started_at(thread))
@@ -249,35 +235,30 @@ def budget_finding(name: str, budget: Mapping[str, Any]) -> Finding:
 
 
 class _Accepted:
-    """The entries a report is made of and how they are read: the running test's (sent with
-    its teardown report), those accepted here (controller or single process, each logged as it
-    comes) and what :func:`collect` folds them into. :class:`ShutdownReport` is the plugin
-    around them: hooks, the record log's life, the JSON report and the terminal section."""
+    """The entries a report is made of: the running test's (sent with its teardown report),
+    those accepted here (controller or single process, each logged as it comes), and their
+    fold (:func:`collect`)."""
 
     def __init__(self, worker: str | None) -> None:
         self.worker = worker
-        #: Entries accepted here (controller or single process), in record-log order
-        #: (:attr:`entries`); the clean tests' records are kept as rows (node id, teardown and
-        #: guard seconds, reported), and each other entry notes how many rows came before it,
-        #: until a reader needs them all as records: most tests are clean, and most runs read
-        #: only the durations and the long-lived resources.
+        #: Entries accepted here, in record-log order. Clean tests' records are kept as rows
+        #: (node id, teardown s, guard s, reported), each entry noting how many rows came before
+        #: it, until a reader needs them all: most tests are clean, most runs read only times.
         self._entries: list[dict[str, Any]] = []
         self._rows_before: list[int] = []
         self._clean_rows: list[tuple[str, float, float, bool]] = []
         self._folded_at: tuple[int, dict[str, Any]] | None = None
-        #: Entries of the running test, sent with its teardown report.
-        self._pending: list[dict[str, Any]] = []
+        self._pending: list[dict[str, Any]] = []  # the running test's, sent with its report
         #: The record log (``--shutdown-report``, controller or single process only).
         self.log: RecordLog | None = None
         self._pid = os.getpid()
 
     def add(self, record: TestRecord) -> None:
-        """Add one test's outcome (its teardown duration counts); sent when the test ends."""
+        """Add one test's outcome (its teardown duration counts)."""
         self._pending.append({"type": "record", "record": record.to_plain(), "timed": True})
 
     def add_clean(self, nodeid: str, teardown_s: float, guard_s: float, reported: bool) -> None:
-        """:meth:`add` for a test the guard found nothing on (the common case: no record
-        object is made for it)."""
+        """:meth:`add` for a clean test (the common case: no record object is made)."""
         if (
             self.worker is None
             and self.log is None
@@ -291,13 +272,13 @@ class _Accepted:
         self._pending.append({"type": "record", "record": record, "timed": True})
 
     def add_pending(self, nodeid: str, findings: list[dict[str, Any]]) -> None:
-        """Warn mode's candidates of a test, whose verdict waits for their grace: logged, so
-        that a run killed before the verdict still names them, unconfirmed."""
+        """Warn mode's candidates awaiting their grace: logged, so that a run killed before the
+        verdict still names them, unconfirmed."""
         entry = {"type": "pending", "nodeid": nodeid, "worker": self.worker, "findings": findings}
         self._pending.append(entry)
 
     def add_decided(self, nodeid: str) -> None:
-        """The verdict on a test's candidates came (its findings, if any, added before)."""
+        """The verdict on a test's candidates came."""
         self._pending.append({"type": "decided", "nodeid": nodeid, "worker": self.worker})
 
     def add_long_lived(self, record: dict[str, Any]) -> None:
@@ -307,10 +288,8 @@ class _Accepted:
     def add_findings(self, nodeid: str, findings: list[dict[str, Any]]) -> None:
         """Add findings of a test made outside the guard (engine fixtures, ``shutdown_check``)."""
         if findings:
-            record = TestRecord(
-                nodeid=nodeid, worker=self.worker, teardown_s=0.0, findings=list(findings)
-            )
-            self._pending.append({"type": "record", "record": record.to_plain(), "timed": False})
+            record = plain_record(nodeid, self.worker, 0.0, findings=list(findings))
+            self._pending.append({"type": "record", "record": record, "timed": False})
 
     def _accept(self, entry: dict[str, Any]) -> None:
         if this_pid() != self._pid:
@@ -322,8 +301,7 @@ class _Accepted:
 
     @property
     def entries(self) -> list[dict[str, Any]]:
-        """Every entry accepted so far, clean tests' records included, in order (the rows are
-        made into records now: only the JSON report and the tests read them all)."""
+        """Every entry accepted so far, clean tests' rows made into records, in order."""
         if self._clean_rows:
             self._entries[:] = _with_rows(self._entries, self._rows_before, self._clean_rows)
             self._clean_rows.clear()
@@ -331,8 +309,7 @@ class _Accepted:
         return self._entries
 
     def _folded(self) -> dict[str, Any]:
-        """``collect`` of the entries accepted so far, folded once per new entry (the summary
-        reads it several times at session end)."""
+        """``collect`` of the entries so far, cached until a new one comes."""
         rows = self._clean_rows
         count = len(self._entries) + len(rows)
         if self._folded_at is None or self._folded_at[0] != count:
@@ -360,8 +337,7 @@ class _Accepted:
 
     @property
     def long_lived(self) -> list[dict[str, Any]]:
-        """Long-lived resources accepted so far and those of this process not yet sent (a
-        clean test's row has none: the rows are not made into records for this)."""
+        """Long-lived resources accepted so far and those of this process not yet sent."""
         return [
             dict(entry.get("item") or {})
             for entry in (*self._entries, *self._pending)
@@ -374,13 +350,9 @@ class _Accepted:
 
 @scanned_names_are_hooks
 class ShutdownReport(_Accepted):
-    """Collects :class:`TestRecord` data (:class:`_Accepted`) and renders it; a pytest plugin
-    object.
-
-    On an xdist worker the data goes into ``workeroutput`` at session end; on the controller (or
-    without xdist) it is merged, written as JSON (``--shutdown-report``) and summarised in the
-    terminal section ``shutdown``.
-    """
+    """The report's pytest plugin object: hooks, the record log's life, the JSON report
+    (``--shutdown-report``) and the terminal section ``shutdown``; an xdist worker's data goes
+    into ``workeroutput``."""
 
     def __init__(self, config: pytest.Config, settings: GuardSettings) -> None:
         self.config = config
@@ -393,33 +365,37 @@ class ShutdownReport(_Accepted):
         self._stale: str | None = None
         self._interrupted = False
         self._finished = False
-        #: Warn mode: the non-daemon threads tests left, alive at session end, that the exit
-        #: waits for, and how the report describes them (:meth:`exit_blocked`).
+        #: Warn mode: the non-daemon threads the exit waits for, described (:meth:`exit_blocked`).
         self._blocking: list[threading.Thread] = []
         self._blocked_by: list[dict[str, Any]] = []
         #: The report says the exit is blocked; the log stays open until it is not.
         self._awaiting_exit = False
-        #: Controller: the folder where a worker that ends at once leaves its last records.
-        self._spill_dir: str | None = None
+        self._spill_dir: str | None = None  # controller: see SPILL_KEY
         if settings.report_path is not None and self.worker is None:
-            # Every option is valid by now: the report's folders may be created.
             create_folder(settings.report_path.parent, "--shutdown-report")
             self.log = RecordLog(record_log_path(settings.report_path))
             _claim(self.log)
-        #: Ended at once (a SIGTERM the main thread cannot take): the report is written first.
-        #: Its two hooks are this object's (one plugin object fewer to register).
+        #: A SIGTERM the main thread cannot take: the report is written first. Its two hooks
+        #: are this object's (one plugin object fewer to register).
         self.sigterm = SigtermEndsSessionInOrder(self.end_at_once)
 
     def _head(self) -> dict[str, Any]:
-        return _session_head(self.settings)
-
-    # --- rendering ---
+        """The record log's first line (and the report's head): the run's settings and pid."""
+        settings = self.settings
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "pytest_shutdown_version": pytest_shutdown.__version__,
+            "guard": settings.mode,
+            "grace_s": settings.grace_s,
+            "budget_s": settings.budget_s,
+            "platform": settings.platform,
+            "pid": os.getpid(),
+        }
 
     def summary_lines(
         self, verbose: bool, collection_errors: int = 0, details: bool = False
     ) -> list[str]:
-        """The lines of the terminal section ``shutdown``: the result first, then the settings;
-        each finding with the facts that locate it, or with ``details`` every fact it has."""
+        """The terminal section ``shutdown`` (``details``: every fact of each finding)."""
         records = sorted(self.records, key=lambda r: r.nodeid)
         tests = len(self.durations)
         lines = [_summary_head(records, self.counts(), self.settings, tests, collection_errors)]
@@ -430,8 +406,6 @@ class ShutdownReport(_Accepted):
         if verbose:
             lines += _duration_lines(self.durations, self.guard_times)
         return lines
-
-    # --- hooks ---
 
     @pytest.hookimpl(tryfirst=True, specname="pytest_sessionstart")
     def pytest_sessionstart_signals(self, session: pytest.Session) -> None:
@@ -476,22 +450,18 @@ class ShutdownReport(_Accepted):
         node.workerinput[SPILL_KEY] = self._spill_dir
 
     def end_at_once(self, exitstatus: int) -> None:
-        """The process ends now, from a thread of the plugin's own (a signal the main thread
-        cannot take): the stack dump that follows reaches the terminal; the report is written."""
+        """The process ends now (a signal the main thread cannot take): the report is written."""
         self._suspend_capture()
         self.write_before_exit([], exitstatus)
 
     def _suspend_capture(self) -> None:
         capture = self.config.pluginmanager.getplugin("capturemanager")
         if capture is not None:
-            try:
+            with contextlib.suppress(Exception):  # the process ends anyway
                 capture.suspend_global_capture(in_=False)
-            except Exception:  # noqa: BLE001, S110 - the process ends anyway
-                pass
 
     def _on_hung_teardown(self, label: str, outcome: BudgetOutcome) -> None:
-        """A teardown hung past its second budget and the process is about to end: let the
-        stack dump reach the terminal, and write the report with the hung test's record."""
+        """A teardown hung past its second budget: write the hung test's record, then exit."""
         self._suspend_capture()
         budget = outcome.to_dict()
         record = TestRecord(
@@ -540,8 +510,7 @@ class ShutdownReport(_Accepted):
     def pytest_sessionfinish(
         self, session: pytest.Session, exitstatus: int
     ) -> Generator[None, None, None]:
-        """Around every other plugin's session end: a second Ctrl-C that breaks out of it (or
-        out of pytest's own interrupt handling) still ends the record log, as interrupted."""
+        """A second Ctrl-C that breaks out of session end still ends the log, as interrupted."""
         try:
             return (yield)
         except KeyboardInterrupt:
@@ -568,13 +537,11 @@ class ShutdownReport(_Accepted):
         self.finish(exitstatus, interrupted=interrupted)
 
     def finish(self, exitstatus: int, *, aborted: bool = False, interrupted: bool = False) -> None:
-        """End the record log and assemble the JSON report (no-op without a report, when done
-        already, or in a forked child).
+        """End the record log and write the JSON report (once, in the session's process only).
 
-        ``aborted``: the process ends now, not in order; ``interrupted``: Ctrl-C or SIGTERM
-        ended the session. Either way the report says ``complete: false``. A record log that
-        could not be written (a full disk) makes the report incomplete too; the report is then
-        assembled from the records kept in memory, and written if it still can be.
+        ``aborted`` (the process ends now) or ``interrupted`` (Ctrl-C, SIGTERM): the report says
+        ``complete: false``; so does a log that could not be written (it is then assembled from
+        the records in memory).
         """
         if self.log is None or self.settings.report_path is None:
             return
@@ -600,10 +567,8 @@ class ShutdownReport(_Accepted):
     def exit_blocked(
         self, threads: list[threading.Thread], described: list[dict[str, Any]]
     ) -> None:
-        """Warn mode, at session end: non-daemon threads the tests left are alive, and the
-        interpreter's exit will wait for them. Until they end, the report says the process has
-        not exited (``exit_blocked_by``, ``"complete": false``): a reader of the report while
-        the process hangs never sees a clean success."""
+        """Warn mode, at session end: the exit will wait for these non-daemon threads. Until
+        they end, the report says the process has not exited (``exit_blocked_by``)."""
         self._blocking = list(threads)
         self._blocked_by = list(described)
 
@@ -615,8 +580,7 @@ class ShutdownReport(_Accepted):
         ]
 
     def _exit_unblocked(self) -> None:
-        """The threads the exit waited for ended (at exit: ``atexit`` runs after the
-        interpreter's join): the record log says so, and the report is complete again."""
+        """At exit (after the interpreter's join): the threads ended; the report says so."""
         if not self._awaiting_exit or self.log is None or os.getpid() != self._pid:
             return
         self._awaiting_exit = False
@@ -643,8 +607,8 @@ class ShutdownReport(_Accepted):
             self._report_written = True
 
     def write_before_exit(self, entries: list[dict[str, Any]], exitstatus: int) -> None:
-        """The process is about to end abruptly: log what is pending and write the report. On
-        an xdist worker, leave them where the controller picks them up."""
+        """The process is about to end abruptly: log what is pending and write the report (an
+        xdist worker spills them for the controller)."""
         pending, self._pending = self._pending, []
         if self.worker is not None:
             folder = getattr(self.config, "workerinput", {}).get(SPILL_KEY)
@@ -655,9 +619,8 @@ class ShutdownReport(_Accepted):
         self.finish(exitstatus, aborted=True)
 
     def section_markup(self, exitstatus: int = 0) -> dict[str, bool]:
-        """The colour of the section's title line, as pytest colours its summary: red when
-        there are findings and the run failed, yellow for findings that did not fail it (warn
-        mode, expected failures), green for none."""
+        """The title's colour, as pytest's summary: red for findings in a failed run, yellow for
+        findings that did not fail it, green for none."""
         if not self.counts():
             return {"green": True}
         if int(exitstatus) != 0:
@@ -668,7 +631,6 @@ class ShutdownReport(_Accepted):
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        # coloured as pytest colours its own summary line (when colour is on)
         terminalreporter.section("shutdown", **self.section_markup(exitstatus))
         verbose = self.config.get_verbosity() > 0
         errors = terminalreporter.stats.get("error", [])
@@ -679,31 +641,41 @@ class ShutdownReport(_Accepted):
         path = self.settings.report_path
         if path is None:
             return
-        written = self._report_written
-        for line, markup in _report_file_lines(
-            path, self.log, self.report_error, written, self._awaiting_exit
-        ):
+        for line, markup in self._report_file_lines(path):
             terminalreporter.line(line, **markup)
 
-
-def _session_head(settings: GuardSettings) -> dict[str, Any]:
-    """The record log's first line (and the report's head): the run's settings and pid."""
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "pytest_shutdown_version": pytest_shutdown.__version__,
-        "guard": settings.mode,
-        "grace_s": settings.grace_s,
-        "budget_s": settings.budget_s,
-        "platform": settings.platform,
-        "pid": os.getpid(),
-    }
+    def _report_file_lines(self, path: Path) -> list[tuple[str, dict[str, bool]]]:
+        """The terminal lines (with their colour) that say what became of ``--shutdown-report``."""
+        lines: list[tuple[str, dict[str, bool]]] = []
+        log = self.log
+        problem = log.error if log is not None else None
+        if log is not None and problem is not None:
+            lines.append(
+                (
+                    f"shutdown report incomplete: writing the record log {log.path} stopped "
+                    f"after {log.lines} lines: {problem}; the tests went on",
+                    {"yellow": True},
+                )
+            )
+        if self.report_error is not None:
+            lines.append(
+                (f"shutdown report not written to {path}: {self.report_error}", {"red": True})
+            )
+        elif self._report_written:
+            state = " (marked incomplete)" if problem is not None else ""
+            if self._awaiting_exit:
+                state += (
+                    " (it says the process has not exited until the non-daemon threads the "
+                    "exit waits for have ended)"
+                )
+            lines.append((f"shutdown report written to {path}{state}", {}))
+        return lines
 
 
 def _mark_in_progress(head: dict[str, Any], path: Path | None) -> str | None:
-    """From now on the report path never describes an earlier run: it says this run is in
-    progress (``"complete": false``) until the final report replaces it. When even that
-    cannot be written (a full disk), the earlier run's report is removed instead; why it is
-    still there when that fails too (``None``: it is not)."""
+    """The report path says this run is in progress until the final report replaces it; if
+    that cannot be written, the earlier run's report is removed. Returns why it is still there
+    (``None``: it is not)."""
     if path is None:
         return None
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -727,8 +699,7 @@ def _with_rows(
     clean_rows: list[tuple[str, float, float, bool]],
 ) -> list[dict[str, Any]]:
     """``entries`` with the clean tests' rows made into records, each in its place:
-    ``rows_before[i]`` rows came before ``entries[i]`` (extended here for the entries appended
-    from outside, which come after every row so far)."""
+    ``rows_before[i]`` rows came before ``entries[i]``."""
     rows = [
         {
             "type": "record",
@@ -737,8 +708,7 @@ def _with_rows(
         }
         for nodeid, teardown_s, guard_s, reported in clean_rows
     ]
-    # An entry appended to this list from outside (not through _accept) comes after every
-    # row so far.
+    # An entry appended from outside (not through _accept) comes after every row so far.
     missing = len(entries) - len(rows_before)
     rows_before += [len(rows)] * missing
     merged: list[dict[str, Any]] = []
@@ -777,39 +747,6 @@ def _spill(folder: str | None, worker: str | None, entries: list[dict[str, Any]]
         pass  # the controller lists the worker as lost, as before
 
 
-def _report_file_lines(
-    path: Path,
-    log: RecordLog | None,
-    report_error: str | None,
-    written: bool,
-    awaiting_exit: bool,
-) -> list[tuple[str, dict[str, bool]]]:
-    """The terminal lines (with their colour) that say what became of ``--shutdown-report``:
-    a record log that stopped being written, a report not written, or where it was."""
-    lines: list[tuple[str, dict[str, bool]]] = []
-    problem = log.error if log is not None else None
-    if problem is not None:
-        where = log.path if log is not None else "?"
-        lines.append(
-            (
-                f"shutdown report incomplete: writing the record log {where} stopped after "
-                f"{log.lines if log else 0} lines: {problem}; the tests went on",
-                {"yellow": True},
-            )
-        )
-    if report_error is not None:
-        lines.append((f"shutdown report not written to {path}: {report_error}", {"red": True}))
-    elif written:
-        state = " (marked incomplete)" if problem is not None else ""
-        if awaiting_exit:
-            state += (
-                " (it says the process has not exited until the non-daemon threads the "
-                "exit waits for have ended)"
-            )
-        lines.append((f"shutdown report written to {path}{state}", {}))
-    return lines
-
-
 def _summary_head(
     records: list[TestRecord],
     counts: Mapping[str, int],
@@ -818,8 +755,7 @@ def _summary_head(
     collection_errors: int,
 ) -> str:
     """The section's first line: what the guard found in how many tests, then its settings."""
-    # Findings of no test (``<session end>``, ``<fixture NAME>``) are named, not counted as
-    # tests: "2 of 1 test" misled.
+    # Findings of no test (``<session end>``, ``<fixture NAME>``) are named, not counted.
     flagged = sum(1 for r in records if r.findings and not r.nodeid.startswith("<"))
     beyond = sorted({r.nodeid for r in records if r.findings and r.nodeid.startswith("<")})
     setting = f"guard in {settings.mode} mode, grace {settings.grace_s:g} s"
@@ -890,19 +826,14 @@ def _long_lived_lines(items: list[dict[str, Any]], treatment: str) -> list[str]:
 
 def _lost_worker_lines(lost_workers: Iterable[Mapping[str, Any]]) -> list[str]:
     """The xdist workers that ended before their session: what of their records is kept."""
-    lines: list[str] = []
-    for lost in lost_workers:
-        if lost.get("spilled"):
-            lines.append(
-                f"worker {lost['worker']} ended at once: the records of the tests it finished "
-                "are kept, and so is the record it left before exiting (the hung test's)"
-            )
-            continue
-        lines.append(
-            f"worker {lost['worker']} crashed: the records of the tests it finished are kept, "
-            "the test it was running is lost"
-        )
-    return lines
+    return [
+        f"worker {lost['worker']} ended at once: the records of the tests it finished are "
+        "kept, and so is the record it left before exiting (the hung test's)"
+        if lost.get("spilled")
+        else f"worker {lost['worker']} crashed: the records of the tests it finished are "
+        "kept, the test it was running is lost"
+        for lost in lost_workers
+    ]
 
 
 def _duration_lines(durations: list[float], guard_times: list[float]) -> list[str]:
@@ -923,9 +854,8 @@ GRAPHS_WORKEROUTPUT_KEY = "pytest_shutdown_graphs"
 
 
 class RecordsTravelWithReports:
-    """The report's per-test hooks when the guard is off (``--shutdown-report`` alone): each
-    teardown report carries the test's records, the controller accepts them. With the guard on,
-    its own report wrapper does this (one wrapper per phase, not two)."""
+    """The report's per-test hooks when the guard is off (``--shutdown-report`` alone); with
+    the guard on, its own report wrapper does this (one wrapper per phase, not two)."""
 
     def __init__(self, report: ShutdownReport) -> None:
         self.report = report
@@ -945,12 +875,8 @@ class RecordsTravelWithReports:
 
 
 class GraphsRecorder:
-    """``--shutdown-graphs=DIR``: the diagnosis draws into DIR; the summary names the files.
-
-    While a test runs, :data:`pytest_shutdown.ownership.backrefs.GRAPHS` points at DIR with the
-    test's id as file-name prefix; every picture drawn is recorded with that id. Workers send
-    theirs through ``workeroutput``; the controller prints the section ``shutdown graphs``.
-    """
+    """``--shutdown-graphs=DIR``: the diagnosis draws into DIR, each picture prefixed and
+    recorded with the running test's id; the section ``shutdown graphs`` names the files."""
 
     def __init__(self, config: pytest.Config, directory: Path) -> None:
         self.config = config

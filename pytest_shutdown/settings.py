@@ -1,17 +1,9 @@
-"""The guard's settings: options and ini keys declared, their values read, validated and stored
-on the config.
+"""The guard's settings: options and ini keys declared, read and validated; marker arguments.
 
-Every value is validated at configure time; a bad one is a :class:`pytest.UsageError` (exit code
-4) whose message names the option or ini key and the accepted values. The report and graphs
-paths are checked there too, without creating anything (a place that cannot be written, a name
-too long for the file system, a report path named as a record log is: all refused before any
-test runs); a refused run leaves no folder behind. The report's folders are created once every
-option is valid (:func:`create_folder`, when the report claims its record log); the graphs
-folder when the first picture is drawn.
-
-Marker arguments follow one rule: a bad one is a *collection error* naming the test, the marker
-and the accepted arguments (:func:`validate_markers`, called from ``pytest_generate_tests``);
-the run stops before any test runs, with or without xdist.
+A bad value is a :class:`pytest.UsageError` (exit code 4) at configure time naming the option
+and the accepted values; the report and graphs paths are checked then too, creating nothing (a
+refused run leaves no folder behind). A bad marker argument is a collection error naming the
+test (:func:`validate_markers`, from ``pytest_generate_tests``).
 """
 
 from __future__ import annotations
@@ -27,12 +19,8 @@ from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.node_markers import CYCLES, marker_names
 from pytest_shutdown.resources import allow_keys, kind_names
 
-#: The guard modes: ``off`` checks nothing, ``warn`` emits ShutdownLeakWarning, ``fail`` errors.
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
-#: What the guard does with long-lived resources (owned by module globals) at session end.
 LONG_LIVED_CHOICES: tuple[str, ...] = ("list", "fail")
-#: How processes that leave the test's tree are found: by the session marker in their
-#: environment (observes only), or by adopting them as a child subreaper (opt-in).
 CONTAINMENT_CHOICES: tuple[str, ...] = ("marker", "subreaper")
 #: Accepted values of ``--shutdown-platform``: ``auto`` and ``devices.PLATFORMS``, spelled out:
 #: importing the device readers here would cost every session their import.
@@ -45,8 +33,7 @@ DEFAULT_BUDGET_S = 0.0
 #: The largest budget or grace accepted (one day): well inside every platform's timers.
 MAX_SECONDS = 86400.0
 
-#: The keyword arguments ``allow_leaks`` accepts: one per resource kind (its ``allow_key``), as
-#: the registry lists them at import; :func:`allow_leaks_of` asks the registry each time.
+#: The keyword arguments ``allow_leaks`` accepts (each kind's ``allow_key``) at import.
 ALLOW_LEAKS_KINDS: tuple[str, ...] = allow_keys()
 
 
@@ -120,32 +107,29 @@ def _choice(value: str, source: str, accepted: Sequence[str]) -> str:
     return value
 
 
-def _explicit_plugin(config: pytest.Config) -> bool:
-    """True when ``-p shutdown`` was given (command line, PYTEST_ADDOPTS or ini addopts)."""
-    requested = config.getoption("plugins", default=None) or []
-    return any(str(name).strip() in PLUGIN_NAMES for name in requested)
+def _given(config: pytest.Config, name: str) -> tuple[object, str] | None:
+    """The option ``--NAME`` (dashes), else the ini key ``name`` (stripped), with the source a
+    message names; None when neither is given."""
+    option = config.getoption(name, default=None)
+    if option is not None:
+        return option, "--" + name.replace("_", "-")
+    ini = str(config.getini(name) or "").strip()
+    return (ini, f"{name} (ini)") if ini else None
 
 
 def guard_mode(config: pytest.Config) -> str:
     """Resolve the guard mode: ``--shutdown-guard``, else ini ``shutdown_guard``, else ``fail``
     when ``-p shutdown`` was given explicitly, else ``off``. ``--shutdown-guard=off`` wins."""
-    option = config.getoption("shutdown_guard")
-    if option is not None:
-        return _choice(str(option).strip(), "--shutdown-guard", GUARD_MODES)
-    ini = str(config.getini("shutdown_guard") or "").strip()
-    if ini:
-        return _choice(ini, "shutdown_guard (ini)", GUARD_MODES)
-    return "fail" if _explicit_plugin(config) else "off"
+    given = _given(config, "shutdown_guard")
+    if given is not None:
+        return _choice(str(given[0]).strip(), given[1], GUARD_MODES)
+    requested = config.getoption("plugins", default=None) or []
+    return "fail" if any(str(name).strip() in PLUGIN_NAMES for name in requested) else "off"
 
 
 def _option_or_ini(config: pytest.Config, name: str, default: float) -> float:
-    option = config.getoption(name)
-    if option is not None:
-        return _seconds(option, "--" + name.replace("_", "-"))
-    ini = str(config.getini(name) or "").strip()
-    if ini:
-        return _seconds(ini, f"{name} (ini)")
-    return default
+    given = _given(config, name)
+    return default if given is None else _seconds(*given)
 
 
 def load_settings(config: pytest.Config) -> GuardSettings:
@@ -178,16 +162,12 @@ def load_settings(config: pytest.Config) -> GuardSettings:
 def resource_kinds(config: pytest.Config) -> tuple[str, ...] | None:
     """``--shutdown-resources``, else ini ``shutdown_resources``: a comma-separated list of
     resource kind names, or ``all`` (the default); None means all of them."""
-    option = config.getoption("shutdown_resources", default=None)
-    source = "--shutdown-resources"
-    value = "" if option is None else str(option)
-    if option is None:
-        value = str(config.getini("shutdown_resources") or "")
-        source = "shutdown_resources (ini)"
+    given = _given(config, "shutdown_resources") or ("", "")
+    value, source = str(given[0]), given[1]
     names = [n.strip() for n in value.split(",") if n.strip()]
     accepted = f"accepted: a comma-separated list of {', '.join(kind_names())}, or all"
     if not names:
-        if option is not None:
+        if source.startswith("--"):  # an empty option is refused, an empty ini key is all
             raise pytest.UsageError(f"{source}: {value!r} is not accepted; {accepted}")
         return None
     if "all" in names:
@@ -258,9 +238,8 @@ DEFAULT_NAME_MAX = 255
 
 
 def _name_max(path: Path) -> int:
-    """The longest file name, in bytes, of the file system holding ``path``'s nearest
-    existing folder."""
-    existing = next((p for p in path.parents if _lexists(p)), None)
+    """NAME_MAX of the file system holding ``path``'s nearest existing folder."""
+    existing = next((p for p in path.parents if os.path.lexists(p)), None)
     try:
         limit = os.pathconf(existing or path.anchor or ".", "PC_NAME_MAX")
     except (OSError, ValueError, AttributeError):  # not POSIX, or the file system won't say
@@ -268,16 +247,8 @@ def _name_max(path: Path) -> int:
     return limit if isinstance(limit, int) and limit > 0 else DEFAULT_NAME_MAX
 
 
-def _lexists(path: Path) -> bool:
-    try:
-        return os.path.lexists(path)
-    except (OSError, ValueError):
-        return False
-
-
 def _refuse_long_names(path: Path, option: str, whose: str = "") -> None:
-    """A file or folder name of ``path`` longer than the file system takes (NAME_MAX, 255
-    bytes on most) is a usage error naming the option and the limit, not an OSError later."""
+    """A name in ``path`` longer than NAME_MAX is a usage error now, not an OSError later."""
     limit = _name_max(path)
     for part in path.parts:
         size = len(os.fsencode(part))
@@ -291,9 +262,8 @@ def _refuse_long_names(path: Path, option: str, whose: str = "") -> None:
 
 
 def _refuse_special_targets(report_path: Path, given: str) -> None:
-    """The report and its record log are only ever written over regular files: a FIFO, a
-    device node, a socket or a symbolic link there, or a path under /proc or /sys, is refused
-    before the run (the plugin never replaces special files)."""
+    """Refuse a report or record log path that is not a regular file (or new) or is under /proc
+    or /sys: special files are never replaced."""
     from pytest_shutdown.records import record_log_path, refusal_of_target  # noqa: PLC0415
 
     for target, what in (
@@ -319,15 +289,9 @@ def shows_details(config: pytest.Config) -> bool:
 
 
 def _choice_of(config: pytest.Config, name: str, accepted: Sequence[str]) -> str:
-    """The option ``--NAME`` (dashes), else the ini key ``name``, else the first accepted value;
-    validated against ``accepted``."""
-    option = config.getoption(name, default=None)
-    if option is not None:
-        return _choice(str(option).strip(), "--" + name.replace("_", "-"), accepted)
-    ini = str(config.getini(name) or "").strip()
-    if ini:
-        return _choice(ini, f"{name} (ini)", accepted)
-    return accepted[0]
+    """:func:`_given`, validated against ``accepted``; else the first accepted value."""
+    given = _given(config, name)
+    return accepted[0] if given is None else _choice(str(given[0]).strip(), given[1], accepted)
 
 
 def _path_option(config: pytest.Config, dest: str, option: str, what: str) -> Path | None:
@@ -344,10 +308,8 @@ def _path_option(config: pytest.Config, dest: str, option: str, what: str) -> Pa
 
 
 def _writable_folder(folder: Path, option: str) -> None:
-    """A UsageError unless ``folder`` is a folder that can be written, or can be created
-    (its nearest existing ancestor is a folder that can be written): a bad place is refused
-    before the run, not after it. Nothing is created here (:func:`create_folder` does, once
-    every option is valid)."""
+    """A UsageError unless ``folder`` can be written, or created (its nearest existing
+    ancestor can be written); nothing is created here."""
     existing = next((p for p in (folder, *folder.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise pytest.UsageError(
@@ -367,8 +329,8 @@ def _writable_folder(folder: Path, option: str) -> None:
 
 
 def create_folder(folder: Path, option: str) -> None:
-    """Create ``folder`` (and its parents) if missing, once every option is valid; a
-    UsageError if that fails."""
+    """Create ``folder`` (and its parents) once every option is valid; a UsageError if that
+    fails."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -378,41 +340,40 @@ def create_folder(folder: Path, option: str) -> None:
         ) from None
 
 
-# --- options ---------------------------------------------------------------------------------
-
+# Each help text is one paragraph: pytest --help keeps line breaks.
 GUARD_DESC = """
 The shutdown guard: 'fail' errors every test that leaves threads, child processes or a
 gc.freeze() behind (and enforces the teardown budget), 'warn' emits ShutdownLeakWarning instead,
 'off' checks nothing. Default: 'fail' when the plugin is requested with '-p shutdown', otherwise
 'off'. '--shutdown-guard=off' wins over '-p shutdown' and the ini key.
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
 GRACE_DESC = f"""
 Seconds a thread or child process started by a test may keep running after the test's teardown
 before it is reported as a leak (polled, so clean tests do not wait). Default {DEFAULT_GRACE_S:g}.
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
 BUDGET_DESC = """
 Teardown budget in seconds (0 to 86400): a test's teardown (fixture finalizers included) that
 takes longer is interrupted, every thread's stack is captured in the test's report section, the
 test's child processes are killed and the test errors; the session goes on. A teardown still not
 done one more budget later ends the process with exit code 70 (stacks dumped, report written).
 0 (the default) means no budget. A per-test value is set with @pytest.mark.shutdown_budget(seconds).
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
 REPORT_DESC = """
 Write the guard's findings and shutdown durations as JSON to this path (merged over xdist
 workers). Each test's record is appended to PATH's record log (<stem>.records.jsonl) as the
 test ends; after a killed run, 'python -m pytest_shutdown.records LOG -o PATH' assembles it.
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
 GRAPHS_DESC = """
 Draw a backref picture (objgraph.show_backrefs) into this folder for every not-collected and
 finalizer-* finding of assert_finalizes_on_gc: a PNG when graphviz's 'dot' is on PATH, else the
 .dot source and a note. The terminal section 'shutdown graphs' names the files.
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
 GPU_PER_WORKER_DESC = """
 Under pytest-xdist, give each worker one GPU: worker gwN sees the (N mod count)-th visible device
 through CUDA_VISIBLE_DEVICES (CUDA) or HIP_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES (ROCm), set
 before the conftests are imported, so engine fixtures fan out over a multi-GPU machine. The
 header says when workers share GPUs. Does nothing without xdist or on the CPU.
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
 CONTAINMENT_DESC = """
 How processes that leave a test's tree (a daemon's double fork, a shell's background job) are
 found. 'marker' (default): by the session marker in their environment; nothing changes for the
@@ -425,119 +386,64 @@ LONG_LIVED_DESC = """
 Threads and child processes owned by a module global or a class attribute (a singleton pool)
 are never a test's leak; the guard lists those still alive at session end under 'long-lived
 resources'. 'list' (default) only lists them; 'fail' also makes the session fail.
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
 RESOURCES_DESC = f"""
 Which resource kinds the guard checks after each test: a comma-separated list of
 {', '.join(kind_names())}, or 'all' (the default).
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
 NATIVE_ALLOW_DESC = """
 Kernel-name glob patterns (one a line) of native threads (not listed by threading) that the
 guard never blames: lazily started process-lifetime pools of your libraries, beyond the built-in
 list (OpenMP/MKL/torch intra-op, gRPC, CUDA, NVML, tokio, rayon...).
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
 PLATFORM_DESC = """
 Device platform for the pytest-shutdown fixtures: 'auto' (default) detects it; 'cuda', 'rocm'
 or 'cpu' forces one.
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
 
 DETAILS_DESC = """
 Show every fact of each finding (its JSON details: stacks, pids, command lines, the cell) in the
 failure and in the terminal section 'shutdown'; -vv does the same.
-""".strip().replace("\n", " ")  # one paragraph: pytest --help keeps line breaks
+""".strip().replace("\n", " ")
+
+
+#: The options in --help order: ``--shutdown-NAME`` (dest ``shutdown_NAME``), metavar, help; a
+#: metavar of None is a flag.
+_OPTIONS: tuple[tuple[str, str | None, str], ...] = (
+    ("guard", "|".join(GUARD_MODES), GUARD_DESC),
+    ("grace", "SECONDS", GRACE_DESC),
+    ("budget", "SECONDS", BUDGET_DESC),
+    ("report", "PATH", REPORT_DESC),
+    ("graphs", "DIR", GRAPHS_DESC),
+    ("platform", "|".join(PLATFORM_CHOICES), PLATFORM_DESC),
+    ("gpu-per-worker", None, GPU_PER_WORKER_DESC),
+    ("long-lived", "|".join(LONG_LIVED_CHOICES), LONG_LIVED_DESC),
+    ("containment", "|".join(CONTAINMENT_CHOICES), CONTAINMENT_DESC),
+    ("details", None, DETAILS_DESC),
+    ("resources", "KIND,...|all", RESOURCES_DESC),
+)
 
 
 def add_options(parser: pytest.Parser) -> None:
     """The options and ini keys of the plugin (its ``pytest_addoption``)."""
     group = parser.getgroup("shutdown", "pytest-shutdown: leaks, frozen GC and hung teardowns")
-    group.addoption(
-        "--shutdown-guard",
-        dest="shutdown_guard",
-        metavar="|".join(GUARD_MODES),
-        default=None,
-        help=GUARD_DESC,
-    )
-    group.addoption(
-        "--shutdown-grace",
-        dest="shutdown_grace",
-        metavar="SECONDS",
-        default=None,
-        help=GRACE_DESC,
-    )
-    group.addoption(
-        "--shutdown-budget",
-        dest="shutdown_budget",
-        metavar="SECONDS",
-        default=None,
-        help=BUDGET_DESC,
-    )
-    group.addoption(
-        "--shutdown-report",
-        dest="shutdown_report",
-        metavar="PATH",
-        default=None,
-        help=REPORT_DESC,
-    )
-    group.addoption(
-        "--shutdown-graphs",
-        dest="shutdown_graphs",
-        metavar="DIR",
-        default=None,
-        help=GRAPHS_DESC,
-    )
-    group.addoption(
-        "--shutdown-platform",
-        dest="shutdown_platform",
-        metavar="|".join(PLATFORM_CHOICES),
-        default=None,
-        help=PLATFORM_DESC,
-    )
-    group.addoption(
-        "--shutdown-gpu-per-worker",
-        dest="shutdown_gpu_per_worker",
-        action="store_true",
-        default=False,
-        help=GPU_PER_WORKER_DESC,
-    )
-    group.addoption(
-        "--shutdown-long-lived",
-        dest="shutdown_long_lived",
-        metavar="|".join(LONG_LIVED_CHOICES),
-        default=None,
-        help=LONG_LIVED_DESC,
-    )
-    group.addoption(
-        "--shutdown-containment",
-        dest="shutdown_containment",
-        metavar="|".join(CONTAINMENT_CHOICES),
-        default=None,
-        help=CONTAINMENT_DESC,
-    )
-    group.addoption(
-        "--shutdown-details",
-        dest="shutdown_details",
-        action="store_true",
-        default=False,
-        help=DETAILS_DESC,
-    )
-    group.addoption(
-        "--shutdown-resources",
-        dest="shutdown_resources",
-        metavar="KIND,...|all",
-        default=None,
-        help=RESOURCES_DESC,
-    )
+    for name, metavar, help_text in _OPTIONS:
+        dest = "shutdown_" + name.replace("-", "_")
+        if metavar is None:
+            group.addoption(
+                f"--shutdown-{name}", dest=dest, action="store_true", default=False, help=help_text
+            )
+        else:
+            group.addoption(
+                f"--shutdown-{name}", dest=dest, metavar=metavar, default=None, help=help_text
+            )
     parser.addini("shutdown_guard", GUARD_DESC, default="")
     parser.addini("shutdown_resources", RESOURCES_DESC, default="")
-    parser.addini(
-        "shutdown_native_threads_allow", NATIVE_ALLOW_DESC, type="linelist", default=[]
-    )
+    parser.addini("shutdown_native_threads_allow", NATIVE_ALLOW_DESC, type="linelist", default=[])
     parser.addini("shutdown_long_lived", LONG_LIVED_DESC, default="")
     parser.addini("shutdown_containment", CONTAINMENT_DESC, default="")
     parser.addini("shutdown_grace", GRACE_DESC, default="")
     parser.addini("shutdown_budget", BUDGET_DESC, default="")
-
-
-# --- markers ---------------------------------------------------------------------------------
 
 
 @lazy_dataclass(frozen=True)

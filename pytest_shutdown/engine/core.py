@@ -44,10 +44,6 @@ class Request:
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
 
 @dataclass(frozen=True)
 class EngineCoreOutput:

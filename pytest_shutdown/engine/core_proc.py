@@ -47,6 +47,7 @@ from pytest_shutdown.engine.lifeline import (
     ParentWatch,
     set_parent_death_signal,
     set_process_name,
+    wake_fd,
 )
 from pytest_shutdown.engine.shm_ring import ShmRing
 from pytest_shutdown.engine.start import heap_frozen_by_fork_server
@@ -100,19 +101,13 @@ class SignalWaker:
         self._previous_wakeup_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
 
     def trigger(self) -> None:
-        try:
-            os.write(self._w, b"\x01")
-        except OSError:  # the pipe is full: a wake-up is already pending
-            pass
+        wake_fd(self._w)
 
     def stop(self, timeout: float = 1.0) -> None:
         if self._previous_wakeup_fd is not None:
             signal.set_wakeup_fd(self._previous_wakeup_fd)
             self._previous_wakeup_fd = None
-        try:
-            os.write(self._w, b"\x00")
-        except OSError:
-            pass
+        wake_fd(self._w, b"\x00")
         self._thread.join(timeout)
         if not self._thread.is_alive():
             os.close(self._r)

@@ -30,7 +30,6 @@ DP_IDLE_WAKE_S = 0.05
 
 @dataclass(frozen=True)
 class DPGroupSpec:
-
     backend: str
     port: int
 
@@ -57,7 +56,6 @@ def dp_group_spec(
 
 
 class DataParallelGroup:
-
     def __init__(
         self,
         dp_rank: int,

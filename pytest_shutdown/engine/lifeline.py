@@ -35,6 +35,14 @@ def set_process_name(name: str) -> bool:
     return prctl(PR_SET_NAME, name.encode()[:15])
 
 
+def wake_fd(fd: int, data: bytes = b"\x01") -> None:
+    """Write to a non-blocking wake-up pipe; a full one has a wake-up pending already."""
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+
+
 def process_is_alive(proc: psutil.Process) -> bool:
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE

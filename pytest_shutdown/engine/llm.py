@@ -35,14 +35,9 @@ class RequestOutput:
     finish_reason: FinishReason | None
 
 
-class _TimeoutCell:
-
-    def __init__(self) -> None:
-        self.value: float | None = None
-
-
-def _shutdown_manager(manager: EngineProcManager, cell: _TimeoutCell) -> None:
-    manager.shutdown(cell.value)
+def _shutdown_manager(manager: EngineProcManager, cell: list[float | None]) -> None:
+    """``cell[0]``: the process timeout of this close of the stack (None on the GC path)."""
+    manager.shutdown(cell[0])
 
 
 class ReferenceLLM:
@@ -54,7 +49,7 @@ class ReferenceLLM:
         self._resources = ExitStack()
         self._resources.callback(logger.info, "[shutdown] ReferenceLLM")
         self._finalizer = weakref.finalize(self, self._resources.close)
-        self._timeout = _TimeoutCell()
+        self._timeout: list[float | None] = [None]
         self._lock = threading.Lock()
         self._ids = itertools.count()
 
@@ -159,7 +154,7 @@ class ReferenceLLM:
 
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop the engine (process timeout ``timeout``) and the renderer; then do nothing."""
-        self._timeout.value = validate_timeout(timeout)
+        self._timeout[0] = validate_timeout(timeout)
         self._finalizer()  # runs self._resources.close() once, and marks the finalizer dead
 
     @property

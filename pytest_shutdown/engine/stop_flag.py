@@ -8,6 +8,7 @@ in a plain attribute and waits by sleeping in short slices.
 
 from __future__ import annotations
 
+import math
 import time
 
 STOP_POLL_S = 0.01
@@ -27,11 +28,8 @@ class SignalStop:
         return self._requested
 
     def wait(self, timeout: float | None = None) -> bool:
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = math.inf if timeout is None else time.monotonic() + timeout
         while not self._requested:
-            if deadline is None:
-                time.sleep(self.poll_s)
-                continue
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False

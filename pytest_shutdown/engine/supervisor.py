@@ -19,7 +19,7 @@ from typing import Any
 
 from pytest_shutdown.engine.config import START_METHODS, EngineConfig
 from pytest_shutdown.engine.faults import ChildFaults
-from pytest_shutdown.engine.lifeline import ParentWatch, set_parent_death_signal
+from pytest_shutdown.engine.lifeline import ParentWatch, set_parent_death_signal, wake_fd
 from pytest_shutdown.engine.processes import (
     EngineProcManager,
     ShutdownOutcome,
@@ -122,10 +122,6 @@ class DPSupervisor:
         proc.join(1.0)
         raise RuntimeError(f"{proc.name} failed to start (exit code {proc.exitcode})")
 
-    def forward_signal(self, proc: BaseProcess, signum: int = signal.SIGTERM) -> None:
-        """Send ``signum`` to ``proc``'s process group (to ``proc`` alone if it has none)."""
-        _forward_signal(proc, self._pgids, signum)
-
     def shutdown_budget(self, timeout: float | None = None) -> float:
         """``get_engine_process_shutdown_timeout(t, t) + child_exit_grace_s``; ``t`` is
         ``timeout`` or ``config.shutdown_timeout``, None counts as ``default_process_timeout_s``.
@@ -160,7 +156,7 @@ class DPSupervisor:
 
         def handler(signum: int, frame: Any) -> None:
             received.append(signum)
-            _wake(wake_w)
+            wake_fd(wake_w)
 
         previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -231,7 +227,7 @@ def supervised_child_main(
 
     def handler(signum: int, frame: Any) -> None:
         received.append(signum)
-        _wake(wake_w)
+        wake_fd(wake_w)
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
@@ -239,7 +235,7 @@ def supervised_child_main(
         set_parent_death_signal(signal.SIGTERM)
     manager = EngineProcManager(config, lifecycle_log=lifecycle_log, faults=faults)
     # Started after the engines: a fork start method must not fork while this thread runs.
-    watch = ParentWatch(parent_pid, lambda: _wake(wake_w), exit_after_s=1.0).start()
+    watch = ParentWatch(parent_pid, lambda: wake_fd(wake_w), exit_after_s=1.0).start()
     try:
         conn.send(("ready", os.getpid(), os.getpgid(0), [p.pid for p in manager.processes]))
         while not received and not watch.parent_gone.is_set():
@@ -252,10 +248,3 @@ def supervised_child_main(
         watch.stop()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _wake(fd: int) -> None:
-    try:
-        os.write(fd, b"\x01")
-    except OSError:  # full: a wake-up is already pending
-        pass

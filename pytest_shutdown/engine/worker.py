@@ -37,6 +37,7 @@ from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
     set_parent_death_signal,
     set_process_name,
+    wake_fd,
 )
 from pytest_shutdown.engine.start import serialize_exit_polling
 from pytest_shutdown.engine.stopping import ShutdownOutcome, shutdown_processes
@@ -239,7 +240,7 @@ class _Worker:
         signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
         self.watchdog = CollectiveWatchdog(
             self.group, config.collective_abort_grace_s, self._exit_stuck,
-            signal_fd=sig_r, on_signal=lambda data: _forward(wake_w, data),
+            signal_fd=sig_r, on_signal=lambda data: wake_fd(wake_w, data),
             parent_pid=self.parent_pid if self.lifeline else None,
             parent_gone_code=EXIT_PARENT_GONE,
         )
@@ -442,10 +443,7 @@ class WorkerGroup:
                 return
 
     def shutdown(self, timeout: float = WORKER_STOP_TIMEOUT_S) -> ShutdownOutcome:
-        try:
-            os.write(self._stop_w, b"\x00")
-        except OSError:
-            pass
+        wake_fd(self._stop_w, b"\x00")
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(1.0)
         for conn in self.connections:
@@ -463,13 +461,6 @@ class WorkerGroup:
             except OSError:
                 pass
         return outcome
-
-
-def _forward(fd: int, data: bytes) -> None:
-    try:
-        os.write(fd, data)
-    except OSError:  # full: a wake-up is pending anyway
-        pass
 
 
 def _start_from_daemon(proc: BaseProcess) -> None:

@@ -8,10 +8,11 @@ count, and only if neither works in a child interpreter. A CPU build of torch me
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pytest_shutdown.gpu import visibility
@@ -39,40 +40,40 @@ def nvidia_device_count(
 ) -> int | None:
     """GPUs CUDA will show this process, counted by NVML; None when NVML does not work."""
     env = os.environ if environ is None else environ
-    try:
-        if nvml is None:
-            import pynvml  # noqa: PLC0415
-
-            nvml = pynvml
-        nvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no library or no driver: NVML cannot say
-        return None
-    try:
-        return visibility.nvml_visible_count(nvml, env)
-    except Exception:  # noqa: BLE001
-        return None
-    finally:
-        _quietly(nvml.nvmlShutdown)
+    return _library_count(
+        nvml, "pynvml", "nvmlInit", "nvmlShutdown", lambda n: visibility.nvml_visible_count(n, env)
+    )
 
 
 def amd_device_count(environ: Mapping[str, str] | None = None, amdsmi: Any = None) -> int | None:
     """GPUs HIP will show this process, counted by amdsmi; None when amdsmi does not work."""
     env = os.environ if environ is None else environ
     visibility.hip_visible(env)  # the conflict is an error, not "no device"
-    try:
-        if amdsmi is None:
-            import amdsmi as amdsmi_module  # noqa: PLC0415
+    return _library_count(
+        amdsmi,
+        "amdsmi",
+        "amdsmi_init",
+        "amdsmi_shut_down",
+        lambda a: len(visibility.amdsmi_visible_handles(a, env)),
+    )
 
-            amdsmi = amdsmi_module
-        amdsmi.amdsmi_init()
-    except Exception:  # noqa: BLE001
+
+def _library_count(
+    library: Any, module: str, init: str, shutdown: str, count: Callable[[Any], int]
+) -> int | None:
+    """``count(library)`` between the library's init and shutdown; None when either fails."""
+    try:
+        if library is None:
+            library = importlib.import_module(module)
+        getattr(library, init)()
+    except Exception:  # noqa: BLE001 - no library or no driver: it cannot say
         return None
     try:
-        return len(visibility.amdsmi_visible_handles(amdsmi, env))
+        return count(library)
     except Exception:  # noqa: BLE001
         return None
     finally:
-        _quietly(amdsmi.amdsmi_shut_down)
+        _quietly(getattr(library, shutdown))
 
 
 def hardware_platform(

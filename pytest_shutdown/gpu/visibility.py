@@ -124,11 +124,8 @@ def nvml_handle(
         if warn_order:
             warn_if_order_differs(nvml, environ)
         return nvml.nvmlDeviceGetHandleByIndex(int(entry))
-    if entry.upper().startswith("MIG-"):
-        return _pick(_mig_handles(nvml), entry, lambda h: _text(nvml.nvmlDeviceGetUUID(h)),
-                     "CUDA_VISIBLE_DEVICES")
-    return _pick(_gpu_handles(nvml), entry, lambda h: _text(nvml.nvmlDeviceGetUUID(h)),
-                 "CUDA_VISIBLE_DEVICES")
+    handles = _mig_handles(nvml) if entry.upper().startswith("MIG-") else _gpu_handles(nvml)
+    return _pick(handles, entry, lambda h: _text(nvml.nvmlDeviceGetUUID(h)), "CUDA_VISIBLE_DEVICES")
 
 
 def nvml_visible_count(nvml: Any, environ: Mapping[str, str]) -> int:

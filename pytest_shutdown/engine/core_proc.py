@@ -80,7 +80,6 @@ IDLE_WAKE_S = 1.0
 OUTPUT_FLUSH_S = 1.0
 #: After its parent dies, a child that has not exited by itself this long after is ended.
 PARENT_GONE_EXIT_S = 1.0
-#: How often an interrupted start-up is checked for while the model loads.
 STARTUP_POLL_S = 0.05
 
 

@@ -46,7 +46,6 @@ class WholeTreeLoading:
 REFERENCE_PHASES = {"starting": WholeTreeLoading(4)}
 #: Every phase the frontend reports (declared to the test: an unknown one fails at once).
 FRONTEND_PHASES = ("starting", "ready", "busy", "shutting_down", "in_collective")
-#: How often the serving loop looks at its engines.
 SERVE_POLL_S = 0.02
 #: Requests kept in flight per EngineCore in the ``busy`` phase, and their length.
 BUSY_REQUESTS_PER_ENGINE = 2
@@ -55,7 +54,6 @@ BUSY_MAX_TOKENS = 1_000_000
 STARTING_LOAD_S = 30.0
 #: EngineCore teardown in the ``shutting_down`` phase: the window a signal must land in.
 SHUTTING_DOWN_TEARDOWN_S = 1.0
-#: How long the frontend waits for the first output of a busy engine.
 FIRST_OUTPUT_TIMEOUT_S = 30.0
 #: The straggling rank's delay in the ``in_collective`` phase: longer than any test waits.
 IN_COLLECTIVE_STRAGGLE_S = 30.0

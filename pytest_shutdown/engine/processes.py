@@ -44,9 +44,7 @@ from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
-#: How often the monitor thread wakes without any event.
 MONITOR_POLL_S = 1.0
-#: How often a start-up with an ``interrupt`` event looks at it.
 STARTUP_POLL_S = 0.05
 
 

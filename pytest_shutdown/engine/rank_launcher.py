@@ -46,9 +46,7 @@ RANK_LEVELS = {"head": "root", "rank0": "Rank0", "rank1": "Rank1"}
 UNTIMED = timedelta(days=1)
 #: How long the last rank straggles before each step in phase ``in_collective``.
 STRAGGLE_S = 30.0
-#: Pause between steps.
 STEP_PAUSE_S = 0.01
-#: Exit code of a rank whose peer is gone.
 EXIT_PEER_GONE = 4
 
 

@@ -48,7 +48,6 @@ MSG_WORKER_READY = "worker_ready"  # (MSG_WORKER_READY, pid)
 MSG_WORKER_STOP = "worker_stop"  # (MSG_WORKER_STOP,)
 MSG_WORKER_STEP = "worker_step"  # (MSG_WORKER_STEP, step): run this step's collective
 MSG_WORKER_STEP_DONE = "worker_step_done"  # (MSG_WORKER_STEP_DONE, step)
-#: A worker whose collective failed because a peer rank is gone.
 EXIT_PEER_GONE = 4
 #: The phase a rank announces when it waits inside a collective for a straggling peer.
 IN_COLLECTIVE = "in_collective"
@@ -56,7 +55,6 @@ IN_COLLECTIVE = "in_collective"
 WORKER_POLL_S = 0.1
 #: How often the EngineCore's worker monitor polls exit statuses (sentinels wake it at once).
 WATCH_POLL_S = 1.0
-#: How long an EngineCore gives its workers to stop before they are killed.
 WORKER_STOP_TIMEOUT_S = 2.0
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from pytest_shutdown._os.killer import tree_of
 from pytest_shutdown.gpu import visibility
 
 
@@ -74,12 +75,7 @@ class OwnProcesses:
         self.seen: set[int] = {self.root}
 
     def __call__(self) -> set[int]:
-        import psutil  # noqa: PLC0415
-
-        try:
-            self.seen.update(p.pid for p in psutil.Process(self.root).children(recursive=True))
-        except psutil.Error:
-            pass
+        self.seen.update(tree_of(self.root))
         return set(self.seen)
 
 

@@ -102,7 +102,6 @@ def _entry_at(entries: list[str], torch_index: int, variable: str, value: str) -
     return entries[torch_index]
 
 
-# -- CUDA / NVML ------------------------------------------------------------------------------
 def nvml_handle(
     nvml: Any, torch_index: int, environ: Mapping[str, str], *, warn_order: bool = True
 ) -> Any:
@@ -186,7 +185,6 @@ def warn_if_order_differs(nvml: Any, environ: Mapping[str, str]) -> bool:
     return True
 
 
-# -- ROCm / amdsmi ----------------------------------------------------------------------------
 def amdsmi_handles_in_hip_order(amdsmi: Any) -> list[Any]:
     """The machine's GPUs in the order ROCr enumerates them (KFD node id), not amdsmi's."""
     handles = list(amdsmi.amdsmi_get_processor_handles())

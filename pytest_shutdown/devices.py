@@ -1,11 +1,8 @@
 """Platform detection (cuda / rocm / cpu) and device-memory readers: the public face.
 
-The work is done in :mod:`pytest_shutdown.gpu`: detection counts devices through NVML / amdsmi
-and never initialises CUDA in the calling process (:mod:`~pytest_shutdown.gpu.detect`); readers
-map torch's device index through the visibility variables (:mod:`~pytest_shutdown.gpu.visibility`)
-and read either the whole device or only the test's own processes
-(:mod:`~pytest_shutdown.gpu.readers`). torch, NVML and amdsmi are imported only when a function
-here is called, never at import time.
+Detection never initialises CUDA in the calling process; readers map torch's device index
+through the visibility variables and read either the whole device or only the test's own
+processes. torch, NVML and amdsmi are imported only when a function here is called.
 """
 
 from __future__ import annotations

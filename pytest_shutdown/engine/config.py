@@ -30,6 +30,12 @@ _POSITIVE = (
     "barrier_timeout_s",
     "collective_abort_grace_s",
 )
+_CHOICES = (
+    ("platform", PLATFORM_CHOICES),
+    ("start_method", START_METHODS),
+    ("process_group", PROCESS_GROUP_CHOICES),
+    ("dp_process_group", PROCESS_GROUP_CHOICES),
+)
 _POSITIVE_INTS = (
     "renderer_num_workers",
     "mm_cache_size",
@@ -58,8 +64,7 @@ class EngineConfig:
     #: Cleanup grace given to a ROCm EngineCore process after an immediate abort (request and
     #: process timeouts both 0): a SIGKILLed ROCm process can keep its VRAM held for long.
     rocm_process_grace_s: float = 15.0
-    #: Extra time the DP supervisor gives its children, on top of their engines' process timeout,
-    #: before it kills their trees.
+    #: What the DP supervisor adds to its children's process timeout before it kills them.
     child_exit_grace_s: float = 5.0
     #: Process timeout used by shutdown_processes when the caller passes None.
     default_process_timeout_s: float = 5.0
@@ -84,10 +89,8 @@ class EngineConfig:
     #: The TP workers of each EngineCore form a ``torch.distributed`` group ("off": none; "auto":
     #: nccl on a CUDA device, else gloo) and run one collective per engine step.
     process_group: str = "off"
-    #: The EngineCores ``EngineCore_DP{i}`` form a ``torch.distributed`` group of their own when
-    #: ``data_parallel_size`` > 1 ("off": none; choices and "auto" as ``process_group``): every
-    #: busy-loop step all-reduces whether a rank has unfinished requests, and the ranks stop
-    #: together (vLLM's ``DPEngineCoreProc``). The deadlines below apply to it too.
+    #: The EngineCores form a group of their own when dp > 1 (choices as ``process_group``)
+    #: and stop together (vLLM's ``DPEngineCoreProc``); the deadlines below apply to it too.
     dp_process_group: str = "off"
     #: Connecting to the group's store (hosted by the EngineCore) and waiting in it.
     store_timeout_s: float = 30.0
@@ -97,28 +100,17 @@ class EngineConfig:
     barrier_timeout_s: float = 1.0
     #: How long a rank told to stop may stay inside a collective before it is ended (aborted).
     collective_abort_grace_s: float = 1.0
-    #: Fault injection: the last TP rank enters every collective this late (a straggler), so
-    #: that the others wait inside it (phase ``in_collective``).
+    #: Fault injection: the last TP rank enters every collective this late (a straggler).
     collective_straggle_s: float = 0.0
     #: Derived from ``platform``: the torch device string tensors are placed on.
     device: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        if self.platform not in PLATFORM_CHOICES:
-            raise ValueError(
-                f"EngineConfig.platform: unknown value {self.platform!r}; "
-                f"accepted: {', '.join(PLATFORM_CHOICES)}"
-            )
-        if self.start_method not in START_METHODS:
-            raise ValueError(
-                f"EngineConfig.start_method: unknown value {self.start_method!r}; "
-                f"accepted: {', '.join(START_METHODS)}"
-            )
-        for name in ("process_group", "dp_process_group"):
-            if getattr(self, name) not in PROCESS_GROUP_CHOICES:
+        for name, accepted in _CHOICES:
+            if getattr(self, name) not in accepted:
                 raise ValueError(
                     f"EngineConfig.{name}: unknown value {getattr(self, name)!r}; "
-                    f"accepted: {', '.join(PROCESS_GROUP_CHOICES)}"
+                    f"accepted: {', '.join(accepted)}"
                 )
         for name in _NON_NEGATIVE:
             _check_non_negative(name, getattr(self, name))

@@ -1,9 +1,7 @@
 """EngineCore: a tiny torch model, a KV cache and a scheduler, with a correct shutdown.
 
-On start the engine freezes its startup heap as vLLM does (``gc.collect()`` then ``gc.freeze()``)
-so later collections skip it; ``shutdown()`` unfreezes, so ``gc.get_freeze_count()`` is back
-where it was before the engine was built. If the heap was already frozen by someone else when the
-engine started, the engine neither freezes nor unfreezes: the freeze is not its own.
+The engine freezes its startup heap as vLLM does and ``shutdown()`` unfreezes it, unless the
+heap was already frozen by someone else: the freeze is then not its own.
 """
 
 from __future__ import annotations
@@ -45,10 +43,6 @@ class Request:
     max_tokens: int
     output_token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
 
 
 @dataclass(frozen=True)
@@ -93,7 +87,7 @@ class EngineCore:
         self._lock = threading.RLock()
 
         self._resources = ExitStack()
-        # ExitStack.close is not safe against concurrent callers; racing shutdowns serialise.
+        # ExitStack.close is not safe against concurrent callers.
         self._shutdown_lock = threading.Lock()
         self._resources.callback(logger.info, "[shutdown] EngineCore")
         self._closed = threading.Event()
@@ -110,7 +104,6 @@ class EngineCore:
         self._resources.callback(_sleep, self.config.teardown_delay_s)
         self._resources.callback(_release, weakref.ref(self), self.device.type)
 
-    # -- scheduler -------------------------------------------------------------------------
     def add_request(
         self, request_id: str, prompt_token_ids: Iterable[int], max_tokens: int = 16
     ) -> None:
@@ -183,7 +176,6 @@ class EngineCore:
                     if out.finished:
                         return tokens
 
-    # -- lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Release model and KV cache and unfreeze the startup heap; later calls do nothing."""
         with self._shutdown_lock:
@@ -194,7 +186,6 @@ class EngineCore:
         return self._closed.is_set()
 
     def utility(self, name: str, *args: Any) -> Any:
-        """Answer a utility call by name (the child-process RPC path uses this)."""
         if name == "num_unfinished_requests":
             return self.num_unfinished_requests()
         if name == "has_work":
@@ -207,7 +198,7 @@ class EngineCore:
 
 
 def _freeze_startup_heap() -> bool:
-    """Freeze the startup heap as vLLM does; True when this call did the freezing."""
+    """True when this call did the freezing."""
     # Checked first: counting a frozen heap walks all of it (15-25 ms in a torch fork).
     if heap_frozen_by_fork_server() or gc.get_freeze_count() != 0:
         return False

@@ -1,37 +1,18 @@
 """run_engine_core: the EngineCore child-process entry, modelled on vLLM V1.
 
-The child talks to its parent over one duplex ``multiprocessing`` connection: an input thread
-turns what arrives into items of ``input_queue``; an output thread sends what the busy loop puts
-on ``output_queue``. The busy loop is ``while handle_shutdown(): process_input(); step()``.
+An input thread turns what arrives on the parent connection into ``input_queue`` items; an output
+thread sends what the busy loop (``while handle_shutdown(): process_input(); step()``) puts on
+``output_queue``.
 
-Shutdown. SIGTERM and SIGINT handlers only set state and write one byte to a pipe; a helper
-thread turns that byte into a wake-up item on the input queue (a handler that touched the queue
-itself could deadlock on a lock the interrupted main thread holds). A signal that arrives before
-the engine exists is remembered and honoured once it does. On REQUESTED the loop aborts every
-request (``shutdown_timeout == 0``, or the parent is gone) or drains them (at most
-``shutdown_timeout`` seconds, then the rest is aborted); new requests are answered ABORTED and
-utility calls "shutting down"; the loop ends when no work is left.
+SIGTERM/SIGINT handlers only set state and write one byte to a pipe; a helper thread turns it
+into a wake-up item (a handler that touched the queue could deadlock on a lock the interrupted
+main thread holds). The pipe is also the signal wake-up fd: the kernel may deliver the signal to
+any thread and the Python handler runs only when the main thread runs bytecode again, so an idle
+loop blocked on its queue would otherwise notice it only at its next ``IDLE_WAKE_S``.
 
-The helper thread's pipe is also the interpreter's signal wake-up fd
-(``signal.set_wakeup_fd``): the kernel may deliver a SIGTERM to any thread, and the Python
-handler only runs once the main thread executes bytecode again, so without it an idle loop
-blocked on its input queue would notice the signal only at its next ``IDLE_WAKE_S`` wake-up.
-
-``finally``: ignore further SIGTERM/SIGINT (a second signal must not cut the cleanup short),
-stop the helper thread, flush outputs, ``engine_core.shutdown()``, and only then restore the
-default handlers. A heap frozen by the fork server before this process was forked is released
-with the engine (``gc.unfreeze()``): the end-of-life freeze count is this process's own. A clean
-shutdown (SystemExit code None/0, state SHUTTING_DOWN, no work left, ``shutdown_timeout == 0``)
-on ROCm ends with ``gc.freeze()``: the process is about to exit, and freezing the live object
-graph skips the slow cyclic collection at interpreter finalization.
-Working out "clean" never replaces the exit code: if it raises, the shutdown counts as unclean.
-
-Exit. Once ``run_engine_core`` has ended in ``SystemExit`` (its cleanup done, outputs flushed),
-an engine process skips the interpreter's finalization, 300-400 ms of module teardown and
-garbage collection in a torch process: it exits with ``os._exit`` and the same exit code, from
-the first atexit callback, after multiprocessing has joined threads, run its finalizers and
-flushed the standard streams. Fork server and fork children already end with ``os._exit``; this
-matters for ``spawn``. A child that ended in an exception exits the ordinary way (traceback).
+Once ``run_engine_core`` ended in ``SystemExit`` an engine process exits with ``os._exit`` from
+its first atexit callback, skipping 300-400 ms of interpreter finalization in a torch process
+(this matters for ``spawn``: fork server and fork children end in ``os._exit`` already).
 """
 
 from __future__ import annotations
@@ -66,6 +47,7 @@ from pytest_shutdown.engine.lifeline import (
     ParentWatch,
     set_parent_death_signal,
     set_process_name,
+    wake_fd,
 )
 from pytest_shutdown.engine.shm_ring import ShmRing
 from pytest_shutdown.engine.start import heap_frozen_by_fork_server
@@ -98,16 +80,11 @@ IDLE_WAKE_S = 1.0
 OUTPUT_FLUSH_S = 1.0
 #: After its parent dies, a child that has not exited by itself this long after is ended.
 PARENT_GONE_EXIT_S = 1.0
-#: How often an interrupted start-up is checked for while the model loads.
 STARTUP_POLL_S = 0.05
 
 
 class SignalWaker:
-    """Turns a signal handler's wake-up into a call on a helper thread (a self-pipe).
-
-    ``trigger()`` only writes one byte to a non-blocking pipe, which is async-signal-safe; the
-    helper thread reads it and calls ``wake``, which may take locks freely.
-    """
+    """A self-pipe: ``trigger()`` (async-signal-safe) makes a helper thread call ``wake``."""
 
     def __init__(self, wake: Callable[[], None]) -> None:
         self._wake = wake
@@ -118,28 +95,18 @@ class SignalWaker:
         self._thread.start()
 
     def wake_on_signals(self) -> None:
-        """Make the pipe the interpreter's signal wake-up fd (main thread only).
-
-        The C-level handler then writes the signal number (never 0, the stop byte) to the pipe
-        at once, in whichever thread the kernel delivered the signal to, so the loop wakes up and
-        the Python handler runs without waiting for the main thread's next timeout.
-        """
+        """Make the pipe the signal wake-up fd (main thread only); a signal number is never 0,
+        the stop byte."""
         self._previous_wakeup_fd = signal.set_wakeup_fd(self._w, warn_on_full_buffer=False)
 
     def trigger(self) -> None:
-        try:
-            os.write(self._w, b"\x01")
-        except OSError:  # the pipe is full: a wake-up is already pending
-            pass
+        wake_fd(self._w)
 
     def stop(self, timeout: float = 1.0) -> None:
         if self._previous_wakeup_fd is not None:
             signal.set_wakeup_fd(self._previous_wakeup_fd)
             self._previous_wakeup_fd = None
-        try:
-            os.write(self._w, b"\x00")
-        except OSError:
-            pass
+        wake_fd(self._w, b"\x00")
         self._thread.join(timeout)
         if not self._thread.is_alive():
             os.close(self._r)
@@ -166,26 +133,19 @@ class EngineCoreProc:
         self.input_queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self.output_queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self.engine_core: EngineCore | None = None
-        #: The TP workers (tp > 1): each step also starts their collective.
         self.workers: WorkerGroup | None = None
         self.waker: SignalWaker | None = None
-        #: Set by the signal handler, even before the engine exists.
         self.shutdown_requested = False
         self.signals_received: list[int] = []
         self.parent_gone = False
         self.exit_code = 0
         self._drain_deadline: float | None = None
         self._output_thread: threading.Thread | None = None
-        #: Set as soon as the parent is known to be gone (death pipe EOF or the parent watch).
         self.parent_gone_seen = threading.Event()
-        #: False once SIGTERM bypassed the graceful path (fault ``sigterm_raises_system_exit``).
         self.graceful = True
-        #: The outputs' shared-memory ring (None: outputs go over ``conn``).
         self.ring: ShmRing | None = None
-        #: The DP group (dp > 1 with ``dp_process_group`` on): the busy loop runs in lockstep.
         self.dp_group: DataParallelGroup | None = None
 
-    # -- IO threads ------------------------------------------------------------------------
     def start_io_threads(self) -> None:
         threading.Thread(target=self._input_loop, name="engine-input", daemon=True).start()
         self._output_thread = threading.Thread(
@@ -225,7 +185,6 @@ class EngineCoreProc:
             self.output_queue.put(None)
             self._output_thread.join(timeout)
 
-    # -- wake-ups --------------------------------------------------------------------------
     def signal_handler(self, signum: int, frame: object) -> None:
         """Only set state and wake the loop (through the helper thread)."""
         self.signals_received.append(signum)
@@ -240,7 +199,6 @@ class EngineCoreProc:
             self.waker.trigger()
 
     def wake(self) -> None:
-        """A signal arrived (the helper thread runs this even while the main thread is blocked)."""
         if self.dp_group is not None:
             self.dp_group.stop(0)  # blocked in a DP collective: the watchdog ends it after grace
         self.input_queue.put(_WAKE)
@@ -255,11 +213,9 @@ class EngineCoreProc:
         self.input_queue.put((_WORKER_DIED, name, pid, exitcode))
 
     def startup_interrupted(self) -> bool:
-        """Whether start-up (model loading) should stop: a signal, or the parent is gone."""
         return self.shutdown_requested or self.parent_gone_seen.is_set()
 
     def load_model(self, delay_s: float) -> None:
-        """The EngineCore's own loading (tp=1): ``delay_s``, cut short by a stop or parent death."""
         until = time.monotonic() + delay_s
         while not self.startup_interrupted():
             remaining = until - time.monotonic()
@@ -267,7 +223,6 @@ class EngineCoreProc:
                 return
             self.parent_gone_seen.wait(min(remaining, STARTUP_POLL_S))
 
-    # -- busy loop -------------------------------------------------------------------------
     def run_busy_loop(self) -> None:
         """Serve until a requested shutdown has no work left, then raise SystemExit."""
         if self.dp_group is not None:
@@ -285,13 +240,9 @@ class EngineCoreProc:
         raise SystemExit(code)
 
     def _run_dp_busy_loop(self, group: DataParallelGroup) -> None:
-        """vLLM's ``DPEngineCoreProc`` loop: one all-reduce of the ranks' state per iteration.
-
-        Every rank runs the all-reduce every iteration (an idle rank too, after at most
-        ``DP_IDLE_WAKE_S``), so the ranks stay in step; a stop told to any rank stops them all,
-        and they return here at the same iteration. A failed all-reduce means a peer is gone:
-        a rank told to stop already just ends; otherwise its engine is dead (it raises).
-        """
+        """vLLM's ``DPEngineCoreProc`` loop: every rank all-reduces its state every iteration
+        (an idle one after ``DP_IDLE_WAKE_S``), so a stop told to one rank stops all of them at
+        the same iteration. A failed all-reduce means a peer is gone."""
         core = self._core
         globally_unfinished = False
         while True:
@@ -436,7 +387,6 @@ class EngineCoreProc:
 def _arm_lifeline(
     proc: EngineCoreProc, parent_pid: int | None, pdeathsig: bool
 ) -> ParentWatch | None:
-    """Die with the parent: PDEATHSIG when it is safe, and a watch on the parent's pid."""
     if pdeathsig:
         set_parent_death_signal(signal.SIGTERM)
     if parent_pid is None:
@@ -474,19 +424,14 @@ def run_engine_core(
 ) -> None:
     """Run one EngineCore in this (child) process until it is told to stop; ends in SystemExit.
 
-    ``exiting``: the process ends as soon as this returns (the process entry passes True). Then
-    SIGTERM/SIGINT stay ignored after the cleanup instead of getting their default handlers
-    back: a late duplicate SIGTERM (a DP supervisor signals the whole process group, then the
-    child's manager signals each engine) must not turn a clean exit into death by signal.
-
-    ``parent_pid`` is the logical parent (the process that owns ``conn``); when it dies this
-    process exits by itself within about ``PARENT_GONE_EXIT_S``. ``pdeathsig`` additionally asks
-    the kernel for a SIGTERM when the forking thread exits (see ``start.pdeathsig_safe``).
-    ``ring_name``: the outputs go through a shared-memory ring of that name (created here,
-    unlinked here at the end; the parent unlinks it when this process dies uncleanly).
-    ``dp_group``: join the DP group once loaded (see ``engine/dp_group.py``); it is left first
-    thing in the cleanup, so the ranks that left the loop together meet at its barrier.
-    Must run in the main thread of the process (it installs signal handlers).
+    ``exiting``: the process ends as soon as this returns, so SIGTERM/SIGINT stay ignored after
+    the cleanup: a late duplicate SIGTERM (a DP supervisor signals the whole process group, then
+    the manager each engine) must not turn a clean exit into death by signal.
+    ``parent_pid``: the logical parent; when it dies this process exits within about
+    ``PARENT_GONE_EXIT_S``. ``pdeathsig``: also ask the kernel for a SIGTERM when the forking
+    thread exits (see ``start.pdeathsig_safe``). ``ring_name``: the outputs go through a
+    shared-memory ring of that name (created and unlinked here). ``dp_group``: join the DP group
+    once loaded. Must run in the main thread (it installs signal handlers).
     """
     faults = faults if faults is not None else ChildFaults()
     log = LifecycleLog(lifecycle_log)
@@ -532,11 +477,9 @@ def run_engine_core(
         proc.send((kind, text))
         raise
     finally:
-        # Ignore repeated SIGTERM/SIGINT while cleaning up: a second signal must not cut it short.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         _clean_up(proc, log, engine_core, workers)
-        # Only now: the default handlers (still ignored in a process that is about to end).
         after = signal.SIG_IGN if exiting else signal.SIG_DFL
         signal.signal(signal.SIGTERM, after)
         signal.signal(signal.SIGINT, after)
@@ -544,8 +487,7 @@ def run_engine_core(
         if parent_watch is not None:
             parent_watch.stop()
         if clean_shutdown and platform == "rocm":
-            # The cleanup above unfroze and released the heap; freezing what is left skips the
-            # slow cyclic GC at interpreter finalization of this exiting process.
+            # Skips the slow cyclic GC at interpreter finalization of this exiting process.
             gc.freeze()
             if log.enabled:  # get_freeze_count() walks the whole frozen heap
                 log.event("gc_frozen", freeze_count=gc.get_freeze_count())
@@ -554,8 +496,7 @@ def run_engine_core(
 def _install_handlers(
     proc: EngineCoreProc, log: LifecycleLog, dp_rank: int, ring_name: str | None
 ) -> None:
-    """The outputs' ring (when asked for), the signal handlers and their wake-up, the process
-    name: first thing, so a signal during start-up is seen and the cleanup finds the ring."""
+    """First thing, so that a signal during start-up is seen and the cleanup finds the ring."""
     if ring_name is not None:
         proc.ring = ShmRing.create(ring_name)
     proc.waker = SignalWaker(proc.wake)
@@ -573,9 +514,6 @@ def _start_up(
     deadline: float,
     dp_rank: int,
 ) -> None:
-    """Load the model: the workers' shards (within the start-up deadline, or untimed when the
-    lifeline is armed only after start-up) or this process's own; then the injected faults of
-    start-up (a signal before the engine, a delay, a failure of this rank)."""
     if faults.signal_before_engine:
         os.kill(os.getpid(), signal.SIGTERM)
     if workers is not None:
@@ -595,8 +533,6 @@ def _start_up(
 def _build_engine(
     proc: EngineCoreProc, dp_rank: int, dp_group: DPGroupSpec | None, log: LifecycleLog
 ) -> EngineCore:
-    """The rank's placement, the DP group joined (unless start-up was interrupted), then the
-    EngineCore itself."""
     placed = place_rank(proc.config, dp_rank)
     if dp_group is not None and not proc.startup_interrupted():
         proc.dp_group = DataParallelGroup(
@@ -613,9 +549,8 @@ def _clean_up(
     engine_core: EngineCore | None,
     workers: WorkerGroup | None,
 ) -> None:
-    """vLLM's order: leave the DP group first (the ranks that left the loop together meet at
-    its barrier), stop the signal wake-up, flush and release the outputs' ring, shut the
-    EngineCore and (gracefully ending) the workers down, unfreeze a fork server's heap."""
+    """vLLM's order; the DP group first: the ranks that left the loop together meet at its
+    barrier."""
     log.event("cleanup_started")
     if proc.dp_group is not None:
         _leave_dp_group(proc.dp_group, log)
@@ -630,7 +565,6 @@ def _clean_up(
     if workers is not None and proc.graceful:
         workers.shutdown()
     if heap_frozen_by_fork_server():
-        # The fork server's freeze, not this process's: released with the engine.
         gc.unfreeze()
     log.event("cleanup_finished")
 
@@ -644,7 +578,6 @@ def _leave_dp_group(group: DataParallelGroup, log: LifecycleLog) -> None:
 
 
 def _exit_stuck(log: LifecycleLog, dp_rank: int, code: int) -> None:
-    """The DP watchdog's way out: the main thread is stuck in a DP collective after a stop."""
     log.event("dp_collective_abandoned", dp_rank=dp_rank, code=code)
     os._exit(code)
 
@@ -660,11 +593,8 @@ def engine_process_main(
     ring_name: str | None = None,
     dp_group: DPGroupSpec | None = None,
 ) -> None:
-    """Target of every engine process: ``run_engine_core``, then record how the life ended.
-
-    The ``final`` event is written after ``run_engine_core`` has returned or raised, i.e. after
-    its ``finally`` (and any ``gc.freeze()``): the state the interpreter exits with.
-    """
+    """Target of every engine process; its ``final`` event is the state the interpreter exits
+    with (after ``run_engine_core``'s ``finally`` and any ``gc.freeze()``)."""
     reset_after_fork(config.start_method)
     log = LifecycleLog(lifecycle_log)
     if log.enabled:  # get_freeze_count() walks the whole frozen heap (~20 ms under torch)
@@ -692,14 +622,10 @@ def engine_process_main(
 def skip_finalization_at_exit(exit_code: int) -> bool:
     """In a multiprocessing child: end the interpreter with ``os._exit(exit_code)`` at exit.
 
-    Registered last, the callback runs first among the atexit callbacks, i.e. after the
-    multiprocessing bootstrap has joined non-daemon threads, run its finalizers and flushed the
-    standard streams (and after the interpreter joined its threads); it flushes logging and the
-    streams once more, then skips the rest: other atexit callbacks, module teardown, the final
-    garbage collections. ``exit_code`` must be the code the process would exit with anyway (a
-    ``SystemExit`` code None counts as 0, as in ``BaseProcess._bootstrap``). Does nothing (and
-    returns False) outside a multiprocessing child. Fork server and fork children never reach
-    the atexit callbacks (they end in ``os._exit`` already).
+    Registered last, the callback runs first among the atexit callbacks, after multiprocessing
+    joined the threads, ran its finalizers and flushed the streams; it skips the other atexit
+    callbacks, module teardown and the final collections. ``exit_code`` must be the code the
+    process would exit with anyway. False (nothing done) outside a multiprocessing child.
     """
     if multiprocessing.parent_process() is None:
         return False

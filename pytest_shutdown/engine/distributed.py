@@ -1,21 +1,10 @@
 """A real ``torch.distributed`` process group for the reference engine's ranks, with deadlines.
 
-The TP workers of one EngineCore form a group (gloo on the CPU, nccl where the device is a CUDA
-GPU) over a ``TCPStore`` on a free port of 127.0.0.1 hosted by their EngineCore, as vLLM's
-workers rendezvous through their driver. Every wait has a deadline:
-
-* start-up: the store connect timeout (``store_timeout_s``) and the ``init_process_group``
-  timeout, which gloo also applies to every collective (``collective_timeout_s``);
-* one collective per step (``step()``: an ``all_reduce`` of one element);
-* teardown in vLLM's order (``shutdown()``): a barrier with a deadline (``barrier_timeout_s``;
-  gloo's ``monitored_barrier``), then ``destroy_process_group``. When a peer is gone (the barrier
-  failed, a collective failed, or the caller knows it) the group is *aborted* instead:
-  ``destroy_process_group`` is collective in nccl and hangs on a dead peer (PyTorch #119215,
-  SGLang #39560). torch 2.13's ``_abort_process_group`` aborts nccl and gloo alike; where a
-  torch has none, the abort path skips the destroy and leaves the group to the process's exit
-  (``shutdown()`` says which happened).
-
-Nothing here imports torch at module level, so the backend choice can be tested without it.
+Ranks rendezvous over a ``TCPStore`` on 127.0.0.1. Every wait has a deadline: the store connect,
+``init_process_group`` (whose timeout gloo applies to every collective too), and the teardown
+barrier. With a peer gone the group is *aborted*, never destroyed: ``destroy_process_group`` is
+collective in nccl and hangs on a dead peer (PyTorch #119215, SGLang #39560). No torch import at
+module level.
 """
 
 from __future__ import annotations
@@ -43,13 +32,11 @@ BACKENDS = ("gloo", "nccl")
 
 @dataclass(frozen=True)
 class GroupDeadlines:
-    """Every wait of a rank group, in seconds (all > 0)."""
+    """Every wait of a rank group, in seconds (all > 0): the store (connect, get, wait),
+    ``init_process_group`` (gloo applies it to every collective), the teardown barrier."""
 
-    #: Connecting to the store (and the store's own get/wait calls).
     store_timeout_s: float = 30.0
-    #: ``init_process_group``'s timeout, which gloo applies to every collective too.
     collective_timeout_s: float = 30.0
-    #: The teardown barrier before ``destroy_process_group``.
     barrier_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
@@ -64,7 +51,6 @@ class GroupDeadlines:
 
 
 def group_deadlines(config: EngineConfig) -> GroupDeadlines:
-    """A process group's deadlines from the engine's config (TP and DP groups alike)."""
     return GroupDeadlines(
         store_timeout_s=config.store_timeout_s,
         collective_timeout_s=config.collective_timeout_s,
@@ -75,11 +61,8 @@ def group_deadlines(config: EngineConfig) -> GroupDeadlines:
 def select_backend(
     choice: str, device_type: str, *, nccl_available: Callable[[], bool] | None = None
 ) -> str:
-    """The backend for ``choice`` on ``device_type``.
-
-    "auto" is nccl on CUDA (when torch has nccl), else gloo. An explicit nccl on a device that is
-    not CUDA, or without nccl, is an error naming the option.
-    """
+    """The backend for ``choice`` on ``device_type``: "auto" is nccl on CUDA (when torch has
+    nccl), else gloo; an explicit nccl that cannot work is an error."""
     accepted = [c for c in PROCESS_GROUP_CHOICES if c != "off"]
     if choice not in accepted:
         raise ValueError(f"process_group: expected one of {', '.join(accepted)}, got {choice!r}")
@@ -102,13 +85,11 @@ def _nccl_available() -> bool:
 
 
 def free_port(host: str = STORE_HOST) -> int:
-    """A TCP port free on ``host`` right now, for a store that a child binds a moment later.
+    """A TCP port free on ``host`` now, for a store that a child binds a moment later.
 
-    Taken below the kernel's ephemeral range (``ip_local_port_range``), where no outgoing
-    connection is ever given a port: a port the OS picks with ``bind(0)`` comes from that range,
-    and between this check and the child's bind another process's ``connect`` (a parallel test's
-    store client) could take it (``EADDRINUSE`` in one ``make test`` run). Falls back to the
-    OS's pick when no port below the range is free."""
+    Taken below the kernel's ephemeral range: a ``bind(0)`` port comes from that range, where a
+    parallel test's ``connect`` could take it before the child binds (``EADDRINUSE`` seen in
+    ``make test``). Falls back to the OS's pick."""
     low = _ephemeral_low()
     for port in random.sample(range(_FIXED_PORTS_FROM, low), min(32, low - _FIXED_PORTS_FROM)):
         if _bindable(host, port):
@@ -118,12 +99,10 @@ def free_port(host: str = STORE_HOST) -> int:
         return int(sock.getsockname()[1])
 
 
-#: The lowest port :func:`free_port` picks (above the well-known and most registered services).
 _FIXED_PORTS_FROM = 20000
 
 
 def _ephemeral_low() -> int:
-    """The first port of the kernel's ephemeral range (Linux's default: 32768)."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
             low = int(f.read().split()[0])
@@ -158,11 +137,10 @@ def host_store(port: int, world_size: int, deadlines: GroupDeadlines) -> Any:
 class RankGroup:
     """One rank's membership in a process group: join, a collective per step, teardown.
 
-    ``hosts_store``: this rank serves the group's ``TCPStore`` on ``port`` itself (its peers
-    connect to it), as vLLM's DP rank 0 does; otherwise the store is hosted elsewhere
-    (``host_store``). ``shutdown()`` returns how the group ended: ``"destroyed"`` (barrier,
-    then destroy), ``"aborted"`` (nccl's abort), ``"abandoned"`` (gloo with a peer gone: no
-    destroy, the exit releases it) or ``"not-joined"``. Idempotent.
+    ``hosts_store``: this rank serves the group's ``TCPStore`` (as vLLM's DP rank 0 does);
+    otherwise it connects to one (``host_store``). ``shutdown()`` (idempotent) returns how the
+    group ended: ``"destroyed"``, ``"aborted"``, ``"abandoned"`` (no abort for the backend: the
+    exit releases it) or ``"not-joined"``.
     """
 
     def __init__(
@@ -186,7 +164,6 @@ class RankGroup:
         self.backend = backend
         self.device = device
         self.deadlines = deadlines if deadlines is not None else GroupDeadlines()
-        #: This rank hosts the group's store itself (vLLM's DP rank 0) instead of connecting.
         self.hosts_store = hosts_store
         self.steps = 0
         self.ending: str | None = None
@@ -197,7 +174,6 @@ class RankGroup:
 
     @property
     def store(self) -> Any:
-        """This rank's client of the group's store (None before ``join()`` and after teardown)."""
         return self._store
 
     @property
@@ -205,7 +181,6 @@ class RankGroup:
         return self._store is not None and self.ending is None
 
     def join(self) -> None:
-        """Connect to (or host) the store and ``init_process_group``, both against deadlines."""
         import torch.distributed as dist  # noqa: PLC0415
 
         self.in_collective.set()  # blocked in C++ as in a collective: the watchdog covers it
@@ -232,23 +207,10 @@ class RankGroup:
 
     def step(self) -> int:
         """One collective: the sum over the ranks of 1 (== ``world_size`` when all took part)."""
-        import torch  # noqa: PLC0415
-        import torch.distributed as dist  # noqa: PLC0415
-
-        one = torch.ones(1, device=self.device)
-        self.in_collective.set()
-        try:
-            dist.all_reduce(one)
-        finally:
-            self.in_collective.clear()
-        self.steps += 1
-        return int(one.item())
+        return self.sum_over_ranks([1])[0]
 
     def sum_over_ranks(self, values: Sequence[int]) -> list[int]:
-        """One collective: each of ``values`` summed over the ranks (an ``all_reduce``).
-
-        Bounded by the group's collective timeout; raises ``RuntimeError`` when a peer is gone.
-        """
+        """Each of ``values`` summed over the ranks; ``RuntimeError`` when a peer is gone."""
         import torch  # noqa: PLC0415
         import torch.distributed as dist  # noqa: PLC0415
 
@@ -262,7 +224,6 @@ class RankGroup:
         return [int(v) for v in tensor.tolist()]
 
     def shutdown(self, *, peer_gone: bool = False) -> str:
-        """Barrier with a deadline, then destroy; abort when a peer is gone or the barrier fails."""
         with self._lock:
             if self.ending is not None:
                 return self.ending
@@ -285,7 +246,7 @@ class RankGroup:
             return self.ending
 
     def _barrier(self) -> bool:
-        """The teardown barrier against ``barrier_timeout_s``; False when a peer did not come."""
+        """False when a peer did not come."""
         import torch.distributed as dist  # noqa: PLC0415
 
         timeout = timedelta(seconds=self.deadlines.barrier_timeout_s)
@@ -303,13 +264,9 @@ class RankGroup:
 
 
 def abort_default_group(backend: str) -> str:
-    """Abort the default group without the collective destroy; returns how it ended.
-
-    ``_abort_process_group()`` (torch >= 2.4; ncclCommAbort on every nccl communicator, and in
-    torch 2.13 gloo's ``abort`` too): ``"aborted"``, the group deregistered. Where torch offers
-    no abort for the backend, the group is abandoned (``"abandoned"``: not destroyed, since
-    destroying talks to the dead peer) and goes with the process, which must exit.
-    """
+    """Abort the default group without the collective destroy (``_abort_process_group``:
+    torch >= 2.4 for nccl, 2.13 for gloo). Without one the group is ``"abandoned"`` to the exit:
+    destroying would talk to the dead peer."""
     from torch.distributed import distributed_c10d  # noqa: PLC0415
 
     abort = getattr(distributed_c10d, "_abort_process_group", None)
@@ -326,14 +283,11 @@ def abort_default_group(backend: str) -> str:
 class CollectiveWatchdog:
     """Ends a rank stuck in a collective once it was told to stop (a signal, its parent gone).
 
-    A Python signal handler runs only between bytecodes of the main thread, so a main thread
-    blocked in a collective or a store wait never runs it, and never reads its death pipe. This
-    thread reads the signal wake-up fd (``signal_fd``, forwarding each byte through
-    ``on_signal``) and watches ``getppid()``. Once the rank is told to stop, a collective it is
-    inside (or enters) gets ``grace_s`` to finish (a rank whose collectives keep completing is
-    not stuck: the grace starts again with each one); then ``on_stuck`` runs (abort the group where
-    that can unblock it) and ``exit_process(code)`` ends the process: the main thread cannot be
-    unwound from inside the C++ call.
+    A main thread blocked in a collective never runs a Python signal handler nor reads its death
+    pipe, so this thread reads the signal wake-up fd (``signal_fd``, each byte forwarded to
+    ``on_signal``) and watches ``getppid()``. Once stopped, a collective gets ``grace_s`` (again
+    after each one that completes); then ``on_stuck`` and ``exit_process(code)``: the main
+    thread cannot be unwound from inside the C++ call.
     """
 
     POLL_S = 0.05
@@ -364,7 +318,7 @@ class CollectiveWatchdog:
         self._thread.start()
 
     def stop(self, code: int) -> None:
-        """The rank was told to stop and will exit with ``code`` (the first call wins)."""
+        """The first call's ``code`` wins."""
         if self._code is None:
             self._code = code
 
@@ -382,8 +336,6 @@ class CollectiveWatchdog:
                 self.stop(self._parent_gone_code)
             steps = getattr(self.group, "steps", 0)
             if self._code is None or not self.group.in_collective.is_set() or steps != last_steps:
-                # Not stopped, not inside a collective, or collectives still complete (a rank
-                # draining in lockstep with its peers): nothing is stuck.
                 stuck_since = None
                 last_steps = steps
                 continue

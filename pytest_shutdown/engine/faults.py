@@ -1,9 +1,5 @@
-"""ChildFaults: the fault switches of an engine process, for the tests of its shutdown path.
-
-A plain dataclass with no engine imports, so that every level that passes faults down (the
-frontend, the DP supervisor, the process manager, the engine process itself) imports it from
-below instead of from the engine process's module.
-"""
+"""ChildFaults: the fault switches of an engine process (no engine imports: every level
+imports it from below)."""
 
 from __future__ import annotations
 
@@ -12,11 +8,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ChildFaults:
-    """Fault injection for tests of the child's shutdown path; the defaults inject nothing.
-
-    Each field reproduces a state the clean-shutdown check (``is_clean_shutdown``) must handle,
-    or a startup failure the manager must survive, in a real child process.
-    """
+    """Fault injection for tests of the child's shutdown path; the defaults inject nothing."""
 
     #: The child sends itself SIGTERM after installing its handlers, before the engine exists.
     signal_before_engine: bool = False

@@ -1,20 +1,11 @@
 """The reference engine's whole process tree: frontend → EngineCore_DP{i} → Worker_TP{j}.
 
-``serve_frontend`` is the root of vLLM's topology as an API server runs it: it starts an
-``EngineProcManager`` (``data_parallel_size`` EngineCores, each with ``tensor_parallel_size``
-workers), serves until SIGTERM/SIGINT or until an engine process dies, then shuts everything
-down with deadlines and returns its exit code. It announces its phases (``starting``,
-``ready``, ``busy``, ``shutting_down``) with ``report_phase``, and reaches the phase the test
-wants (``wanted_phase()``): ``busy`` keeps requests in flight, ``shutting_down`` starts the
-shutdown by itself. It is what the tree-death helper and the ``orphan_matrix`` marker run for
-the reference engine (``REFERENCE_LEVELS`` names its levels).
-
-SIGTERM or SIGINT during start-up abort the start (the manager reaps what it started); later
-they ask for a graceful stop. The handlers only set a flag (a ``SignalStop``: a
-``threading.Event`` set in a handler can deadlock); an exception raised from a handler can land
-in a fork hook or a ``finally`` and be swallowed (the matrix found exactly that).
-``exit_hang_bug`` puts back vLLM PR #38779 / vllm-rbln PR #639: a non-daemon output thread
-nobody stops, which the interpreter's exit waits for forever.
+``serve_frontend`` is the root of vLLM's topology as an API server runs it, and what the
+tree-death helper and the ``orphan_matrix`` marker run for the reference engine. Signal handlers
+only set a ``SignalStop``: an exception raised from a handler can land in a fork hook or a
+``finally`` and be swallowed (the matrix found exactly that). ``exit_hang_bug`` puts back vLLM
+PR #38779 / vllm-rbln PR #639: a non-daemon output thread nobody stops, which the interpreter's
+exit waits for forever.
 """
 
 from __future__ import annotations
@@ -37,11 +28,8 @@ REFERENCE_LEVELS = {"frontend": "root", "engine_core": "EngineCore_DP*", "worker
 
 
 class WholeTreeLoading:
-    """Phase marker ``starting`` of the reference tree: every worker exists and is loading.
-
-    ``report_phase("starting")`` comes before the EngineCores are started; a signal sent then
-    would hit a tree of one process. This marker waits until all ``workers`` are there.
-    """
+    """Phase marker ``starting``: every one of ``workers`` exists and is loading (the line
+    ``starting`` comes before the EngineCores exist)."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
@@ -58,7 +46,6 @@ class WholeTreeLoading:
 REFERENCE_PHASES = {"starting": WholeTreeLoading(4)}
 #: Every phase the frontend reports (declared to the test: an unknown one fails at once).
 FRONTEND_PHASES = ("starting", "ready", "busy", "shutting_down", "in_collective")
-#: How often the serving loop looks at its engines.
 SERVE_POLL_S = 0.02
 #: Requests kept in flight per EngineCore in the ``busy`` phase, and their length.
 BUSY_REQUESTS_PER_ENGINE = 2
@@ -67,18 +54,14 @@ BUSY_MAX_TOKENS = 1_000_000
 STARTING_LOAD_S = 30.0
 #: EngineCore teardown in the ``shutting_down`` phase: the window a signal must land in.
 SHUTTING_DOWN_TEARDOWN_S = 1.0
-#: How long the frontend waits for the first output of a busy engine.
 FIRST_OUTPUT_TIMEOUT_S = 30.0
 #: The straggling rank's delay in the ``in_collective`` phase: longer than any test waits.
 IN_COLLECTIVE_STRAGGLE_S = 30.0
 
 
 def matrix_config(**changes: Any) -> EngineConfig:
-    """The reference tree the orphan matrix runs: tp=2, dp=2 on the CPU, scaled-down graces.
-
-    EngineCores are forks of the frontend (``start_method="fork"``: the frontend never touches
-    a device) so a whole tree starts in tens of milliseconds.
-    """
+    """The reference tree the orphan matrix runs: tp=2, dp=2 on the CPU, scaled-down graces,
+    forked EngineCores (the frontend never touches a device): a tree starts in tens of ms."""
     base: dict[str, Any] = dict(
         platform="cpu",
         tensor_parallel_size=2,
@@ -107,14 +90,10 @@ def serve_frontend(
 ) -> int:
     """Run the reference tree until told to stop; returns the exit code (1: an engine died).
 
-    The wanted phase stretches what it needs: for ``starting`` model loading takes
-    ``starting_load_s`` (a long load that every level must be able to abandon at once); for
-    ``shutting_down`` each EngineCore's teardown takes ``shutting_down_teardown_s`` (a slow
-    device teardown, so that a signal lands while every level is still there); for
-    ``in_collective`` (a config with ``process_group``) the engines are kept busy and the last TP
-    rank enters each collective ``in_collective_straggle_s`` late, so its peers wait inside it
-    (rank 0 announces the phase). Must run in the main thread of its process (it installs
-    SIGTERM/SIGINT handlers).
+    It reaches the phase the test wants (``wanted_phase()``), stretching what it needs: model
+    loading takes ``starting_load_s``, each EngineCore's teardown ``shutting_down_teardown_s``,
+    the last TP rank enters each collective ``in_collective_straggle_s`` late (a config with
+    ``process_group``); ``busy`` keeps requests in flight. Must run in the main thread.
     """
     config = config if config is not None else matrix_config()
     wanted = wanted_phase(known=FRONTEND_PHASES)
@@ -131,10 +110,10 @@ def serve_frontend(
             collective_straggle_s=max(config.collective_straggle_s, in_collective_straggle_s)
         )
     set_process_name("Frontend")
-    stop = SignalStop()  # not a threading.Event: its set() in a handler can deadlock
+    stop = SignalStop()
 
     def on_signal(signum: int, frame: object) -> None:
-        stop.set()  # never raise from a handler: it may run inside a fork hook or a finally
+        stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -168,7 +147,6 @@ def serve_frontend(
 
 
 def _start_load(manager: Any, config: EngineConfig) -> None:
-    """Put long requests in flight on every engine; return once the first output came back."""
     for i in range(BUSY_REQUESTS_PER_ENGINE * config.data_parallel_size):
         manager.add_request(f"busy-{i}", [1, 2, 3], BUSY_MAX_TOKENS)
     manager.outputs.get(timeout=FIRST_OUTPUT_TIMEOUT_S)
@@ -183,6 +161,5 @@ def _drain(outputs: queue.Queue[Any]) -> None:
 
 
 def _handle_outputs_forever(outputs: queue.Queue[Any]) -> None:
-    """The bug: a non-daemon thread that blocks on its queue with no timeout and no stop."""
     while True:
         outputs.get()

@@ -1,8 +1,4 @@
-"""LifecycleLog: one JSON line per lifecycle event of an engine process, for tests to read.
-
-Shared by every level of the reference tree (EngineCore processes and their TP workers), so it
-lives below all of them and imports nothing of the engine.
-"""
+"""LifecycleLog: one JSON line per lifecycle event of an engine process, for tests to read."""
 
 from __future__ import annotations
 
@@ -14,11 +10,7 @@ from typing import Any
 
 
 class LifecycleLog:
-    """Appends one JSON line per lifecycle event to ``path`` (nothing when ``path`` is None).
-
-    Tests read it to observe the child at the very end of its life (its gc freeze count, its
-    exit code, the order of cleanup steps).
-    """
+    """Appends one JSON line per event to ``path`` (nothing when ``path`` is None)."""
 
     def __init__(self, path: str | None) -> None:
         self.path = path
@@ -26,7 +18,6 @@ class LifecycleLog:
 
     @property
     def enabled(self) -> bool:
-        """Whether events are written (fields that are costly to compute can be skipped)."""
         return self.path is not None
 
     def event(self, name: str, **fields: Any) -> None:
@@ -40,7 +31,6 @@ class LifecycleLog:
 
     @staticmethod
     def read(path: str) -> list[dict[str, Any]]:
-        """All events written so far to ``path`` (by every process that shares it)."""
         try:
             with open(path, encoding="utf-8") as f:
                 return [json.loads(line) for line in f if line.strip()]

@@ -1,16 +1,10 @@
 """A child process's lifeline to its parent: it exits by itself when the parent dies.
 
-Two mechanisms, because neither is enough alone:
-
-* ``set_parent_death_signal`` asks the Linux kernel (``prctl(PR_SET_PDEATHSIG)``) to send a
-  signal when the *thread* that forked this process exits. That is only the logical parent when
-  the forking thread lives as long as the parent process: the fork server's main thread, or the
-  main thread of a spawn/fork parent. The caller decides (see ``start.pdeathsig_safe``).
-* ``ParentWatch`` polls the logical parent by pid (and creation time, so a reused pid is not
-  mistaken for it; a zombie counts as dead) and, when it is gone, calls ``on_parent_gone`` and
-  then ends the process with ``os._exit`` if it has not exited by itself within ``exit_after_s``.
-  This works under every start method, including the fork server, whose children are not the
-  children of the process that asked for them.
+Two mechanisms, neither enough alone: ``set_parent_death_signal`` (``PR_SET_PDEATHSIG``) fires
+when the *thread* that forked this process exits, which is the parent's death only when that
+thread lives as long as the parent (see ``start.pdeathsig_safe``); ``ParentWatch`` polls the
+logical parent by pid (and creation time; a zombie counts as dead), which works under every
+start method, the fork server included.
 """
 
 from __future__ import annotations
@@ -31,24 +25,25 @@ EXIT_PARENT_GONE = 3
 
 
 def set_parent_death_signal(signum: int) -> bool:
-    """Ask the kernel to send ``signum`` to this process when its forking thread exits.
-
-    Linux only; returns False (and does nothing) elsewhere or when ``prctl`` is unavailable.
-    """
+    """Ask the kernel for ``signum`` when the forking thread exits (Linux; else False)."""
     return prctl(PR_SET_PDEATHSIG, int(signum))
 
 
 def set_process_name(name: str) -> bool:
-    """Set this process's kernel name (``/proc/PID/comm``, 15 bytes), as ``ps`` and psutil show it.
-
-    Tools outside Python (and the tree-death helper's level patterns) tell the levels of an
-    engine apart by it: ``EngineCore_DP0``, ``Worker_TP1``. Linux only; False elsewhere.
-    """
+    """Set ``/proc/PID/comm`` (15 bytes), by which the tree-death helper's level patterns tell
+    the levels apart (Linux; else False)."""
     return prctl(PR_SET_NAME, name.encode()[:15])
 
 
+def wake_fd(fd: int, data: bytes = b"\x01") -> None:
+    """Write to a non-blocking wake-up pipe; a full one has a wake-up pending already."""
+    try:
+        os.write(fd, data)
+    except OSError:
+        pass
+
+
 def process_is_alive(proc: psutil.Process) -> bool:
-    """True while ``proc`` (the very process, not a reuse of its pid) runs and is not a zombie."""
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
@@ -56,7 +51,8 @@ def process_is_alive(proc: psutil.Process) -> bool:
 
 
 class ParentWatch:
-    """A daemon thread that notices the death of ``parent_pid`` and makes this process exit."""
+    """A daemon thread that notices the death of ``parent_pid``, calls ``on_parent_gone``, and
+    ends this process with ``os._exit`` unless it exited by itself within ``exit_after_s``."""
 
     def __init__(
         self,
@@ -87,7 +83,6 @@ class ParentWatch:
         return self
 
     def stop(self) -> None:
-        """Stop watching (the process is exiting on its own)."""
         self._stopped.set()
 
     def _run(self) -> None:

@@ -1,10 +1,5 @@
-"""ReferenceLLM: the user-facing facade of the reference engine.
-
-A renderer (tokenization on a thread pool) plus either an ``EngineProcManager`` with its
-EngineCore processes (``multiprocess=True``) or an in-process ``EngineCore``. Resources follow
-the renderer's pattern: all of them on one ExitStack, ``weakref.finalize(self,
-self._resources.close)`` as the GC fallback, ``shutdown()`` = close the stack (idempotent).
-"""
+"""ReferenceLLM: the user-facing facade of the reference engine (the renderer's resource
+pattern: one ExitStack, ``weakref.finalize(self, self._resources.close)``)."""
 
 from __future__ import annotations
 
@@ -25,7 +20,6 @@ from pytest_shutdown.engine.renderer import ReferenceRenderer
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
-#: How long ``generate`` waits for all its outputs unless told otherwise.
 GENERATE_TIMEOUT_S = 60.0
 
 
@@ -41,15 +35,9 @@ class RequestOutput:
     finish_reason: FinishReason | None
 
 
-class _TimeoutCell:
-    """The process timeout the next close of the stack uses (None on the GC path)."""
-
-    def __init__(self) -> None:
-        self.value: float | None = None
-
-
-def _shutdown_manager(manager: EngineProcManager, cell: _TimeoutCell) -> None:
-    manager.shutdown(cell.value)
+def _shutdown_manager(manager: EngineProcManager, cell: list[float | None]) -> None:
+    """``cell[0]``: the process timeout of this close of the stack (None on the GC path)."""
+    manager.shutdown(cell[0])
 
 
 class ReferenceLLM:
@@ -61,7 +49,7 @@ class ReferenceLLM:
         self._resources = ExitStack()
         self._resources.callback(logger.info, "[shutdown] ReferenceLLM")
         self._finalizer = weakref.finalize(self, self._resources.close)
-        self._timeout = _TimeoutCell()
+        self._timeout: list[float | None] = [None]
         self._lock = threading.Lock()
         self._ids = itertools.count()
 
@@ -83,7 +71,6 @@ class ReferenceLLM:
             self._finalizer()  # what was built (the renderer) is released now, not at GC
             raise
 
-    # -- generation ------------------------------------------------------------------------
     def generate(
         self,
         prompts: str | Sequence[str],
@@ -165,10 +152,9 @@ class ReferenceLLM:
                         results[out.request_id] = (tokens[out.request_id], out.finish_reason)
         return results
 
-    # -- lifecycle -------------------------------------------------------------------------
     def shutdown(self, timeout: float | None = None) -> None:
         """Stop the engine (process timeout ``timeout``) and the renderer; then do nothing."""
-        self._timeout.value = validate_timeout(timeout)
+        self._timeout[0] = validate_timeout(timeout)
         self._finalizer()  # runs self._resources.close() once, and marks the finalizer dead
 
     @property

@@ -1,14 +1,5 @@
-"""The EngineCore process manager.
-
-Stopping processes (``shutdown_processes``, ``kill_process_tree``, ``ShutdownOutcome``) lives
-below, in ``engine/stopping.py``, shared with the TP workers' group; it is re-exported here.
-
-``EngineProcManager`` starts ``data_parallel_size`` EngineCore processes, talks to them, watches
-them, and stops them with ``get_engine_process_shutdown_timeout``: the request-drain budget
-and the process cleanup budget are separate, and a ROCm engine told to abort at once (0/0)
-still gets its cleanup grace. With ``dp_process_group`` on (and dp > 1) it picks the DP group's
-backend and port for its EngineCores (``engine/dp_group.py``; rank 0 hosts the store).
-"""
+"""The EngineCore process manager (``shutdown_processes`` and co. are re-exported from
+``engine/stopping.py``)."""
 
 from __future__ import annotations
 
@@ -53,9 +44,7 @@ from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
-#: How often the monitor thread wakes without any event.
 MONITOR_POLL_S = 1.0
-#: How often a start-up with an ``interrupt`` event looks at it.
 STARTUP_POLL_S = 0.05
 
 
@@ -89,17 +78,14 @@ class _Shared:
     outputs: queue.Queue[EngineCoreOutput] = field(default_factory=queue.Queue)
     utility_calls: dict[int, Future[Any]] = field(default_factory=dict)
     failures: list[ProcessFailure] = field(default_factory=list)
-    #: Set once a shutdown (``shutdown()`` or the GC fallback) has done all of its work.
     shut_down: threading.Event = field(default_factory=threading.Event)
-    #: Each engine's output ring: its name (chosen here), and the reader once it is attached.
     ring_names: list[str] = field(default_factory=list)
     rings: dict[int, ShmRing] = field(default_factory=dict)
-    #: False only for the #51579 regression: a dead child's segment is never unlinked.
+    #: False only for the #51579 regression.
     unlink_rings: bool = True
     ring_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def attach_ring(self, index: int) -> None:
-        """Attach to engine ``index``'s ring (after its ready: the child has created it)."""
         try:
             self.rings[index] = ShmRing.attach(self.ring_names[index])
         except (OSError, ValueError):  # gone already: the child died right after its ready
@@ -131,15 +117,16 @@ class _Shared:
                 future.set_exception(RuntimeError("EngineProcManager is shut down"))
 
 
-def _reap_on_gc(shared: _Shared, wake_w: Connection, timeout: float | None) -> None:
-    """The GC/atexit fallback: stop the monitor and the processes, close the connections."""
+def _reap_on_gc(shared: _Shared, wake_w: Connection, timeout: float | None) -> ShutdownOutcome:
+    """The GC fallback, and the reaping of a failed start."""
     shared.manager_stopped.set()
     _close_quietly(wake_w)
-    shutdown_processes(
+    outcome = shutdown_processes(
         shared.processes, timeout, default_timeout=shared.config.default_process_timeout_s
     )
     shared.close_connections()
     shared.shut_down.set()
+    return outcome
 
 
 def _close_quietly(conn: Connection) -> None:
@@ -153,11 +140,10 @@ class EngineProcManager:
     """Starts ``data_parallel_size`` EngineCore processes ``EngineCore_DP{i}`` and stops them.
 
     The constructor returns once every process reported ready (deadline
-    ``config.startup_timeout_s``). The GC fallback (``weakref.finalize``) exists before the first
-    start; if a start fails, the ones already started are reaped and the error propagates.
-    ``shutdown(timeout)`` is idempotent; ``last_outcome`` keeps what it did. A monitor thread
-    forwards outputs and notices a process that dies while the manager runs: it is recorded in
-    ``failures``, logged, and the others are shut down.
+    ``config.startup_timeout_s``); if a start fails, the ones already started are reaped and the
+    error propagates. ``shutdown(timeout)`` is idempotent; ``last_outcome`` keeps what it did. A
+    process that dies while the manager runs is recorded in ``failures`` and the others are shut
+    down.
     """
 
     def __init__(
@@ -192,20 +178,13 @@ class EngineProcManager:
             self, _reap_on_gc, self._shared, self._wake_w, gc_timeout
         )
         self._monitor: threading.Thread | None = None
-        #: The DP group its EngineCores form (``dp_process_group`` on, dp > 1), else None.
         self.dp_group: DPGroupSpec | None = None
         try:
             self._start_processes(lifecycle_log, faults, interrupt)
         except BaseException:
             self._finalizer.detach()
-            self.manager_stopped.set()
-            self.last_outcome = shutdown_processes(
-                self.processes, None, default_timeout=self.config.default_process_timeout_s
-            )
-            self._shared.close_connections()
-            _close_quietly(self._wake_w)
+            self.last_outcome = _reap_on_gc(self._shared, self._wake_w, None)
             _close_quietly(self._wake_r)
-            self._shared.shut_down.set()
             raise
         self._monitor = threading.Thread(
             target=_monitor_loop,
@@ -215,7 +194,6 @@ class EngineProcManager:
         )
         self._monitor.start()
 
-    # -- startup ---------------------------------------------------------------------------
     def _start_processes(
         self,
         lifecycle_log: str | None,
@@ -257,7 +235,6 @@ class EngineProcManager:
         deadline: float,
         interrupt: threading.Event | SignalStop | None,
     ) -> None:
-        """Wait for ``proc``'s ready; any engine process that dies meanwhile fails the start."""
         others = {p.sentinel: p for p in self.processes if p is not proc}
         while True:
             if interrupt is not None and interrupt.is_set():
@@ -287,8 +264,7 @@ class EngineProcManager:
                 raise self._died_during_startup(proc)
 
     def _died_during_startup(self, proc: BaseProcess) -> EngineStartupError:
-        """The error for an engine process that ended while starting: the error it reported
-        before it exited when there is one (the original error), else its exit code."""
+        """The error it reported before it exited (the original error), else its exit code."""
         proc.join(1.0)
         conns = dict(zip(self.processes, self._shared.connections, strict=True))
         conn = conns.get(proc)
@@ -301,7 +277,6 @@ class EngineProcManager:
             pass
         return EngineStartupError(f"{proc.name} exited during startup (exit code {proc.exitcode})")
 
-    # -- client ----------------------------------------------------------------------------
     def add_request(
         self,
         request_id: str,
@@ -337,12 +312,11 @@ class EngineProcManager:
         with self._shared.send_locks[rank]:
             self._shared.connections[rank].send(msg)
 
-    # -- shutdown --------------------------------------------------------------------------
     def shutdown(self, timeout: float | None = None) -> ShutdownOutcome | None:
         """Stop the engine processes; idempotent; returns (and keeps) the outcome.
 
-        ``timeout`` is the process timeout offered by the caller (None: the default); the one
-        used comes from ``get_engine_process_shutdown_timeout`` (the ROCm grace on 0/0).
+        The timeout used is ``get_engine_process_shutdown_timeout`` of ``timeout`` (the ROCm
+        grace on 0/0).
         """
         timeout = validate_timeout(timeout)
         self.manager_stopped.set()
@@ -372,8 +346,7 @@ class EngineProcManager:
 
     @property
     def is_shut_down(self) -> bool:
-        """Whether a shutdown has finished: processes stopped, connections closed, rings
-        unlinked (False while one still runs, e.g. in the monitor after an engine died)."""
+        """Whether a shutdown has finished (False while one still runs)."""
         return self._shared.shut_down.is_set()
 
     def __enter__(self) -> EngineProcManager:
@@ -386,10 +359,6 @@ class EngineProcManager:
 def _monitor_loop(
     shared: _Shared, wake_r: Connection, manager_ref: weakref.ReferenceType[EngineProcManager]
 ) -> None:
-    """Forward outputs and utility results; report a process that dies while the manager runs.
-
-    Holds only a weak reference to the manager, so the manager can still be collected.
-    """
     try:
         _monitor(shared, wake_r, manager_ref)
     finally:
@@ -411,8 +380,7 @@ def _monitor(
         for obj in ready:
             if isinstance(obj, Connection) and not _drain(shared, obj):
                 conns.remove(obj)
-        # A sentinel stays unreadable while a fork of the dead process (an orphaned worker)
-        # still holds its write end: the exit status is polled as well.
+        # A fork of the dead process (an orphaned worker) may hold the sentinel's write end.
         dead = [
             sentinels.pop(s) for s in list(sentinels)
             if s in ready or (not ready and sentinels[s].exitcode is not None)
@@ -436,7 +404,7 @@ def _monitor(
 
 
 def _drain(shared: _Shared, conn: Connection) -> bool:
-    """Dispatch every message waiting on ``conn``; False once it is at EOF."""
+    """False once ``conn`` is at EOF."""
     index = shared.connections.index(conn)
     proc = shared.processes[index]
     try:

@@ -1,25 +1,16 @@
 """``serve_ranks``: a head process hosting a group's store, and its ranks, for distributed bugs.
 
-The shape of a data-parallel head with headless ranks (vLLM's multi-node DP, torchrun's agent):
-the head (``RankLauncher``) hosts the ``TCPStore`` on 127.0.0.1 and starts ``world_size`` rank
-processes (``Rank{r}``, forks); it waits for them as long as they live and forwards SIGTERM/SIGINT
-to them, and tells the others to stop (SIGTERM) once one rank has ended, as torchrun's agent
-does; it never kills a rank, so each rank must end by itself. Every rank joins a gloo group and
-steps: it publishes ``step/<n>/<rank>`` in the store, waits for every peer's key (a store-based
-step barrier, as ranks that coordinate through the store do), then runs an ``all_reduce``.
-Phases: ``ready`` (rank 0 joined), ``busy`` (first step done), ``in_collective`` (rank 0 waits in
-the store for a straggling last rank).
+The shape of a DP head with headless ranks (vLLM's multi-node DP, torchrun's agent): the head
+hosts the ``TCPStore`` and forks ``world_size`` ranks (``Rank{r}``); it forwards SIGTERM/SIGINT
+to them and, once one rank has ended, tells the others to stop; it never kills a rank. Each rank
+joins a gloo group and steps: it publishes ``step/<n>/<rank>`` in the store, waits for its
+peers' keys, then runs an ``all_reduce``. Phases: ``ready``, ``busy``, ``in_collective`` (rank 0
+waits in the store for a straggling last rank).
 
-Correct (the default): every store wait and collective has a deadline, a watchdog ends a rank
-stuck inside one after a stop, and a rank whose peer is gone aborts the group instead of the
-barrier-then-destroy teardown. The faults put back two production bugs:
-
-* ``untimed_waits`` (vLLM #32136): the store waits have no deadline and no watchdog guards them:
-  a rank whose peer died waits in ``store.wait`` forever (the store lives on in the head);
-* ``destroy_without_abort`` (SGLang #39560): there is no abort path: teardown always
-  synchronises with every rank before ``destroy_process_group`` (the collective part of a
-  destroy; nccl's ``ncclCommDestroy`` waits for the peers the same way) without a deadline, even
-  when a peer is already gone, and no watchdog ends a rank stuck there.
+The faults put back two production bugs: ``untimed_waits`` (vLLM #32136: store waits without a
+deadline nor a watchdog, so a rank whose peer died waits forever) and ``destroy_without_abort``
+(SGLang #39560: teardown always synchronises with every rank before ``destroy_process_group``,
+without a deadline, even with a peer gone).
 """
 
 from __future__ import annotations
@@ -55,9 +46,7 @@ RANK_LEVELS = {"head": "root", "rank0": "Rank0", "rank1": "Rank1"}
 UNTIMED = timedelta(days=1)
 #: How long the last rank straggles before each step in phase ``in_collective``.
 STRAGGLE_S = 30.0
-#: Pause between steps.
 STEP_PAUSE_S = 0.01
-#: Exit code of a rank whose peer is gone.
 EXIT_PEER_GONE = 4
 
 
@@ -105,8 +94,7 @@ def serve_ranks(
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     try:
-        # As long as they live: each rank must end by itself. Once one has ended, the others are
-        # told to stop (torchrun's agent does the same); a rank deaf to it is the rank's bug.
+        # Each rank must end by itself: a rank deaf to the SIGTERM is the rank's bug.
         told = False
         while any(proc.exitcode is None for proc in ranks):
             if not told and any(proc.exitcode is not None for proc in ranks):
@@ -216,7 +204,6 @@ class _Rank:
         self.group.step()
 
     def _wait_for_peers(self, store: Any, keys: list[str]) -> None:
-        """The step barrier: every peer's key for this step, against the store deadline."""
         store.wait(keys, self.wait_timeout)
 
     def _teardown(self) -> None:

@@ -1,18 +1,11 @@
 """``RayEngine``: the reference engine's DP ranks as Ray actors in placement groups.
 
-As vLLM's Ray executor does: one placement group per DP rank (one CPU bundle), an
-``EngineCoreActor`` scheduled into it, the in-process ``EngineCore`` inside the actor. The
-driver talks to the actors with deadlines; ``shutdown()`` asks each actor to shut its engine down
-(deadline), kills it (``ray.kill``, no restart) and removes its placement group, then waits
-(deadline) until Ray reports the actors dead and the groups removed. A finalizer does the same
-when the engine is collected without ``shutdown()``. Actors are owned by the driver (never
-detached), so a dead driver takes them along.
-
-Faults put back two production bugs: ``keep_placement_groups`` (ray #64035: the actors go, their
-placement groups stay and hold their resources), ``detached`` (ray #31738: detached actors and no
-finalizer; a test that fails before ``shutdown()`` leaves them alive on the cluster).
-
-Ray is imported when an engine is made, never at import (torch is: the actors run an EngineCore).
+As vLLM's Ray executor: one placement group per DP rank, an ``EngineCoreActor`` in it running
+an in-process ``EngineCore``. ``shutdown()`` (or the finalizer) shuts each engine down, kills the
+actor and removes its placement group, all against deadlines. Actors are never detached, so a
+dead driver takes them along. Faults put back ``keep_placement_groups`` (ray #64035: the groups
+stay and hold their resources) and ``detached`` (ray #31738: detached actors, no finalizer).
+Ray is imported when an engine is made.
 """
 
 from __future__ import annotations
@@ -26,8 +19,6 @@ from typing import Any
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.core import EngineCore
 
-#: The class name Ray gives the actors' worker processes (``ray::EngineCoreActor``).
-ACTOR_CLASS = "EngineCoreActor"
 #: Every name this module gives a Ray object starts with it.
 NAME_PREFIX = "pytest-shutdown-"
 
@@ -81,7 +72,7 @@ class RayEngine:
         self.actors: list[Any] = []
         self.placement_groups: list[Any] = []
         self._closed = False
-        if not self.faults.detached:  # exists before the first actor: nothing is ever unowned
+        if not self.faults.detached:  # before the first actor: nothing is ever unowned
             self._finalizer: weakref.finalize | None = weakref.finalize(
                 self, _release, self.actors, self.placement_groups, self.faults, timeout_s
             )

@@ -1,13 +1,9 @@
 """ReferenceRenderer: tokenization and multimodal preprocessing with a correct shutdown.
 
-Every resource is registered on one ExitStack the moment it exists, so ``shutdown()`` and the GC
-fallback run the very same cleanups exactly once:
-
-* the finalizer's func is ``self._resources.close`` — a bound method of the ExitStack, not of
-  ``self`` — and no argument holds ``self``, so the renderer can still be collected;
-* executors are registered as ``callback(executor.shutdown, wait=False)``, never through
-  ``enter_context(executor)``, whose ``__exit__`` would block on running work;
-* the MM cache callback is bound to the local object, not looked up on ``self`` at registration.
+Every resource is registered on one ExitStack the moment it exists; the finalizer's func is the
+ExitStack's ``close`` (never a bound method of ``self``, no argument holds ``self``); executors
+are registered as ``callback(executor.shutdown, wait=False)``, never ``enter_context(executor)``,
+whose ``__exit__`` blocks on running work.
 """
 
 from __future__ import annotations
@@ -102,7 +98,7 @@ class ReferenceRenderer:
     def __init__(self, config: EngineConfig | None = None) -> None:
         self.config = config if config is not None else EngineConfig()
         self._resources = ExitStack()
-        # ExitStack.close is not safe against concurrent callers; racing shutdowns serialise.
+        # ExitStack.close is not safe against concurrent callers.
         self._shutdown_lock = threading.Lock()
         self._resources.callback(logger.info, f"[shutdown] {type(self).__name__}")
         self._closed = threading.Event()
@@ -124,7 +120,6 @@ class ReferenceRenderer:
         self._resources.callback(mm_cache.close)
         self.mm_cache = mm_cache
 
-    # -- lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
         """Release the pools and the MM cache; every later call does nothing."""
         with self._shutdown_lock:
@@ -134,7 +129,6 @@ class ReferenceRenderer:
     def is_shut_down(self) -> bool:
         return self._closed.is_set()
 
-    # -- futures API -----------------------------------------------------------------------
     def tokenize(self, text: str) -> Future[list[int]]:
         return self._executor.submit(self.tokenizer.encode, text)
 
@@ -148,7 +142,6 @@ class ReferenceRenderer:
             lambda: cache.get_or_compute(_content_key(image), lambda: _preprocess(image))
         )
 
-    # -- asyncio wrappers ------------------------------------------------------------------
     async def tokenize_async(self, text: str) -> list[int]:
         return await asyncio.wrap_future(self.tokenize(text))
 

@@ -1,19 +1,14 @@
 """A shared-memory ring buffer for EngineCore → frontend outputs, in vLLM's ``MessageQueue`` shape.
 
-vLLM moves its outputs through a ring buffer in one POSIX shared-memory segment
-(``vllm/distributed/device_communicators/shm_broadcast.py``) beside a socket that carries the
-control traffic. The reference engine does the same with the standard library's
-``multiprocessing.shared_memory``: one writer (the EngineCore), one reader (its parent); each
-batch of outputs is pickled into the next slot, and a one-item notification on the control
-connection wakes the reader. A batch that does not fit a slot, or finds the ring full, goes over
-the control connection instead; the reader drains the ring before it handles any message, so
-outputs keep their order.
+One writer (the EngineCore), one reader (its parent); each batch of outputs is pickled into the
+next slot and a one-item message on the control connection wakes the reader. A batch that does
+not fit, or finds the ring full, goes over the connection instead; the reader drains the ring
+before it handles any message, so outputs keep their order.
 
-Who unlinks. The segment is named by the parent (``segment_name``) and created by the child:
-the child unlinks it when it ends normally; the parent unlinks it when it stops or notices the
-child's death, since a SIGKILLed child cleans nothing (vLLM #51579). Neither side registers the
-segment with multiprocessing's resource tracker (vLLM does the same): the tracker would start a
-helper process per engine tree and unlink the segment behind its owners' backs.
+The parent names the segment, the child creates it and unlinks it when it ends normally; the
+parent unlinks it too, since a SIGKILLed child cleans nothing (vLLM #51579). Neither registers
+it with the resource tracker (as vLLM): the tracker would start a helper process per engine tree
+and unlink the segment behind its owners' backs.
 """
 
 from __future__ import annotations
@@ -53,8 +48,7 @@ def segment_name(tag: str) -> str:
 
 @contextlib.contextmanager
 def _untracked() -> Iterator[None]:
-    """Create or attach without multiprocessing's resource tracker (Python < 3.13 registers
-    even an attach)."""
+    """Python < 3.13 registers even an attach with the resource tracker."""
     original = resource_tracker.register
     resource_tracker.register = lambda *args, **kwargs: None  # type: ignore[assignment]
     try:
@@ -74,8 +68,6 @@ def unlink_segment(name: str) -> bool:
     """Unlink the segment ``name`` if it exists; True when this call removed it."""
     try:
         os.unlink(os.path.join("/dev/shm", name.lstrip("/")))
-    except FileNotFoundError:
-        return False
     except OSError:
         return False
     return True
@@ -100,7 +92,6 @@ class ShmRing:
     def create(
         cls, name: str, slots: int = DEFAULT_SLOTS, slot_bytes: int = DEFAULT_SLOT_BYTES
     ) -> ShmRing:
-        """Create the segment (the writer's side)."""
         if slots < 1 or slot_bytes <= _LENGTH.size:
             raise ValueError(f"slots/slot_bytes: expected >= 1 and > 4, got {slots}/{slot_bytes}")
         shm = _open(name, True, _SLOTS_AT + slots * slot_bytes)
@@ -114,15 +105,13 @@ class ShmRing:
 
     @classmethod
     def attach(cls, name: str) -> ShmRing:
-        """Attach to an existing segment (the reader's side)."""
         return cls(_open(name, False, 0), owner=False)
 
     def _counter(self, at: int) -> int:
         return int(_COUNTER.unpack_from(self._buf, at)[0])
 
     def put(self, item: Any) -> bool:
-        """Write ``item`` into the next slot; False (nothing written) when it does not fit a
-        slot or the ring is full."""
+        """False (nothing written) when ``item`` does not fit a slot or the ring is full."""
         if self._closed:
             return False
         data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
@@ -145,7 +134,6 @@ class ShmRing:
         return True
 
     def get_all(self) -> list[Any]:
-        """Every item written and not read yet, in order."""
         if self._closed:
             return []
         buf = self._buf
@@ -170,5 +158,4 @@ class ShmRing:
             self._shm.close()
 
     def unlink(self) -> bool:
-        """Remove the segment's name; True when this call removed it."""
         return unlink_segment(self.name)

@@ -1,11 +1,7 @@
 """Stopping processes: ``shutdown_processes``, ``kill_process_tree`` and ``ShutdownOutcome``.
 
-``shutdown_processes`` sends SIGTERM to every process first, then waits for all of them against
-one shared deadline (never a timeout per process), then kills the survivors' whole process
-trees with one warning. It returns a ``ShutdownOutcome`` that tests (and
-``assert_not_force_killed``) read. Every level of the reference tree stops its children with it
-(the process manager its EngineCores, an EngineCore its TP workers, the DP supervisor its
-children), so it lives below all of them and imports nothing of the engine (nor torch).
+Every level of the reference tree stops its children with it, so it imports nothing of the
+engine (nor torch).
 """
 
 from __future__ import annotations
@@ -17,15 +13,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 
-import psutil
-
 from pytest_shutdown._os.killer import kill_trees
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
-#: How long a killed process tree may take to disappear after SIGKILL.
 KILL_WAIT_S = 5.0
-#: How often a join also polls the exit status.
 JOIN_POLL_S = 0.1
 
 
@@ -44,7 +36,6 @@ class ShutdownOutcome:
 
 
 def validate_timeout(value: object, option: str = "timeout") -> float | None:
-    """``value`` if it is None or a finite number >= 0; else a ValueError naming ``option``."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -60,28 +51,8 @@ def kill_process_tree(pid: int, *, timeout: float = KILL_WAIT_S) -> list[int]:
     Descendants are listed before anything is killed, so the ones re-parented by the kill are
     not missed. A zombie counts as gone.
     """
-    try:
-        root = psutil.Process(pid)
-        victims = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return []
-    killed = [
-        r["pid"]
-        for r in kill_trees([pid], why="the reference engine's force kill", timeout=0.0)
-    ]
-    deadline = time.monotonic() + timeout
-    for proc in victims:
-        while time.monotonic() < deadline:
-            try:
-                if proc.status() == psutil.STATUS_ZOMBIE:
-                    break
-                proc.wait(timeout=max(0.0, min(0.1, deadline - time.monotonic())))
-                break
-            except psutil.TimeoutExpired:
-                continue
-            except psutil.Error:
-                break
-    return killed
+    records = kill_trees([pid], why="the reference engine's force kill", timeout=timeout)
+    return [r["pid"] for r in records]
 
 
 def shutdown_processes(
@@ -91,11 +62,11 @@ def shutdown_processes(
     default_timeout: float = 5.0,
     terminate: Callable[[BaseProcess], None] | None = None,
 ) -> ShutdownOutcome:
-    """Stop ``procs``: SIGTERM to all, one shared deadline, then kill the survivors' trees.
+    """Stop ``procs``: SIGTERM to all, one shared deadline (never one per process), then kill
+    the survivors' trees with one warning. Returns what it did.
 
     ``timeout`` None means ``default_timeout``. ``terminate`` replaces ``proc.terminate()`` as the
-    first step (the DP supervisor forwards a signal to a process group instead). Processes that
-    were never started are left alone.
+    first step. Processes that were never started are left alone.
     """
     timeout_used = validate_timeout(timeout)
     if timeout_used is None:
@@ -129,11 +100,8 @@ def shutdown_processes(
 
 
 def _join_polling(proc: BaseProcess, deadline: float) -> None:
-    """Join ``proc`` by ``deadline``, polling its exit status too.
-
-    A process's sentinel stays unreadable while a fork of it (an orphaned child) still holds
-    the write end, so a join on the sentinel alone would wait out the whole deadline.
-    """
+    """A process's sentinel stays unreadable while a fork of it (an orphaned child) holds the
+    write end: the exit status is polled too."""
     while proc.exitcode is None:
         remaining = deadline - time.monotonic()
         if remaining <= 0:

@@ -1,11 +1,7 @@
-"""DPSupervisor: a data-parallel supervisor over engine-owning children.
+"""DPSupervisor: a data-parallel supervisor over engine-owning children (vLLM's shape).
 
-A three-level tree, like vLLM's DP supervisor: this process -> ``num_children`` supervised
-children, each in its own process group and each running an ``EngineProcManager`` with its
-EngineCore process(es). ``shutdown(signum)`` forwards the signal to every child's process group
-(the child and its engines), waits ``get_engine_process_shutdown_timeout(t, t) +
-child_exit_grace_s`` in total (``t`` the request-drain timeout), then kills the survivors' whole
-trees. A child that drains within its budget is never force-killed.
+This process -> ``num_children`` children, each in its own process group running an
+``EngineProcManager`` with its EngineCore processes.
 """
 
 from __future__ import annotations
@@ -23,7 +19,7 @@ from typing import Any
 
 from pytest_shutdown.engine.config import START_METHODS, EngineConfig
 from pytest_shutdown.engine.faults import ChildFaults
-from pytest_shutdown.engine.lifeline import ParentWatch, set_parent_death_signal
+from pytest_shutdown.engine.lifeline import ParentWatch, set_parent_death_signal, wake_fd
 from pytest_shutdown.engine.processes import (
     EngineProcManager,
     ShutdownOutcome,
@@ -40,10 +36,12 @@ logger = logging.getLogger("pytest_shutdown.engine")
 class DPSupervisor:
     """Starts ``num_children`` supervised children, each owning an ``EngineProcManager``.
 
-    The children are started with ``config.start_method``; their engine processes with
-    ``engine_start_method`` (default: the same). The constructor returns once every child and
-    its engines are ready (deadline ``config.startup_timeout_s``). ``engine_pids`` maps each
-    child's pid to its engine pids, so tests can check the whole tree.
+    The children start with ``config.start_method``, their engines with ``engine_start_method``
+    (default: the same). The constructor returns once all are ready (deadline
+    ``config.startup_timeout_s``). ``engine_pids``: each child's pid → its engine pids.
+    ``shutdown(timeout)`` forwards the signal to every child's process group, waits
+    ``get_engine_process_shutdown_timeout(t, t) + child_exit_grace_s`` in total, then kills the
+    survivors' trees: a child that drains within its budget is never force-killed.
     """
 
     def __init__(
@@ -73,7 +71,6 @@ class DPSupervisor:
         self.last_outcome: ShutdownOutcome | None = None
         self._pgids: dict[int, int] = {}
         self._conns: list[Connection] = []
-        # The GC/atexit fallback: the same forwarding shutdown with the configured budget.
         self._finalizer = weakref.finalize(
             self, _shutdown_children, self.children, self._pgids, self.shutdown_budget(),
             signal.SIGTERM,
@@ -125,15 +122,9 @@ class DPSupervisor:
         proc.join(1.0)
         raise RuntimeError(f"{proc.name} failed to start (exit code {proc.exitcode})")
 
-    def forward_signal(self, proc: BaseProcess, signum: int = signal.SIGTERM) -> None:
-        """Send ``signum`` to ``proc``'s process group (to ``proc`` alone if it has none)."""
-        _forward_signal(proc, self._pgids, signum)
-
     def shutdown_budget(self, timeout: float | None = None) -> float:
-        """``get_engine_process_shutdown_timeout(t, t) + child_exit_grace_s``.
-
-        ``t`` is ``timeout`` or else ``config.shutdown_timeout``; a ``t`` of None (no drain
-        deadline) counts as ``config.default_process_timeout_s``.
+        """``get_engine_process_shutdown_timeout(t, t) + child_exit_grace_s``; ``t`` is
+        ``timeout`` or ``config.shutdown_timeout``, None counts as ``default_process_timeout_s``.
         """
         t = self.config.shutdown_timeout if timeout is None else validate_timeout(timeout)
         process_timeout = get_engine_process_shutdown_timeout(
@@ -156,9 +147,8 @@ class DPSupervisor:
     def run_until_signal(self, timeout: float | None = None) -> ShutdownOutcome | None:
         """Serve until this process gets SIGTERM or SIGINT, then forward it and shut down.
 
-        Call from the main thread. The handlers only record the signal and write to a pipe; the
-        shutdown runs here, after them, and the previous handlers are restored at the end. With
-        a ``timeout`` and no signal by then, returns None and leaves the children running.
+        Call from the main thread. With a ``timeout`` and no signal by then, returns None and
+        leaves the children running.
         """
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
@@ -166,7 +156,7 @@ class DPSupervisor:
 
         def handler(signum: int, frame: Any) -> None:
             received.append(signum)
-            _wake(wake_w)
+            wake_fd(wake_w)
 
         previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -209,7 +199,6 @@ def _forward_signal(proc: BaseProcess, pgids: dict[int, int], signum: int) -> No
 def _shutdown_children(
     children: list[BaseProcess], pgids: dict[int, int], budget: float, signum: int
 ) -> ShutdownOutcome:
-    """Forward ``signum`` to each child's group, wait ``budget`` in total, kill survivors' trees."""
     return shutdown_processes(
         children, budget, terminate=lambda p: _forward_signal(p, pgids, signum)
     )
@@ -230,12 +219,7 @@ def supervised_child_main(
     faults: ChildFaults | None,
     pdeathsig: bool,
 ) -> None:
-    """A supervised child: own process group, one ``EngineProcManager``, stop on SIGTERM/SIGINT.
-
-    The handlers only record the signal and write to a pipe; the main thread waits on that pipe
-    (and on the parent's death), then ignores further signals, shuts its manager down with the
-    configured request timeout and exits 0.
-    """
+    """A supervised child: own process group, one ``EngineProcManager``, stop on SIGTERM/SIGINT."""
     os.setpgid(0, 0)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -243,7 +227,7 @@ def supervised_child_main(
 
     def handler(signum: int, frame: Any) -> None:
         received.append(signum)
-        _wake(wake_w)
+        wake_fd(wake_w)
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
@@ -251,7 +235,7 @@ def supervised_child_main(
         set_parent_death_signal(signal.SIGTERM)
     manager = EngineProcManager(config, lifecycle_log=lifecycle_log, faults=faults)
     # Started after the engines: a fork start method must not fork while this thread runs.
-    watch = ParentWatch(parent_pid, lambda: _wake(wake_w), exit_after_s=1.0).start()
+    watch = ParentWatch(parent_pid, lambda: wake_fd(wake_w), exit_after_s=1.0).start()
     try:
         conn.send(("ready", os.getpid(), os.getpgid(0), [p.pid for p in manager.processes]))
         while not received and not watch.parent_gone.is_set():
@@ -264,10 +248,3 @@ def supervised_child_main(
         watch.stop()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _wake(fd: int) -> None:
-    try:
-        os.write(fd, b"\x01")
-    except OSError:  # full: a wake-up is already pending
-        pass

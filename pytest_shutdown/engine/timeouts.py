@@ -1,11 +1,8 @@
 """How long the parent waits for EngineCore processes to exit.
 
-``request_timeout`` is the request-drain budget (EngineConfig.shutdown_timeout): 0 means abort
-in-flight requests at once. That says nothing about how long the *process* needs to release its
-device: a ROCm teardown takes seconds, and a parent that SIGKILLs it leaves VRAM held. So when
-both budgets are exactly 0 on ROCm, the process gets its own cleanup grace. A zero *remaining*
-budget handed down from a positive drain timeout is spent time, not an immediate abort, and gets
-no new grace.
+A request-drain budget of 0 says nothing about how long the *process* needs to release its
+device: a ROCm teardown takes seconds, and a parent that SIGKILLs it leaves VRAM held. A zero
+*remaining* budget handed down from a positive drain timeout is spent time, and gets no grace.
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """``Worker_TP{i}``: the tensor-parallel worker processes of one EngineCore (vLLM's topology).
 
-With ``tensor_parallel_size`` > 1 an EngineCore starts that many worker processes before it
-starts any thread of its own (``fork``; ``spawn`` on ROCm, which must never fork). Each worker
-"loads the model" (``EngineConfig.startup_delay_s``, interruptible), then holds its shard of the
-KV cache on the device until it is told to stop. With ``tensor_parallel_size == 1`` there is no
-worker process: the EngineCore holds the device state itself (vLLM's single-process executor).
-
-Every level dies when its parent dies, at any phase, loading included. A worker's pipe to its
-EngineCore is its death pipe: the EngineCore holds the only other end (the ends of the workers
-forked before it are closed in each new worker), so the EngineCore's death, however it died, is
-an EOF the worker sees at once; ``getppid()`` changing (reparenting) is the backstop. SIGTERM or
-SIGINT ends a worker cleanly (exit 0), a gone parent with ``EXIT_PARENT_GONE``.
-
-The EngineCore side is ``WorkerGroup``: start, wait for every worker's ready against a deadline
-(and give up early when the EngineCore itself is told to stop), watch them (a worker that dies
-while the engine runs kills the engine: the engine reports itself dead), and stop them with one
-shared deadline (``shutdown_processes``).
-
-Fault switches put back the production bugs of issue 15 for the regressions: ``lifeline=False``
-(no death pipe: a worker outlives its EngineCore), ``lifeline_while_loading=False`` (the death
-pipe is armed only after loading: a worker orphaned mid-load keeps loading).
+With ``tensor_parallel_size`` > 1 an EngineCore forks that many workers (``spawn`` on ROCm)
+before it starts any thread; each loads (``startup_delay_s``, interruptible), then holds its
+KV-cache shard until told to stop. A worker's pipe is its death pipe: the EngineCore holds the
+only other end (each new worker closes the ends of the earlier ones), so the EngineCore's death
+is an EOF at once; ``getppid()`` changing is the backstop. SIGTERM/SIGINT end a worker with 0,
+a gone parent with ``EXIT_PARENT_GONE``. ``WorkerGroup`` is the EngineCore's side.
 """
 
 from __future__ import annotations
@@ -51,6 +37,7 @@ from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
     set_parent_death_signal,
     set_process_name,
+    wake_fd,
 )
 from pytest_shutdown.engine.start import serialize_exit_polling
 from pytest_shutdown.engine.stopping import ShutdownOutcome, shutdown_processes
@@ -61,7 +48,6 @@ MSG_WORKER_READY = "worker_ready"  # (MSG_WORKER_READY, pid)
 MSG_WORKER_STOP = "worker_stop"  # (MSG_WORKER_STOP,)
 MSG_WORKER_STEP = "worker_step"  # (MSG_WORKER_STEP, step): run this step's collective
 MSG_WORKER_STEP_DONE = "worker_step_done"  # (MSG_WORKER_STEP_DONE, step)
-#: A worker whose collective failed because a peer rank is gone.
 EXIT_PEER_GONE = 4
 #: The phase a rank announces when it waits inside a collective for a straggling peer.
 IN_COLLECTIVE = "in_collective"
@@ -69,7 +55,6 @@ IN_COLLECTIVE = "in_collective"
 WORKER_POLL_S = 0.1
 #: How often the EngineCore's worker monitor polls exit statuses (sentinels wake it at once).
 WATCH_POLL_S = 1.0
-#: How long an EngineCore gives its workers to stop before they are killed.
 WORKER_STOP_TIMEOUT_S = 2.0
 
 
@@ -93,10 +78,7 @@ def worker_process_main(
     lifeline_while_loading: bool = True,
     group: tuple[str, int] | None = None,
 ) -> None:
-    """Target of every worker process: load, hold the KV-cache shard, stop; ends in SystemExit.
-
-    ``group``: ``(backend, store port)`` when the workers form a process group.
-    """
+    """Target of every worker process; ``group``: ``(backend, store port)`` of its TP group."""
     for other in inherited:  # the EngineCore's ends of earlier workers' death pipes
         other.close()
     set_process_name(worker_name(tp_rank))
@@ -136,15 +118,12 @@ class _Worker:
         self.step_due: tuple[int, float] | None = None
         self._reported_in_collective = False
         self._sig_fds: tuple[int, ...] = ()
-        #: The pipe to the EngineCore still listened to (not after a failed send or its EOF).
         self._conn_open = True
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.signals.append(signum)
 
     def run(self) -> int:
-        """The worker's life: load, join the group, serve steps until a stop message, a signal
-        or the parent's death; the exit code."""
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -174,9 +153,7 @@ class _Worker:
             # its stop message must not turn this clean exit into death by signal.
 
     def _turn(self, wake_r: int, wake_w: int, loaded_at: float) -> int | None:
-        """One turn of the loop: the exit code when the worker is done, None to go on. A
-        signal or the parent's death ends it first; then loading when due, a due step, or a
-        wait for a message."""
+        """The exit code when the worker is done, None to go on."""
         loading = self.shard is None
         watching = self.lifeline and (self.lifeline_while_loading or not loading)
         if self.signals:
@@ -194,8 +171,6 @@ class _Worker:
         return self._wait(wake_r, loading, watching, now, loaded_at)
 
     def _become_ready(self, wake_w: int) -> int | None:
-        """Load the shard, join the TP group (if any), tell the EngineCore: ready. An exit code
-        when a peer failed the join or a signal came meanwhile."""
         self._load()
         if self.group_spec is not None:
             if not self._join_group(wake_w):
@@ -211,9 +186,8 @@ class _Worker:
     def _wait(
         self, wake_r: int, loading: bool, watching: bool, now: float, loaded_at: float
     ) -> int | None:
-        """Wait for a signal's wake-up byte or a message, no longer than until the load or the
-        step is due. The pipe is listened to only while a message can come or its EOF is the
-        parent's death (watching)."""
+        """The pipe is listened to only while a message can come or its EOF is the parent's
+        death (watching)."""
         timeout = WORKER_POLL_S if not loading else min(WORKER_POLL_S, loaded_at - now)
         if self.step_due is not None:
             timeout = min(timeout, self.step_due[1] - now)
@@ -228,9 +202,6 @@ class _Worker:
         return None
 
     def _receive(self, watching: bool) -> int | None:
-        """One message from the EngineCore: a stop ends the worker (0); a step is due after
-        the straggler's delay (the last rank's, when configured). The pipe's EOF is the
-        parent's death when watching; otherwise it goes unnoticed (no death pipe)."""
         try:
             msg = self.conn.recv()
         except (EOFError, OSError):
@@ -251,11 +222,9 @@ class _Worker:
         return EXIT_PARENT_GONE
 
     def _join_group(self, wake_w: int) -> bool:
-        """Join the TP group (deadlines: store connect, init); False when a peer failed it.
-
-        From here on the signal wake-up fd is read by the collective watchdog, which forwards
-        it to ``wake_w``: the main thread cannot read it while blocked inside a collective.
-        """
+        """False when a peer failed the join. From here on the collective watchdog reads the
+        signal wake-up fd and forwards it to ``wake_w``: a main thread blocked in a collective
+        cannot."""
         assert self.group_spec is not None
         backend, port = self.group_spec
         config = self.config
@@ -269,7 +238,7 @@ class _Worker:
         signal.set_wakeup_fd(sig_w, warn_on_full_buffer=False)
         self.watchdog = CollectiveWatchdog(
             self.group, config.collective_abort_grace_s, self._exit_stuck,
-            signal_fd=sig_r, on_signal=lambda data: _forward(wake_w, data),
+            signal_fd=sig_r, on_signal=lambda data: wake_fd(wake_w, data),
             parent_pid=self.parent_pid if self.lifeline else None,
             parent_gone_code=EXIT_PARENT_GONE,
         )
@@ -283,7 +252,6 @@ class _Worker:
         return True
 
     def _step(self, step: int) -> bool:
-        """This step's collective; False when a peer is gone (the collective failed)."""
         assert self.group is not None
         if (
             self.config.collective_straggle_s
@@ -306,7 +274,6 @@ class _Worker:
         return True
 
     def _leave_group(self) -> None:
-        """vLLM's order: barrier with a deadline, then destroy; abort when a peer is gone."""
         if self.group is None:
             return
         try:
@@ -321,7 +288,6 @@ class _Worker:
             os.close(fd)
 
     def _exit_stuck(self, code: int) -> None:
-        """The watchdog's way out: the main thread is stuck in a collective after a stop."""
         self.log.event("collective_abandoned", tp_rank=self.tp_rank, code=code)
         os._exit(code)
 
@@ -343,11 +309,7 @@ class _Worker:
 
 
 class WorkerGroup:
-    """The EngineCore's side of its ``tensor_parallel_size`` workers.
-
-    Construct it in the EngineCore's main thread before any other thread starts (the workers are
-    forks of the EngineCore).
-    """
+    """The EngineCore's side of its workers; build it before any other thread starts (forks)."""
 
     def __init__(
         self,
@@ -402,10 +364,7 @@ class WorkerGroup:
             self.store = host_store(group[1], config.tensor_parallel_size, group_deadlines(config))
 
     def step(self) -> None:
-        """Start the next step's collective on every worker unless one is still running.
-
-        Never blocks: the workers acknowledge on their pipes, read here without waiting.
-        """
+        """Start the next step's collective on every worker unless one is still running."""
         if self.group is None:
             return
         for conn in self.connections:
@@ -426,10 +385,7 @@ class WorkerGroup:
         self._outstanding = len(self.connections)
 
     def wait_ready(self, deadline: float, interrupted: Callable[[], bool]) -> bool:
-        """Wait for every worker's ready; False when ``interrupted()`` turned true first.
-
-        Raises ``WorkerStartupError`` when a worker exits or the deadline passes.
-        """
+        """False when ``interrupted()`` turned true first; raises ``WorkerStartupError``."""
         pending = dict(zip(self.connections, self.processes, strict=True))
         while pending:
             if interrupted():
@@ -467,7 +423,6 @@ class WorkerGroup:
         raise WorkerStartupError(f"{proc.name} exited during startup (exit code {proc.exitcode})")
 
     def watch(self, on_death: Callable[[str, int | None, int | None], None]) -> None:
-        """Call ``on_death(name, pid, exitcode)`` from a daemon thread when a worker dies."""
         self._monitor = threading.Thread(
             target=self._watch, args=(on_death,), name="worker-monitor", daemon=True
         )
@@ -486,11 +441,7 @@ class WorkerGroup:
                 return
 
     def shutdown(self, timeout: float = WORKER_STOP_TIMEOUT_S) -> ShutdownOutcome:
-        """Stop watching, ask every worker to stop, kill what is left at the shared deadline."""
-        try:
-            os.write(self._stop_w, b"\x00")
-        except OSError:
-            pass
+        wake_fd(self._stop_w, b"\x00")
         if self._monitor is not None and self._monitor is not threading.current_thread():
             self._monitor.join(1.0)
         for conn in self.connections:
@@ -510,20 +461,9 @@ class WorkerGroup:
         return outcome
 
 
-def _forward(fd: int, data: bytes) -> None:
-    try:
-        os.write(fd, data)
-    except OSError:  # full: a wake-up is pending anyway
-        pass
-
-
 def _start_from_daemon(proc: BaseProcess) -> None:
-    """Start ``proc`` even though this process is a daemonic multiprocessing child.
-
-    multiprocessing refuses children of a daemonic process because its exit would orphan them;
-    here every worker has a death pipe and the EngineCore stops them itself, so the flag is
-    lifted for the ``start()`` only.
-    """
+    """multiprocessing refuses children of a daemonic process (its exit would orphan them);
+    every worker has a death pipe and is stopped by the EngineCore, so the flag is lifted."""
     config = multiprocessing.current_process()._config  # type: ignore[attr-defined]
     daemon = config.pop("daemon", None)
     try:

@@ -1,28 +1,25 @@
 """Which platform this process runs on, found without initialising CUDA here.
 
-torch's ``torch.cuda.is_available()`` calls ``cudaGetDeviceCount``, which registers torch's fork
-hook: every later ``fork`` child then fails with "Cannot re-initialize CUDA in forked
-subprocess". So, as vLLM does, devices are counted through NVML (CUDA) or amdsmi (ROCm),
-through the visibility variables; then through torch's own NVML/amdsmi-based count; and only if
-neither library works, in a child interpreter. torch is imported only to read which build it is
-(``torch.version.cuda`` / ``torch.version.hip``): importing torch initialises nothing.
-
-A CPU build of torch runs on the CPU whatever the machine has: the platform is then ``"cpu"``.
+``torch.cuda.is_available()`` calls ``cudaGetDeviceCount``, which registers torch's fork hook:
+every later ``fork`` child then fails with "Cannot re-initialize CUDA in forked subprocess". So,
+as vLLM does, devices are counted through NVML or amdsmi, then torch's own NVML/amdsmi-based
+count, and only if neither works in a child interpreter. A CPU build of torch means ``"cpu"``.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pytest_shutdown.gpu import visibility
+from pytest_shutdown.gpu.readers import _shut_down as _quietly
 
 Platform = Literal["cuda", "rocm", "cpu"]
 
-#: How long the last-resort child interpreter may take to count the devices.
 PROBE_TIMEOUT_S = 120.0
 
 _cache: dict[tuple[str, ...], int] = {}
@@ -43,53 +40,46 @@ def nvidia_device_count(
 ) -> int | None:
     """GPUs CUDA will show this process, counted by NVML; None when NVML does not work."""
     env = os.environ if environ is None else environ
-    try:
-        if nvml is None:
-            import pynvml  # noqa: PLC0415
-
-            nvml = pynvml
-        nvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no library or no driver: NVML cannot say
-        return None
-    try:
-        return visibility.nvml_visible_count(nvml, env)
-    except Exception:  # noqa: BLE001
-        return None
-    finally:
-        _quietly(nvml.nvmlShutdown)
+    return _library_count(
+        nvml, "pynvml", "nvmlInit", "nvmlShutdown", lambda n: visibility.nvml_visible_count(n, env)
+    )
 
 
 def amd_device_count(environ: Mapping[str, str] | None = None, amdsmi: Any = None) -> int | None:
-    """GPUs HIP will show this process, counted by amdsmi; None when amdsmi does not work.
-
-    A disagreement between ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES`` raises
-    :class:`~pytest_shutdown.gpu.visibility.VisibilityError`.
-    """
+    """GPUs HIP will show this process, counted by amdsmi; None when amdsmi does not work."""
     env = os.environ if environ is None else environ
     visibility.hip_visible(env)  # the conflict is an error, not "no device"
-    try:
-        if amdsmi is None:
-            import amdsmi as amdsmi_module  # noqa: PLC0415
+    return _library_count(
+        amdsmi,
+        "amdsmi",
+        "amdsmi_init",
+        "amdsmi_shut_down",
+        lambda a: len(visibility.amdsmi_visible_handles(a, env)),
+    )
 
-            amdsmi = amdsmi_module
-        amdsmi.amdsmi_init()
-    except Exception:  # noqa: BLE001
+
+def _library_count(
+    library: Any, module: str, init: str, shutdown: str, count: Callable[[Any], int]
+) -> int | None:
+    """``count(library)`` between the library's init and shutdown; None when either fails."""
+    try:
+        if library is None:
+            library = importlib.import_module(module)
+        getattr(library, init)()
+    except Exception:  # noqa: BLE001 - no library or no driver: it cannot say
         return None
     try:
-        return len(visibility.amdsmi_visible_handles(amdsmi, env))
+        return count(library)
     except Exception:  # noqa: BLE001
         return None
     finally:
-        _quietly(amdsmi.amdsmi_shut_down)
+        _quietly(getattr(library, shutdown))
 
 
 def hardware_platform(
     environ: Mapping[str, str] | None = None, nvml: Any = None, amdsmi: Any = None
 ) -> tuple[Platform, int]:
-    """(platform, visible device count) from the hardware alone: NVML, then amdsmi; no torch.
-
-    What ``--shutdown-gpu-per-worker`` needs before anything imports torch.
-    """
+    """(platform, visible device count) from NVML, then amdsmi; no torch."""
     count = nvidia_device_count(environ, nvml)
     if count:
         return "cuda", count
@@ -171,11 +161,7 @@ def device_nodes_present(nodes: tuple[str, ...] | None = None) -> bool:
 
 
 def probe_device_count() -> int:
-    """``torch.cuda.device_count()`` asked in a child interpreter (this one stays untouched).
-
-    Without any GPU driver node (a CUDA build of torch on a CPU-only Linux machine) the answer is
-    0 without starting the child.
-    """
+    """``torch.cuda.device_count()`` asked in a child interpreter; 0 without a driver node."""
     if not device_nodes_present():
         return 0
     try:
@@ -191,10 +177,3 @@ def probe_device_count() -> int:
 def forget_counts() -> None:
     """Drop the cached counts (after a visibility variable changed in this process)."""
     _cache.clear()
-
-
-def _quietly(call: Any) -> None:
-    try:
-        call()
-    except Exception:  # noqa: BLE001 - shutting a library down must not fail a reading
-        pass

@@ -1,18 +1,11 @@
 """When ``fork`` is refused, and what a forked engine process resets first.
 
-A forked child inherits its parent's memory but only the forking thread. Two inheritances break
-engines:
-
-* **CUDA.** A child cannot use a CUDA context its parent created; once torch has asked the CUDA
-  runtime anything (``torch.cuda.is_available()`` without NVML), torch's fork hook marks every
-  child "bad" and its first CUDA call fails with "Cannot re-initialize CUDA in forked
-  subprocess". ROCm is stricter still: vLLM never forks there. So ``fork`` is refused, with the
-  reason, when CUDA is initialised or fork-poisoned in this process, or the engine runs on a
-  ROCm device.
-* **OpenMP.** After any parallel CPU torch work (a matmul, an ``nn.Linear``) the parent holds an
-  OpenMP thread pool; the child inherits its bookkeeping without its threads, and its first
-  parallel region waits forever for them. A forked engine process therefore runs torch with one
-  intra-op thread (:func:`reset_after_fork`), the one setting that never touches the pool.
+* **CUDA.** Once torch asked the CUDA runtime anything (``torch.cuda.is_available()`` without
+  NVML), its fork hook marks every child "bad": "Cannot re-initialize CUDA in forked
+  subprocess". ROCm is stricter: vLLM never forks there. So ``fork`` is refused, with the reason.
+* **OpenMP.** After parallel CPU torch work the parent holds an OpenMP pool; a child inherits its
+  bookkeeping without its threads and its first parallel region waits forever. A forked engine
+  process runs torch with one intra-op thread, the one setting that never touches the pool.
 """
 
 from __future__ import annotations
@@ -40,11 +33,8 @@ def cuda_initialized(torch: Any = None) -> bool:
 
 
 def fork_poisoned(torch: Any = None) -> bool:
-    """Whether a child forked now would be in torch's "bad fork" state (asked in a real fork).
-
-    torch's fork hook is invisible from Python; a forked child tells, in a few milliseconds,
-    whether it may use CUDA. CPU builds of torch have no hook: False without forking.
-    """
+    """Whether a child forked now would be in torch's "bad fork" state: the hook is invisible
+    from Python, so a real fork tells (a few ms). CPU builds have no hook."""
     torch = torch if torch is not None else _torch()
     if torch is None:
         return False

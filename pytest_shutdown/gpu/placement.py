@@ -1,9 +1,7 @@
-"""Which device an engine process uses: data-parallel rank r on the r-th visible device.
+"""Which device an engine process uses: data-parallel rank r on device ``r mod count``.
 
-vLLM places DP rank r on its own device; a reference engine whose ranks all allocate on
-``cuda:0`` leaves the other GPUs idle and measures the wrong device. With fewer visible devices
-than ranks (one GPU, ``data_parallel_size=2``) the ranks wrap around: rank r uses device
-``r mod count``.
+A reference engine whose ranks all allocate on ``cuda:0`` leaves the other GPUs idle and
+measures the wrong device.
 """
 
 from __future__ import annotations
@@ -25,11 +23,8 @@ def device_for_rank(device: str, dp_rank: int, device_count: int) -> str:
 
 
 def place_rank(config: EngineConfig, dp_rank: int, torch: Any = None) -> EngineConfig:
-    """In engine process ``dp_rank``: make its device current and return the config using it.
-
-    Runs in the engine process itself (where initialising the device is right), before the
-    engine allocates anything, so its CUDA/HIP context is created on its own device only.
-    """
+    """In engine process ``dp_rank``, before it allocates: make its device current and return
+    the config using it (its CUDA/HIP context is created on its own device only)."""
     if config.device.split(":", 1)[0] != "cuda":
         return config
     if torch is None:

@@ -1,15 +1,9 @@
 """Device-memory readers: ``used_bytes()`` = device memory in use now, in bytes.
 
 Whole-device readers (NVML, amdsmi, ``torch.cuda.mem_get_info``) see every process on the GPU:
-right on a GPU of one's own, flaky on a shared one (an xdist worker beside yours allocates in the
-middle of your measurement). Per-process readers (NVML's compute-process list, amdsmi's process
-list) count only the processes a test owns: by default this process and every descendant it has
-had, so an engine process that is orphaned still counts. On the CPU, a process's resident set
-size stands in.
-
-Every NVML/amdsmi reader maps torch's device index through the visibility variables
-(:mod:`pytest_shutdown.gpu.visibility`), initialises its library once and shuts it down on
-``close()`` (or when collected).
+flaky on a shared one (an xdist worker beside yours allocates mid-measurement). Per-process
+readers count only the processes a test owns (default: this one and every descendant it has had,
+orphaned ones included). On the CPU, a process's resident set size stands in.
 """
 
 from __future__ import annotations
@@ -20,6 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from pytest_shutdown._os.killer import tree_of
 from pytest_shutdown.gpu import visibility
 
 
@@ -48,9 +43,16 @@ class _LibraryReader:
 
     _finalizer: weakref.finalize
 
-    def _start(self, init: Callable[[], Any], shutdown: Callable[[], Any]) -> None:
+    def _start(
+        self, init: Callable[[], Any], shutdown: Callable[[], Any], handle: Callable[[], Any]
+    ) -> None:
         init()
         self._finalizer = weakref.finalize(self, _shut_down, shutdown)
+        try:
+            self._handle = handle()
+        except BaseException:
+            self.close()
+            raise
 
     def close(self) -> None:
         """Shut the library down (``nvmlShutdown`` / ``amdsmi_shut_down``); idempotent."""
@@ -73,12 +75,7 @@ class OwnProcesses:
         self.seen: set[int] = {self.root}
 
     def __call__(self) -> set[int]:
-        import psutil  # noqa: PLC0415
-
-        try:
-            self.seen.update(p.pid for p in psutil.Process(self.root).children(recursive=True))
-        except psutil.Error:
-            pass
+        self.seen.update(tree_of(self.root))
         return set(self.seen)
 
 
@@ -100,14 +97,12 @@ class NvmlReader(_LibraryReader):
             import pynvml  # noqa: PLC0415
 
             self.nvml = pynvml
-        self._start(self.nvml.nvmlInit, self.nvml.nvmlShutdown)
-        try:
-            self._handle = visibility.nvml_handle(
-                self.nvml, self.device_index, _environ(self.environ)
-            )
-        except BaseException:
-            self.close()
-            raise
+        nvml = self.nvml
+        self._start(
+            nvml.nvmlInit,
+            nvml.nvmlShutdown,
+            lambda: visibility.nvml_handle(nvml, self.device_index, _environ(self.environ)),
+        )
 
     def used_bytes(self) -> int:
         return int(self.nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
@@ -172,14 +167,12 @@ class AmdSmiReader(_LibraryReader):
             import amdsmi  # noqa: PLC0415
 
             self.amdsmi = amdsmi
-        self._start(self.amdsmi.amdsmi_init, self.amdsmi.amdsmi_shut_down)
-        try:
-            self._handle = visibility.amdsmi_handle(
-                self.amdsmi, self.device_index, _environ(self.environ)
-            )
-        except BaseException:
-            self.close()
-            raise
+        amd = self.amdsmi
+        self._start(
+            amd.amdsmi_init,
+            amd.amdsmi_shut_down,
+            lambda: visibility.amdsmi_handle(amd, self.device_index, _environ(self.environ)),
+        )
 
     def used_bytes(self) -> int:
         usage = self.amdsmi.amdsmi_get_gpu_memory_usage(
@@ -204,7 +197,6 @@ class AmdSmiProcessReader(AmdSmiReader):
             raise ReadingUnavailable(f"amdsmi lists no processes on this device: {exc}") from exc
 
     def _usage(self) -> dict[int, int | None]:
-        """pid → VRAM bytes (None when amdsmi gives no figure)."""
         usage: dict[int, int | None] = {}
         for item in self.amdsmi.amdsmi_get_gpu_process_list(self._handle):
             info = item if isinstance(item, dict) else self.amdsmi.amdsmi_get_gpu_process_info(

@@ -1,18 +1,11 @@
 """torch's device index → the device NVML or amdsmi means, through the visibility variables.
 
 torch numbers the devices a process *sees*; NVML and amdsmi number every device of the machine.
-Between the two stand the visibility variables:
-
-* CUDA: ``CUDA_VISIBLE_DEVICES`` lists physical indices, GPU UUIDs (``GPU-8932f937-...``, a
-  unique prefix is enough) or MIG instances (``MIG-...``). CUDA orders devices fastest-first
-  unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; NVML always orders them by PCI bus id, so a physical
-  *index* means the same GPU to both only with ``PCI_BUS_ID`` (UUIDs are unambiguous).
-* ROCm: ``ROCR_VISIBLE_DEVICES`` (indices or UUIDs) selects among the machine's GPUs in KFD node
-  order; ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``, which HIP honours too) selects
-  among those. amdsmi lists GPUs in its own order, so handles are put in KFD order first.
-
-As in CUDA, a list ends at its first empty or negative entry (``CUDA_VISIBLE_DEVICES=-1`` hides
-every device).
+CUDA: ``CUDA_VISIBLE_DEVICES`` lists indices, GPU UUIDs (a unique prefix is enough) or MIG
+instances; CUDA orders devices fastest-first unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, NVML by
+PCI bus id. ROCm: ``ROCR_VISIBLE_DEVICES`` selects among the GPUs in KFD node order, then
+``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES``) among those. As in CUDA, a list ends at its
+first empty or negative entry.
 """
 
 from __future__ import annotations
@@ -79,11 +72,8 @@ def _pick(
     *,
     anywhere: bool = False,
 ) -> Any:
-    """The device ``entry`` names among ``devices``: an index, or a (prefix of a) UUID.
-
-    ``anywhere``: the entry may match inside the UUID (ROCr's ``GPU-<unique id>`` is the tail
-    of amdsmi's UUID); a match must still be unique.
-    """
+    """The device ``entry`` names among ``devices``: an index, or a (prefix of a) UUID;
+    ``anywhere``: inside the UUID (ROCr's ``GPU-<unique id>`` is the tail of amdsmi's)."""
     if entry.isdigit():
         index = int(entry)
         if index >= len(devices):
@@ -112,15 +102,11 @@ def _entry_at(entries: list[str], torch_index: int, variable: str, value: str) -
     return entries[torch_index]
 
 
-# -- CUDA / NVML ------------------------------------------------------------------------------
 def nvml_handle(
     nvml: Any, torch_index: int, environ: Mapping[str, str], *, warn_order: bool = True
 ) -> Any:
-    """The NVML handle of torch's ``cuda:<torch_index>`` (a MIG handle for a MIG entry).
-
-    Reading a physical index warns (:class:`DeviceOrderWarning`, once) unless
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: only then do CUDA and NVML number the GPUs alike.
-    """
+    """The NVML handle of torch's ``cuda:<torch_index>`` (a MIG handle for a MIG entry); a
+    physical index warns once unless ``CUDA_DEVICE_ORDER=PCI_BUS_ID``."""
     value = environ.get("CUDA_VISIBLE_DEVICES")
     entries = parse_visible(value)
     if entries is None:
@@ -137,15 +123,11 @@ def nvml_handle(
         if warn_order:
             warn_if_order_differs(nvml, environ)
         return nvml.nvmlDeviceGetHandleByIndex(int(entry))
-    if entry.upper().startswith("MIG-"):
-        return _pick(_mig_handles(nvml), entry, lambda h: _text(nvml.nvmlDeviceGetUUID(h)),
-                     "CUDA_VISIBLE_DEVICES")
-    return _pick(_gpu_handles(nvml), entry, lambda h: _text(nvml.nvmlDeviceGetUUID(h)),
-                 "CUDA_VISIBLE_DEVICES")
+    handles = _mig_handles(nvml) if entry.upper().startswith("MIG-") else _gpu_handles(nvml)
+    return _pick(handles, entry, lambda h: _text(nvml.nvmlDeviceGetUUID(h)), "CUDA_VISIBLE_DEVICES")
 
 
 def nvml_visible_count(nvml: Any, environ: Mapping[str, str]) -> int:
-    """How many devices CUDA will show this process: the visible entries that name a device."""
     entries = parse_visible(environ.get("CUDA_VISIBLE_DEVICES"))
     if entries is None:
         return int(nvml.nvmlDeviceGetCount())
@@ -203,7 +185,6 @@ def warn_if_order_differs(nvml: Any, environ: Mapping[str, str]) -> bool:
     return True
 
 
-# -- ROCm / amdsmi ----------------------------------------------------------------------------
 def amdsmi_handles_in_hip_order(amdsmi: Any) -> list[Any]:
     """The machine's GPUs in the order ROCr enumerates them (KFD node id), not amdsmi's."""
     handles = list(amdsmi.amdsmi_get_processor_handles())

@@ -145,41 +145,30 @@ def _copy(registry: dict[Any, Any]) -> dict[Any, Any]:
     return {}
 
 
-def finalizer_registrations(obj: object) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
-    """``(func, args, kwargs)`` of every pending finalizer whose referent is ``obj``.
-
-    Both ``weakref.finalize`` and ``multiprocessing.util.Finalize`` registrations are returned.
-    """
-    found: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
-    for info in _copy(getattr(weakref.finalize, "_registry", {})).values():
+def _finalizers(obj: object) -> list[tuple[Any, Any, tuple[Any, ...], dict[str, Any]]]:
+    """``(finalizer, func, args, kwargs)`` of every pending finalizer whose referent is ``obj``:
+    ``weakref.finalize`` and ``multiprocessing.util.Finalize`` registrations."""
+    found: list[tuple[Any, Any, tuple[Any, ...], dict[str, Any]]] = []
+    for final, info in _copy(getattr(weakref.finalize, "_registry", {})).items():
         ref = getattr(info, "weakref", None)
         if ref is not None and ref() is obj:
-            found.append((info.func, tuple(info.args), dict(info.kwargs or {})))
+            found.append((final, info.func, tuple(info.args), dict(info.kwargs or {})))
     mp_util = sys.modules.get("multiprocessing.util")
-    if mp_util is not None:
-        for final in _copy(getattr(mp_util, "_finalizer_registry", {})).values():
-            ref = getattr(final, "_weakref", None)
-            if ref is not None and ref() is obj:
-                found.append(
-                    (final._callback, tuple(final._args), dict(final._kwargs or {}))
-                )
+    for final in _copy(getattr(mp_util, "_finalizer_registry", {})).values():
+        ref = getattr(final, "_weakref", None)
+        if ref is not None and ref() is obj:
+            found.append((final, final._callback, tuple(final._args), dict(final._kwargs or {})))
     return found
+
+
+def finalizer_registrations(obj: object) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """``(func, args, kwargs)`` of every pending finalizer whose referent is ``obj``."""
+    return [(func, args, kwargs) for _final, func, args, kwargs in _finalizers(obj)]
 
 
 def pending_finalizers(obj: object) -> list[Callable[[], Any]]:
     """The pending finalizer objects of ``obj``: calling one runs what collection would run."""
-    found: list[Callable[[], Any]] = []
-    for final, info in _copy(getattr(weakref.finalize, "_registry", {})).items():
-        ref = getattr(info, "weakref", None)
-        if ref is not None and ref() is obj:
-            found.append(final)
-    mp_util = sys.modules.get("multiprocessing.util")
-    if mp_util is not None:
-        for final in _copy(getattr(mp_util, "_finalizer_registry", {})).values():
-            ref = getattr(final, "_weakref", None)
-            if ref is not None and ref() is obj:
-                found.append(final)
-    return found
+    return [final for final, *_registration in _finalizers(obj)]
 
 
 def cleanup_method_names(value: object) -> tuple[str, ...]:
@@ -313,9 +302,7 @@ class _Discovery:
         owner = getattr(inner, "__self__", None)
         name = getattr(inner, "__name__", "")
         if owner is not None and not isinstance(owner, types.ModuleType):
-            if id(owner) in self.resource_ids and (
-                name in CLEANUP_METHODS or name == "__exit__"
-            ):
+            if id(owner) in self.resource_ids and (name in CLEANUP_METHODS or name == "__exit__"):
                 return  # already counted as the resource's own cleanup
             if is_exit_stack(owner) and name in ("close", "__exit__"):
                 self.consider(label, owner)  # a nested stack: a route, expand it
@@ -398,19 +385,22 @@ class _Discovery:
         self.consider(path, current)
 
 
-def _wrapper_arguments(wrapper: Callable[..., Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The ``args`` and ``kwds`` an ExitStack ``callback()`` wrapper will call its function with."""
+def _closure(wrapper: Callable[..., Any]) -> dict[str, Any]:
+    """The free variables of an ExitStack ``callback()`` wrapper (empty cells left out)."""
     code = getattr(wrapper, "__code__", None)
     cells = getattr(wrapper, "__closure__", None) or ()
     found: dict[str, Any] = {}
     if isinstance(code, types.CodeType):
         for var, cell in zip(code.co_freevars, cells, strict=False):
-            try:
+            with contextlib.suppress(ValueError):  # an empty cell
                 found[var] = cell.cell_contents
-            except ValueError:  # empty cell
-                continue
-    args = found.get("args")
-    kwargs = found.get("kwds")
+    return found
+
+
+def _wrapper_arguments(wrapper: Callable[..., Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The ``args`` and ``kwds`` an ExitStack ``callback()`` wrapper will call its function with."""
+    found = _closure(wrapper)
+    args, kwargs = found.get("args"), found.get("kwds")
     return (
         tuple(args) if isinstance(args, tuple) else (),
         dict(kwargs) if isinstance(kwargs, dict) else {},
@@ -421,24 +411,17 @@ def _closure_spec(
     label: str, qualname: str, wrapper: Callable[..., Any], wrapped: object
 ) -> CleanupSpec | None:
     """A spec matching one ExitStack ``callback()`` wrapper by the callable it closes over."""
-    code = getattr(wrapper, "__code__", None)
-    cells = getattr(wrapper, "__closure__", None) or ()
-    if not isinstance(code, types.CodeType):
+    var = next((v for v, value in _closure(wrapper).items() if value is wrapped), None)
+    if var is None:
         return None
-    for var, cell in zip(code.co_freevars, cells, strict=False):
-        try:
-            if cell.cell_contents is wrapped:
-                return CleanupSpec(
-                    label=f"{label} ({qualname})",
-                    attribute=label,
-                    method=qualname,
-                    codes=frozenset({code}),
-                    closure_var=var,
-                    closure_id=id(wrapped),
-                )
-        except ValueError:  # empty cell
-            continue
-    return None
+    return CleanupSpec(
+        label=f"{label} ({qualname})",
+        attribute=label,
+        method=qualname,
+        codes=frozenset({wrapper.__code__}),
+        closure_var=var,
+        closure_id=id(wrapped),
+    )
 
 
 def instance_attributes(obj: object) -> Iterator[tuple[str, object]]:
@@ -676,4 +659,3 @@ def labels_performed(counter: CleanupCounter, round_name: str) -> list[str]:
         for index, spec in enumerate(counter.specs)
         if counter.count(index, round_name) > 0
     ]
-

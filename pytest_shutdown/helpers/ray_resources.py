@@ -31,9 +31,13 @@ def _alive_actors(prefix: str) -> list[dict[str, Any]]:
     from ray._private import state  # noqa: PLC0415
 
     return [
-        {"actor_id": actor_id, "name": info.get("Name", ""),
-         "class": info.get("ActorClassName", ""), "state": info.get("State"),
-         "pid": info.get("Pid")}
+        {
+            "actor_id": actor_id,
+            "name": info.get("Name", ""),
+            "class": info.get("ActorClassName", ""),
+            "state": info.get("State"),
+            "pid": info.get("Pid"),
+        }
         for actor_id, info in state.actors().items()
         if str(info.get("Name", "")).startswith(prefix) and info.get("State") != "DEAD"
     ]
@@ -50,10 +54,8 @@ def _live_groups(prefix: str) -> list[dict[str, Any]]:
 
 
 def _capacity(resources: Mapping[str, float]) -> dict[str, float]:
-    return {
-        k: round(float(v), 3) for k, v in resources.items()
-        if not k.startswith(_NOT_CAPACITY) and not k.startswith("bundle_group_")
-    }
+    skip = (*_NOT_CAPACITY, "bundle_group_")
+    return {k: round(float(v), 3) for k, v in resources.items() if not k.startswith(skip)}
 
 
 def _resource_gap(baseline: Mapping[str, float]) -> dict[str, dict[str, float]]:
@@ -61,8 +63,9 @@ def _resource_gap(baseline: Mapping[str, float]) -> dict[str, dict[str, float]]:
 
     now = _capacity(ray.available_resources())
     before = _capacity(baseline)
-    return {k: {"baseline": v, "now": now.get(k, 0.0)} for k, v in before.items()
-            if now.get(k, 0.0) < v}
+    return {
+        k: {"baseline": v, "now": now.get(k, 0.0)} for k, v in before.items() if now.get(k, 0.0) < v
+    }
 
 
 def _live_workers(pids: Iterable[int]) -> list[dict[str, Any]]:
@@ -102,36 +105,25 @@ def ray_leftovers(
         if not (actors or groups or gap or workers) or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
+    after = f"{deadline_s:g} s after its shutdown"
+
+    def left(kind: str, text: str, item: dict[str, Any]) -> Finding:
+        return Finding("ray-resource-left", text, {"kind": kind, "subject": subject, **item})
+
     findings = []
-    for actor in actors:
-        findings.append(Finding(
-            "ray-resource-left",
-            f"actor {actor['name']} ({actor['class']}) of {subject} is still {actor['state']} "
-            f"{deadline_s:g} s after its shutdown",
-            {"kind": "actor", "subject": subject, **actor},
-        ))
-    for group in groups:
-        findings.append(Finding(
-            "ray-resource-left",
-            f"placement group {group['name']} of {subject} is still {group['state']} (not "
-            f"removed) {deadline_s:g} s after its shutdown",
-            {"kind": "placement_group", "subject": subject, **group},
-        ))
+    for a in actors:
+        text = f"actor {a['name']} ({a['class']}) of {subject} is still {a['state']} {after}"
+        findings.append(left("actor", text, a))
+    for g in groups:
+        text = f"placement group {g['name']} of {subject} is still {g['state']} (not removed)"
+        findings.append(left("placement_group", f"{text} {after}", g))
     if gap:
         short = ", ".join(f"{k} {v['now']:g} of {v['baseline']:g}" for k, v in gap.items())
-        findings.append(Finding(
-            "ray-resource-left",
-            f"the cluster's available resources are not back to their baseline after {subject}'s "
-            f"shutdown: {short}",
-            {"kind": "resources", "subject": subject, "resources": gap},
-        ))
-    for worker in workers:
-        findings.append(Finding(
-            "ray-resource-left",
-            f"worker process {worker['name']} (pid {worker['pid']}) of {subject} is still running "
-            f"{deadline_s:g} s after its shutdown",
-            {"kind": "worker_process", "subject": subject, **worker},
-        ))
+        text = f"the cluster's available resources are not back to their baseline after {subject}'s"
+        findings.append(left("resources", f"{text} shutdown: {short}", {"resources": gap}))
+    for w in workers:
+        text = f"worker process {w['name']} (pid {w['pid']}) of {subject} is still running {after}"
+        findings.append(left("worker_process", text, w))
     return findings
 
 
@@ -145,8 +137,8 @@ def assert_ray_released(
 ) -> None:
     """Raise ``ray-resource-left`` findings for what ``subject`` left on the Ray cluster."""
     __tracebackhide__ = True
-    raise_if_any(ray_leftovers(prefix, baseline, pids=pids, subject=subject,
-                               deadline_s=deadline_s))
+    found = ray_leftovers(prefix, baseline, pids=pids, subject=subject, deadline_s=deadline_s)
+    raise_if_any(found)
 
 
 def release_ray_leftovers(prefix: str) -> None:
@@ -169,4 +161,3 @@ def release_ray_leftovers(prefix: str) -> None:
             )
         except Exception:  # noqa: BLE001 - already removed
             pass
-

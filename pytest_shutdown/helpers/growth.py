@@ -4,24 +4,9 @@ One before/after comparison cannot tell a leak from a cache that fills once; rep
 The cycle runs ``warmup`` times (one-time costs: imports, caches, lazily started pools), then
 ``cycles`` times, with a :class:`~pytest_shutdown.helpers.census.Census` after each run: live
 objects by type, Python and OS threads, file descriptors, RSS, and device memory where a reader
-exists. The rules (:func:`judge`, stated in docs/growth.md):
-
-* **noise**: a metric's noise is the largest change between consecutive warm-up readings
-  (the first warm-up cycle is not compared: it pays the one-time costs); its *allowance* is the
-  larger of its noise and its unit (1 for counts, ``rss_tolerance`` / ``device_tolerance`` for
-  bytes);
-* **re-measured once**: a measured reading in which any metric grew by more than its allowance
-  is taken again after ``settle_s`` seconds and another ``gc.collect()`` (a thread still
-  exiting, a finalizer not yet run); the second reading stands;
-* **every cycle**: with 2 or more measured cycles, a metric that grew by at least its allowance
-  in every measured cycle has grown (``growth``);
-* **net**: the net growth runs from the last warm-up reading to the smaller of the last two
-  readings (one noisy last sample cannot decide it). A metric whose net growth, less its
-  largest single-cycle increase (one jump is a cache filled once, not growth), exceeds the
-  derived threshold — the allowance times a third of the measured cycles, rounded up — has
-  grown;
-* **stated**: a threshold stated in ``max_growth`` replaces both rules for its metric: it has
-  grown when its net growth (nothing discounted) exceeds the stated number.
+exists. :func:`judge` applies the rules stated in docs/growth.md: a noise allowance from the
+warm-up, a noisy reading re-measured once, growth in every cycle, net growth past a derived
+threshold (less the largest single cycle), or past a threshold stated in ``max_growth``.
 
 A grown type is shown by one instance made by one more cycle (failure path only), with the
 backref chain that keeps it alive (:mod:`~pytest_shutdown.helpers.holders`, bounded) and, in the
@@ -175,10 +160,7 @@ def _noisy(
     reading: Mapping[str, int], previous: Mapping[str, int], allowances: Mapping[str, int]
 ) -> bool:
     """Whether any metric of ``reading`` grew by more than its allowance since ``previous``."""
-    for name, value in reading.items():
-        if value - previous.get(name, 0) > allowances.get(name, 1):
-            return True
-    return False
+    return any(v - previous.get(k, 0) > allowances.get(k, 1) for k, v in reading.items())
 
 
 # --- the record -----------------------------------------------------------------------------
@@ -279,12 +261,7 @@ def _validate(
     _count("rss_tolerance", rss_tolerance, 1)
     _count("device_tolerance", device_tolerance, 1)
     _count("diagnose", diagnose, 0)
-    if (
-        isinstance(settle_s, bool)
-        or not isinstance(settle_s, (int, float))
-        or not math.isfinite(settle_s)
-        or settle_s < 0
-    ):
+    if not _is_number(settle_s) or not math.isfinite(settle_s) or settle_s < 0:
         raise ValueError(f"settle_s: expected a number of seconds >= 0, got {settle_s!r}")
     stated: dict[str, float] = {}
     for key, value in dict(max_growth or {}).items():
@@ -293,12 +270,14 @@ def _validate(
                 f"max_growth: keys are metric names ({', '.join(METRIC_KEYS)}) or type names, "
                 f"got {key!r}"
             )
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise ValueError(f"max_growth[{key!r}]: expected a number >= 0, got {value!r}")
-        if value < 0:
+        if not _is_number(value) or math.isnan(value) or value < 0:
             raise ValueError(f"max_growth[{key!r}]: expected a number >= 0, got {value!r}")
         stated[key] = float(value)
     return stated
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def measure_growth(
@@ -333,7 +312,10 @@ def measure_growth(
     note = ""
 
     def read() -> tuple[dict[str, int], dict[str, int]]:
-        assert census is not None
+        nonlocal census, note
+        if census is None:  # picked after one cycle: "auto" looks for torch, imported by now
+            reader, note = pick_device_reader(device_memory)
+            census = Census(reader)
         t0 = time.perf_counter()
         reading = census.read()
         costs.append(time.perf_counter() - t0)
@@ -341,15 +323,9 @@ def measure_growth(
 
     for _ in range(warmup):
         cycle()
-        if census is None:  # picked after one cycle: "auto" looks for torch, imported by now
-            reader, note = pick_device_reader(device_memory)
-            census = Census(reader)
         counted, measured = read()
         warm_objects.append(counted)
         warm_scalars.append(measured)
-    if census is None:
-        reader, note = pick_device_reader(device_memory)
-        census = Census(reader)
     if warm_objects:
         objects.append(warm_objects[-1])
         scalars.append(warm_scalars[-1])
@@ -377,6 +353,7 @@ def measure_growth(
         scalars.append(measured)
         del counted, measured
 
+    assert census is not None  # read() made it
     verdicts = _judge_all(warm_objects, objects, warm_scalars, scalars, units, stated)
     findings = _findings(
         verdicts,
@@ -412,9 +389,7 @@ def measure_growth(
 
 def _allowances(warm: list[dict[str, int]], units: Mapping[str, int]) -> dict[str, int]:
     names = {name for reading in warm for name in reading} | set(units)
-    return {
-        name: max(units.get(name, 1), noise([r.get(name, 0) for r in warm])) for name in names
-    }
+    return {name: max(units.get(name, 1), noise([r.get(name, 0) for r in warm])) for name in names}
 
 
 def _threshold_for(metric: str, name: str, stated: Mapping[str, float]) -> float | None:
@@ -517,41 +492,30 @@ def _findings(
 ) -> list[Finding]:
     findings: list[Finding] = []
     by_metric = {v.metric: v for v in verdicts}
+
+    def new_ones(verdict: Verdict, subject: str, key: str, new: dict[Any, Any], shown: str) -> None:
+        text = _growth_text(subject, verdict) + (f"; new: {shown}" if shown else "")
+        findings.append(
+            Finding("growth", text, {**_verdict_details(verdict, remeasured), key: new})
+        )
+
     threads = by_metric.get(THREADS)
     if threads is not None:
         new = [t for t in threading.enumerate() if (t.ident or 0) not in baseline_threads]
         named = describe_threads(new)
         shown = ", ".join(f"{name!r} ({what})" for name, what in list(named.items())[:5])
-        findings.append(
-            Finding(
-                "growth",
-                _growth_text("threads", threads) + (f"; new: {shown}" if shown else ""),
-                {**_verdict_details(threads, remeasured), "new_threads": named},
-            )
-        )
+        new_ones(threads, "threads", "new_threads", named, shown)
     native = by_metric.get(OS_THREADS)
     if native is not None and threads is None:  # Python threads are OS threads too: said once
         tids = [tid for tid in os_thread_ids() if tid not in baseline_tids]
         named = describe_os_threads(tids)
         shown = ", ".join(f"{name!r}" for name in list(named.values())[:5])
-        findings.append(
-            Finding(
-                "growth",
-                _growth_text("OS threads", native) + (f"; new: {shown}" if shown else ""),
-                {**_verdict_details(native, remeasured), "new_os_threads": named},
-            )
-        )
+        new_ones(native, "OS threads", "new_os_threads", named, shown)
     fds = by_metric.get(FDS)
     if fds is not None:
         opened = describe_fds(fd for fd in fd_numbers() if fd not in baseline_fds)
         shown = ", ".join(f"{fd} -> {target}" for fd, target in list(opened.items())[:5])
-        findings.append(
-            Finding(
-                "growth",
-                _growth_text("file descriptors", fds) + (f"; new: {shown}" if shown else ""),
-                {**_verdict_details(fds, remeasured), "new_fds": opened},
-            )
-        )
+        new_ones(fds, "file descriptors", "new_fds", opened, shown)
     for metric, subject in ((RSS, "RSS"), (DEVICE_MEMORY, "device memory")):
         verdict = by_metric.get(metric)
         if verdict is not None:

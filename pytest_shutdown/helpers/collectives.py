@@ -23,14 +23,37 @@ from typing import Any
 from pytest_shutdown.findings.finding import Finding
 
 #: Functions of ``torch.distributed`` that block until every rank (or the store) answers.
-COLLECTIVES = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
-    "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
-    "gather", "gather_object", "scatter", "scatter_object_list", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "send", "recv", "batch_isend_irecv", "destroy_process_group",
-    "init_process_group", "new_group", "_store_based_barrier", "rendezvous",
-    "_create_c10d_store", "_abort_process_group",
-})
+COLLECTIVES = frozenset(
+    {
+        "all_reduce",
+        "all_gather",
+        "all_gather_into_tensor",
+        "all_gather_object",
+        "all_to_all",
+        "all_to_all_single",
+        "barrier",
+        "monitored_barrier",
+        "broadcast",
+        "broadcast_object_list",
+        "gather",
+        "gather_object",
+        "scatter",
+        "scatter_object_list",
+        "reduce",
+        "reduce_scatter",
+        "reduce_scatter_tensor",
+        "send",
+        "recv",
+        "batch_isend_irecv",
+        "destroy_process_group",
+        "init_process_group",
+        "new_group",
+        "_store_based_barrier",
+        "rendezvous",
+        "_create_c10d_store",
+        "_abort_process_group",
+    }
+)
 #: A source line that calls into the store or a collective (the frame that entered C++).
 _CALL_LINE = re.compile(
     r"\b(?P<store>\w*store\w*)\s*\.\s*(?P<store_op>get|wait|compare_set|add|check|multi_get)\s*\("
@@ -135,6 +158,11 @@ def collective_hang_finding(
     return Finding(
         "collective-hang",
         f"{who} is blocked in {wait.operation} {after}",
-        {**facts, "rank": rank, "operation": wait.operation, "frame": wait.frame,
-         "collective_stack": wait.stack},
+        {
+            **facts,
+            "rank": rank,
+            "operation": wait.operation,
+            "frame": wait.frame,
+            "collective_stack": wait.stack,
+        },
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import sys
@@ -24,7 +23,7 @@ from pytest_shutdown.helpers.cleanups import (
     instance_attributes,
     is_exit_stack,
 )
-from pytest_shutdown.helpers.report import CheckReport, describe
+from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds
 
 #: How long a blocking task waits for its release at most (every wait has a deadline).
 TASK_DEADLINE_S = 120.0
@@ -48,11 +47,7 @@ def block_until_released(marker_dir: str, number: int, deadline_s: float) -> Non
     deadline = time.monotonic() + deadline_s
     delay = _FIRST_POLL_S
     # A vanished marker folder releases too: the helper is gone, nothing may wait for it.
-    while (
-        not os.path.exists(release)
-        and os.path.isdir(marker_dir)
-        and time.monotonic() < deadline
-    ):
+    while not os.path.exists(release) and os.path.isdir(marker_dir) and time.monotonic() < deadline:
         time.sleep(delay)
         delay = min(delay * 2, _POLL_S)
 
@@ -288,9 +283,7 @@ def _given_executors(
     return [(f"executors[{i}]", ex) for i, ex in enumerate(executors)]
 
 
-def _occupy(
-    found: list[tuple[str, Executor]], marker_dir: str, occupied: list[_Occupied]
-) -> None:
+def _occupy(found: list[tuple[str, Executor]], marker_dir: str, occupied: list[_Occupied]) -> None:
     """Fill every worker of every executor with a blocking task (appending to ``occupied``
     as it goes, so that what was occupied is released and joined even if a submit fails)."""
     number = 0
@@ -398,7 +391,5 @@ def _validate(obj: object, method: str, budget: float, grace: float) -> None:
             "shutdown method, e.g. method='close'"
         )
     for name, value in (("budget", budget), ("grace", grace)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0
-        ):
+        if not is_seconds(value):
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")

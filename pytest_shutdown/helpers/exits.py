@@ -19,7 +19,7 @@ import psutil
 
 from pytest_shutdown._os.killer import kill_trees
 from pytest_shutdown.findings.finding import Finding, raise_if_any
-from pytest_shutdown.helpers.report import CheckReport
+from pytest_shutdown.helpers.report import CheckReport, is_seconds
 
 #: How many characters of the child's stderr an ExitRecord keeps.
 STDERR_TAIL_CHARS = 4000
@@ -127,9 +127,7 @@ def probe_exit(
     methods = multiprocessing.get_all_start_methods()
     if start_method is not None and start_method not in methods:
         raise ValueError(f"start_method: {start_method!r} unknown; accepted: {', '.join(methods)}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-        math.isfinite(timeout) and timeout > 0
-    ):
+    if not is_seconds(timeout):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if not callable(target):
         raise ValueError(f"target must be callable, got {target!r}")
@@ -283,8 +281,12 @@ _OUTCOME_SHAPE: dict[str, tuple[Callable[[object], bool], str]] = {
     "force_killed": (_names_of_processes, "a list of process names (str)"),
     "timeout": (lambda v: _is_seconds(v, none_ok=True), "None or a number of seconds"),
     "exitcodes": (
-        lambda v: isinstance(v, Mapping)
-        and all(c is None or (isinstance(c, int) and not isinstance(c, bool)) for c in v.values()),
+        lambda v: (
+            isinstance(v, Mapping)
+            and all(
+                c is None or (isinstance(c, int) and not isinstance(c, bool)) for c in v.values()
+            )
+        ),
         "a mapping of process name to exit code (int or None)",
     ),
     "duration_s": (lambda v: _is_seconds(v, none_ok=True), "a number of seconds (or None)"),
@@ -365,11 +367,7 @@ def outcome_from_processes(
                 f"procs[{index}]: {proc!r} lacks {', '.join(missing)}; accepted: "
                 "multiprocessing processes (objects with name, exitcode and join)"
             )
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not (math.isfinite(timeout) and timeout >= 0)
-    ):
+    if timeout is not None and not is_seconds(timeout, zero_ok=True):
         raise ValueError(f"timeout: {timeout!r}; accepted: None or a number of seconds >= 0")
     if started is not None and (
         isinstance(started, bool)
@@ -377,8 +375,7 @@ def outcome_from_processes(
         or not (math.isfinite(started) and started <= time.monotonic())
     ):
         raise ValueError(
-            f"started: {started!r}; accepted: a time.monotonic() reading taken before the "
-            "shutdown"
+            f"started: {started!r}; accepted: a time.monotonic() reading taken before the shutdown"
         )
     duration = None if started is None else time.monotonic() - started
     deadline = time.monotonic() + reap_s

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import gc
-import math
 import os
 import time
 import traceback
@@ -23,7 +22,7 @@ from pytest_shutdown.helpers.cleanups import (
     labels_performed,
     pending_finalizers,
 )
-from pytest_shutdown.helpers.report import CheckReport, describe
+from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds
 from pytest_shutdown.ownership import atexit_calls
 from pytest_shutdown.ownership.backrefs import (
     GRAPHS,
@@ -128,9 +127,7 @@ def assert_finalizes_on_gc(
     __tracebackhide__ = True  # a failure points at the caller's line
     if not callable(factory):
         raise ValueError(f"factory must be a callable returning a fresh object, got {factory!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-        math.isfinite(timeout) and timeout > 0
-    ):
+    if not is_seconds(timeout):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     watch = tuple(watch)
     started = time.perf_counter()

@@ -10,7 +10,6 @@ costs every ROCm shutdown the slow scan.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,7 +17,7 @@ from typing import Any
 
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.exits import ExitRecord, probe_exit
-from pytest_shutdown.helpers.report import CheckReport
+from pytest_shutdown.helpers.report import CheckReport, is_seconds
 
 #: The platforms and exits a scenario may name.
 FREEZE_PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")
@@ -49,12 +48,8 @@ class FreezeScenario:
                 f"{', '.join(FREEZE_PLATFORMS)}"
             )
         budget = self.shutdown_timeout
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (
-            math.isfinite(budget) and budget >= 0
-        ):
-            raise ValueError(
-                f"shutdown_timeout: {budget!r}; accepted: a number of seconds >= 0"
-            )
+        if not is_seconds(budget, zero_ok=True):
+            raise ValueError(f"shutdown_timeout: {budget!r}; accepted: a number of seconds >= 0")
         if self.exit not in EXITS:
             raise ValueError(f"exit: unknown exit {self.exit!r}; accepted: {', '.join(EXITS)}")
 

@@ -48,6 +48,7 @@ from pytest_shutdown.helpers.census import (
     type_name,
 )
 from pytest_shutdown.helpers.holders import holder_chain
+from pytest_shutdown.helpers.report import is_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.gpu.readers import MemoryReader
@@ -261,7 +262,7 @@ def _validate(
     _count("rss_tolerance", rss_tolerance, 1)
     _count("device_tolerance", device_tolerance, 1)
     _count("diagnose", diagnose, 0)
-    if not _is_number(settle_s) or not math.isfinite(settle_s) or settle_s < 0:
+    if not is_seconds(settle_s, zero_ok=True):
         raise ValueError(f"settle_s: expected a number of seconds >= 0, got {settle_s!r}")
     stated: dict[str, float] = {}
     for key, value in dict(max_growth or {}).items():

@@ -40,12 +40,7 @@ def _resolve(target: SpyTarget) -> tuple[object, str]:
                 "a (namespace, 'function') pair"
             )
         return importlib.import_module(module_name), attribute
-    if (
-        isinstance(target, tuple)
-        and len(target) == 2
-        and isinstance(target[1], str)
-        and target[1]
-    ):
+    if isinstance(target, tuple) and len(target) == 2 and isinstance(target[1], str) and target[1]:
         return target[0], target[1]
     raise ValueError(
         f"target: {target!r} is not 'package.module:function' or a (namespace, 'function') pair"

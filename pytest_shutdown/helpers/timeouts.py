@@ -24,7 +24,7 @@ from typing import Any
 
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.finding import Finding, raise_if_any
-from pytest_shutdown.helpers.report import CheckReport
+from pytest_shutdown.helpers.report import CheckReport, is_seconds
 
 #: The platforms a cell may name.
 PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")
@@ -41,9 +41,7 @@ PlatformHook = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 
 def _fmt(value: float | None) -> str:
-    if value is None:
-        return "None"
-    return f"{value:g}"
+    return "None" if value is None else f"{value:g}"
 
 
 @lazy_dataclass(frozen=True)
@@ -126,9 +124,7 @@ def _check_platforms(platforms: Iterable[str]) -> tuple[str, ...]:
 
 
 def _check_grace(grace: float) -> float:
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not (
-        math.isfinite(grace) and grace > 0
-    ):
+    if not is_seconds(grace):
         raise ValueError(f"grace: {grace!r} is not a positive, finite number of seconds")
     return float(grace)
 
@@ -242,19 +238,13 @@ def _same(got: Any, expected: float | None) -> bool:
 def _positional_arity(policy: Callable[..., Any]) -> int | None:
     """How many positional arguments ``policy`` takes (``None`` when it cannot be told)."""
     try:
-        signature = inspect.signature(policy)
+        kinds = [p.kind for p in inspect.signature(policy).parameters.values()]
     except (TypeError, ValueError):
         return None
-    count = 0
-    for parameter in signature.parameters.values():
-        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            return None
-        if parameter.kind in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            count += 1
-    return count
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(kind in positional for kind in kinds)
 
 
 def _caller(

@@ -123,8 +123,7 @@ class TreeResources:
 
         pids = sorted(set(pids))
         new = {
-            name: inode for name, inode in segments().items()
-            if self.shm_before.get(name) != inode
+            name: inode for name, inode in segments().items() if self.shm_before.get(name) != inode
         }
         held = holders_of(new, pids)
         for name, inode in new.items():
@@ -140,9 +139,15 @@ class TreeResources:
                         pass
                 continue
             self.ports.append(
-                {"inode": item.inode, "pid": item.pid, "process": _comm(item.pid),
-                 "protocol": info.protocol, "address": info.local, "port": info.port,
-                 "what": info.describe()}
+                {
+                    "inode": item.inode,
+                    "pid": item.pid,
+                    "process": _comm(item.pid),
+                    "protocol": info.protocol,
+                    "address": info.local,
+                    "port": info.port,
+                    "what": info.describe(),
+                }
             )
 
     def left(self, survivors: Iterable[int] = ()) -> dict[str, list[dict[str, object]]]:
@@ -173,8 +178,9 @@ class TreeResources:
             holding = _holders_of_socket(info.inode)
             if not holding or not set(holding) <= tree:
                 held = ", ".join(f"pid {p} ({_comm(p)})" for p in holding) or "no process"
-                ports.append({**port, "holders": holding,
-                              "what": f"{port['what']}, still held by {held}"})
+                ports.append(
+                    {**port, "holders": holding, "what": f"{port['what']}, still held by {held}"}
+                )
         files: list[dict[str, object]] = []
         for path, inode in self.socket_files.items():
             try:

@@ -71,9 +71,7 @@ class TreeLauncher:
 
     def __init__(self, preload: Sequence[str] = (), *, python: str | None = None) -> None:
         if not sys.platform.startswith("linux"):
-            raise RuntimeError(
-                f"TreeLauncher needs Linux (/proc, prctl); this is {sys.platform!r}"
-            )
+            raise RuntimeError(f"TreeLauncher needs Linux (/proc, prctl); this is {sys.platform!r}")
         self.token = uuid.uuid4().hex
         self.lock = threading.Lock()
         self.exitcodes: dict[int, int] = {}

@@ -1,17 +1,8 @@
 """``assert_no_collateral``: a shutdown must not kill processes it does not own.
 
 SGLang's ``Engine.shutdown()`` ends with ``kill_process_tree(os.getpid(), include_parent=False)``:
-every descendant of the calling process dies, a test session's server, a pool, another engine
-(TensorRT-LLM once killed the whole pytest session this way). The helper starts three bystanders
-the shutdown has no business touching, calls it, and fails with ``collateral-kill`` naming each
-bystander that died:
-
-* a plain child (``subprocess.Popen``);
-* a ``multiprocessing`` child (a spawn-context ``Process``);
-* a grandchild (the child of a plain child that waits for it).
-
-Every wait has a deadline; the sentinels are killed and reaped before the helper returns, also
-when the shutdown raises (its exception then propagates unchanged, nothing is checked).
+every descendant of the calling process dies (TensorRT-LLM once killed the whole pytest session
+this way). The helper runs the shutdown beside three bystanders and names each that died.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """``assert_freeze_policy``: the ``gc.freeze()`` at exit happens exactly where it should.
 
-vLLM's EngineCore ends a clean ROCm shutdown with ``gc.freeze()``: the heap is already cleaned,
-and freezing what survives skips another slow cyclic-GC scan at interpreter exit. The rule, as
-the engine keeps it (DESIGN R3): frozen only on a clean exit on ROCm with a zero drain budget
-(``shutdown_timeout == 0``); never on CUDA or the CPU, never after draining requests, never after
-an error. A freeze elsewhere is a ``gc.freeze()`` left behind in a reused process; a missing one
-costs every ROCm shutdown the slow scan.
+vLLM's EngineCore ends a clean ROCm shutdown with ``gc.freeze()`` (skipping one more slow
+cyclic-GC scan at exit). The rule (DESIGN R3): frozen only on a clean ROCm exit with a zero drain
+budget. A freeze elsewhere is left behind in a reused process; a missing one costs the scan.
 """
 
 from __future__ import annotations

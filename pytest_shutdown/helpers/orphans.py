@@ -1,30 +1,12 @@
 """Kill anything at any moment: does a whole engine process tree die when part of it does?
 
-``kill_tree_at(target, level=..., signal=..., phase=...)`` starts the user's engine (a callable
-run in a fresh process, or a command line) through a ``TreeLauncher``, waits until it announces
-``phase`` (``report_phase``, or a regular expression / callable of the user's) and the chosen
-``level`` exists, delivers ``signal`` to that level, then tracks every process of the tree,
-including ones re-parented away from it, until all are gone or ``deadline_s`` passed.
-
-What is left at the deadline becomes findings:
-
-* ``exit-hang``: the root did not exit, or another process is stuck in the interpreter's exit;
-  its stacks (all threads, from faulthandler) say what it waits for: a non-daemon thread, a
-  child joined by multiprocessing's exit, a ``join()``;
-* ``orphan-process``: any other process of the tree still running: pid, name, its parent at the
-  end and at the signal, age, command line, stacks where it is a Python process, and the device
-  memory it holds where a per-process reader exists;
-* ``collective-hang`` in place of either: the process's stacks show it blocked in a collective
-  or a store wait (:mod:`pytest_shutdown.helpers.collectives`): its rank, the operation, the stack;
-* ``shm-leak``: a shared-memory segment the tree's processes held at the signal (or named by
-  one of them) still in ``/dev/shm`` with no process holding it: a dead child created it and
-  the surviving parent did not unlink it (vLLM #51579);
-* ``port-leak``: a port the tree listened on still bound by a process outside the tree, or a
-  unix socket file the tree bound still on disk.
-
-Survivors are killed after they are reported, and the segments and socket files the tree left
-are removed: nothing outlives the check.
-``assert_tree_dies`` raises ``ShutdownContractError`` with those findings.
+``kill_tree_at`` starts the user's engine through a ``TreeLauncher``, waits for ``phase`` and
+``level``, delivers ``signal``, then tracks every process of the tree (re-parented ones too)
+until all are gone or ``deadline_s`` passed. What is left becomes findings (docs/orphans.md):
+``exit-hang`` (the root, or a process stuck in the interpreter's exit, with its stacks),
+``orphan-process``, ``collective-hang`` in place of either (:mod:`.collectives`), ``shm-leak``
+(a segment no process holds, vLLM #51579) and ``port-leak``. Survivors are killed after they are
+reported and what the tree left is removed: nothing outlives the check.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """``ray-resource-left``: what an engine on Ray leaves on the cluster after its shutdown.
 
-After shutdown, the engine's Ray objects must be gone: no actor of the engine alive, its
-placement groups removed, the cluster's available resources back to their baseline, and no
-``ray::`` worker process of the engine left. Ray releases them asynchronously, so each is
-waited for against one deadline before it counts. ``ray_leftovers`` returns the findings;
-``assert_ray_released`` raises them. Objects are recognised by their name prefix (actors and
-placement groups) and by pid (worker processes).
-
-Ray is imported only by these functions (they need a connected driver).
+Its actors alive, its placement groups not removed, the cluster's available resources below
+their baseline, its ``ray::`` workers running: each waited for (Ray releases asynchronously)
+against one deadline. Objects are recognised by name prefix, workers by pid. Ray is imported
+only by these functions (they need a connected driver).
 """
 
 from __future__ import annotations

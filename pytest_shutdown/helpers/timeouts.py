@@ -1,12 +1,4 @@
-"""The request-drain timeout x process-cleanup timeout x platform matrix.
-
-``timeout_matrix()`` returns :class:`TimeoutCell` values (plain frozen dataclasses, no pytest
-needed) in a :class:`TimeoutMatrix`, whose :meth:`~TimeoutMatrix.as_params` turns them into
-``pytest.param(cell, id=cell.id)`` for ``@pytest.mark.parametrize("cell", ...)``::
-
-    @pytest.mark.parametrize("cell", timeout_matrix().as_params())
-    def test_policy(cell):
-        assert policy(cell.request_timeout, cell.process_timeout, cell.platform) == cell.expected
+"""The request-drain timeout x process-cleanup timeout x platform matrix (docs/matrices.md).
 
 The rule: the process-cleanup timeout becomes the ROCm ``grace`` only when the platform is
 ``rocm`` and both timeouts are exactly ``0``; otherwise it is ``process_timeout`` unchanged,

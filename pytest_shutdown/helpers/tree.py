@@ -1,14 +1,8 @@
 """Finding every process of a tree under test, however it was re-parented (Linux ``/proc``).
 
-A process belongs to the tree of a ``TreeLauncher`` when any of these holds:
-
-* its environment carries the launcher's marker ``PYTEST_SHUTDOWN_TREE=<token>`` (inherited
-  through fork and exec, kept across ``setsid`` and re-parenting);
-* it descends from the launcher (a child subreaper: orphans are re-parented to it);
-* it is in the session of a root the launcher started (``session``).
-
-One pass over ``/proc`` reads each process's ``stat`` (parent, session, state, start time) and,
-for a process not yet known, its ``environ``; results are cached per (pid, start time).
+A process belongs to a ``TreeLauncher``'s tree when its environment carries the launcher's marker,
+when it descends from the launcher (a child subreaper), or when it is in the session of a root
+the launcher started. Markers read from ``environ`` are cached per (pid, start time).
 """
 
 from __future__ import annotations

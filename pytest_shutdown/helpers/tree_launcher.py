@@ -1,21 +1,14 @@
 """The tree launcher: a warm process that starts the process trees under test and adopts orphans.
 
-``TreeLauncher`` (the caller's side) runs this module as a fresh interpreter whose environment
-carries ``PYTEST_SHUTDOWN_TREE=<token>``. Everything it starts inherits that marker, forked or
-executed, whatever session or process group it moves to later, and the launcher is a child
-subreaper: a descendant whose parent dies is re-parented to the launcher, not to init. Either
-is enough to find a process that double-forked away; both together make reparenting unable to
-hide one.
-
-Each ``run`` forks one root (a new session, its stdout/stderr appended to a log file,
-faulthandler on so a hung root can be made to print its stacks). A callable target is called in
-the root, then the root runs the interpreter's exit sequence (non-daemon threads joined, atexit
-callbacks, multiprocessing's children joined) before it exits: the place exit-time hangs live.
-A command line is executed in the root instead. The launcher imports a callable's module before
-forking, so later roots start warm (torch imported once), and freezes its heap for the forks.
-
-Only one tree runs per launcher at a time (the caller holds a lock), so every process carrying
-the launcher's token other than the launcher itself belongs to the tree being tested.
+Its environment carries ``PYTEST_SHUTDOWN_TREE=<token>``, which everything it starts inherits
+(forked or executed, whatever session it moves to), and it is a child subreaper: an orphan is
+re-parented to it, not to init. Either finds a process that double-forked away; both together
+make reparenting unable to hide one. Each ``run`` forks one root (a new session, its output
+appended to a log, faulthandler on); a callable target then runs the interpreter's exit sequence
+(non-daemon threads, atexit, multiprocessing's children), where exit-time hangs live. The
+launcher imports a target's module before forking (torch once) and freezes its heap for the
+forks. One tree runs at a time (the caller holds ``lock``): every other process carrying the
+token belongs to the tree under test.
 """
 
 from __future__ import annotations

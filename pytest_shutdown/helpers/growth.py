@@ -72,9 +72,6 @@ DEFAULT_DEVICE_TOLERANCE = 2 * MiB
 DEFAULT_SETTLE_S = 0.1
 #: Grown types shown with a backref chain (the rest are listed by name).
 DEFAULT_DIAGNOSE = 3
-#: Depth and time limits of one backref search (one per diagnosed type).
-CHAIN_MAX_DEPTH = 16
-CHAIN_BUDGET_S = 5.0
 #: Types of pytest-shutdown's own bookkeeping, explained last (the reference engine's first).
 OWN_PREFIX = "pytest_shutdown."
 ENGINE_PREFIX = "pytest_shutdown.engine."
@@ -110,11 +107,8 @@ class Verdict:
 
     @property
     def per_cycle(self) -> float:
-        """The growth per measured cycle (the common delta when every delta is the same)."""
-        if self.deltas and len(set(self.deltas)) == 1:
-            return float(self.deltas[0])
-        total = sum(self.deltas)
-        return total / len(self.deltas) if self.deltas else 0.0
+        """The mean growth per measured cycle."""
+        return sum(self.deltas) / len(self.deltas) if self.deltas else 0.0
 
 
 def noise(warmup: Sequence[int]) -> int:
@@ -327,13 +321,10 @@ def measure_growth(
         counted, measured = read()
         warm_objects.append(counted)
         warm_scalars.append(measured)
-    if warm_objects:
-        objects.append(warm_objects[-1])
-        scalars.append(warm_scalars[-1])
-    else:
-        counted, measured = read()
-        objects.append(counted)
-        scalars.append(measured)
+    # the baseline: the last warm-up reading, else one taken before any cycle
+    counted, measured = (warm_objects[-1], warm_scalars[-1]) if warm_objects else read()
+    objects.append(counted)
+    scalars.append(measured)
     baseline_fds = tuple(fd_numbers())
     baseline_tids = tuple(os_thread_ids())
     baseline_threads = tuple(t.ident or 0 for t in threading.enumerate())
@@ -542,9 +533,13 @@ def _is_library(name: str) -> bool:
     return library or name.startswith(OWN_PREFIX) and not name.startswith(ENGINE_PREFIX)
 
 
+def _type_of(verdict: Verdict) -> str:
+    return verdict.metric.split(":", 1)[1]  # "objects:<type>"
+
+
 def _diagnosis_order(verdict: Verdict) -> tuple[int, float]:
     """The engine's own types first, then the fastest growing."""
-    return (1 if _is_library(verdict.metric.split(":", 1)[1]) else 0, -verdict.per_cycle)
+    return (1 if _is_library(_type_of(verdict)) else 0, -verdict.per_cycle)
 
 
 def _held_by_another(names: list[str], census: Census) -> set[str]:
@@ -577,19 +572,16 @@ def _object_findings(
     if not verdicts:
         return []
     ordered = sorted(verdicts, key=_diagnosis_order)
-    own = [v.metric.split(":", 1)[1] for v in ordered if _diagnosis_order(v)[0] == 0]
+    own = [_type_of(v) for v in ordered if _diagnosis_order(v)[0] == 0]
     if len(own) > 1:
         inner = _held_by_another(own[:OUTER_CANDIDATES], census)
-        ordered.sort(
-            key=lambda v: (_diagnosis_order(v)[0], v.metric.split(":", 1)[1] in inner)
-        )  # stable: within the engine's types, the outermost first
-    shown, rest = ordered[:diagnose], ordered[diagnose:]
-    if not shown:  # diagnose=0: every grown type is listed, none explained
-        shown, rest = [], ordered
-    chains = _chains([v.metric.split(":", 1)[1] for v in shown], census, cycle)
+        # stable: within the engine's types, the outermost first
+        ordered.sort(key=lambda v: (_diagnosis_order(v)[0], _type_of(v) in inner))
+    shown, rest = ordered[:diagnose], ordered[diagnose:]  # diagnose=0: every one listed
+    chains = _chains([_type_of(v) for v in shown], census, cycle)
     findings: list[Finding] = []
     for verdict in shown:
-        name = verdict.metric.split(":", 1)[1]
+        name = _type_of(verdict)
         chain_text, holder, instance = chains.get(name, ("", "", ""))
         message = _growth_text(short_name(name), verdict)
         if holder:
@@ -599,7 +591,7 @@ def _object_findings(
         findings.append(Finding("growth", message, details))
     if rest:
         listed = ", ".join(
-            f"{short_name(v.metric.split(':', 1)[1])} {_amount(v.metric, round(v.per_cycle, 1))}"
+            f"{short_name(_type_of(v))} {_amount(v.metric, round(v.per_cycle, 1))}"
             for v in rest[:LISTED_TYPES]
         )
         more = f" and {len(rest) - LISTED_TYPES} more" if len(rest) > LISTED_TYPES else ""
@@ -609,9 +601,7 @@ def _object_findings(
                 f"objects of {len(rest)} more type(s) grew with them (per cycle): {listed}{more}.",
                 {
                     "metric": OBJECTS,
-                    "types": {
-                        v.metric.split(":", 1)[1]: _verdict_details(v, remeasured) for v in rest
-                    },
+                    "types": {_type_of(v): _verdict_details(v, remeasured) for v in rest},
                     "remeasured_cycles": list(remeasured),
                 },
             )
@@ -626,7 +616,7 @@ def _chains(
 
     Failure path only: the cycle runs once more, so that the instance shown is one it made
     (when that diagnosis cycle raises, the newest instance is shown instead); each backref
-    search is bounded (:data:`CHAIN_MAX_DEPTH` hops, :data:`CHAIN_BUDGET_S` seconds).
+    search is bounded (:data:`~pytest_shutdown.helpers.holders.MAX_DEPTH` levels, ``BUDGET_S``).
     """
     if not names:
         return {}
@@ -644,7 +634,7 @@ def _chains(
         if instance is None:
             continue
         try:
-            chain, text = holder_chain(instance, max_depth=CHAIN_MAX_DEPTH, budget_s=CHAIN_BUDGET_S)
+            chain, text = holder_chain(instance)
             holder = nearest_holder(chain)
         except Exception as exc:  # noqa: BLE001 - a diagnosis that fails must not hide the finding
             chain, text, holder = [], f"no backref chain: {exc}", ""

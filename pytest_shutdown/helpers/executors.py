@@ -23,7 +23,7 @@ from pytest_shutdown.helpers.cleanups import (
     instance_attributes,
     is_exit_stack,
 )
-from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds
+from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds, raised
 
 #: How long a blocking task waits for its release at most (every wait has a deadline).
 TASK_DEADLINE_S = 120.0
@@ -79,9 +79,13 @@ def _owns_workers(executor: Executor) -> bool:
     return hasattr(executor, "_threads") or hasattr(executor, "_processes")
 
 
+def _pools(executor: Executor) -> list[Executor]:
+    return [executor, *(pool for _label, pool in inner_pools(executor))]
+
+
 def _worker_count(executor: Executor) -> int:
     """How many tasks keep every worker busy: the pool's own, else the first wrapped pool's."""
-    for candidate in [executor, *(pool for _label, pool in inner_pools(executor))]:
+    for candidate in _pools(executor):
         workers = getattr(candidate, "_max_workers", None)
         if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0:
             return workers
@@ -91,7 +95,7 @@ def _worker_count(executor: Executor) -> int:
 def _pool_threads(executor: Executor) -> list[threading.Thread]:
     """The worker threads of a pool (and of the pools it wraps), plus a manager thread."""
     threads: list[threading.Thread] = []
-    for candidate in [executor, *(pool for _label, pool in inner_pools(executor))]:
+    for candidate in _pools(executor):
         threads += [t for t in (getattr(candidate, "_threads", ()) or ()) if t not in threads]
         manager = getattr(candidate, "_executor_manager_thread", None)
         if isinstance(manager, threading.Thread) and manager not in threads:
@@ -100,10 +104,9 @@ def _pool_threads(executor: Executor) -> list[threading.Thread]:
 
 
 def _pool_processes(executor: Executor) -> list[Any]:
-    processes: list[Any] = []
-    for candidate in [executor, *(pool for _label, pool in inner_pools(executor))]:
-        processes += list((getattr(candidate, "_processes", None) or {}).values())
-    return processes
+    return [
+        p for pool in _pools(executor) for p in (getattr(pool, "_processes", None) or {}).values()
+    ]
 
 
 @dataclass
@@ -209,18 +212,8 @@ def assert_nonblocking_shutdown(
         _wait_tasks_returned(occupied, grace)
     if runner is not None and runner.error is not None:
         exc = runner.error
-        findings.append(
-            Finding(
-                "shutdown-raised",
-                f"{subject}: {method}() raised {type(exc).__name__}: {exc}",
-                {
-                    "exception": repr(exc),
-                    "traceback": "".join(
-                        traceback.format_exception(type(exc), exc, exc.__traceback__)
-                    ),
-                },
-            )
-        )
+        text = f"{subject}: {method}() raised {type(exc).__name__}: {exc}"
+        findings.append(Finding("shutdown-raised", text, raised(exc)))
     raise_if_any(findings)
     return CheckReport(
         check="nonblocking-shutdown",

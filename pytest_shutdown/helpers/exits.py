@@ -228,33 +228,16 @@ def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = Fa
     }
     findings: list[Finding] = []
     alive = list(getattr(outcome, "alive", ()) or ())
+    budget = f"{outcome.timeout!r}s shutdown budget"
     if alive:
-        findings.append(
-            Finding(
-                "process-leak",
-                f"{', '.join(alive)} still running after the {outcome.timeout!r}s shutdown "
-                "budget: neither exited nor killed.",
-                {**facts, "alive": alive},
-            )
-        )
+        text = f"{', '.join(alive)} still running after the {budget}: neither exited nor killed."
+        findings.append(Finding("process-leak", text, {**facts, "alive": alive}))
     if killed and not expected:
-        findings.append(
-            Finding(
-                "force-killed",
-                f"{', '.join(killed)} had to be force-killed after the "
-                f"{outcome.timeout!r}s shutdown budget ran out.",
-                facts,
-            )
-        )
+        text = f"{', '.join(killed)} had to be force-killed after the {budget} ran out."
+        findings.append(Finding("force-killed", text, facts))
     elif expected and not killed:
-        findings.append(
-            Finding(
-                "force-killed",
-                f"a force kill was expected but every process exited within the "
-                f"{outcome.timeout!r}s shutdown budget.",
-                {**facts, "expected": True},
-            )
-        )
+        text = f"a force kill was expected but every process exited within the {budget}."
+        findings.append(Finding("force-killed", text, {**facts, "expected": True}))
     raise_if_any(findings)
     return CheckReport(
         check="not-force-killed",
@@ -264,10 +247,8 @@ def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = Fa
     )
 
 
-def _is_seconds(value: object, *, none_ok: bool) -> bool:
-    if value is None:
-        return none_ok
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _number_or_none(value: object) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def _names_of_processes(value: object) -> bool:
@@ -276,20 +257,20 @@ def _names_of_processes(value: object) -> bool:
     return all(isinstance(name, str) for name in list(value))
 
 
+def _exit_codes(value: object) -> bool:
+    if not isinstance(value, Mapping):
+        return False
+    return all(
+        c is None or (isinstance(c, int) and not isinstance(c, bool)) for c in value.values()
+    )
+
+
 #: What each attribute of an outcome must be: a test, and the words for the error.
 _OUTCOME_SHAPE: dict[str, tuple[Callable[[object], bool], str]] = {
     "force_killed": (_names_of_processes, "a list of process names (str)"),
-    "timeout": (lambda v: _is_seconds(v, none_ok=True), "None or a number of seconds"),
-    "exitcodes": (
-        lambda v: (
-            isinstance(v, Mapping)
-            and all(
-                c is None or (isinstance(c, int) and not isinstance(c, bool)) for c in v.values()
-            )
-        ),
-        "a mapping of process name to exit code (int or None)",
-    ),
-    "duration_s": (lambda v: _is_seconds(v, none_ok=True), "a number of seconds (or None)"),
+    "timeout": (_number_or_none, "None or a number of seconds"),
+    "exitcodes": (_exit_codes, "a mapping of process name to exit code (int or None)"),
+    "duration_s": (_number_or_none, "a number of seconds (or None)"),
     "alive": (
         lambda v: v is None or _names_of_processes(v),
         "a list of process names (str), when present",

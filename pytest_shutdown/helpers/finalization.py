@@ -6,7 +6,6 @@ import atexit
 import gc
 import os
 import time
-import traceback
 import types
 import weakref
 from collections.abc import Callable, Iterable
@@ -22,7 +21,7 @@ from pytest_shutdown.helpers.cleanups import (
     labels_performed,
     pending_finalizers,
 )
-from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds
+from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds, raised
 from pytest_shutdown.ownership import atexit_calls
 from pytest_shutdown.ownership.backrefs import (
     GRAPHS,
@@ -218,8 +217,7 @@ def _shutdown_raised(subject: str, method: str, exc: BaseException) -> Finding:
         {
             "call": 1,
             "method": method,
-            "exception": repr(exc),
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            **raised(exc),
         },
     )
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,7 +20,7 @@ from pytest_shutdown.helpers.cleanups import (
     method_spec,
     pending_finalizers,
 )
-from pytest_shutdown.helpers.report import CheckReport, describe
+from pytest_shutdown.helpers.report import CheckReport, describe, raised
 
 #: How long the racing threads of the first round may take before the check gives up on them.
 RACE_DEADLINE_S = 30.0
@@ -226,8 +225,7 @@ def _raised(subject: str, method: str, number: int, thread: str, exc: BaseExcept
         {
             "call": number,
             "thread": thread,
-            "exception": repr(exc),
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            **raised(exc),
         },
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
@@ -38,6 +39,12 @@ def is_seconds(value: object, *, zero_ok: bool = False) -> bool:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         return False
     return value >= 0 if zero_ok else value > 0
+
+
+def raised(exc: BaseException) -> dict[str, str]:
+    """The details of a finding about a call that raised ``exc``."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"exception": repr(exc), "traceback": text}
 
 
 def describe(obj: object) -> str:

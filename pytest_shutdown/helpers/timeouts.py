@@ -79,59 +79,38 @@ def expected_process_timeout(
     return process_timeout
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check_timeouts(name: str, values: Iterable[float | None]) -> tuple[float | None, ...]:
-    checked: list[float | None] = []
-    for value in values:
-        ok = value is None or (
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and not math.isnan(value)
-            and value >= 0
-        )
-        if not ok:
+    checked = list(values)
+    for value in checked:
+        if value is not None and not (_is_number(value) and not math.isnan(value) and value >= 0):
             raise ValueError(
                 f"{name}: {value!r} is not a timeout; accepted: None or a number of seconds >= 0"
             )
-        if value not in checked:
-            checked.append(value)
     if not checked:
         raise ValueError(f"{name}: needs at least one timeout (None or a number >= 0)")
-    return tuple(checked)
+    return tuple(dict.fromkeys(checked))  # each once, in order
 
 
 def _check_platforms(platforms: Iterable[str]) -> tuple[str, ...]:
-    if isinstance(platforms, str):
-        platforms = (platforms,)
-    checked: list[str] = []
-    for platform in platforms:
+    checked = [platforms] if isinstance(platforms, str) else list(platforms)
+    for platform in checked:
         if platform not in PLATFORMS:
             raise ValueError(
                 f"platforms: unknown platform {platform!r}; accepted: {', '.join(PLATFORMS)}"
             )
-        if platform not in checked:
-            checked.append(platform)
     if not checked:
         raise ValueError(f"platforms: needs at least one of {', '.join(PLATFORMS)}")
-    return tuple(checked)
+    return tuple(dict.fromkeys(checked))
 
 
 def _check_grace(grace: float) -> float:
     if not is_seconds(grace):
         raise ValueError(f"grace: {grace!r} is not a positive, finite number of seconds")
     return float(grace)
-
-
-def _check_offset(offset: float) -> float:
-    number = isinstance(offset, (int, float)) and not isinstance(offset, bool)
-    if not number or not math.isfinite(offset):
-        raise ValueError(f"offset: {offset!r} is not a finite number of seconds")
-    return float(offset)
-
-
-def _check_shape(shape: str) -> str:
-    if shape not in SHAPES:
-        raise ValueError(f"shape: unknown matrix shape {shape!r}; accepted: {', '.join(SHAPES)}")
-    return shape
 
 
 def timeout_matrix(
@@ -167,8 +146,11 @@ def timeout_matrix(
         processes = _without_none("process", processes)
     names = _check_platforms(platforms)
     budget = _check_grace(grace)
-    form = _check_shape(shape)
-    shift = _check_offset(offset)
+    if shape not in SHAPES:
+        raise ValueError(f"shape: unknown matrix shape {shape!r}; accepted: {', '.join(SHAPES)}")
+    if not _is_number(offset) or not math.isfinite(offset):
+        raise ValueError(f"offset: {offset!r} is not a finite number of seconds")
+    shift = float(offset)
     if expected is not None and not callable(expected):
         raise ValueError(
             f"expected: {expected!r} is not callable; accepted: a function cell -> seconds "
@@ -176,7 +158,7 @@ def timeout_matrix(
         )
     pairs = (
         [(req, req) for req in requests]
-        if form == "diagonal"
+        if shape == "diagonal"
         else [(req, proc) for req in requests for proc in processes]
     )
     cells = []

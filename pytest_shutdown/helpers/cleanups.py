@@ -324,13 +324,7 @@ class _Discovery:
         code = getattr(getattr(inner, "__func__", inner), "__code__", None)
         if isinstance(code, types.CodeType):
             self.add(
-                CleanupSpec(
-                    label=f"{label} ({qualname})",
-                    attribute=label,
-                    method=qualname,
-                    codes=frozenset({code}),
-                    self_id=None if owner is None else id(owner),
-                )
+                _code_spec(label, qualname, code, self_id=None if owner is None else id(owner))
             )
 
     def add_watch(self, item: Watch) -> None:
@@ -414,14 +408,12 @@ def _closure_spec(
     var = next((v for v, value in _closure(wrapper).items() if value is wrapped), None)
     if var is None:
         return None
-    return CleanupSpec(
-        label=f"{label} ({qualname})",
-        attribute=label,
-        method=qualname,
-        codes=frozenset({wrapper.__code__}),
-        closure_var=var,
-        closure_id=id(wrapped),
-    )
+    return _code_spec(label, qualname, wrapper.__code__, closure_var=var, closure_id=id(wrapped))
+
+
+def _code_spec(label: str, qualname: str, code: types.CodeType, **match: Any) -> CleanupSpec:
+    """A spec counting ``code`` (``match``: the other fields a frame must match)."""
+    return CleanupSpec(f"{label} ({qualname})", label, qualname, frozenset({code}), **match)
 
 
 def instance_attributes(obj: object) -> Iterator[tuple[str, object]]:

@@ -204,9 +204,7 @@ def zero_window_override(seconds: float) -> Expected:
 def _same(got: Any, expected: float | None) -> bool:
     if expected is None or got is None:
         return got is None and expected is None
-    if isinstance(got, bool) or not isinstance(got, (int, float)):
-        return False
-    return math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)
+    return _is_number(got) and math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def _positional_arity(policy: Callable[..., Any]) -> int | None:

@@ -354,26 +354,17 @@ def _leaks(subject: str, occupied: Iterable[_Occupied], grace: float) -> list[Fi
             thread.join(max(0.0, deadline - time.monotonic()))
         for proc in entry.processes:
             proc.join(max(0.0, deadline - time.monotonic()))
+        after = f"still running {grace:g}s after its blocking tasks were released."
         alive = [t.name for t in entry.threads if t.is_alive()]
         if alive:
-            findings.append(
-                Finding(
-                    "thread-leak",
-                    f"{subject}: {len(alive)} thread(s) of {entry.label} were still running "
-                    f"{grace:g}s after its blocking tasks were released.",
-                    {"executor": entry.label, "threads": alive, "grace_s": grace},
-                )
-            )
-        procs = [p for p in entry.processes if p.is_alive()]
+            text = f"{subject}: {len(alive)} thread(s) of {entry.label} were {after}"
+            facts = {"executor": entry.label, "threads": alive, "grace_s": grace}
+            findings.append(Finding("thread-leak", text, facts))
+        procs = [p.pid for p in entry.processes if p.is_alive()]
         if procs:
-            findings.append(
-                Finding(
-                    "process-leak",
-                    f"{subject}: {len(procs)} worker process(es) of {entry.label} were still "
-                    f"running {grace:g}s after its blocking tasks were released.",
-                    {"executor": entry.label, "pids": [p.pid for p in procs], "grace_s": grace},
-                )
-            )
+            text = f"{subject}: {len(procs)} worker process(es) of {entry.label} were {after}"
+            facts = {"executor": entry.label, "pids": procs, "grace_s": grace}
+            findings.append(Finding("process-leak", text, facts))
     return findings
 
 

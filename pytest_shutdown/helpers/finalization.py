@@ -53,15 +53,11 @@ def check_finalizers(obj: object) -> list[Finding]:
     subject = describe(obj)
     for index, (func, args, kwargs) in enumerate(finalizer_registrations(obj)):
         name = _qualname(func)
+        forever = "alive so the finalizer never runs."
         if isinstance(func, types.MethodType) and func.__self__ is obj:
-            findings.append(
-                Finding(
-                    "finalizer-bound-method",
-                    f"{subject}: finalizer {index} calls its own bound method {name}, which keeps "
-                    "the object alive so the finalizer never runs.",
-                    {"finalizer": index, "func": name, "path": "func.__self__"},
-                )
-            )
+            text = f"{subject}: finalizer {index} calls its own bound method {name}, which keeps "
+            facts = {"finalizer": index, "func": name, "path": "func.__self__"}
+            findings.append(Finding("finalizer-bound-method", f"{text}the object {forever}", facts))
             continue
         path = find_path(func, obj, "func")
         if path is None:
@@ -69,13 +65,10 @@ def check_finalizers(obj: object) -> list[Finding]:
         if path is None:
             path = find_path(dict(kwargs), obj, "kwargs")
         if path is not None:
+            text = f"{subject}: finalizer {index} ({name}) reaches the object through {path}"
+            facts = {"finalizer": index, "func": name, "path": path}
             findings.append(
-                Finding(
-                    "finalizer-holds-object",
-                    f"{subject}: finalizer {index} ({name}) reaches the object through {path}, "
-                    "which keeps it alive so the finalizer never runs.",
-                    {"finalizer": index, "func": name, "path": path},
-                )
+                Finding("finalizer-holds-object", f"{text}, which keeps it {forever}", facts)
             )
     return findings
 

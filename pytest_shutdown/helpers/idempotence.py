@@ -204,14 +204,9 @@ def _racing_round(
     findings = [_raised(subject, method, 1, name, exc) for name, exc in errors]
     stuck = [w.name for w in workers if w.is_alive()]
     if stuck:
-        findings.append(
-            Finding(
-                "blocking-close",
-                f"{subject}: {method}() called from {len(stuck)} racing threads did not return "
-                f"within {RACE_DEADLINE_S:g}s.",
-                {"threads": stuck, "deadline_s": RACE_DEADLINE_S},
-            )
-        )
+        text = f"{subject}: {method}() called from {len(stuck)} racing threads did not return"
+        facts = {"threads": stuck, "deadline_s": RACE_DEADLINE_S}
+        findings.append(Finding("blocking-close", f"{text} within {RACE_DEADLINE_S:g}s.", facts))
     return findings
 
 

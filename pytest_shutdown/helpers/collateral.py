@@ -7,6 +7,7 @@ this way). The helper runs the shutdown beside three bystanders and names each t
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
+from pytest_shutdown.resources.collateral import signal_name
 from pytest_shutdown.resources.primitives import process_running
 
 __all__ = ["SENTINEL_START_TIMEOUT_S", "SETTLE_S", "assert_no_collateral"]
@@ -41,17 +43,10 @@ _MIDDLE = (
 )
 
 
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
 def _ended_how(code: int | None) -> str | None:
     if code is None:
         return None
-    return f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+    return f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
 
 
 @dataclass
@@ -95,21 +90,18 @@ class _Sentinels:
                     return
                 how = "ended"
                 if code is not None and code > 128:
-                    how = f"killed by {_signal_name(code - 128)}"
+                    how = f"killed by {signal_name(code - 128)}"
                 elif code is not None and code < 0:
-                    how = f"killed (its parent too, by {_signal_name(-code)})"
+                    how = f"killed (its parent too, by {signal_name(-code)})"
                 self.died["grandchild"] = {"pid": self.grandchild, "how": how}
 
     def alive_count(self) -> int:
         return 3 - len(self.died)
 
     def cleanup(self) -> None:
-        for pid in (self.grandchild,):
-            if pid is not None and process_running(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        if self.grandchild is not None and process_running(self.grandchild):
+            with contextlib.suppress(OSError):
+                os.kill(self.grandchild, signal.SIGKILL)
         for proc in (self.plain, self.middle):
             if proc is not None:
                 if proc.poll() is None:

@@ -1,24 +1,17 @@
 """Discovering an object's cleanups and counting the real calls made to them.
 
-An object's *cleanups* are found in three places:
+Cleanups are found in the object's instance attributes (one level into lists, tuples and dicts):
+executors, ``ExitStack`` callbacks, objects whose type defines one of :data:`CLEANUP_METHODS`
+(lock-like objects excepted); in its ``weakref.finalize`` and ``multiprocessing.util.Finalize``
+registrations; and in ``watch=``. ``ExitStack.close`` and finalizer calls are *routes* to
+cleanups, not cleanups themselves.
 
-* its instance attributes, and one level into lists, tuples and dicts held there:
-  executors (``shutdown``), ``ExitStack`` callbacks, and any object whose type defines
-  ``close``, ``shutdown``, ``terminate``, ``release`` or ``stop`` (lock-like objects excepted);
-* its ``weakref.finalize`` and ``multiprocessing.util.Finalize`` registrations (the ExitStack
-  a finalizer closes, the bound method it calls, the resources in its arguments);
-* ``watch=``: functions, bound methods, objects, or attribute paths such as ``"cache.close"``.
-
-``ExitStack.close`` and finalizer calls are *routes* to cleanups, not cleanups themselves.
-
-Calls are counted with a profile hook (``sys.setprofile``) installed on the threads the helper
-drives, keyed by code object and by the identity of ``self``: bound methods captured at
-registration time (by an ExitStack or a finalizer) are seen, which wrapping an attribute
-afterwards would miss. A cleanup that calls its base class's method counts once (nested entries
-on one thread are one call). Each call is charged to the round (``"call 1"``, ``"gc"``, ...) of
-the thread that made it; threads the helper does not drive are not counted, so executor threads
-finishing their own work later are never taken for a repeat. Specs hold identities only: nothing
-installed here keeps the object under test alive.
+Calls are counted by a profile hook on the threads the helper drives, keyed by code object and
+the identity of ``self``: a bound method captured at registration (by an ExitStack or a
+finalizer) is seen, which wrapping an attribute afterwards would miss. Nested entries on one
+thread are one call (a cleanup calling its base class's); threads the helper does not drive are
+not counted (an executor thread finishing its own work later is no repeat). Specs hold
+identities only: nothing installed here keeps the object under test alive.
 """
 
 from __future__ import annotations
@@ -46,18 +39,8 @@ CLEANUP_METHODS: tuple[str, ...] = ("close", "shutdown", "terminate", "release",
 Watch = object
 
 _ProfileHook = Callable[[types.FrameType, Any, Any], object]
-_NOT_RESOURCES = (
-    type,
-    types.ModuleType,
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    str,
-    bytes,
-    int,
-    float,
-    weakref.finalize,
-)
+_CODE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+_NOT_RESOURCES = (*_CODE, str, bytes, int, float, weakref.finalize)
 _MAX_CONTAINER_ITEMS = 256
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 
@@ -109,21 +92,14 @@ class CleanupSpec:
 
 
 def idempotent_by_contract(target: object, name: str) -> bool:
-    """True for a cleanup whose repetition is harmless by its library's contract.
-
-    ``Executor.shutdown``, ``Thread.join``, ``Event.set``, a process's ``join``/``close``, the
-    ``close`` of files, sockets and multiprocessing connections: calling them again is a no-op.
-    """
+    """True for a cleanup whose repetition is harmless by its library's contract (a no-op)."""
     kinds = IDEMPOTENT_BY_CONTRACT.get(name, ())
     return any(isinstance(target, kind) for kind in kinds)
 
 
 def is_exit_stack(value: object) -> bool:
     """True for ``contextlib.ExitStack`` and ``AsyncExitStack`` instances."""
-    base = getattr(contextlib, "_BaseExitStack", None)
-    if base is not None:
-        return isinstance(value, base)
-    return isinstance(value, (contextlib.ExitStack, contextlib.AsyncExitStack))
+    return isinstance(value, contextlib._BaseExitStack)  # their common base, 3.7 on
 
 
 def exit_stack_callbacks(stack: object) -> list[Callable[..., Any]]:
@@ -133,10 +109,8 @@ def exit_stack_callbacks(stack: object) -> list[Callable[..., Any]]:
 
 
 def _copy(registry: dict[Any, Any]) -> dict[Any, Any]:
-    """A copy of a finalizer registry. ``list(registry.items())`` allocates as it goes: a
-    collection it sets off runs finalizers, which remove their entries mid-iteration
-    ("dictionary changed size during iteration", seen in ``make test``); ``dict.copy`` copies
-    the table at once."""
+    """A copy of a finalizer registry, made at once: iterating allocates, and a collection that
+    sets off runs finalizers that leave the registry mid-iteration (seen in ``make test``)."""
     for _ in range(100):
         try:
             return registry.copy()

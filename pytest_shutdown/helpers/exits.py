@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import multiprocessing
@@ -74,10 +75,8 @@ def _probe_main(
 ) -> None:
     """The child's entry: stderr to a file, run the target, record the freeze count last."""
     err = os.open(os.path.join(workdir, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
+    with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
     os.dup2(err, 2)
     os.close(err)
     # The parent's sys.stderr may not write to fd 2 (pytest's capture replaces it): rebind it.

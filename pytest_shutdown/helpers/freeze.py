@@ -7,6 +7,7 @@ budget. A freeze elsewhere is left behind in a reused process; a missing one cos
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -19,10 +20,6 @@ from pytest_shutdown.helpers.report import CheckReport, is_seconds
 #: The platforms and exits a scenario may name.
 FREEZE_PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")
 EXITS: tuple[str, ...] = ("clean", "error")
-
-
-def _fmt(value: float) -> str:
-    return f"{value:g}"
 
 
 @dataclass(frozen=True)
@@ -57,7 +54,7 @@ class FreezeScenario:
     @property
     def id(self) -> str:
         """``rocm-drain0-clean``, ``cuda-drain5-error``, ..."""
-        return f"{self.platform}-drain{_fmt(self.shutdown_timeout)}-{self.exit}"
+        return f"{self.platform}-drain{self.shutdown_timeout:g}-{self.exit}"
 
 
 def freeze_scenarios(
@@ -74,12 +71,7 @@ def freeze_scenarios(
     for name, values in zip(("platforms", "shutdown_timeouts", "exits"), chosen, strict=True):
         if not values:
             raise ValueError(f"{name}: needs at least one value")
-    return tuple(
-        FreezeScenario(platform, budget, exit_kind)
-        for platform in chosen[0]
-        for budget in chosen[1]
-        for exit_kind in chosen[2]
-    )
+    return tuple(FreezeScenario(*scenario) for scenario in itertools.product(*chosen))
 
 
 def assert_freeze_policy(

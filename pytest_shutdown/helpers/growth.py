@@ -325,9 +325,12 @@ def measure_growth(
     counted, measured = (warm_objects[-1], warm_scalars[-1]) if warm_objects else read()
     objects.append(counted)
     scalars.append(measured)
-    baseline_fds = tuple(fd_numbers())
-    baseline_tids = tuple(os_thread_ids())
-    baseline_threads = tuple(t.ident or 0 for t in threading.enumerate())
+    # what the baseline had, to name what a grown fd, OS thread or thread count added
+    baseline = (
+        tuple(fd_numbers()),
+        tuple(os_thread_ids()),
+        tuple(t.ident or 0 for t in threading.enumerate()),
+    )
     object_allowance = _allowances(warm_objects, {})
     scalar_allowance = _allowances(warm_scalars, units)
 
@@ -347,16 +350,7 @@ def measure_growth(
 
     assert census is not None  # read() made it
     verdicts = _judge_all(warm_objects, objects, warm_scalars, scalars, units, stated)
-    findings = _findings(
-        verdicts,
-        census,
-        cycle,
-        diagnose,
-        baseline_fds=baseline_fds,
-        baseline_tids=baseline_tids,
-        baseline_threads=baseline_threads,
-        remeasured=tuple(remeasured),
-    )
+    findings = _findings(verdicts, census, cycle, diagnose, baseline, tuple(remeasured))
     reader_name = getattr(census.device_reader, "name", None)
     if isinstance(device_memory, str):  # a reader picked here is closed here (NVML, amdsmi)
         close = getattr(census.device_reader, "close", None)
@@ -476,14 +470,12 @@ def _findings(
     census: Census,
     cycle: Callable[[], object],
     diagnose: int,
-    *,
-    baseline_fds: tuple[int, ...],
-    baseline_tids: tuple[int, ...],
-    baseline_threads: tuple[int, ...],
+    baseline: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]],
     remeasured: tuple[int, ...],
 ) -> list[Finding]:
     findings: list[Finding] = []
     by_metric = {v.metric: v for v in verdicts}
+    baseline_fds, baseline_tids, baseline_threads = baseline
 
     def new_ones(verdict: Verdict, subject: str, key: str, new: dict[Any, Any], shown: str) -> None:
         text = _growth_text(subject, verdict) + (f"; new: {shown}" if shown else "")

@@ -106,9 +106,8 @@ def assert_finalizes_on_gc(
     or ``finalizer-bound-method`` / ``finalizer-holds-object`` when that chain runs through the
     finalizer registry. If the object has ``method``, a twin from the same factory is first shut
     down explicitly; every cleanup that shutdown performed must also run on collection
-    (``cleanup-missing``); a shutdown that raises is ``shutdown-raised``. ``watch`` items must
-    be attribute paths (``"cache.close"``) or
-    functions, since each object is built inside the helper.
+    (``cleanup-missing``); a shutdown that raises is ``shutdown-raised``. ``watch`` items must be
+    attribute paths (``"cache.close"``) or functions, since each object is built inside the helper.
 
     ``graphs_dir``: on a failed collection, also draw the object's referrers there
     (``objgraph.show_backrefs``; a PNG with graphviz's ``dot``, else the ``.dot`` source) while
@@ -207,11 +206,7 @@ def _shutdown_raised(subject: str, method: str, exc: BaseException) -> Finding:
         "shutdown-raised",
         f"{subject}: explicit {method}() (of the twin built to learn its cleanups) raised "
         f"{type(exc).__name__}: {exc}",
-        {
-            "call": 1,
-            "method": method,
-            **raised(exc),
-        },
+        {"call": 1, "method": method, **raised(exc)},
     )
 
 
@@ -266,13 +261,8 @@ def _diagnose(
     if static:
         # A finalizer that reaches the object keeps it alive from the registry whatever the
         # shortest chain found (a large object's chain may be too deep to search).
-        findings = [
-            replace(
-                f,
-                details={**f.details, "backref_chain": text, "finalizer_registry": True},
-            )
-            for f in static
-        ]
+        extra = {"backref_chain": text, "finalizer_registry": True}
+        findings = [replace(f, details={**f.details, **extra}) for f in static]
     else:
         holders = atexit_calls.holders_of(target)
         message = (

@@ -214,11 +214,7 @@ def _raised(subject: str, method: str, number: int, thread: str, exc: BaseExcept
     return Finding(
         "shutdown-raised",
         f"{subject}: {method}() call {number} raised {type(exc).__name__}: {exc}",
-        {
-            "call": number,
-            "thread": thread,
-            **raised(exc),
-        },
+        {"call": number, "thread": thread, **raised(exc)},
     )
 
 

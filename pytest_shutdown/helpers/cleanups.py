@@ -189,10 +189,7 @@ def function_label(func: types.FunctionType) -> str:
 
 
 def function_spec(
-    func: types.FunctionType,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    attribute: str,
+    func: types.FunctionType, args: tuple[Any, ...], kwargs: Mapping[str, Any], attribute: str
 ) -> CleanupSpec:
     """A spec counting calls of ``func`` with the same (non-scalar) arguments as registered.
 

@@ -326,12 +326,7 @@ def _blocking(
         "blocking-close",
         f"{subject}: {method}() was still blocked on {culprit} after {budget:g}s while its "
         "tasks were running.",
-        {
-            "budget_s": budget,
-            "elapsed_s": runner.elapsed(),
-            "executors": waits_on,
-            "stack": stack,
-        },
+        {"budget_s": budget, "elapsed_s": runner.elapsed(), "executors": waits_on, "stack": stack},
     )
 
 

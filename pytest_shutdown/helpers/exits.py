@@ -68,10 +68,7 @@ class ExitRecord:
 
 
 def _probe_main(
-    target: Callable[..., Any],
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    workdir: str,
+    target: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], workdir: str
 ) -> None:
     """The child's entry: stderr to a file, run the target, record the freeze count last."""
     err = os.open(os.path.join(workdir, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)

@@ -155,12 +155,7 @@ def _require_counted(subject: str, method: str, counter: CleanupCounter, routes:
 
 
 def _one_call(
-    subject: str,
-    method: str,
-    bound: Any,
-    counter: CleanupCounter,
-    round_name: str,
-    number: int,
+    subject: str, method: str, bound: Any, counter: CleanupCounter, round_name: str, number: int
 ) -> list[Finding]:
     with counter.charge(round_name):
         try:

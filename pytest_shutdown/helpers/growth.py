@@ -16,6 +16,7 @@ wrapper CachedEngine.tokenizer_for``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import sys
@@ -507,14 +508,8 @@ def _findings(
             if metric == DEVICE_MEMORY:
                 details["reader"] = str(getattr(census.device_reader, "name", "?"))
             findings.append(Finding("growth", _growth_text(subject, verdict), details))
-    findings += _object_findings(
-        [v for v in verdicts if v.metric.startswith(OBJECTS + ":")],
-        census,
-        cycle,
-        diagnose,
-        remeasured,
-    )
-    return findings
+    grown = [v for v in verdicts if v.metric.startswith(OBJECTS + ":")]
+    return findings + _object_findings(grown, census, cycle, diagnose, remeasured)
 
 
 def _is_library(name: str) -> bool:
@@ -575,9 +570,9 @@ def _object_findings(
     for verdict in shown:
         name = _type_of(verdict)
         chain_text, holder, instance = chains.get(name, ("", "", ""))
-        message = _growth_text(short_name(name), verdict)
-        if holder:
-            message += f"; held by {holder}"
+        message = _growth_text(short_name(name), verdict) + (
+            f"; held by {holder}" if holder else ""
+        )
         details = {**_verdict_details(verdict, remeasured), "type": name}
         details.update({"instance": instance, "backref_chain": chain_text, "held_by": holder})
         findings.append(Finding("growth", message, details))
@@ -587,17 +582,10 @@ def _object_findings(
             for v in rest[:LISTED_TYPES]
         )
         more = f" and {len(rest) - LISTED_TYPES} more" if len(rest) > LISTED_TYPES else ""
-        findings.append(
-            Finding(
-                "growth",
-                f"objects of {len(rest)} more type(s) grew with them (per cycle): {listed}{more}.",
-                {
-                    "metric": OBJECTS,
-                    "types": {_type_of(v): _verdict_details(v, remeasured) for v in rest},
-                    "remeasured_cycles": list(remeasured),
-                },
-            )
-        )
+        text = f"objects of {len(rest)} more type(s) grew with them (per cycle): {listed}{more}."
+        types_ = {_type_of(v): _verdict_details(v, remeasured) for v in rest}
+        details = {"metric": OBJECTS, "types": types_, "remeasured_cycles": list(remeasured)}
+        findings.append(Finding("growth", text, details))
     return findings
 
 
@@ -613,10 +601,8 @@ def _chains(
     if not names:
         return {}
     old_ids = census.instance_ids(names)
-    try:
+    with contextlib.suppress(Exception):  # the diagnosis only loses its "new" instance
         cycle()
-    except Exception:  # noqa: BLE001 - the diagnosis only loses its "new" instance
-        pass
     gc.collect()
     instances = census.one_instance_each(names, old_ids)
     del old_ids

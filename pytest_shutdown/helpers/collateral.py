@@ -106,10 +106,8 @@ class _Sentinels:
             if proc is not None:
                 if proc.poll() is None:
                     proc.kill()
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL did not land
                     proc.wait(CLEANUP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL did not land
-                    pass
                 if proc.stdout is not None:
                     proc.stdout.close()
         if self.mp_child is not None:

@@ -147,10 +147,8 @@ def kill_tree_at(
 def parse_signal(value: str | int) -> int:
     """A signal name (``"SIGKILL"``, ``"KILL"``) or number → its number; ValueError otherwise."""
     if isinstance(value, int) and not isinstance(value, bool):
-        try:
+        with contextlib.suppress(ValueError):
             return int(signal_module.Signals(value))
-        except ValueError:
-            pass
     elif isinstance(value, str):
         name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
         found = getattr(signal_module.Signals, name, None)

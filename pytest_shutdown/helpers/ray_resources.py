@@ -8,6 +8,7 @@ only by these functions (they need a connected driver).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -146,14 +147,9 @@ def release_ray_leftovers(prefix: str) -> None:
     from ray.util.placement_group import PlacementGroup, remove_placement_group  # noqa: PLC0415
 
     for actor in _alive_actors(prefix):
-        try:
+        with contextlib.suppress(Exception):  # already gone
             ray.kill(ray.get_actor(actor["name"]), no_restart=True)  # this driver's namespace
-        except Exception:  # noqa: BLE001 - already gone
-            pass
     for group in _live_groups(prefix):
-        try:
-            remove_placement_group(
-                PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group["placement_group_id"])))
-            )
-        except Exception:  # noqa: BLE001 - already removed
-            pass
+        with contextlib.suppress(Exception):  # already removed
+            group_id = ray.PlacementGroupID(bytes.fromhex(group["placement_group_id"]))
+            remove_placement_group(PlacementGroup(group_id))

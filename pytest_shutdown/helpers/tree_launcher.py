@@ -13,6 +13,7 @@ token belongs to the tree under test.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
 import os
@@ -143,10 +144,8 @@ class TreeLauncher:
 
     def close(self, timeout: float = LAUNCHER_STOP_TIMEOUT_S + 2.0) -> None:
         """Stop the launcher: it kills its remaining tree first. Idempotent."""
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self._conn.send(("stop",))
-        except (OSError, ValueError):
-            pass
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -221,10 +220,8 @@ def _reap(conn: Connection | None, roots: set[int]) -> None:
             return
         if pid in roots and conn is not None:
             roots.discard(pid)
-            try:
+            with contextlib.suppress(OSError):
                 conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
-            except OSError:
-                pass
 
 
 def _kill_everything() -> None:
@@ -264,10 +261,8 @@ def _fork_root(request: RunRequest, conn: Connection) -> int:
         traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(code)
     raise AssertionError("unreachable")
 

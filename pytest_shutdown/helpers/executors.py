@@ -37,10 +37,8 @@ _MAX_WRAPPER_DEPTH = 4
 
 
 def block_until_released(marker_dir: str, number: int, deadline_s: float) -> None:
-    """The blocking task: say it started, then wait for the release file or the deadline.
-
-    A plain function on files so that it works in threads and in processes of any start method.
-    """
+    """The blocking task: say it started, then wait for the release file or the deadline (files:
+    it works in threads and in processes of any start method)."""
     with open(os.path.join(marker_dir, f"started-{number}-{os.getpid()}"), "w"):
         pass
     release = os.path.join(marker_dir, "release")
@@ -53,11 +51,8 @@ def block_until_released(marker_dir: str, number: int, deadline_s: float) -> Non
 
 
 def inner_pools(executor: Executor) -> list[tuple[str, Executor]]:
-    """The executors a wrapper executor holds (``_SwappableExecutor._inner``), depth first.
-
-    A pool that owns its workers (``_threads`` or ``_processes``) is its own pool; a wrapper is
-    an Executor whose instance attributes hold other executors, which it forwards to.
-    """
+    """The executors a wrapper executor holds (``_SwappableExecutor._inner``), depth first; a pool
+    that owns its workers (``_threads`` or ``_processes``) wraps none."""
     found: list[tuple[str, Executor]] = []
     seen: set[int] = {id(executor)}
 

@@ -92,11 +92,8 @@ def _write_atomically(path: str, text: str) -> None:
 
 
 def _kill_tree(proc: Any) -> None:
-    """SIGKILL the child and its descendants; reap the child through multiprocessing.
-
-    The descendants go first, found before the child dies (afterwards they are orphans). The
-    child itself is killed and joined by multiprocessing, so that ``exitcode`` stays readable.
-    """
+    """SIGKILL the child and its descendants (found first: afterwards they are orphans); the
+    child is joined by multiprocessing, so that its ``exitcode`` stays readable."""
     try:
         descendants = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:

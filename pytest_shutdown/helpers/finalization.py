@@ -225,11 +225,8 @@ def _wait_collected(ref: weakref.ref[Any], timeout: float) -> bool:
 
 
 def _dispose(ref: weakref.ref[Any], method: str) -> None:
-    """Release what a leaked object holds: the helper built it, so the helper cleans up.
-
-    Its shutdown method runs, then its pending finalizers (which also frees it from the registry);
-    errors are ignored, the finding is already made.
-    """
+    """The helper built the leaked object, so it cleans up: its shutdown, then its pending
+    finalizers (freeing it from the registry), errors ignored (the finding is made)."""
     target = ref()
     if target is None:
         return

@@ -139,11 +139,8 @@ def _has_cleanup_routes(obj: object) -> bool:
 
 
 def _require_counted(subject: str, method: str, counter: CleanupCounter, routes: bool) -> None:
-    """Fail when the check had no cleanup to count at all: it could never see a repeat.
-
-    Cleanups that exist but did not run (an object shut down before the check: its ExitStack
-    already closed) are not this case: a repeat of them would have been counted.
-    """
+    """Fail when the check had no cleanup to count at all: it could never see a repeat (routes
+    whose cleanups already ran, an ExitStack closed before the check, would count a repeat)."""
     if counter.specs or routes:
         return
     raise NothingCountedError(

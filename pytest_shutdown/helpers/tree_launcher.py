@@ -93,10 +93,8 @@ class TreeLauncher:
             raise RuntimeError(f"tree launcher failed to start: {msg[1:]}")
 
     def run(self, request: RunRequest, timeout: float = LAUNCHER_START_TIMEOUT_S) -> int:
-        """Start one root; its pid. The caller must hold ``lock`` while the tree lives.
-
-        ``timeout`` covers the launcher importing the target's module (torch, the first time).
-        """
+        """Start one root; its pid. The caller must hold ``lock`` while the tree lives. ``timeout``
+        covers the launcher importing the target's module (torch, the first time)."""
         # Like multiprocessing's spawn: the target's module must be importable by the launcher.
         self._conn.send(("run", list(sys.path), pickle.dumps(request)))
         deadline = time.monotonic() + timeout

@@ -9,7 +9,6 @@ import tempfile
 import threading
 import time
 import traceback
-import types
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from concurrent.futures import wait as futures_wait
@@ -108,7 +107,6 @@ def _pool_processes(executor: Executor) -> list[Any]:
 class _Occupied:
     label: str
     executor: Executor
-    workers: int
     futures: list[Future[Any]] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
     processes: list[Any] = field(default_factory=list)
@@ -251,11 +249,7 @@ class _Runner:
         frame = sys._current_frames().get(self.thread.ident or -1)
         if frame is None:
             return "", []
-        frames = []
-        walker: types.FrameType | None = frame
-        while walker is not None:
-            frames.append(walker)
-            walker = walker.f_back
+        frames = [f for f, _line in traceback.walk_stack(frame)]
         return "".join(traceback.format_stack(frame)), frames
 
 
@@ -278,7 +272,7 @@ def _occupy(found: list[tuple[str, Executor]], marker_dir: str, occupied: list[_
     expected = 0
     for label, ex in found:
         workers = _worker_count(ex)
-        entry = _Occupied(label, ex, workers)
+        entry = _Occupied(label, ex)
         occupied.append(entry)
         for _ in range(workers + 1):  # every worker busy, one more queued
             task = ex.submit(block_until_released, marker_dir, number, TASK_DEADLINE_S)

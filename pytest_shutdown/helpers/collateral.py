@@ -95,9 +95,6 @@ class _Sentinels:
                     how = f"killed (its parent too, by {signal_name(-code)})"
                 self.died["grandchild"] = {"pid": self.grandchild, "how": how}
 
-    def alive_count(self) -> int:
-        return 3 - len(self.died)
-
     def cleanup(self) -> None:
         if self.grandchild is not None and process_running(self.grandchild):
             with contextlib.suppress(OSError):
@@ -155,7 +152,7 @@ def assert_no_collateral(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         while True:
             out_of_time = time.monotonic() >= deadline
             sentinels.look(final=out_of_time)
-            if not sentinels.alive_count() or out_of_time:
+            if len(sentinels.died) == 3 or out_of_time:  # all three dead, or time is up
                 break
             time.sleep(0.02)
     finally:

@@ -16,7 +16,7 @@ import pytest
 from inner_runs import LEAKY_FINALIZER
 
 from pytest_shutdown import ShutdownContractError, assert_finalizes_on_gc
-from pytest_shutdown.helpers.backrefs import GRAPHS, configure_graphs
+from pytest_shutdown.ownership.backrefs import GRAPHS, configure_graphs
 
 needs_dot = pytest.mark.skipif(
     shutil.which("dot") is None,

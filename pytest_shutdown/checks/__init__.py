@@ -1,9 +1,9 @@
 """Deprecated: the helpers' modules moved to :mod:`pytest_shutdown.helpers` (issue 47).
 
 ``import pytest_shutdown.checks.leaks`` (and every other ``checks.<module>`` of 0.2.0) still
-works for one release: it warns (``DeprecationWarning``) and gives the module of the same name
-under ``pytest_shutdown.helpers``, the same object, so no state is loaded twice. Nothing of the
-package imports this one.
+works for one release: it warns (``DeprecationWarning``) and gives the module it moved to (of the
+same name under ``pytest_shutdown.helpers``, or :data:`_BELOW`), the same object, so no state is
+loaded twice. Nothing of the package imports this one.
 """
 
 from __future__ import annotations
@@ -17,7 +17,17 @@ import warnings
 from types import ModuleType
 
 _OLD = __name__ + "."
-_NEW = "pytest_shutdown.helpers."
+#: 0.2.0's modules that moved below the helpers (issue 47); every other one is under helpers/.
+_BELOW = {
+    "backrefs": "pytest_shutdown.ownership.backrefs",
+    "hidden": "pytest_shutdown._base.hidden",
+    "phases": "pytest_shutdown._os.phases",
+}
+
+
+def _new(old: str) -> str:
+    name = old[len(_OLD) :]
+    return _BELOW.get(name, "pytest_shutdown.helpers." + name)
 
 
 class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -28,12 +38,12 @@ class _Moved(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     ) -> importlib.machinery.ModuleSpec | None:
         if not fullname.startswith(_OLD):
             return None
-        if importlib.util.find_spec(_NEW + fullname[len(_OLD) :]) is None:
+        if importlib.util.find_spec(_new(fullname)) is None:
             return None
         return importlib.machinery.ModuleSpec(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        new = _NEW + spec.name[len(_OLD) :]
+        new = _new(spec.name)
         warnings.warn(
             f"{spec.name} moved to {new}; the old path goes in the next release",
             DeprecationWarning,

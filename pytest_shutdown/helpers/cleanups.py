@@ -1,24 +1,17 @@
 """Discovering an object's cleanups and counting the real calls made to them.
 
-An object's *cleanups* are found in three places:
+Cleanups are found in the object's instance attributes (one level into lists, tuples and dicts):
+executors, ``ExitStack`` callbacks, objects whose type defines one of :data:`CLEANUP_METHODS`
+(lock-like objects excepted); in its ``weakref.finalize`` and ``multiprocessing.util.Finalize``
+registrations; and in ``watch=``. ``ExitStack.close`` and finalizer calls are *routes* to
+cleanups, not cleanups themselves.
 
-* its instance attributes, and one level into lists, tuples and dicts held there:
-  executors (``shutdown``), ``ExitStack`` callbacks, and any object whose type defines
-  ``close``, ``shutdown``, ``terminate``, ``release`` or ``stop`` (lock-like objects excepted);
-* its ``weakref.finalize`` and ``multiprocessing.util.Finalize`` registrations (the ExitStack
-  a finalizer closes, the bound method it calls, the resources in its arguments);
-* ``watch=``: functions, bound methods, objects, or attribute paths such as ``"cache.close"``.
-
-``ExitStack.close`` and finalizer calls are *routes* to cleanups, not cleanups themselves.
-
-Calls are counted with a profile hook (``sys.setprofile``) installed on the threads the helper
-drives, keyed by code object and by the identity of ``self``: bound methods captured at
-registration time (by an ExitStack or a finalizer) are seen, which wrapping an attribute
-afterwards would miss. A cleanup that calls its base class's method counts once (nested entries
-on one thread are one call). Each call is charged to the round (``"call 1"``, ``"gc"``, ...) of
-the thread that made it; threads the helper does not drive are not counted, so executor threads
-finishing their own work later are never taken for a repeat. Specs hold identities only: nothing
-installed here keeps the object under test alive.
+Calls are counted by a profile hook on the threads the helper drives, keyed by code object and
+the identity of ``self``: a bound method captured at registration (by an ExitStack or a
+finalizer) is seen, which wrapping an attribute afterwards would miss. Nested entries on one
+thread are one call (a cleanup calling its base class's); threads the helper does not drive are
+not counted (an executor thread finishing its own work later is no repeat). Specs hold
+identities only: nothing installed here keeps the object under test alive.
 """
 
 from __future__ import annotations
@@ -46,18 +39,8 @@ CLEANUP_METHODS: tuple[str, ...] = ("close", "shutdown", "terminate", "release",
 Watch = object
 
 _ProfileHook = Callable[[types.FrameType, Any, Any], object]
-_NOT_RESOURCES = (
-    type,
-    types.ModuleType,
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
-    str,
-    bytes,
-    int,
-    float,
-    weakref.finalize,
-)
+_CODE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+_NOT_RESOURCES = (*_CODE, str, bytes, int, float, weakref.finalize)
 _MAX_CONTAINER_ITEMS = 256
 _SCALARS = (type(None), bool, int, float, complex, str, bytes)
 
@@ -109,21 +92,14 @@ class CleanupSpec:
 
 
 def idempotent_by_contract(target: object, name: str) -> bool:
-    """True for a cleanup whose repetition is harmless by its library's contract.
-
-    ``Executor.shutdown``, ``Thread.join``, ``Event.set``, a process's ``join``/``close``, the
-    ``close`` of files, sockets and multiprocessing connections: calling them again is a no-op.
-    """
+    """True for a cleanup whose repetition is harmless by its library's contract (a no-op)."""
     kinds = IDEMPOTENT_BY_CONTRACT.get(name, ())
     return any(isinstance(target, kind) for kind in kinds)
 
 
 def is_exit_stack(value: object) -> bool:
     """True for ``contextlib.ExitStack`` and ``AsyncExitStack`` instances."""
-    base = getattr(contextlib, "_BaseExitStack", None)
-    if base is not None:
-        return isinstance(value, base)
-    return isinstance(value, (contextlib.ExitStack, contextlib.AsyncExitStack))
+    return isinstance(value, contextlib._BaseExitStack)  # their common base, 3.7 on
 
 
 def exit_stack_callbacks(stack: object) -> list[Callable[..., Any]]:
@@ -133,10 +109,8 @@ def exit_stack_callbacks(stack: object) -> list[Callable[..., Any]]:
 
 
 def _copy(registry: dict[Any, Any]) -> dict[Any, Any]:
-    """A copy of a finalizer registry. ``list(registry.items())`` allocates as it goes: a
-    collection it sets off runs finalizers, which remove their entries mid-iteration
-    ("dictionary changed size during iteration", seen in ``make test``); ``dict.copy`` copies
-    the table at once."""
+    """A copy of a finalizer registry, made at once: iterating allocates, and a collection that
+    sets off runs finalizers that leave the registry mid-iteration (seen in ``make test``)."""
     for _ in range(100):
         try:
             return registry.copy()
@@ -145,41 +119,30 @@ def _copy(registry: dict[Any, Any]) -> dict[Any, Any]:
     return {}
 
 
-def finalizer_registrations(obj: object) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
-    """``(func, args, kwargs)`` of every pending finalizer whose referent is ``obj``.
-
-    Both ``weakref.finalize`` and ``multiprocessing.util.Finalize`` registrations are returned.
-    """
-    found: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
-    for info in _copy(getattr(weakref.finalize, "_registry", {})).values():
+def _finalizers(obj: object) -> list[tuple[Any, Any, tuple[Any, ...], dict[str, Any]]]:
+    """``(finalizer, func, args, kwargs)`` of every pending finalizer whose referent is ``obj``:
+    ``weakref.finalize`` and ``multiprocessing.util.Finalize`` registrations."""
+    found: list[tuple[Any, Any, tuple[Any, ...], dict[str, Any]]] = []
+    for final, info in _copy(getattr(weakref.finalize, "_registry", {})).items():
         ref = getattr(info, "weakref", None)
         if ref is not None and ref() is obj:
-            found.append((info.func, tuple(info.args), dict(info.kwargs or {})))
+            found.append((final, info.func, tuple(info.args), dict(info.kwargs or {})))
     mp_util = sys.modules.get("multiprocessing.util")
-    if mp_util is not None:
-        for final in _copy(getattr(mp_util, "_finalizer_registry", {})).values():
-            ref = getattr(final, "_weakref", None)
-            if ref is not None and ref() is obj:
-                found.append(
-                    (final._callback, tuple(final._args), dict(final._kwargs or {}))
-                )
+    for final in _copy(getattr(mp_util, "_finalizer_registry", {})).values():
+        ref = getattr(final, "_weakref", None)
+        if ref is not None and ref() is obj:
+            found.append((final, final._callback, tuple(final._args), dict(final._kwargs or {})))
     return found
+
+
+def finalizer_registrations(obj: object) -> list[tuple[Any, tuple[Any, ...], dict[str, Any]]]:
+    """``(func, args, kwargs)`` of every pending finalizer whose referent is ``obj``."""
+    return [(func, args, kwargs) for _final, func, args, kwargs in _finalizers(obj)]
 
 
 def pending_finalizers(obj: object) -> list[Callable[[], Any]]:
     """The pending finalizer objects of ``obj``: calling one runs what collection would run."""
-    found: list[Callable[[], Any]] = []
-    for final, info in _copy(getattr(weakref.finalize, "_registry", {})).items():
-        ref = getattr(info, "weakref", None)
-        if ref is not None and ref() is obj:
-            found.append(final)
-    mp_util = sys.modules.get("multiprocessing.util")
-    if mp_util is not None:
-        for final in _copy(getattr(mp_util, "_finalizer_registry", {})).values():
-            ref = getattr(final, "_weakref", None)
-            if ref is not None and ref() is obj:
-                found.append(final)
-    return found
+    return [final for final, *_registration in _finalizers(obj)]
 
 
 def cleanup_method_names(value: object) -> tuple[str, ...]:
@@ -226,10 +189,7 @@ def function_label(func: types.FunctionType) -> str:
 
 
 def function_spec(
-    func: types.FunctionType,
-    args: tuple[Any, ...],
-    kwargs: Mapping[str, Any],
-    attribute: str,
+    func: types.FunctionType, args: tuple[Any, ...], kwargs: Mapping[str, Any], attribute: str
 ) -> CleanupSpec:
     """A spec counting calls of ``func`` with the same (non-scalar) arguments as registered.
 
@@ -313,9 +273,7 @@ class _Discovery:
         owner = getattr(inner, "__self__", None)
         name = getattr(inner, "__name__", "")
         if owner is not None and not isinstance(owner, types.ModuleType):
-            if id(owner) in self.resource_ids and (
-                name in CLEANUP_METHODS or name == "__exit__"
-            ):
+            if id(owner) in self.resource_ids and (name in CLEANUP_METHODS or name == "__exit__"):
                 return  # already counted as the resource's own cleanup
             if is_exit_stack(owner) and name in ("close", "__exit__"):
                 self.consider(label, owner)  # a nested stack: a route, expand it
@@ -337,13 +295,7 @@ class _Discovery:
         code = getattr(getattr(inner, "__func__", inner), "__code__", None)
         if isinstance(code, types.CodeType):
             self.add(
-                CleanupSpec(
-                    label=f"{label} ({qualname})",
-                    attribute=label,
-                    method=qualname,
-                    codes=frozenset({code}),
-                    self_id=None if owner is None else id(owner),
-                )
+                _code_spec(label, qualname, code, self_id=None if owner is None else id(owner))
             )
 
     def add_watch(self, item: Watch) -> None:
@@ -398,19 +350,22 @@ class _Discovery:
         self.consider(path, current)
 
 
-def _wrapper_arguments(wrapper: Callable[..., Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The ``args`` and ``kwds`` an ExitStack ``callback()`` wrapper will call its function with."""
+def _closure(wrapper: Callable[..., Any]) -> dict[str, Any]:
+    """The free variables of an ExitStack ``callback()`` wrapper (empty cells left out)."""
     code = getattr(wrapper, "__code__", None)
     cells = getattr(wrapper, "__closure__", None) or ()
     found: dict[str, Any] = {}
     if isinstance(code, types.CodeType):
         for var, cell in zip(code.co_freevars, cells, strict=False):
-            try:
+            with contextlib.suppress(ValueError):  # an empty cell
                 found[var] = cell.cell_contents
-            except ValueError:  # empty cell
-                continue
-    args = found.get("args")
-    kwargs = found.get("kwds")
+    return found
+
+
+def _wrapper_arguments(wrapper: Callable[..., Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The ``args`` and ``kwds`` an ExitStack ``callback()`` wrapper will call its function with."""
+    found = _closure(wrapper)
+    args, kwargs = found.get("args"), found.get("kwds")
     return (
         tuple(args) if isinstance(args, tuple) else (),
         dict(kwargs) if isinstance(kwargs, dict) else {},
@@ -421,24 +376,15 @@ def _closure_spec(
     label: str, qualname: str, wrapper: Callable[..., Any], wrapped: object
 ) -> CleanupSpec | None:
     """A spec matching one ExitStack ``callback()`` wrapper by the callable it closes over."""
-    code = getattr(wrapper, "__code__", None)
-    cells = getattr(wrapper, "__closure__", None) or ()
-    if not isinstance(code, types.CodeType):
+    var = next((v for v, value in _closure(wrapper).items() if value is wrapped), None)
+    if var is None:
         return None
-    for var, cell in zip(code.co_freevars, cells, strict=False):
-        try:
-            if cell.cell_contents is wrapped:
-                return CleanupSpec(
-                    label=f"{label} ({qualname})",
-                    attribute=label,
-                    method=qualname,
-                    codes=frozenset({code}),
-                    closure_var=var,
-                    closure_id=id(wrapped),
-                )
-        except ValueError:  # empty cell
-            continue
-    return None
+    return _code_spec(label, qualname, wrapper.__code__, closure_var=var, closure_id=id(wrapped))
+
+
+def _code_spec(label: str, qualname: str, code: types.CodeType, **match: Any) -> CleanupSpec:
+    """A spec counting ``code`` (``match``: the other fields a frame must match)."""
+    return CleanupSpec(f"{label} ({qualname})", label, qualname, frozenset({code}), **match)
 
 
 def instance_attributes(obj: object) -> Iterator[tuple[str, object]]:
@@ -676,4 +622,3 @@ def labels_performed(counter: CleanupCounter, round_name: str) -> list[str]:
         for index, spec in enumerate(counter.specs)
         if counter.count(index, round_name) > 0
     ]
-

@@ -1,21 +1,13 @@
 """``assert_no_collateral``: a shutdown must not kill processes it does not own.
 
 SGLang's ``Engine.shutdown()`` ends with ``kill_process_tree(os.getpid(), include_parent=False)``:
-every descendant of the calling process dies, a test session's server, a pool, another engine
-(TensorRT-LLM once killed the whole pytest session this way). The helper starts three bystanders
-the shutdown has no business touching, calls it, and fails with ``collateral-kill`` naming each
-bystander that died:
-
-* a plain child (``subprocess.Popen``);
-* a ``multiprocessing`` child (a spawn-context ``Process``);
-* a grandchild (the child of a plain child that waits for it).
-
-Every wait has a deadline; the sentinels are killed and reaped before the helper returns, also
-when the shutdown raises (its exception then propagates unchanged, nothing is checked).
+every descendant of the calling process dies (TensorRT-LLM once killed the whole pytest session
+this way). The helper runs the shutdown beside three bystanders and names each that died.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
@@ -27,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
+from pytest_shutdown.resources.collateral import signal_name
 from pytest_shutdown.resources.primitives import process_running
 
 __all__ = ["SENTINEL_START_TIMEOUT_S", "SETTLE_S", "assert_no_collateral"]
@@ -50,17 +43,10 @@ _MIDDLE = (
 )
 
 
-def _signal_name(sig: int) -> str:
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return f"signal {sig}"
-
-
 def _ended_how(code: int | None) -> str | None:
     if code is None:
         return None
-    return f"killed by {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+    return f"killed by {signal_name(-code)}" if code < 0 else f"exited with code {code}"
 
 
 @dataclass
@@ -104,29 +90,21 @@ class _Sentinels:
                     return
                 how = "ended"
                 if code is not None and code > 128:
-                    how = f"killed by {_signal_name(code - 128)}"
+                    how = f"killed by {signal_name(code - 128)}"
                 elif code is not None and code < 0:
-                    how = f"killed (its parent too, by {_signal_name(-code)})"
+                    how = f"killed (its parent too, by {signal_name(-code)})"
                 self.died["grandchild"] = {"pid": self.grandchild, "how": how}
 
-    def alive_count(self) -> int:
-        return 3 - len(self.died)
-
     def cleanup(self) -> None:
-        for pid in (self.grandchild,):
-            if pid is not None and process_running(pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        if self.grandchild is not None and process_running(self.grandchild):
+            with contextlib.suppress(OSError):
+                os.kill(self.grandchild, signal.SIGKILL)
         for proc in (self.plain, self.middle):
             if proc is not None:
                 if proc.poll() is None:
                     proc.kill()
-                try:
+                with contextlib.suppress(subprocess.TimeoutExpired):  # SIGKILL did not land
                     proc.wait(CLEANUP_TIMEOUT_S)
-                except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL did not land
-                    pass
                 if proc.stdout is not None:
                     proc.stdout.close()
         if self.mp_child is not None:
@@ -174,7 +152,7 @@ def assert_no_collateral(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         while True:
             out_of_time = time.monotonic() >= deadline
             sentinels.look(final=out_of_time)
-            if not sentinels.alive_count() or out_of_time:
+            if len(sentinels.died) == 3 or out_of_time:  # all three dead, or time is up
                 break
             time.sleep(0.02)
     finally:

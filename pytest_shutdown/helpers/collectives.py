@@ -1,15 +1,10 @@
 """``collective-hang``: a process blocked in a collective or a store wait, read from its stacks.
 
-A rank whose peer died waits in ``all_reduce``, ``barrier``, ``broadcast`` or a ``TCPStore``
-``get``/``wait`` for a peer that will never come (vLLM #32136, SGLang #34233); with no deadline
-it waits forever, and its Python signal handlers never run (the main thread is inside C++).
-``collective_wait(stacks)`` reads a faulthandler dump: a thread whose innermost frames are in
-``torch.distributed`` and name a collective, or whose innermost frame's source line calls one
-(``store.wait(...)``, ``dist.barrier()``), is blocked in it. ``collective_hang_finding`` turns
-it into a finding naming the rank, the operation and the stack; ``kill_tree_at`` and the orphan
-matrix report it in place of the generic ``orphan-process`` / ``exit-hang``.
-
-No torch: the dump is text, the rank is read from the process's environment or its name.
+A rank whose peer died waits in ``all_reduce``, ``barrier`` or a ``TCPStore`` ``get``/``wait``
+forever (vLLM #32136, SGLang #34233), its signal handlers never running (the main thread is in
+C++). A faulthandler thread whose innermost frames are in ``torch.distributed`` and name a
+collective, or whose innermost frame's source line calls one, is blocked in it. No torch: the
+dump is text, the rank is read from the process's environment or its name.
 """
 
 from __future__ import annotations
@@ -23,14 +18,15 @@ from typing import Any
 from pytest_shutdown.findings.finding import Finding
 
 #: Functions of ``torch.distributed`` that block until every rank (or the store) answers.
-COLLECTIVES = frozenset({
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
-    "all_to_all_single", "barrier", "monitored_barrier", "broadcast", "broadcast_object_list",
-    "gather", "gather_object", "scatter", "scatter_object_list", "reduce", "reduce_scatter",
-    "reduce_scatter_tensor", "send", "recv", "batch_isend_irecv", "destroy_process_group",
-    "init_process_group", "new_group", "_store_based_barrier", "rendezvous",
-    "_create_c10d_store", "_abort_process_group",
-})
+COLLECTIVES = frozenset(
+    (
+        "all_reduce all_gather all_gather_into_tensor all_gather_object all_to_all "
+        "all_to_all_single barrier monitored_barrier broadcast broadcast_object_list gather "
+        "gather_object scatter scatter_object_list reduce reduce_scatter reduce_scatter_tensor "
+        "send recv batch_isend_irecv destroy_process_group init_process_group new_group "
+        "_store_based_barrier rendezvous _create_c10d_store _abort_process_group"
+    ).split()
+)
 #: A source line that calls into the store or a collective (the frame that entered C++).
 _CALL_LINE = re.compile(
     r"\b(?P<store>\w*store\w*)\s*\.\s*(?P<store_op>get|wait|compare_set|add|check|multi_get)\s*\("
@@ -135,6 +131,11 @@ def collective_hang_finding(
     return Finding(
         "collective-hang",
         f"{who} is blocked in {wait.operation} {after}",
-        {**facts, "rank": rank, "operation": wait.operation, "frame": wait.frame,
-         "collective_stack": wait.stack},
+        {
+            **facts,
+            "rank": rank,
+            "operation": wait.operation,
+            "frame": wait.frame,
+            "collective_stack": wait.stack,
+        },
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import sys
@@ -10,7 +9,6 @@ import tempfile
 import threading
 import time
 import traceback
-import types
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import Executor, Future
 from concurrent.futures import wait as futures_wait
@@ -24,7 +22,7 @@ from pytest_shutdown.helpers.cleanups import (
     instance_attributes,
     is_exit_stack,
 )
-from pytest_shutdown.helpers.report import CheckReport, describe
+from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds, raised
 
 #: How long a blocking task waits for its release at most (every wait has a deadline).
 TASK_DEADLINE_S = 120.0
@@ -38,31 +36,22 @@ _MAX_WRAPPER_DEPTH = 4
 
 
 def block_until_released(marker_dir: str, number: int, deadline_s: float) -> None:
-    """The blocking task: say it started, then wait for the release file or the deadline.
-
-    A plain function on files so that it works in threads and in processes of any start method.
-    """
+    """The blocking task: say it started, then wait for the release file or the deadline (files:
+    it works in threads and in processes of any start method)."""
     with open(os.path.join(marker_dir, f"started-{number}-{os.getpid()}"), "w"):
         pass
     release = os.path.join(marker_dir, "release")
     deadline = time.monotonic() + deadline_s
     delay = _FIRST_POLL_S
     # A vanished marker folder releases too: the helper is gone, nothing may wait for it.
-    while (
-        not os.path.exists(release)
-        and os.path.isdir(marker_dir)
-        and time.monotonic() < deadline
-    ):
+    while not os.path.exists(release) and os.path.isdir(marker_dir) and time.monotonic() < deadline:
         time.sleep(delay)
         delay = min(delay * 2, _POLL_S)
 
 
 def inner_pools(executor: Executor) -> list[tuple[str, Executor]]:
-    """The executors a wrapper executor holds (``_SwappableExecutor._inner``), depth first.
-
-    A pool that owns its workers (``_threads`` or ``_processes``) is its own pool; a wrapper is
-    an Executor whose instance attributes hold other executors, which it forwards to.
-    """
+    """The executors a wrapper executor holds (``_SwappableExecutor._inner``), depth first; a pool
+    that owns its workers (``_threads`` or ``_processes``) wraps none."""
     found: list[tuple[str, Executor]] = []
     seen: set[int] = {id(executor)}
 
@@ -84,9 +73,13 @@ def _owns_workers(executor: Executor) -> bool:
     return hasattr(executor, "_threads") or hasattr(executor, "_processes")
 
 
+def _pools(executor: Executor) -> list[Executor]:
+    return [executor, *(pool for _label, pool in inner_pools(executor))]
+
+
 def _worker_count(executor: Executor) -> int:
     """How many tasks keep every worker busy: the pool's own, else the first wrapped pool's."""
-    for candidate in [executor, *(pool for _label, pool in inner_pools(executor))]:
+    for candidate in _pools(executor):
         workers = getattr(candidate, "_max_workers", None)
         if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0:
             return workers
@@ -96,7 +89,7 @@ def _worker_count(executor: Executor) -> int:
 def _pool_threads(executor: Executor) -> list[threading.Thread]:
     """The worker threads of a pool (and of the pools it wraps), plus a manager thread."""
     threads: list[threading.Thread] = []
-    for candidate in [executor, *(pool for _label, pool in inner_pools(executor))]:
+    for candidate in _pools(executor):
         threads += [t for t in (getattr(candidate, "_threads", ()) or ()) if t not in threads]
         manager = getattr(candidate, "_executor_manager_thread", None)
         if isinstance(manager, threading.Thread) and manager not in threads:
@@ -105,17 +98,15 @@ def _pool_threads(executor: Executor) -> list[threading.Thread]:
 
 
 def _pool_processes(executor: Executor) -> list[Any]:
-    processes: list[Any] = []
-    for candidate in [executor, *(pool for _label, pool in inner_pools(executor))]:
-        processes += list((getattr(candidate, "_processes", None) or {}).values())
-    return processes
+    return [
+        p for pool in _pools(executor) for p in (getattr(pool, "_processes", None) or {}).values()
+    ]
 
 
 @dataclass
 class _Occupied:
     label: str
     executor: Executor
-    workers: int
     futures: list[Future[Any]] = field(default_factory=list)
     threads: list[threading.Thread] = field(default_factory=list)
     processes: list[Any] = field(default_factory=list)
@@ -214,18 +205,8 @@ def assert_nonblocking_shutdown(
         _wait_tasks_returned(occupied, grace)
     if runner is not None and runner.error is not None:
         exc = runner.error
-        findings.append(
-            Finding(
-                "shutdown-raised",
-                f"{subject}: {method}() raised {type(exc).__name__}: {exc}",
-                {
-                    "exception": repr(exc),
-                    "traceback": "".join(
-                        traceback.format_exception(type(exc), exc, exc.__traceback__)
-                    ),
-                },
-            )
-        )
+        text = f"{subject}: {method}() raised {type(exc).__name__}: {exc}"
+        findings.append(Finding("shutdown-raised", text, raised(exc)))
     raise_if_any(findings)
     return CheckReport(
         check="nonblocking-shutdown",
@@ -268,11 +249,7 @@ class _Runner:
         frame = sys._current_frames().get(self.thread.ident or -1)
         if frame is None:
             return "", []
-        frames = []
-        walker: types.FrameType | None = frame
-        while walker is not None:
-            frames.append(walker)
-            walker = walker.f_back
+        frames = [f for f, _line in traceback.walk_stack(frame)]
         return "".join(traceback.format_stack(frame)), frames
 
 
@@ -288,16 +265,14 @@ def _given_executors(
     return [(f"executors[{i}]", ex) for i, ex in enumerate(executors)]
 
 
-def _occupy(
-    found: list[tuple[str, Executor]], marker_dir: str, occupied: list[_Occupied]
-) -> None:
+def _occupy(found: list[tuple[str, Executor]], marker_dir: str, occupied: list[_Occupied]) -> None:
     """Fill every worker of every executor with a blocking task (appending to ``occupied``
     as it goes, so that what was occupied is released and joined even if a submit fails)."""
     number = 0
     expected = 0
     for label, ex in found:
         workers = _worker_count(ex)
-        entry = _Occupied(label, ex, workers)
+        entry = _Occupied(label, ex)
         occupied.append(entry)
         for _ in range(workers + 1):  # every worker busy, one more queued
             task = ex.submit(block_until_released, marker_dir, number, TASK_DEADLINE_S)
@@ -340,12 +315,7 @@ def _blocking(
         "blocking-close",
         f"{subject}: {method}() was still blocked on {culprit} after {budget:g}s while its "
         "tasks were running.",
-        {
-            "budget_s": budget,
-            "elapsed_s": runner.elapsed(),
-            "executors": waits_on,
-            "stack": stack,
-        },
+        {"budget_s": budget, "elapsed_s": runner.elapsed(), "executors": waits_on, "stack": stack},
     )
 
 
@@ -368,26 +338,17 @@ def _leaks(subject: str, occupied: Iterable[_Occupied], grace: float) -> list[Fi
             thread.join(max(0.0, deadline - time.monotonic()))
         for proc in entry.processes:
             proc.join(max(0.0, deadline - time.monotonic()))
+        after = f"still running {grace:g}s after its blocking tasks were released."
         alive = [t.name for t in entry.threads if t.is_alive()]
         if alive:
-            findings.append(
-                Finding(
-                    "thread-leak",
-                    f"{subject}: {len(alive)} thread(s) of {entry.label} were still running "
-                    f"{grace:g}s after its blocking tasks were released.",
-                    {"executor": entry.label, "threads": alive, "grace_s": grace},
-                )
-            )
-        procs = [p for p in entry.processes if p.is_alive()]
+            text = f"{subject}: {len(alive)} thread(s) of {entry.label} were {after}"
+            facts = {"executor": entry.label, "threads": alive, "grace_s": grace}
+            findings.append(Finding("thread-leak", text, facts))
+        procs = [p.pid for p in entry.processes if p.is_alive()]
         if procs:
-            findings.append(
-                Finding(
-                    "process-leak",
-                    f"{subject}: {len(procs)} worker process(es) of {entry.label} were still "
-                    f"running {grace:g}s after its blocking tasks were released.",
-                    {"executor": entry.label, "pids": [p.pid for p in procs], "grace_s": grace},
-                )
-            )
+            text = f"{subject}: {len(procs)} worker process(es) of {entry.label} were {after}"
+            facts = {"executor": entry.label, "pids": procs, "grace_s": grace}
+            findings.append(Finding("process-leak", text, facts))
     return findings
 
 
@@ -398,7 +359,5 @@ def _validate(obj: object, method: str, budget: float, grace: float) -> None:
             "shutdown method, e.g. method='close'"
         )
     for name, value in (("budget", budget), ("grace", grace)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0
-        ):
+        if not is_seconds(value):
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")

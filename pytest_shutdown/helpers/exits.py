@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import multiprocessing
@@ -19,7 +20,7 @@ import psutil
 
 from pytest_shutdown._os.killer import kill_trees
 from pytest_shutdown.findings.finding import Finding, raise_if_any
-from pytest_shutdown.helpers.report import CheckReport
+from pytest_shutdown.helpers.report import CheckReport, is_seconds
 
 #: How many characters of the child's stderr an ExitRecord keeps.
 STDERR_TAIL_CHARS = 4000
@@ -67,17 +68,12 @@ class ExitRecord:
 
 
 def _probe_main(
-    target: Callable[..., Any],
-    args: Sequence[Any],
-    kwargs: Mapping[str, Any],
-    workdir: str,
+    target: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], workdir: str
 ) -> None:
     """The child's entry: stderr to a file, run the target, record the freeze count last."""
     err = os.open(os.path.join(workdir, "stderr"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
+    with contextlib.suppress(OSError, ValueError):
         sys.stderr.flush()
-    except (OSError, ValueError):
-        pass
     os.dup2(err, 2)
     os.close(err)
     # The parent's sys.stderr may not write to fd 2 (pytest's capture replaces it): rebind it.
@@ -96,11 +92,8 @@ def _write_atomically(path: str, text: str) -> None:
 
 
 def _kill_tree(proc: Any) -> None:
-    """SIGKILL the child and its descendants; reap the child through multiprocessing.
-
-    The descendants go first, found before the child dies (afterwards they are orphans). The
-    child itself is killed and joined by multiprocessing, so that ``exitcode`` stays readable.
-    """
+    """SIGKILL the child and its descendants (found first: afterwards they are orphans); the
+    child is joined by multiprocessing, so that its ``exitcode`` stays readable."""
     try:
         descendants = psutil.Process(proc.pid).children(recursive=True)
     except psutil.Error:
@@ -127,9 +120,7 @@ def probe_exit(
     methods = multiprocessing.get_all_start_methods()
     if start_method is not None and start_method not in methods:
         raise ValueError(f"start_method: {start_method!r} unknown; accepted: {', '.join(methods)}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-        math.isfinite(timeout) and timeout > 0
-    ):
+    if not is_seconds(timeout):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     if not callable(target):
         raise ValueError(f"target must be callable, got {target!r}")
@@ -230,33 +221,16 @@ def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = Fa
     }
     findings: list[Finding] = []
     alive = list(getattr(outcome, "alive", ()) or ())
+    budget = f"{outcome.timeout!r}s shutdown budget"
     if alive:
-        findings.append(
-            Finding(
-                "process-leak",
-                f"{', '.join(alive)} still running after the {outcome.timeout!r}s shutdown "
-                "budget: neither exited nor killed.",
-                {**facts, "alive": alive},
-            )
-        )
+        text = f"{', '.join(alive)} still running after the {budget}: neither exited nor killed."
+        findings.append(Finding("process-leak", text, {**facts, "alive": alive}))
     if killed and not expected:
-        findings.append(
-            Finding(
-                "force-killed",
-                f"{', '.join(killed)} had to be force-killed after the "
-                f"{outcome.timeout!r}s shutdown budget ran out.",
-                facts,
-            )
-        )
+        text = f"{', '.join(killed)} had to be force-killed after the {budget} ran out."
+        findings.append(Finding("force-killed", text, facts))
     elif expected and not killed:
-        findings.append(
-            Finding(
-                "force-killed",
-                f"a force kill was expected but every process exited within the "
-                f"{outcome.timeout!r}s shutdown budget.",
-                {**facts, "expected": True},
-            )
-        )
+        text = f"a force kill was expected but every process exited within the {budget}."
+        findings.append(Finding("force-killed", text, {**facts, "expected": True}))
     raise_if_any(findings)
     return CheckReport(
         check="not-force-killed",
@@ -266,10 +240,8 @@ def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = Fa
     )
 
 
-def _is_seconds(value: object, *, none_ok: bool) -> bool:
-    if value is None:
-        return none_ok
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _number_or_none(value: object) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def _names_of_processes(value: object) -> bool:
@@ -278,16 +250,20 @@ def _names_of_processes(value: object) -> bool:
     return all(isinstance(name, str) for name in list(value))
 
 
+def _exit_codes(value: object) -> bool:
+    if not isinstance(value, Mapping):
+        return False
+    return all(
+        c is None or (isinstance(c, int) and not isinstance(c, bool)) for c in value.values()
+    )
+
+
 #: What each attribute of an outcome must be: a test, and the words for the error.
 _OUTCOME_SHAPE: dict[str, tuple[Callable[[object], bool], str]] = {
     "force_killed": (_names_of_processes, "a list of process names (str)"),
-    "timeout": (lambda v: _is_seconds(v, none_ok=True), "None or a number of seconds"),
-    "exitcodes": (
-        lambda v: isinstance(v, Mapping)
-        and all(c is None or (isinstance(c, int) and not isinstance(c, bool)) for c in v.values()),
-        "a mapping of process name to exit code (int or None)",
-    ),
-    "duration_s": (lambda v: _is_seconds(v, none_ok=True), "a number of seconds (or None)"),
+    "timeout": (_number_or_none, "None or a number of seconds"),
+    "exitcodes": (_exit_codes, "a mapping of process name to exit code (int or None)"),
+    "duration_s": (_number_or_none, "a number of seconds (or None)"),
     "alive": (
         lambda v: v is None or _names_of_processes(v),
         "a list of process names (str), when present",
@@ -365,11 +341,7 @@ def outcome_from_processes(
                 f"procs[{index}]: {proc!r} lacks {', '.join(missing)}; accepted: "
                 "multiprocessing processes (objects with name, exitcode and join)"
             )
-    if timeout is not None and (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, (int, float))
-        or not (math.isfinite(timeout) and timeout >= 0)
-    ):
+    if timeout is not None and not is_seconds(timeout, zero_ok=True):
         raise ValueError(f"timeout: {timeout!r}; accepted: None or a number of seconds >= 0")
     if started is not None and (
         isinstance(started, bool)
@@ -377,8 +349,7 @@ def outcome_from_processes(
         or not (math.isfinite(started) and started <= time.monotonic())
     ):
         raise ValueError(
-            f"started: {started!r}; accepted: a time.monotonic() reading taken before the "
-            "shutdown"
+            f"started: {started!r}; accepted: a time.monotonic() reading taken before the shutdown"
         )
     duration = None if started is None else time.monotonic() - started
     deadline = time.monotonic() + reap_s

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import atexit
 import gc
-import math
 import os
 import time
-import traceback
 import types
 import weakref
 from collections.abc import Callable, Iterable
@@ -23,7 +21,7 @@ from pytest_shutdown.helpers.cleanups import (
     labels_performed,
     pending_finalizers,
 )
-from pytest_shutdown.helpers.report import CheckReport, describe
+from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds, raised
 from pytest_shutdown.ownership import atexit_calls
 from pytest_shutdown.ownership.backrefs import (
     GRAPHS,
@@ -55,15 +53,11 @@ def check_finalizers(obj: object) -> list[Finding]:
     subject = describe(obj)
     for index, (func, args, kwargs) in enumerate(finalizer_registrations(obj)):
         name = _qualname(func)
+        forever = "alive so the finalizer never runs."
         if isinstance(func, types.MethodType) and func.__self__ is obj:
-            findings.append(
-                Finding(
-                    "finalizer-bound-method",
-                    f"{subject}: finalizer {index} calls its own bound method {name}, which keeps "
-                    "the object alive so the finalizer never runs.",
-                    {"finalizer": index, "func": name, "path": "func.__self__"},
-                )
-            )
+            text = f"{subject}: finalizer {index} calls its own bound method {name}, which keeps "
+            facts = {"finalizer": index, "func": name, "path": "func.__self__"}
+            findings.append(Finding("finalizer-bound-method", f"{text}the object {forever}", facts))
             continue
         path = find_path(func, obj, "func")
         if path is None:
@@ -71,13 +65,10 @@ def check_finalizers(obj: object) -> list[Finding]:
         if path is None:
             path = find_path(dict(kwargs), obj, "kwargs")
         if path is not None:
+            text = f"{subject}: finalizer {index} ({name}) reaches the object through {path}"
+            facts = {"finalizer": index, "func": name, "path": path}
             findings.append(
-                Finding(
-                    "finalizer-holds-object",
-                    f"{subject}: finalizer {index} ({name}) reaches the object through {path}, "
-                    "which keeps it alive so the finalizer never runs.",
-                    {"finalizer": index, "func": name, "path": path},
-                )
+                Finding("finalizer-holds-object", f"{text}, which keeps it {forever}", facts)
             )
     return findings
 
@@ -115,9 +106,8 @@ def assert_finalizes_on_gc(
     or ``finalizer-bound-method`` / ``finalizer-holds-object`` when that chain runs through the
     finalizer registry. If the object has ``method``, a twin from the same factory is first shut
     down explicitly; every cleanup that shutdown performed must also run on collection
-    (``cleanup-missing``); a shutdown that raises is ``shutdown-raised``. ``watch`` items must
-    be attribute paths (``"cache.close"``) or
-    functions, since each object is built inside the helper.
+    (``cleanup-missing``); a shutdown that raises is ``shutdown-raised``. ``watch`` items must be
+    attribute paths (``"cache.close"``) or functions, since each object is built inside the helper.
 
     ``graphs_dir``: on a failed collection, also draw the object's referrers there
     (``objgraph.show_backrefs``; a PNG with graphviz's ``dot``, else the ``.dot`` source) while
@@ -128,9 +118,7 @@ def assert_finalizes_on_gc(
     __tracebackhide__ = True  # a failure points at the caller's line
     if not callable(factory):
         raise ValueError(f"factory must be a callable returning a fresh object, got {factory!r}")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (
-        math.isfinite(timeout) and timeout > 0
-    ):
+    if not is_seconds(timeout):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     watch = tuple(watch)
     started = time.perf_counter()
@@ -218,12 +206,7 @@ def _shutdown_raised(subject: str, method: str, exc: BaseException) -> Finding:
         "shutdown-raised",
         f"{subject}: explicit {method}() (of the twin built to learn its cleanups) raised "
         f"{type(exc).__name__}: {exc}",
-        {
-            "call": 1,
-            "method": method,
-            "exception": repr(exc),
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        },
+        {"call": 1, "method": method, **raised(exc)},
     )
 
 
@@ -242,11 +225,8 @@ def _wait_collected(ref: weakref.ref[Any], timeout: float) -> bool:
 
 
 def _dispose(ref: weakref.ref[Any], method: str) -> None:
-    """Release what a leaked object holds: the helper built it, so the helper cleans up.
-
-    Its shutdown method runs, then its pending finalizers (which also frees it from the registry);
-    errors are ignored, the finding is already made.
-    """
+    """The helper built the leaked object, so it cleans up: its shutdown, then its pending
+    finalizers (freeing it from the registry), errors ignored (the finding is made)."""
     target = ref()
     if target is None:
         return
@@ -278,13 +258,8 @@ def _diagnose(
     if static:
         # A finalizer that reaches the object keeps it alive from the registry whatever the
         # shortest chain found (a large object's chain may be too deep to search).
-        findings = [
-            replace(
-                f,
-                details={**f.details, "backref_chain": text, "finalizer_registry": True},
-            )
-            for f in static
-        ]
+        extra = {"backref_chain": text, "finalizer_registry": True}
+        findings = [replace(f, details={**f.details, **extra}) for f in static]
     else:
         holders = atexit_calls.holders_of(target)
         message = (

@@ -1,16 +1,13 @@
 """``assert_freeze_policy``: the ``gc.freeze()`` at exit happens exactly where it should.
 
-vLLM's EngineCore ends a clean ROCm shutdown with ``gc.freeze()``: the heap is already cleaned,
-and freezing what survives skips another slow cyclic-GC scan at interpreter exit. The rule, as
-the engine keeps it (DESIGN R3): frozen only on a clean exit on ROCm with a zero drain budget
-(``shutdown_timeout == 0``); never on CUDA or the CPU, never after draining requests, never after
-an error. A freeze elsewhere is a ``gc.freeze()`` left behind in a reused process; a missing one
-costs every ROCm shutdown the slow scan.
+vLLM's EngineCore ends a clean ROCm shutdown with ``gc.freeze()`` (skipping one more slow
+cyclic-GC scan at exit). The rule (DESIGN R3): frozen only on a clean ROCm exit with a zero drain
+budget. A freeze elsewhere is left behind in a reused process; a missing one costs the scan.
 """
 
 from __future__ import annotations
 
-import math
+import itertools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -18,15 +15,11 @@ from typing import Any
 
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.exits import ExitRecord, probe_exit
-from pytest_shutdown.helpers.report import CheckReport
+from pytest_shutdown.helpers.report import CheckReport, is_seconds
 
 #: The platforms and exits a scenario may name.
 FREEZE_PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")
 EXITS: tuple[str, ...] = ("clean", "error")
-
-
-def _fmt(value: float) -> str:
-    return f"{value:g}"
 
 
 @dataclass(frozen=True)
@@ -49,12 +42,8 @@ class FreezeScenario:
                 f"{', '.join(FREEZE_PLATFORMS)}"
             )
         budget = self.shutdown_timeout
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not (
-            math.isfinite(budget) and budget >= 0
-        ):
-            raise ValueError(
-                f"shutdown_timeout: {budget!r}; accepted: a number of seconds >= 0"
-            )
+        if not is_seconds(budget, zero_ok=True):
+            raise ValueError(f"shutdown_timeout: {budget!r}; accepted: a number of seconds >= 0")
         if self.exit not in EXITS:
             raise ValueError(f"exit: unknown exit {self.exit!r}; accepted: {', '.join(EXITS)}")
 
@@ -65,7 +54,7 @@ class FreezeScenario:
     @property
     def id(self) -> str:
         """``rocm-drain0-clean``, ``cuda-drain5-error``, ..."""
-        return f"{self.platform}-drain{_fmt(self.shutdown_timeout)}-{self.exit}"
+        return f"{self.platform}-drain{self.shutdown_timeout:g}-{self.exit}"
 
 
 def freeze_scenarios(
@@ -82,12 +71,7 @@ def freeze_scenarios(
     for name, values in zip(("platforms", "shutdown_timeouts", "exits"), chosen, strict=True):
         if not values:
             raise ValueError(f"{name}: needs at least one value")
-    return tuple(
-        FreezeScenario(platform, budget, exit_kind)
-        for platform in chosen[0]
-        for budget in chosen[1]
-        for exit_kind in chosen[2]
-    )
+    return tuple(FreezeScenario(*scenario) for scenario in itertools.product(*chosen))
 
 
 def assert_freeze_policy(

@@ -4,24 +4,9 @@ One before/after comparison cannot tell a leak from a cache that fills once; rep
 The cycle runs ``warmup`` times (one-time costs: imports, caches, lazily started pools), then
 ``cycles`` times, with a :class:`~pytest_shutdown.helpers.census.Census` after each run: live
 objects by type, Python and OS threads, file descriptors, RSS, and device memory where a reader
-exists. The rules (:func:`judge`, stated in docs/growth.md):
-
-* **noise**: a metric's noise is the largest change between consecutive warm-up readings
-  (the first warm-up cycle is not compared: it pays the one-time costs); its *allowance* is the
-  larger of its noise and its unit (1 for counts, ``rss_tolerance`` / ``device_tolerance`` for
-  bytes);
-* **re-measured once**: a measured reading in which any metric grew by more than its allowance
-  is taken again after ``settle_s`` seconds and another ``gc.collect()`` (a thread still
-  exiting, a finalizer not yet run); the second reading stands;
-* **every cycle**: with 2 or more measured cycles, a metric that grew by at least its allowance
-  in every measured cycle has grown (``growth``);
-* **net**: the net growth runs from the last warm-up reading to the smaller of the last two
-  readings (one noisy last sample cannot decide it). A metric whose net growth, less its
-  largest single-cycle increase (one jump is a cache filled once, not growth), exceeds the
-  derived threshold — the allowance times a third of the measured cycles, rounded up — has
-  grown;
-* **stated**: a threshold stated in ``max_growth`` replaces both rules for its metric: it has
-  grown when its net growth (nothing discounted) exceeds the stated number.
+exists. :func:`judge` applies the rules stated in docs/growth.md: a noise allowance from the
+warm-up, a noisy reading re-measured once, growth in every cycle, net growth past a derived
+threshold (less the largest single cycle), or past a threshold stated in ``max_growth``.
 
 A grown type is shown by one instance made by one more cycle (failure path only), with the
 backref chain that keeps it alive (:mod:`~pytest_shutdown.helpers.holders`, bounded) and, in the
@@ -31,6 +16,7 @@ wrapper CachedEngine.tokenizer_for``.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import sys
@@ -63,6 +49,7 @@ from pytest_shutdown.helpers.census import (
     type_name,
 )
 from pytest_shutdown.helpers.holders import holder_chain
+from pytest_shutdown.helpers.report import is_seconds
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.gpu.readers import MemoryReader
@@ -86,9 +73,6 @@ DEFAULT_DEVICE_TOLERANCE = 2 * MiB
 DEFAULT_SETTLE_S = 0.1
 #: Grown types shown with a backref chain (the rest are listed by name).
 DEFAULT_DIAGNOSE = 3
-#: Depth and time limits of one backref search (one per diagnosed type).
-CHAIN_MAX_DEPTH = 16
-CHAIN_BUDGET_S = 5.0
 #: Types of pytest-shutdown's own bookkeeping, explained last (the reference engine's first).
 OWN_PREFIX = "pytest_shutdown."
 ENGINE_PREFIX = "pytest_shutdown.engine."
@@ -124,11 +108,8 @@ class Verdict:
 
     @property
     def per_cycle(self) -> float:
-        """The growth per measured cycle (the common delta when every delta is the same)."""
-        if self.deltas and len(set(self.deltas)) == 1:
-            return float(self.deltas[0])
-        total = sum(self.deltas)
-        return total / len(self.deltas) if self.deltas else 0.0
+        """The mean growth per measured cycle."""
+        return sum(self.deltas) / len(self.deltas) if self.deltas else 0.0
 
 
 def noise(warmup: Sequence[int]) -> int:
@@ -175,10 +156,7 @@ def _noisy(
     reading: Mapping[str, int], previous: Mapping[str, int], allowances: Mapping[str, int]
 ) -> bool:
     """Whether any metric of ``reading`` grew by more than its allowance since ``previous``."""
-    for name, value in reading.items():
-        if value - previous.get(name, 0) > allowances.get(name, 1):
-            return True
-    return False
+    return any(v - previous.get(k, 0) > allowances.get(k, 1) for k, v in reading.items())
 
 
 # --- the record -----------------------------------------------------------------------------
@@ -279,12 +257,7 @@ def _validate(
     _count("rss_tolerance", rss_tolerance, 1)
     _count("device_tolerance", device_tolerance, 1)
     _count("diagnose", diagnose, 0)
-    if (
-        isinstance(settle_s, bool)
-        or not isinstance(settle_s, (int, float))
-        or not math.isfinite(settle_s)
-        or settle_s < 0
-    ):
+    if not is_seconds(settle_s, zero_ok=True):
         raise ValueError(f"settle_s: expected a number of seconds >= 0, got {settle_s!r}")
     stated: dict[str, float] = {}
     for key, value in dict(max_growth or {}).items():
@@ -293,12 +266,14 @@ def _validate(
                 f"max_growth: keys are metric names ({', '.join(METRIC_KEYS)}) or type names, "
                 f"got {key!r}"
             )
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise ValueError(f"max_growth[{key!r}]: expected a number >= 0, got {value!r}")
-        if value < 0:
+        if not _is_number(value) or math.isnan(value) or value < 0:
             raise ValueError(f"max_growth[{key!r}]: expected a number >= 0, got {value!r}")
         stated[key] = float(value)
     return stated
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def measure_growth(
@@ -333,7 +308,10 @@ def measure_growth(
     note = ""
 
     def read() -> tuple[dict[str, int], dict[str, int]]:
-        assert census is not None
+        nonlocal census, note
+        if census is None:  # picked after one cycle: "auto" looks for torch, imported by now
+            reader, note = pick_device_reader(device_memory)
+            census = Census(reader)
         t0 = time.perf_counter()
         reading = census.read()
         costs.append(time.perf_counter() - t0)
@@ -341,25 +319,19 @@ def measure_growth(
 
     for _ in range(warmup):
         cycle()
-        if census is None:  # picked after one cycle: "auto" looks for torch, imported by now
-            reader, note = pick_device_reader(device_memory)
-            census = Census(reader)
         counted, measured = read()
         warm_objects.append(counted)
         warm_scalars.append(measured)
-    if census is None:
-        reader, note = pick_device_reader(device_memory)
-        census = Census(reader)
-    if warm_objects:
-        objects.append(warm_objects[-1])
-        scalars.append(warm_scalars[-1])
-    else:
-        counted, measured = read()
-        objects.append(counted)
-        scalars.append(measured)
-    baseline_fds = tuple(fd_numbers())
-    baseline_tids = tuple(os_thread_ids())
-    baseline_threads = tuple(t.ident or 0 for t in threading.enumerate())
+    # the baseline: the last warm-up reading, else one taken before any cycle
+    counted, measured = (warm_objects[-1], warm_scalars[-1]) if warm_objects else read()
+    objects.append(counted)
+    scalars.append(measured)
+    # what the baseline had, to name what a grown fd, OS thread or thread count added
+    baseline = (
+        tuple(fd_numbers()),
+        tuple(os_thread_ids()),
+        tuple(t.ident or 0 for t in threading.enumerate()),
+    )
     object_allowance = _allowances(warm_objects, {})
     scalar_allowance = _allowances(warm_scalars, units)
 
@@ -377,17 +349,9 @@ def measure_growth(
         scalars.append(measured)
         del counted, measured
 
+    assert census is not None  # read() made it
     verdicts = _judge_all(warm_objects, objects, warm_scalars, scalars, units, stated)
-    findings = _findings(
-        verdicts,
-        census,
-        cycle,
-        diagnose,
-        baseline_fds=baseline_fds,
-        baseline_tids=baseline_tids,
-        baseline_threads=baseline_threads,
-        remeasured=tuple(remeasured),
-    )
+    findings = _findings(verdicts, census, cycle, diagnose, baseline, tuple(remeasured))
     reader_name = getattr(census.device_reader, "name", None)
     if isinstance(device_memory, str):  # a reader picked here is closed here (NVML, amdsmi)
         close = getattr(census.device_reader, "close", None)
@@ -412,9 +376,7 @@ def measure_growth(
 
 def _allowances(warm: list[dict[str, int]], units: Mapping[str, int]) -> dict[str, int]:
     names = {name for reading in warm for name in reading} | set(units)
-    return {
-        name: max(units.get(name, 1), noise([r.get(name, 0) for r in warm])) for name in names
-    }
+    return {name: max(units.get(name, 1), noise([r.get(name, 0) for r in warm])) for name in names}
 
 
 def _threshold_for(metric: str, name: str, stated: Mapping[str, float]) -> float | None:
@@ -509,49 +471,36 @@ def _findings(
     census: Census,
     cycle: Callable[[], object],
     diagnose: int,
-    *,
-    baseline_fds: tuple[int, ...],
-    baseline_tids: tuple[int, ...],
-    baseline_threads: tuple[int, ...],
+    baseline: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]],
     remeasured: tuple[int, ...],
 ) -> list[Finding]:
     findings: list[Finding] = []
     by_metric = {v.metric: v for v in verdicts}
+    baseline_fds, baseline_tids, baseline_threads = baseline
+
+    def new_ones(verdict: Verdict, subject: str, key: str, new: dict[Any, Any], shown: str) -> None:
+        text = _growth_text(subject, verdict) + (f"; new: {shown}" if shown else "")
+        findings.append(
+            Finding("growth", text, {**_verdict_details(verdict, remeasured), key: new})
+        )
+
     threads = by_metric.get(THREADS)
     if threads is not None:
         new = [t for t in threading.enumerate() if (t.ident or 0) not in baseline_threads]
         named = describe_threads(new)
         shown = ", ".join(f"{name!r} ({what})" for name, what in list(named.items())[:5])
-        findings.append(
-            Finding(
-                "growth",
-                _growth_text("threads", threads) + (f"; new: {shown}" if shown else ""),
-                {**_verdict_details(threads, remeasured), "new_threads": named},
-            )
-        )
+        new_ones(threads, "threads", "new_threads", named, shown)
     native = by_metric.get(OS_THREADS)
     if native is not None and threads is None:  # Python threads are OS threads too: said once
         tids = [tid for tid in os_thread_ids() if tid not in baseline_tids]
         named = describe_os_threads(tids)
         shown = ", ".join(f"{name!r}" for name in list(named.values())[:5])
-        findings.append(
-            Finding(
-                "growth",
-                _growth_text("OS threads", native) + (f"; new: {shown}" if shown else ""),
-                {**_verdict_details(native, remeasured), "new_os_threads": named},
-            )
-        )
+        new_ones(native, "OS threads", "new_os_threads", named, shown)
     fds = by_metric.get(FDS)
     if fds is not None:
         opened = describe_fds(fd for fd in fd_numbers() if fd not in baseline_fds)
         shown = ", ".join(f"{fd} -> {target}" for fd, target in list(opened.items())[:5])
-        findings.append(
-            Finding(
-                "growth",
-                _growth_text("file descriptors", fds) + (f"; new: {shown}" if shown else ""),
-                {**_verdict_details(fds, remeasured), "new_fds": opened},
-            )
-        )
+        new_ones(fds, "file descriptors", "new_fds", opened, shown)
     for metric, subject in ((RSS, "RSS"), (DEVICE_MEMORY, "device memory")):
         verdict = by_metric.get(metric)
         if verdict is not None:
@@ -559,14 +508,8 @@ def _findings(
             if metric == DEVICE_MEMORY:
                 details["reader"] = str(getattr(census.device_reader, "name", "?"))
             findings.append(Finding("growth", _growth_text(subject, verdict), details))
-    findings += _object_findings(
-        [v for v in verdicts if v.metric.startswith(OBJECTS + ":")],
-        census,
-        cycle,
-        diagnose,
-        remeasured,
-    )
-    return findings
+    grown = [v for v in verdicts if v.metric.startswith(OBJECTS + ":")]
+    return findings + _object_findings(grown, census, cycle, diagnose, remeasured)
 
 
 def _is_library(name: str) -> bool:
@@ -577,9 +520,13 @@ def _is_library(name: str) -> bool:
     return library or name.startswith(OWN_PREFIX) and not name.startswith(ENGINE_PREFIX)
 
 
+def _type_of(verdict: Verdict) -> str:
+    return verdict.metric.split(":", 1)[1]  # "objects:<type>"
+
+
 def _diagnosis_order(verdict: Verdict) -> tuple[int, float]:
     """The engine's own types first, then the fastest growing."""
-    return (1 if _is_library(verdict.metric.split(":", 1)[1]) else 0, -verdict.per_cycle)
+    return (1 if _is_library(_type_of(verdict)) else 0, -verdict.per_cycle)
 
 
 def _held_by_another(names: list[str], census: Census) -> set[str]:
@@ -612,45 +559,33 @@ def _object_findings(
     if not verdicts:
         return []
     ordered = sorted(verdicts, key=_diagnosis_order)
-    own = [v.metric.split(":", 1)[1] for v in ordered if _diagnosis_order(v)[0] == 0]
+    own = [_type_of(v) for v in ordered if _diagnosis_order(v)[0] == 0]
     if len(own) > 1:
         inner = _held_by_another(own[:OUTER_CANDIDATES], census)
-        ordered.sort(
-            key=lambda v: (_diagnosis_order(v)[0], v.metric.split(":", 1)[1] in inner)
-        )  # stable: within the engine's types, the outermost first
-    shown, rest = ordered[:diagnose], ordered[diagnose:]
-    if not shown:  # diagnose=0: every grown type is listed, none explained
-        shown, rest = [], ordered
-    chains = _chains([v.metric.split(":", 1)[1] for v in shown], census, cycle)
+        # stable: within the engine's types, the outermost first
+        ordered.sort(key=lambda v: (_diagnosis_order(v)[0], _type_of(v) in inner))
+    shown, rest = ordered[:diagnose], ordered[diagnose:]  # diagnose=0: every one listed
+    chains = _chains([_type_of(v) for v in shown], census, cycle)
     findings: list[Finding] = []
     for verdict in shown:
-        name = verdict.metric.split(":", 1)[1]
+        name = _type_of(verdict)
         chain_text, holder, instance = chains.get(name, ("", "", ""))
-        message = _growth_text(short_name(name), verdict)
-        if holder:
-            message += f"; held by {holder}"
+        message = _growth_text(short_name(name), verdict) + (
+            f"; held by {holder}" if holder else ""
+        )
         details = {**_verdict_details(verdict, remeasured), "type": name}
         details.update({"instance": instance, "backref_chain": chain_text, "held_by": holder})
         findings.append(Finding("growth", message, details))
     if rest:
         listed = ", ".join(
-            f"{short_name(v.metric.split(':', 1)[1])} {_amount(v.metric, round(v.per_cycle, 1))}"
+            f"{short_name(_type_of(v))} {_amount(v.metric, round(v.per_cycle, 1))}"
             for v in rest[:LISTED_TYPES]
         )
         more = f" and {len(rest) - LISTED_TYPES} more" if len(rest) > LISTED_TYPES else ""
-        findings.append(
-            Finding(
-                "growth",
-                f"objects of {len(rest)} more type(s) grew with them (per cycle): {listed}{more}.",
-                {
-                    "metric": OBJECTS,
-                    "types": {
-                        v.metric.split(":", 1)[1]: _verdict_details(v, remeasured) for v in rest
-                    },
-                    "remeasured_cycles": list(remeasured),
-                },
-            )
-        )
+        text = f"objects of {len(rest)} more type(s) grew with them (per cycle): {listed}{more}."
+        types_ = {_type_of(v): _verdict_details(v, remeasured) for v in rest}
+        details = {"metric": OBJECTS, "types": types_, "remeasured_cycles": list(remeasured)}
+        findings.append(Finding("growth", text, details))
     return findings
 
 
@@ -661,15 +596,13 @@ def _chains(
 
     Failure path only: the cycle runs once more, so that the instance shown is one it made
     (when that diagnosis cycle raises, the newest instance is shown instead); each backref
-    search is bounded (:data:`CHAIN_MAX_DEPTH` hops, :data:`CHAIN_BUDGET_S` seconds).
+    search is bounded (:data:`~pytest_shutdown.helpers.holders.MAX_DEPTH` levels, ``BUDGET_S``).
     """
     if not names:
         return {}
     old_ids = census.instance_ids(names)
-    try:
+    with contextlib.suppress(Exception):  # the diagnosis only loses its "new" instance
         cycle()
-    except Exception:  # noqa: BLE001 - the diagnosis only loses its "new" instance
-        pass
     gc.collect()
     instances = census.one_instance_each(names, old_ids)
     del old_ids
@@ -679,7 +612,7 @@ def _chains(
         if instance is None:
             continue
         try:
-            chain, text = holder_chain(instance, max_depth=CHAIN_MAX_DEPTH, budget_s=CHAIN_BUDGET_S)
+            chain, text = holder_chain(instance)
             holder = nearest_holder(chain)
         except Exception as exc:  # noqa: BLE001 - a diagnosis that fails must not hide the finding
             chain, text, holder = [], f"no backref chain: {exc}", ""

@@ -1,12 +1,9 @@
 """What keeps a grown object alive: a shortest backref chain, one heap scan per level.
 
-``objgraph.find_backref_chain`` (used by :func:`pytest_shutdown.ownership.backrefs.backref_chain`)
-asks ``gc.get_referrers`` once per node it expands: one scan of the whole heap each, which in a
-200,000-object heap of a busy machine can take longer than the search may. The growth check
-asks the same question level by level instead: ``gc.get_referrers(*frontier)`` finds the
-referrers of every node of a level in one scan, so a chain of depth *d* costs *d* scans. Roots
-are modules and the frames of running threads (materialised first, as ``backref_chain`` does);
-the search's own containers and the caller's frames are never part of a chain.
+``objgraph.find_backref_chain`` scans the whole heap once per node it expands (too slow on a busy
+200,000-object heap); here ``gc.get_referrers(*frontier)`` takes a whole level per scan, so a
+chain of depth *d* costs *d* scans. Roots are modules and running threads' frames; the search's
+own containers and the caller's frames are never part of a chain.
 """
 
 from __future__ import annotations

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import traceback
 from collections.abc import Iterable
 from typing import Any
 
@@ -21,7 +20,7 @@ from pytest_shutdown.helpers.cleanups import (
     method_spec,
     pending_finalizers,
 )
-from pytest_shutdown.helpers.report import CheckReport, describe
+from pytest_shutdown.helpers.report import CheckReport, describe, raised
 
 #: How long the racing threads of the first round may take before the check gives up on them.
 RACE_DEADLINE_S = 30.0
@@ -66,16 +65,13 @@ def assert_idempotent_shutdown(
     subject = describe(obj)
 
     first = "call 1"
-    t0 = time.perf_counter()
-    if threads:
-        findings += _racing_round(subject, method, bound, counter, threads)
-    else:
-        findings += _one_call(subject, method, bound, counter, first, 1)
-    timings[first] = time.perf_counter() - t0
-    for number in range(2, calls + 1):
+    for number in range(1, calls + 1):
         name = f"call {number}"
         t0 = time.perf_counter()
-        findings += _one_call(subject, method, bound, counter, name, number)
+        if number == 1 and threads:
+            findings += _racing_round(subject, method, bound, counter, threads)
+        else:
+            findings += _one_call(subject, method, bound, counter, name, number)
         timings[name] = time.perf_counter() - t0
     del bound
 
@@ -143,11 +139,8 @@ def _has_cleanup_routes(obj: object) -> bool:
 
 
 def _require_counted(subject: str, method: str, counter: CleanupCounter, routes: bool) -> None:
-    """Fail when the check had no cleanup to count at all: it could never see a repeat.
-
-    Cleanups that exist but did not run (an object shut down before the check: its ExitStack
-    already closed) are not this case: a repeat of them would have been counted.
-    """
+    """Fail when the check had no cleanup to count at all: it could never see a repeat (routes
+    whose cleanups already ran, an ExitStack closed before the check, would count a repeat)."""
     if counter.specs or routes:
         return
     raise NothingCountedError(
@@ -159,12 +152,7 @@ def _require_counted(subject: str, method: str, counter: CleanupCounter, routes:
 
 
 def _one_call(
-    subject: str,
-    method: str,
-    bound: Any,
-    counter: CleanupCounter,
-    round_name: str,
-    number: int,
+    subject: str, method: str, bound: Any, counter: CleanupCounter, round_name: str, number: int
 ) -> list[Finding]:
     with counter.charge(round_name):
         try:
@@ -208,14 +196,9 @@ def _racing_round(
     findings = [_raised(subject, method, 1, name, exc) for name, exc in errors]
     stuck = [w.name for w in workers if w.is_alive()]
     if stuck:
-        findings.append(
-            Finding(
-                "blocking-close",
-                f"{subject}: {method}() called from {len(stuck)} racing threads did not return "
-                f"within {RACE_DEADLINE_S:g}s.",
-                {"threads": stuck, "deadline_s": RACE_DEADLINE_S},
-            )
-        )
+        text = f"{subject}: {method}() called from {len(stuck)} racing threads did not return"
+        facts = {"threads": stuck, "deadline_s": RACE_DEADLINE_S}
+        findings.append(Finding("blocking-close", f"{text} within {RACE_DEADLINE_S:g}s.", facts))
     return findings
 
 
@@ -223,12 +206,7 @@ def _raised(subject: str, method: str, number: int, thread: str, exc: BaseExcept
     return Finding(
         "shutdown-raised",
         f"{subject}: {method}() call {number} raised {type(exc).__name__}: {exc}",
-        {
-            "call": number,
-            "thread": thread,
-            "exception": repr(exc),
-            "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-        },
+        {"call": number, "thread": thread, **raised(exc)},
     )
 
 

@@ -1,34 +1,17 @@
 """Kill anything at any moment: does a whole engine process tree die when part of it does?
 
-``kill_tree_at(target, level=..., signal=..., phase=...)`` starts the user's engine (a callable
-run in a fresh process, or a command line) through a ``TreeLauncher``, waits until it announces
-``phase`` (``report_phase``, or a regular expression / callable of the user's) and the chosen
-``level`` exists, delivers ``signal`` to that level, then tracks every process of the tree,
-including ones re-parented away from it, until all are gone or ``deadline_s`` passed.
-
-What is left at the deadline becomes findings:
-
-* ``exit-hang``: the root did not exit, or another process is stuck in the interpreter's exit;
-  its stacks (all threads, from faulthandler) say what it waits for: a non-daemon thread, a
-  child joined by multiprocessing's exit, a ``join()``;
-* ``orphan-process``: any other process of the tree still running: pid, name, its parent at the
-  end and at the signal, age, command line, stacks where it is a Python process, and the device
-  memory it holds where a per-process reader exists;
-* ``collective-hang`` in place of either: the process's stacks show it blocked in a collective
-  or a store wait (:mod:`pytest_shutdown.helpers.collectives`): its rank, the operation, the stack;
-* ``shm-leak``: a shared-memory segment the tree's processes held at the signal (or named by
-  one of them) still in ``/dev/shm`` with no process holding it: a dead child created it and
-  the surviving parent did not unlink it (vLLM #51579);
-* ``port-leak``: a port the tree listened on still bound by a process outside the tree, or a
-  unix socket file the tree bound still on disk.
-
-Survivors are killed after they are reported, and the segments and socket files the tree left
-are removed: nothing outlives the check.
-``assert_tree_dies`` raises ``ShutdownContractError`` with those findings.
+``kill_tree_at`` starts the user's engine through a ``TreeLauncher``, waits for ``phase`` and
+``level``, delivers ``signal``, then tracks every process of the tree (re-parented ones too)
+until all are gone or ``deadline_s`` passed. What is left becomes findings (docs/orphans.md):
+``exit-hang`` (the root, or a process stuck in the interpreter's exit, with its stacks),
+``orphan-process``, ``collective-hang`` in place of either (:mod:`.collectives`), ``shm-leak``
+(a segment no process holds, vLLM #51579) and ``port-leak``. Survivors are killed after they are
+reported and what the tree left is removed: nothing outlives the check.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import fnmatch
 import os
@@ -155,9 +138,7 @@ def kill_tree_at(
         with active.lock:
             run = _Run(active, selector, marker, level, signum, phase)
             run.phase_by_line = phase not in (phases or {})
-            return run.run(
-                request, deadline_s, phase_timeout_s
-            )
+            return run.run(request, deadline_s, phase_timeout_s)
     finally:
         if own:
             active.close()
@@ -166,17 +147,15 @@ def kill_tree_at(
 def parse_signal(value: str | int) -> int:
     """A signal name (``"SIGKILL"``, ``"KILL"``) or number → its number; ValueError otherwise."""
     if isinstance(value, int) and not isinstance(value, bool):
-        try:
+        with contextlib.suppress(ValueError):
             return int(signal_module.Signals(value))
-        except ValueError:
-            pass
     elif isinstance(value, str):
         name = value.upper() if value.upper().startswith("SIG") else "SIG" + value.upper()
         found = getattr(signal_module.Signals, name, None)
         if found is not None:
             return int(found)
-    raise ValueError(f"signal: unknown signal {value!r}; accepted: {', '.join(SIGNALS)} or any "
-                     "signal name or number")
+    accepted = f"{', '.join(SIGNALS)} or any signal name or number"
+    raise ValueError(f"signal: unknown signal {value!r}; accepted: {accepted}")
 
 
 def signal_name(signum: int) -> str:
@@ -236,36 +215,27 @@ def _request(
     return RunRequest(log_path, full_env, target, tuple(args), dict(kwargs or {}))
 
 
+@dataclass
 class _Run:
-    def __init__(
-        self,
-        launcher: TreeLauncher,
-        selector: LevelSelector,
-        marker: Callable[[str, Sequence[TreeProcess]], bool],
-        level: str,
-        signum: int,
-        phase: str,
-    ) -> None:
-        self.launcher = launcher
-        self.selector = selector
-        self.marker = marker
-        self.level = level
-        self.signum = signum
-        self.phase = phase
-        self.root = 0
-        self.session = 0
-        self.log_path = ""
-        #: Survivors stopped while the stacks of the others are taken.
-        self._frozen: set[int] = set()
-        #: Every process seen, by (pid, start time), with the parent it had when first seen.
-        self.seen: dict[tuple[int, int], TreeProcess] = {}
-        #: Whether the phase is marked by ``report_phase``'s line (not a ``phases=`` entry).
-        self.phase_by_line = True
-        self._reported: list[str] = []
-        self._reported_at = time.monotonic()
+    launcher: TreeLauncher
+    selector: LevelSelector
+    marker: Callable[[str, Sequence[TreeProcess]], bool]
+    level: str
+    signum: int
+    phase: str
+    root: int = 0  # the root's pid, and its session's id (it calls setsid)
+    log_path: str = ""
+    #: Survivors stopped while the stacks of the others are taken.
+    _frozen: set[int] = field(default_factory=set)
+    #: Every process seen, by (pid, start time), with the parent it had when first seen.
+    seen: dict[tuple[int, int], TreeProcess] = field(default_factory=dict)
+    #: Whether the phase is marked by ``report_phase``'s line (not a ``phases=`` entry).
+    phase_by_line: bool = True
+    _reported: list[str] = field(default_factory=list)
+    _reported_at: float = field(default_factory=time.monotonic)
 
     def scan(self) -> dict[int, TreeProcess]:
-        members = scan_tree(self.launcher.token, self.launcher.pid, [self.session])
+        members = scan_tree(self.launcher.token, self.launcher.pid, [self.root])
         for proc in members.values():
             self.seen.setdefault(proc.key, proc)
         return members
@@ -282,7 +252,6 @@ class _Run:
         resources = TreeResources.before()
         try:
             self.root = self.launcher.run(request)
-            self.session = self.root
             victim, at_signal = self._wait_for_phase(phase_timeout_s)
             resources.record(p.pid for p in at_signal.values() if p.alive)
             os.kill(victim.pid, self.signum)
@@ -294,44 +263,53 @@ class _Run:
             leftovers = self._resource_findings(resources, left, victim)
             findings = self._findings(left, victim, at_signal, duration) + leftovers
             return TreeDeath(
-                level=self.level, signal=signal_name(self.signum), phase=self.phase,
-                root_pid=self.root, victim_pid=victim.pid, victim_name=victim.name,
-                processes_at_signal=len(at_signal), root_exitcode=self._root_exitcode(),
-                duration_s=duration, findings=findings,
-                log_tail=self.output()[-LOG_TAIL_CHARS:],
+                self.level,
+                signal_name(self.signum),
+                self.phase,
+                self.root,
+                victim.pid,
+                victim.name,
+                len(at_signal),
+                self._root_exitcode(),
+                duration,
+                findings,
+                self.output()[-LOG_TAIL_CHARS:],
             )
         finally:
             self._kill_all()
             resources.clean()
             _unlink(self.log_path)
 
+    def _cell(self, victim: TreeProcess) -> tuple[str, dict[str, Any]]:
+        """What was done ("SIGKILL to root (python, pid 12)") and the cell's facts."""
+        signame = signal_name(self.signum)
+        what = f"{signame} to {self.level} ({victim.name}, pid {victim.pid})"
+        cell = {"level": self.level, "signal": signame, "phase": self.phase}
+        return what, {**cell, "victim_pid": victim.pid, "victim_name": victim.name}
+
     def _resource_findings(
         self, resources: TreeResources, left: list[TreeProcess], victim: TreeProcess
     ) -> list[Finding]:
         """``shm-leak`` / ``port-leak`` for what the tree left once its processes were gone."""
-        what = f"{signal_name(self.signum)} to {self.level} ({victim.name}, pid {victim.pid})"
-        cell = {"level": self.level, "signal": signal_name(self.signum), "phase": self.phase,
-                "victim_pid": victim.pid, "victim_name": victim.name}
+        what, cell = self._cell(victim)
         found = resources.left(p.pid for p in left)
-        findings = []
-        if found["segments"]:
-            listed = "; ".join(str(r["what"]) for r in found["segments"])
-            findings.append(Finding(
-                "shm-leak",
-                f"{len(found['segments'])} shared-memory segment(s) of the tree left in /dev/shm "
-                f"after {what} in phase {self.phase}: {listed}",
-                {**cell, "segments": found["segments"]},
-            ))
-        bound = found["ports"] + found["socket_files"]
-        if bound:
-            listed = "; ".join(str(r["what"]) for r in bound)
-            findings.append(Finding(
-                "port-leak",
-                f"{len(bound)} port(s) or socket file(s) of the tree left after {what} in phase "
-                f"{self.phase}: {listed}",
-                {**cell, "ports": found["ports"], "socket_files": found["socket_files"]},
-            ))
-        return findings
+        segments, bound = found["segments"], found["ports"] + found["socket_files"]
+        ports = {"ports": found["ports"], "socket_files": found["socket_files"]}
+        leaks = {
+            "shm-leak": (segments, "shared-memory segment(s) of the tree left in /dev/shm after"),
+            "port-leak": (bound, "port(s) or socket file(s) of the tree left after"),
+        }
+        details = {"shm-leak": {"segments": segments}, "port-leak": ports}
+        return [
+            Finding(
+                code,
+                f"{len(items)} {text} {what} in phase {self.phase}: "
+                + "; ".join(str(r["what"]) for r in items),
+                {**cell, **details[code]},
+            )
+            for code, (items, text) in leaks.items()
+            if items
+        ]
 
     def _root_exitcode(self) -> int | None:
         deadline = time.monotonic() + 1.0
@@ -417,10 +395,9 @@ class _Run:
         at_signal: dict[int, TreeProcess],
         duration: float,
     ) -> list[Finding]:
-        what = f"{signal_name(self.signum)} to {self.level} ({victim.name}, pid {victim.pid})"
-        cell = {"level": self.level, "signal": signal_name(self.signum), "phase": self.phase,
-                "victim_pid": victim.pid, "victim_name": victim.name,
-                "waited_s": round(duration, 3)}
+        what, cell = self._cell(victim)
+        cell["waited_s"] = round(duration, 3)
+        after = f"{duration:.1f} s after {what} in phase {self.phase}"
         findings = []
         # Every survivor, the root too, is frozen (SIGSTOP) while the stacks are taken: one's
         # death must not change where another is stuck (a rank whose store server was the root,
@@ -441,46 +418,33 @@ class _Run:
                 "parent_at_end": proc.ppid,
                 "parent_at_signal": at_signal[proc.pid].ppid if proc.pid in at_signal else None,
                 "parent_when_first_seen": first.ppid,
-                "age_s": _rounded(proc.age_s()),
+                "age_s": None if (age := proc.age_s()) is None else round(age, 3),
                 "device_memory_bytes": device_memory_of(proc.pid),
             }
             environs[proc.pid] = read_environ(proc.pid)
         stacks_of = {proc.pid: self._stacks(proc) for proc in _descendants_first(left)}
         for proc in ordered:
             facts = facts_of[proc.pid]
-            environ = environs[proc.pid]
-            stacks = stacks_of[proc.pid]
-            facts["stacks"] = stacks
+            facts["stacks"] = stacks = stacks_of[proc.pid]
             blocked = blocked_in(stacks)
             wait = collective_wait(stacks)
+            rank = rank_of(environs[proc.pid], proc.name)
+            who = f"{proc.name} (pid {proc.pid}, parent now {proc.ppid})"
             if wait is not None:  # a rank waiting for a peer: say which collective
-                findings.append(collective_hang_finding(
-                    wait, name=proc.name, pid=proc.pid, rank=rank_of(environ, proc.name),
-                    after=f"{duration:.1f} s after {what} in phase {self.phase}", facts=facts,
-                ))
-                continue
-            if proc.pid == self.root:
-                findings.append(Finding(
-                    "exit-hang",
-                    f"the root {proc.name} (pid {proc.pid}) did not exit within "
-                    f"{duration:.1f} s after {what} in phase {self.phase}"
-                    + (f"; blocked in {blocked}" if blocked else ""),
-                    {**facts, "blocked_in": blocked},
-                ))
+                finding = collective_hang_finding(
+                    wait, name=proc.name, pid=proc.pid, rank=rank, after=after, facts=facts
+                )
+            elif proc.pid == self.root:
+                text = f"the root {proc.name} (pid {proc.pid}) did not exit within {after}"
+                text += f"; blocked in {blocked}" if blocked else ""
+                finding = Finding("exit-hang", text, {**facts, "blocked_in": blocked})
             elif in_interpreter_exit(stacks):
-                findings.append(Finding(
-                    "exit-hang",
-                    f"{proc.name} (pid {proc.pid}, parent now {proc.ppid}) is stuck exiting "
-                    f"{duration:.1f} s after {what} in phase {self.phase}; blocked in {blocked}",
-                    {**facts, "blocked_in": blocked},
-                ))
+                text = f"{who} is stuck exiting {after}; blocked in {blocked}"
+                finding = Finding("exit-hang", text, {**facts, "blocked_in": blocked})
             else:
-                findings.append(Finding(
-                    "orphan-process",
-                    f"{proc.name} (pid {proc.pid}, parent now {proc.ppid}) outlived {what} in "
-                    f"phase {self.phase} by {duration:.1f} s",
-                    facts,
-                ))
+                text = f"{who} outlived {what} in phase {self.phase} by {duration:.1f} s"
+                finding = Finding("orphan-process", text, facts)
+            findings.append(finding)
         return findings
 
     def _stacks(self, proc: TreeProcess) -> str:
@@ -523,10 +487,15 @@ def _descendants_first(processes: Sequence[TreeProcess]) -> list[TreeProcess]:
     return sorted(processes, key=lambda p: (-depth(p.pid), p.pid))
 
 
-_EXIT_FRAMES = (
-    re.compile(r"threading\.py\", line \d+ in _shutdown"),
-    re.compile(r"multiprocessing/util\.py\", line \d+ in _exit_function"),
-)
+#: The frames of the interpreter's exit sequence, and what a process stuck in one waits for.
+_EXIT_FRAMES = {
+    re.compile(r"threading\.py\", line \d+ in _shutdown"): (
+        "interpreter exit joining a non-daemon thread (threading._shutdown)"
+    ),
+    re.compile(r"multiprocessing/util\.py\", line \d+ in _exit_function"): (
+        "multiprocessing's exit joining a child process"
+    ),
+}
 
 
 def in_interpreter_exit(stacks: str) -> bool:
@@ -538,11 +507,7 @@ def blocked_in(stacks: str) -> str:
     """A short reading of a faulthandler dump: what the process waits for at exit."""
     if not stacks:
         return ""
-    reasons = []
-    if re.search(r"threading\.py\", line \d+ in _shutdown", stacks):
-        reasons.append("interpreter exit joining a non-daemon thread (threading._shutdown)")
-    if re.search(r"multiprocessing/util\.py\", line \d+ in _exit_function", stacks):
-        reasons.append("multiprocessing's exit joining a child process")
+    reasons = [why for pattern, why in _EXIT_FRAMES.items() if pattern.search(stacks)]
     if re.search(r" in join\b", stacks) and not reasons:
         reasons.append("a join() of a thread or process")
     tops = [m.group(1) for m in re.finditer(r"most recent call first\):\n\s+File (.+)", stacks)]
@@ -560,40 +525,28 @@ def _signal(pid: int, name: str) -> bool:
 
 
 def _unlink(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
 
 
 def device_memory_of(pid: int) -> int | None:
     """Device memory ``pid`` holds (NVML's per-process figure); None when no reader exists."""
     try:
         import pynvml  # noqa: PLC0415
-    except ImportError:
-        return None
-    try:
+
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no driver: no reader
+    except Exception:  # noqa: BLE001 - no pynvml, or no driver: no reader
         return None
     try:
         total = 0
-        found = False
         for index in range(pynvml.nvmlDeviceGetCount()):
             handle = pynvml.nvmlDeviceGetHandleByIndex(index)
             for info in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
                 if info.pid == pid:
-                    found = True
                     total += int(info.usedGpuMemory or 0)
-        return total if found else 0
+        return total
     except Exception:  # noqa: BLE001
         return None
     finally:
-        try:
+        with contextlib.suppress(Exception):
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass

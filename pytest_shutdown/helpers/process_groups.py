@@ -1,15 +1,8 @@
 """``process-group-left``: a ``torch.distributed`` process group still initialised.
 
-A default process group (``init_process_group``) or a group made with ``new_group`` that is
-never destroyed keeps its communicators, its store connection and its threads until the
-interpreter exits; the next ``init_process_group`` in the same process fails ("trying to
-initialize the default process group twice"), and with nccl the exit itself can hang (vLLM
-#19196). ``process_groups()`` lists the groups initialised in this process;
-``assert_process_group_destroyed()`` fails when any is (or when the given ones are);
-the guard reports the groups a test left that were not there before it (the
-``process-groups`` kind: :mod:`pytest_shutdown.resources.process_groups`, which reads them).
-
-Never imports torch: when ``torch.distributed`` was never imported, no group can exist.
+A group never destroyed keeps its communicators, store connection and threads until exit; the
+next ``init_process_group`` fails, and with nccl the exit itself can hang (vLLM #19196). The
+groups are read by :mod:`pytest_shutdown.resources.process_groups`; never imports torch.
 """
 
 from __future__ import annotations

@@ -1,17 +1,14 @@
 """``ray-resource-left``: what an engine on Ray leaves on the cluster after its shutdown.
 
-After shutdown, the engine's Ray objects must be gone: no actor of the engine alive, its
-placement groups removed, the cluster's available resources back to their baseline, and no
-``ray::`` worker process of the engine left. Ray releases them asynchronously, so each is
-waited for against one deadline before it counts. ``ray_leftovers`` returns the findings;
-``assert_ray_released`` raises them. Objects are recognised by their name prefix (actors and
-placement groups) and by pid (worker processes).
-
-Ray is imported only by these functions (they need a connected driver).
+Its actors alive, its placement groups not removed, the cluster's available resources below
+their baseline, its ``ray::`` workers running: each waited for (Ray releases asynchronously)
+against one deadline. Objects are recognised by name prefix, workers by pid. Ray is imported
+only by these functions (they need a connected driver).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -31,9 +28,13 @@ def _alive_actors(prefix: str) -> list[dict[str, Any]]:
     from ray._private import state  # noqa: PLC0415
 
     return [
-        {"actor_id": actor_id, "name": info.get("Name", ""),
-         "class": info.get("ActorClassName", ""), "state": info.get("State"),
-         "pid": info.get("Pid")}
+        {
+            "actor_id": actor_id,
+            "name": info.get("Name", ""),
+            "class": info.get("ActorClassName", ""),
+            "state": info.get("State"),
+            "pid": info.get("Pid"),
+        }
         for actor_id, info in state.actors().items()
         if str(info.get("Name", "")).startswith(prefix) and info.get("State") != "DEAD"
     ]
@@ -50,10 +51,8 @@ def _live_groups(prefix: str) -> list[dict[str, Any]]:
 
 
 def _capacity(resources: Mapping[str, float]) -> dict[str, float]:
-    return {
-        k: round(float(v), 3) for k, v in resources.items()
-        if not k.startswith(_NOT_CAPACITY) and not k.startswith("bundle_group_")
-    }
+    skip = (*_NOT_CAPACITY, "bundle_group_")
+    return {k: round(float(v), 3) for k, v in resources.items() if not k.startswith(skip)}
 
 
 def _resource_gap(baseline: Mapping[str, float]) -> dict[str, dict[str, float]]:
@@ -61,8 +60,9 @@ def _resource_gap(baseline: Mapping[str, float]) -> dict[str, dict[str, float]]:
 
     now = _capacity(ray.available_resources())
     before = _capacity(baseline)
-    return {k: {"baseline": v, "now": now.get(k, 0.0)} for k, v in before.items()
-            if now.get(k, 0.0) < v}
+    return {
+        k: {"baseline": v, "now": now.get(k, 0.0)} for k, v in before.items() if now.get(k, 0.0) < v
+    }
 
 
 def _live_workers(pids: Iterable[int]) -> list[dict[str, Any]]:
@@ -102,36 +102,25 @@ def ray_leftovers(
         if not (actors or groups or gap or workers) or time.monotonic() >= deadline:
             break
         time.sleep(POLL_S)
+    after = f"{deadline_s:g} s after its shutdown"
+
+    def left(kind: str, text: str, item: dict[str, Any]) -> Finding:
+        return Finding("ray-resource-left", text, {"kind": kind, "subject": subject, **item})
+
     findings = []
-    for actor in actors:
-        findings.append(Finding(
-            "ray-resource-left",
-            f"actor {actor['name']} ({actor['class']}) of {subject} is still {actor['state']} "
-            f"{deadline_s:g} s after its shutdown",
-            {"kind": "actor", "subject": subject, **actor},
-        ))
-    for group in groups:
-        findings.append(Finding(
-            "ray-resource-left",
-            f"placement group {group['name']} of {subject} is still {group['state']} (not "
-            f"removed) {deadline_s:g} s after its shutdown",
-            {"kind": "placement_group", "subject": subject, **group},
-        ))
+    for a in actors:
+        text = f"actor {a['name']} ({a['class']}) of {subject} is still {a['state']} {after}"
+        findings.append(left("actor", text, a))
+    for g in groups:
+        text = f"placement group {g['name']} of {subject} is still {g['state']} (not removed)"
+        findings.append(left("placement_group", f"{text} {after}", g))
     if gap:
         short = ", ".join(f"{k} {v['now']:g} of {v['baseline']:g}" for k, v in gap.items())
-        findings.append(Finding(
-            "ray-resource-left",
-            f"the cluster's available resources are not back to their baseline after {subject}'s "
-            f"shutdown: {short}",
-            {"kind": "resources", "subject": subject, "resources": gap},
-        ))
-    for worker in workers:
-        findings.append(Finding(
-            "ray-resource-left",
-            f"worker process {worker['name']} (pid {worker['pid']}) of {subject} is still running "
-            f"{deadline_s:g} s after its shutdown",
-            {"kind": "worker_process", "subject": subject, **worker},
-        ))
+        text = f"the cluster's available resources are not back to their baseline after {subject}'s"
+        findings.append(left("resources", f"{text} shutdown: {short}", {"resources": gap}))
+    for w in workers:
+        text = f"worker process {w['name']} (pid {w['pid']}) of {subject} is still running {after}"
+        findings.append(left("worker_process", text, w))
     return findings
 
 
@@ -145,8 +134,8 @@ def assert_ray_released(
 ) -> None:
     """Raise ``ray-resource-left`` findings for what ``subject`` left on the Ray cluster."""
     __tracebackhide__ = True
-    raise_if_any(ray_leftovers(prefix, baseline, pids=pids, subject=subject,
-                               deadline_s=deadline_s))
+    found = ray_leftovers(prefix, baseline, pids=pids, subject=subject, deadline_s=deadline_s)
+    raise_if_any(found)
 
 
 def release_ray_leftovers(prefix: str) -> None:
@@ -158,15 +147,9 @@ def release_ray_leftovers(prefix: str) -> None:
     from ray.util.placement_group import PlacementGroup, remove_placement_group  # noqa: PLC0415
 
     for actor in _alive_actors(prefix):
-        try:
+        with contextlib.suppress(Exception):  # already gone
             ray.kill(ray.get_actor(actor["name"]), no_restart=True)  # this driver's namespace
-        except Exception:  # noqa: BLE001 - already gone
-            pass
     for group in _live_groups(prefix):
-        try:
-            remove_placement_group(
-                PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group["placement_group_id"])))
-            )
-        except Exception:  # noqa: BLE001 - already removed
-            pass
-
+        with contextlib.suppress(Exception):  # already removed
+            group_id = ray.PlacementGroupID(bytes.fromhex(group["placement_group_id"]))
+            remove_placement_group(PlacementGroup(group_id))

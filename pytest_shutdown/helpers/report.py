@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import traceback
 from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
@@ -30,6 +32,19 @@ class CheckReport:
     def performed(self, round_name: str) -> list[str]:
         """The cleanups that ran at least once in ``round_name``."""
         return [label for label, counts in self.cleanups.items() if counts.get(round_name, 0)]
+
+
+def is_seconds(value: object, *, zero_ok: bool = False) -> bool:
+    """A finite number (not a bool) of seconds: > 0, or >= 0 with ``zero_ok``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return False
+    return value >= 0 if zero_ok else value > 0
+
+
+def raised(exc: BaseException) -> dict[str, str]:
+    """The details of a finding about a call that raised ``exc``."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return {"exception": repr(exc), "traceback": text}
 
 
 def describe(obj: object) -> str:

@@ -1,16 +1,8 @@
 """Call spies: "the timeout that ``X.shutdown(p)`` really passes on" as a timeout policy.
 
-Real process managers do not expose their timeout policy as a function of its own; they compute
-a budget inside ``shutdown()`` and hand it to a module-level reaper::
-
-    def shutdown(self, timeout=None):
-        if self._finalizer.detach() is not None:
-            shutdown(self.processes, timeout=get_engine_process_shutdown_timeout(...))
-
-:func:`timeout_passed_to` replaces the reaper for the length of one call with a recorder that
-does nothing else, runs the caller's code and returns the value of the spied argument. Checking
-that value (with :func:`~pytest_shutdown.assert_timeout_decoupling`) catches a manager that
-ignores its policy, which checking the policy function alone never would.
+Real process managers compute a budget inside ``shutdown()`` and hand it to a module-level reaper
+rather than exposing their policy as a function: checking what reaches the reaper catches a
+manager that ignores its policy, which checking the policy function alone never would.
 """
 
 from __future__ import annotations
@@ -40,12 +32,7 @@ def _resolve(target: SpyTarget) -> tuple[object, str]:
                 "a (namespace, 'function') pair"
             )
         return importlib.import_module(module_name), attribute
-    if (
-        isinstance(target, tuple)
-        and len(target) == 2
-        and isinstance(target[1], str)
-        and target[1]
-    ):
+    if isinstance(target, tuple) and len(target) == 2 and isinstance(target[1], str) and target[1]:
         return target[0], target[1]
     raise ValueError(
         f"target: {target!r} is not 'package.module:function' or a (namespace, 'function') pair"

@@ -1,12 +1,4 @@
-"""The request-drain timeout x process-cleanup timeout x platform matrix.
-
-``timeout_matrix()`` returns :class:`TimeoutCell` values (plain frozen dataclasses, no pytest
-needed) in a :class:`TimeoutMatrix`, whose :meth:`~TimeoutMatrix.as_params` turns them into
-``pytest.param(cell, id=cell.id)`` for ``@pytest.mark.parametrize("cell", ...)``::
-
-    @pytest.mark.parametrize("cell", timeout_matrix().as_params())
-    def test_policy(cell):
-        assert policy(cell.request_timeout, cell.process_timeout, cell.platform) == cell.expected
+"""The request-drain timeout x process-cleanup timeout x platform matrix (docs/matrices.md).
 
 The rule: the process-cleanup timeout becomes the ROCm ``grace`` only when the platform is
 ``rocm`` and both timeouts are exactly ``0``; otherwise it is ``process_timeout`` unchanged,
@@ -24,7 +16,7 @@ from typing import Any
 
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.finding import Finding, raise_if_any
-from pytest_shutdown.helpers.report import CheckReport
+from pytest_shutdown.helpers.report import CheckReport, is_seconds
 
 #: The platforms a cell may name.
 PLATFORMS: tuple[str, ...] = ("cuda", "rocm", "cpu")
@@ -41,9 +33,7 @@ PlatformHook = Callable[[str], contextlib.AbstractContextManager[Any]]
 
 
 def _fmt(value: float | None) -> str:
-    if value is None:
-        return "None"
-    return f"{value:g}"
+    return "None" if value is None else f"{value:g}"
 
 
 @lazy_dataclass(frozen=True)
@@ -89,61 +79,38 @@ def expected_process_timeout(
     return process_timeout
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _check_timeouts(name: str, values: Iterable[float | None]) -> tuple[float | None, ...]:
-    checked: list[float | None] = []
-    for value in values:
-        ok = value is None or (
-            isinstance(value, (int, float))
-            and not isinstance(value, bool)
-            and not math.isnan(value)
-            and value >= 0
-        )
-        if not ok:
+    checked = list(values)
+    for value in checked:
+        if value is not None and not (_is_number(value) and not math.isnan(value) and value >= 0):
             raise ValueError(
                 f"{name}: {value!r} is not a timeout; accepted: None or a number of seconds >= 0"
             )
-        if value not in checked:
-            checked.append(value)
     if not checked:
         raise ValueError(f"{name}: needs at least one timeout (None or a number >= 0)")
-    return tuple(checked)
+    return tuple(dict.fromkeys(checked))  # each once, in order
 
 
 def _check_platforms(platforms: Iterable[str]) -> tuple[str, ...]:
-    if isinstance(platforms, str):
-        platforms = (platforms,)
-    checked: list[str] = []
-    for platform in platforms:
+    checked = [platforms] if isinstance(platforms, str) else list(platforms)
+    for platform in checked:
         if platform not in PLATFORMS:
             raise ValueError(
                 f"platforms: unknown platform {platform!r}; accepted: {', '.join(PLATFORMS)}"
             )
-        if platform not in checked:
-            checked.append(platform)
     if not checked:
         raise ValueError(f"platforms: needs at least one of {', '.join(PLATFORMS)}")
-    return tuple(checked)
+    return tuple(dict.fromkeys(checked))
 
 
 def _check_grace(grace: float) -> float:
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not (
-        math.isfinite(grace) and grace > 0
-    ):
+    if not is_seconds(grace):
         raise ValueError(f"grace: {grace!r} is not a positive, finite number of seconds")
     return float(grace)
-
-
-def _check_offset(offset: float) -> float:
-    number = isinstance(offset, (int, float)) and not isinstance(offset, bool)
-    if not number or not math.isfinite(offset):
-        raise ValueError(f"offset: {offset!r} is not a finite number of seconds")
-    return float(offset)
-
-
-def _check_shape(shape: str) -> str:
-    if shape not in SHAPES:
-        raise ValueError(f"shape: unknown matrix shape {shape!r}; accepted: {', '.join(SHAPES)}")
-    return shape
 
 
 def timeout_matrix(
@@ -179,8 +146,11 @@ def timeout_matrix(
         processes = _without_none("process", processes)
     names = _check_platforms(platforms)
     budget = _check_grace(grace)
-    form = _check_shape(shape)
-    shift = _check_offset(offset)
+    if shape not in SHAPES:
+        raise ValueError(f"shape: unknown matrix shape {shape!r}; accepted: {', '.join(SHAPES)}")
+    if not _is_number(offset) or not math.isfinite(offset):
+        raise ValueError(f"offset: {offset!r} is not a finite number of seconds")
+    shift = float(offset)
     if expected is not None and not callable(expected):
         raise ValueError(
             f"expected: {expected!r} is not callable; accepted: a function cell -> seconds "
@@ -188,7 +158,7 @@ def timeout_matrix(
         )
     pairs = (
         [(req, req) for req in requests]
-        if form == "diagonal"
+        if shape == "diagonal"
         else [(req, proc) for req in requests for proc in processes]
     )
     cells = []
@@ -234,27 +204,19 @@ def zero_window_override(seconds: float) -> Expected:
 def _same(got: Any, expected: float | None) -> bool:
     if expected is None or got is None:
         return got is None and expected is None
-    if isinstance(got, bool) or not isinstance(got, (int, float)):
-        return False
-    return math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)
+    return _is_number(got) and math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def _positional_arity(policy: Callable[..., Any]) -> int | None:
     """How many positional arguments ``policy`` takes (``None`` when it cannot be told)."""
     try:
-        signature = inspect.signature(policy)
+        kinds = [p.kind for p in inspect.signature(policy).parameters.values()]
     except (TypeError, ValueError):
         return None
-    count = 0
-    for parameter in signature.parameters.values():
-        if parameter.kind is inspect.Parameter.VAR_POSITIONAL:
-            return None
-        if parameter.kind in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            count += 1
-    return count
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(kind in positional for kind in kinds)
 
 
 def _caller(

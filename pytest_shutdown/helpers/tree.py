@@ -1,18 +1,13 @@
 """Finding every process of a tree under test, however it was re-parented (Linux ``/proc``).
 
-A process belongs to the tree of a ``TreeLauncher`` when any of these holds:
-
-* its environment carries the launcher's marker ``PYTEST_SHUTDOWN_TREE=<token>`` (inherited
-  through fork and exec, kept across ``setsid`` and re-parenting);
-* it descends from the launcher (a child subreaper: orphans are re-parented to it);
-* it is in the session of a root the launcher started (``session``).
-
-One pass over ``/proc`` reads each process's ``stat`` (parent, session, state, start time) and,
-for a process not yet known, its ``environ``; results are cached per (pid, start time).
+A process belongs to a ``TreeLauncher``'s tree when its environment carries the launcher's marker,
+when it descends from the launcher (a child subreaper), or when it is in the session of a root
+the launcher started. Markers read from ``environ`` are cached per (pid, start time).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import time
@@ -56,11 +51,7 @@ def scan_tree(
     """Every process of the launcher's tree now (the launcher itself left out), zombies too."""
     marker = f"{TREE_MARKER_ENV}={token}\0".encode()
     wanted_sessions = set(sessions)
-    stats = {}
-    for pid in all_pids():
-        proc = read_stat(pid)
-        if proc is not None:
-            stats[pid] = proc
+    stats = {pid: proc for pid in all_pids() if (proc := read_stat(pid)) is not None}
     children: dict[int, list[int]] = {}
     for proc in stats.values():
         children.setdefault(proc.ppid, []).append(proc.pid)
@@ -123,8 +114,7 @@ class TreeResources:
 
         pids = sorted(set(pids))
         new = {
-            name: inode for name, inode in segments().items()
-            if self.shm_before.get(name) != inode
+            name: inode for name, inode in segments().items() if self.shm_before.get(name) != inode
         }
         held = holders_of(new, pids)
         for name, inode in new.items():
@@ -134,21 +124,26 @@ class TreeResources:
             info = item.info
             if info.protocol == "unix":
                 if info.local.startswith("/"):
-                    try:
+                    with contextlib.suppress(OSError):
                         self.socket_files[info.local] = os.stat(info.local).st_ino
-                    except OSError:
-                        pass
                 continue
             self.ports.append(
-                {"inode": item.inode, "pid": item.pid, "process": _comm(item.pid),
-                 "protocol": info.protocol, "address": info.local, "port": info.port,
-                 "what": info.describe()}
+                {
+                    "inode": item.inode,
+                    "pid": item.pid,
+                    "process": _comm(item.pid),
+                    "protocol": info.protocol,
+                    "address": info.local,
+                    "port": info.port,
+                    "what": info.describe(),
+                }
             )
 
     def left(self, survivors: Iterable[int] = ()) -> dict[str, list[dict[str, object]]]:
         """What is still there: ``segments`` no process holds, ``ports`` still bound by a
         process that is not one of the tree's ``survivors`` (those are orphan findings
         already), ``socket_files`` still on disk."""
+        from pytest_shutdown.resources.ports import socket_fds_of  # noqa: PLC0415
         from pytest_shutdown.resources.shm import (  # noqa: PLC0415
             ShmItem,
             describe,
@@ -170,11 +165,12 @@ class TreeResources:
             info = table.get(inode) if isinstance(inode, int) else None
             if info is None or not info.bound:
                 continue
-            holding = _holders_of_socket(info.inode)
+            holding = [pid for pid in all_pids() if info.inode in socket_fds_of(pid)]
             if not holding or not set(holding) <= tree:
                 held = ", ".join(f"pid {p} ({_comm(p)})" for p in holding) or "no process"
-                ports.append({**port, "holders": holding,
-                              "what": f"{port['what']}, still held by {held}"})
+                ports.append(
+                    {**port, "holders": holding, "what": f"{port['what']}, still held by {held}"}
+                )
         files: list[dict[str, object]] = []
         for path, inode in self.socket_files.items():
             try:
@@ -191,33 +187,11 @@ class TreeResources:
 
         unlink(ShmItem(n, i) for n, i in self.segments.items())
         for path, inode in self.socket_files.items():
-            try:
+            with contextlib.suppress(OSError):
                 if os.stat(path).st_ino == inode:
                     os.unlink(path)
-            except OSError:
-                pass
 
 
 def _comm(pid: int) -> str:
     proc = read_stat(pid)
     return proc.name if proc is not None else "?"
-
-
-def _holders_of_socket(inode: int) -> list[int]:
-    """The live processes holding the socket ``inode`` (a scan of ``/proc/*/fd``)."""
-    target = f"socket:[{inode}]"
-    found = []
-    for pid in all_pids():
-        base = f"/proc/{pid}/fd"
-        try:
-            names = os.listdir(base)
-        except OSError:
-            continue
-        for name in names:
-            try:
-                if os.readlink(f"{base}/{name}") == target:
-                    found.append(pid)
-                    break
-            except OSError:
-                continue
-    return found

@@ -1,25 +1,19 @@
 """The tree launcher: a warm process that starts the process trees under test and adopts orphans.
 
-``TreeLauncher`` (the caller's side) runs this module as a fresh interpreter whose environment
-carries ``PYTEST_SHUTDOWN_TREE=<token>``. Everything it starts inherits that marker, forked or
-executed, whatever session or process group it moves to later, and the launcher is a child
-subreaper: a descendant whose parent dies is re-parented to the launcher, not to init. Either
-is enough to find a process that double-forked away; both together make reparenting unable to
-hide one.
-
-Each ``run`` forks one root (a new session, its stdout/stderr appended to a log file,
-faulthandler on so a hung root can be made to print its stacks). A callable target is called in
-the root, then the root runs the interpreter's exit sequence (non-daemon threads joined, atexit
-callbacks, multiprocessing's children joined) before it exits: the place exit-time hangs live.
-A command line is executed in the root instead. The launcher imports a callable's module before
-forking, so later roots start warm (torch imported once), and freezes its heap for the forks.
-
-Only one tree runs per launcher at a time (the caller holds a lock), so every process carrying
-the launcher's token other than the launcher itself belongs to the tree being tested.
+Its environment carries ``PYTEST_SHUTDOWN_TREE=<token>``, which everything it starts inherits
+(forked or executed, whatever session it moves to), and it is a child subreaper: an orphan is
+re-parented to it, not to init. Either finds a process that double-forked away; both together
+make reparenting unable to hide one. Each ``run`` forks one root (a new session, its output
+appended to a log, faulthandler on); a callable target then runs the interpreter's exit sequence
+(non-daemon threads, atexit, multiprocessing's children), where exit-time hangs live. The
+launcher imports a target's module before forking (torch once) and freezes its heap for the
+forks. One tree runs at a time (the caller holds ``lock``): every other process carrying the
+token belongs to the tree under test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import gc
 import os
@@ -71,9 +65,7 @@ class TreeLauncher:
 
     def __init__(self, preload: Sequence[str] = (), *, python: str | None = None) -> None:
         if not sys.platform.startswith("linux"):
-            raise RuntimeError(
-                f"TreeLauncher needs Linux (/proc, prctl); this is {sys.platform!r}"
-            )
+            raise RuntimeError(f"TreeLauncher needs Linux (/proc, prctl); this is {sys.platform!r}")
         self.token = uuid.uuid4().hex
         self.lock = threading.Lock()
         self.exitcodes: dict[int, int] = {}
@@ -101,10 +93,8 @@ class TreeLauncher:
             raise RuntimeError(f"tree launcher failed to start: {msg[1:]}")
 
     def run(self, request: RunRequest, timeout: float = LAUNCHER_START_TIMEOUT_S) -> int:
-        """Start one root; its pid. The caller must hold ``lock`` while the tree lives.
-
-        ``timeout`` covers the launcher importing the target's module (torch, the first time).
-        """
+        """Start one root; its pid. The caller must hold ``lock`` while the tree lives. ``timeout``
+        covers the launcher importing the target's module (torch, the first time)."""
         # Like multiprocessing's spawn: the target's module must be importable by the launcher.
         self._conn.send(("run", list(sys.path), pickle.dumps(request)))
         deadline = time.monotonic() + timeout
@@ -152,10 +142,8 @@ class TreeLauncher:
 
     def close(self, timeout: float = LAUNCHER_STOP_TIMEOUT_S + 2.0) -> None:
         """Stop the launcher: it kills its remaining tree first. Idempotent."""
-        try:
+        with contextlib.suppress(OSError, ValueError):
             self._conn.send(("stop",))
-        except (OSError, ValueError):
-            pass
         try:
             self.process.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -230,10 +218,8 @@ def _reap(conn: Connection | None, roots: set[int]) -> None:
             return
         if pid in roots and conn is not None:
             roots.discard(pid)
-            try:
+            with contextlib.suppress(OSError):
                 conn.send(("exited", pid, os.waitstatus_to_exitcode(status)))
-            except OSError:
-                pass
 
 
 def _kill_everything() -> None:
@@ -273,10 +259,8 @@ def _fork_root(request: RunRequest, conn: Connection) -> int:
         traceback.print_exc()
     finally:
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(code)
     raise AssertionError("unreachable")
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from pytest_shutdown.helpers.hidden import contextmanager
+from pytest_shutdown._base.hidden import contextmanager
 
 
 def test_the_value_is_yielded_and_the_code_after_the_yield_runs_on_exit() -> None:

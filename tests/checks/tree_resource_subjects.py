@@ -11,10 +11,10 @@ import signal
 import socket
 import time
 
+from pytest_shutdown._os.phases import report_phase
 from pytest_shutdown.engine.lifeline import set_process_name
 from pytest_shutdown.engine.shm_ring import ShmRing, segment_name, unlink_segment
 from pytest_shutdown.engine.stop_flag import SignalStop
-from pytest_shutdown.helpers.phases import report_phase
 
 LIFETIME_S = 60.0
 

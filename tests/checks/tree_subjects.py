@@ -14,9 +14,9 @@ import signal
 import threading
 import time
 
+from pytest_shutdown._os.phases import report_phase
 from pytest_shutdown.engine.lifeline import set_process_name
 from pytest_shutdown.engine.stop_flag import SignalStop
-from pytest_shutdown.helpers.phases import report_phase
 
 #: How long a subject waits for the test's signal before giving up by itself.
 SUBJECT_LIFETIME_S = 60.0

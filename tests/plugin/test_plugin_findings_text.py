@@ -141,7 +141,7 @@ def test_a_phase_that_can_never_match_fails_collection(pytester: pytest.Pytester
 TREE = textwrap.dedent(
     """
     import signal
-    from pytest_shutdown.helpers.phases import report_phase
+    from pytest_shutdown._os.phases import report_phase
     from pytest_shutdown.engine.stop_flag import SignalStop
 
     def tree():

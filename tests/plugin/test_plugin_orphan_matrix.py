@@ -11,7 +11,7 @@ from inner_runs import write_marked_test
 TREE_MODULE = textwrap.dedent(
     """
     import os, signal, time
-    from pytest_shutdown.helpers.phases import report_phase
+    from pytest_shutdown._os.phases import report_phase
     from pytest_shutdown.engine.stop_flag import SignalStop
 
     def tree(child_lifeline=True):

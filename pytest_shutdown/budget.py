@@ -90,25 +90,18 @@ class BudgetOutcome:
     hung: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "budget_s": self.budget_s,
-            "method": self.method,
-            "fired": self.fired,
-            "elapsed_s": round(self.elapsed_s, 4),
-            "threads": self.threads,
-            "killed": self.killed,
-            "hung": self.hung,
-        }
+        keys = ("budget_s", "method", "fired", "elapsed_s", "threads", "killed", "hung")
+        plain = {key: getattr(self, key) for key in keys}
+        plain["elapsed_s"] = round(self.elapsed_s, 4)
+        return plain
 
 
 class TeardownBudget:
     """Context manager: interrupt the block when it runs longer than ``seconds``.
 
-    ``label`` names what is guarded in the exception message; ``on_expire`` runs once, at the
-    first expiry, in the watchdog thread, and returns records of what it killed. ``method`` is
-    ``"auto"`` (signal in the main thread where available, else thread), ``"signal"`` or
-    ``"thread"``: how the block is interrupted.
-    """
+    ``label`` names what is guarded; ``on_expire`` runs once, at the first expiry, and returns
+    records of what it killed. ``method``: ``"signal"``, ``"thread"`` or ``"auto"`` (signal in
+    the main thread where available)."""
 
     def __init__(
         self,

@@ -25,7 +25,7 @@ from pytest_shutdown.guard_owners import WhoseIsIt
 from pytest_shutdown.guard_reports import GUARD_SECTION as GUARD_SECTION
 from pytest_shutdown.guard_reports import GuardReports, _is_pytest_timeout
 from pytest_shutdown.guard_session_end import SessionEnd
-from pytest_shutdown.guard_state import Found, Snapshot, _Watch
+from pytest_shutdown.guard_state import Found, Snapshot, _Watch, line_of
 from pytest_shutdown.node_markers import scanned_names_are_hooks
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.report import describe_guard_error
@@ -215,8 +215,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
     def _moved(
         self, before: list[Any] | None, after: list[Any], baseline: Snapshot
     ) -> set[str] | None:
-        """The kinds whose fingerprints moved (None: any may have); a kind fingerprinted by
-        others moved with them unless it says its own reading is still ``baseline``'s."""
+        """The kinds whose fingerprints moved (None: any may have)."""
         if before is None:
             return None
         moved = self._marks.moved(before, after)
@@ -253,8 +252,8 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
     def _left_by_test(
         self, watch: _Watch, marks: list[Any], moved: set[str] | None, allowed: set[str]
     ) -> Found | None:
-        """What the test left that is its own (:meth:`_left`), None when nothing: one moment
-        (the kinds share their readings), a second one after a brief wait for what is leaving."""
+        """What the test left that is its own (None: nothing), around a brief wait for what is
+        on its way out."""
         brief_s = min(_BRIEF_S, self.settings.grace_s) if self._waits_for(watch) else 0.0
         leaving: Found = {}
         left: Found | None = None
@@ -273,15 +272,14 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         return left
 
     def _waits_for(self, watch: _Watch) -> bool:
-        """Whether the test's own leftovers get their brief wait and grace here: not when it
-        failed or timed out, nor in warn mode (deferred)."""
+        """Whether the test's own leftovers get their brief wait and grace here."""
         return not (watch.timed_out or watch.failed or self._deferred is not None)
 
     def _alive_after_grace(
         self, watch: _Watch, found: Found
     ) -> tuple[dict[str, set[Any]], float, float]:
         """What of ``found`` and of what fixtures torn down with the test started is alive after
-        the grace, per kind; with the test's grace and the time the settling began."""
+        the grace; with the test's grace and the time the settling began."""
         fixtures: Found = {}
         for owned, _ in watch.finished:
             for name, items in owned.started.items():
@@ -327,8 +325,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
             else:
                 items = tuple(i for i in found.get(kind.name, ()) if i in alive[kind.name])
             if items and self._deferred is not None and not kind.stateful and grace > 0:
-                path, lineno, _ = watch.item.reportinfo()
-                where = (str(path), (lineno or 0) + 1)
+                where = line_of(watch.item)
                 self._deferred.defer(watch.nodeid, watch.item.name, where, kind, items, now)
             elif items:
                 found_now, certain = self._test_findings(kind, items, watch.item.name, grace)

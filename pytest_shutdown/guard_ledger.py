@@ -28,8 +28,7 @@ _FUNCTION_SCOPE = Scope.Function
 
 @lazy_dataclass
 class _Owned:
-    """What a wider-scope fixture's setup started (object kinds) and the state before it (state
-    kinds): checked, and blamed on the fixture, when it is torn down."""
+    """What a wider-scope fixture's setup started, and the state before it."""
 
     fixture: str
     scope: str
@@ -73,16 +72,16 @@ class FixtureLedger(GuardState):
                 items = tuple(kind.new_since(start[kind.name]))
                 if items:
                     started[kind.name] = items
+            end = self._snapshot(self._states)
             owned = _Owned(
                 fixturedef.argname,
                 fixturedef.scope,
                 fixturedef.baseid,
                 started,
                 {kind.name: start[kind.name] for kind in self._states},
+                end,
             )
             self._owned[fixturedef] = owned
-            end = self._snapshot(self._states)
-            owned.state_after_setup = end
             watch.marks = None
             for kind in self.kinds:  # what its set-up started or changed is not the test's
                 if watch.before.get(kind.name) is not None:
@@ -117,8 +116,7 @@ class FixtureLedger(GuardState):
         watch.finished.append((owned, now))
 
     def _finished_findings(self, watch: _Watch, alive: dict[str, set[Any]]) -> list[Finding]:
-        """The findings of the fixtures torn down with the test (``alive``: what is alive after
-        the grace); in fail mode their order is restored, and the undo is not the test's."""
+        """The findings of the fixtures torn down with the test; their undo is not the test's."""
         findings: list[Finding] = []
         for owned, state_at_finish in watch.finished:
             left = {

@@ -43,10 +43,8 @@ class WhoseIsIt(FixtureLedger):
         asked: Found,
         walked: AbstractSet[tuple[str, Any]] = frozenset(),
     ) -> Found | None:
-        """What the test left that is its own: each kind's new items less what others own; None
-        when nothing. ``allowed`` gets the kinds the markers allow; only the kinds in ``moved``
-        are asked (all when None), not again those in ``asked``; the keys in ``walked`` were
-        searched for an owner moments ago and had none."""
+        """What the test left that is its own (None: nothing); ``allowed`` gets the kinds the
+        markers allow; the keys in ``walked`` were searched for an owner already."""
         found: Found = {}
         allow = watch.allow
         later: list[tuple[ResourceKind, Any]] = []
@@ -82,8 +80,7 @@ class WhoseIsIt(FixtureLedger):
         return left
 
     def _new_since(self, watch: _Watch, moved: set[str] | None) -> Found:
-        """The new items of the kinds whose items end by themselves (threads, processes); a kind
-        not asked (its marks did not move, or it is allowed anything) is absent."""
+        """The new items of the kinds whose items end by themselves (threads, processes)."""
         allow = watch.allow
         asked: Found = {}
         for kind in self._objects:
@@ -185,8 +182,7 @@ class WhoseIsIt(FixtureLedger):
     def _targets(
         self, found: Found, walked: AbstractSet[tuple[str, Any]] = frozenset()
     ) -> dict[Any, object]:
-        """``(kind name, item)`` -> the object that stands for it in an owner search (a thread,
-        a ``Popen``, a descriptor's wrapper), less the keys in ``walked``."""
+        """``(kind name, item)`` -> the object that stands for it in an owner search."""
         targets: dict[Any, object] = {}
         for kind in self._objects:
             items = found.get(kind.name)
@@ -197,8 +193,7 @@ class WhoseIsIt(FixtureLedger):
         return targets
 
     def _known_referrers(self, targets: Mapping[Any, object]) -> dict[Any, Sequence[object]]:
-        """``(kind name, item)`` -> objects known to refer to its target (the kinds'
-        ``known_referrers``), for the owner search's first heap pass."""
+        """``(kind name, item)`` -> objects known to refer to its target."""
         near: dict[Any, Sequence[object]] = {}
         for kind in self._objects:
             items = [item for name, item in targets if name == kind.name]

@@ -6,7 +6,6 @@ teardown report (on xdist to the controller).
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -14,16 +13,14 @@ import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that mypy sees a class
 
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
-from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
-from pytest_shutdown.guard_state import GuardState, _Watch
+from pytest_shutdown.guard_state import GuardState, _Watch, line_of
+from pytest_shutdown.pending import warn_at
 from pytest_shutdown.report import TestRecord, render_budget
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.budget import BudgetOutcome
 
-_PYTEST_TIMEOUT_MARK = "from pytest-timeout"
 _GUARD_ATTR = "_pytest_shutdown_findings"
-_GUARD_ERROR_TITLE = "shutdown guard"
 #: The report section that carries the guard's findings of a test that already failed.
 GUARD_SECTION = "Captured shutdown guard teardown"
 
@@ -40,14 +37,7 @@ class _GuardError(ShutdownContractError, Failed):
 
 
 def _is_pytest_timeout(exc: BaseException | None) -> bool:
-    return exc is not None and _PYTEST_TIMEOUT_MARK in str(exc)
-
-
-# Imported on first use: a clean session raises no ShutdownContractError.
-def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: Any) -> None:
-    from pytest_shutdown.contract_errors import note_contract_error as note  # noqa: PLC0415
-
-    note(item, call, report)
+    return exc is not None and "from pytest-timeout" in str(exc)
 
 
 class _ReportsFromWorkers:
@@ -66,8 +56,7 @@ class GuardReports(GuardState):
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """A per-report hook on the xdist controller only (elsewhere the report wrapper does
-        its work, one hook call per phase fewer)."""
+        """A per-report hook on the xdist controller only (elsewhere the wrapper does it)."""
         if self._worker is None and self.config.pluginmanager.hasplugin("dsession"):
             self.config.pluginmanager.register(
                 _ReportsFromWorkers(self), "pytest-shutdown-reports-from-workers"
@@ -77,10 +66,11 @@ class GuardReports(GuardState):
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """The plugin's one report wrapper with the guard on: a failure noted, a
-        ShutdownContractError recorded, the test's records attached to its teardown report."""
+        """A failure noted; the test's records attached to its teardown report."""
         report = yield
         if call.excinfo is not None:
+            from pytest_shutdown.contract_errors import note_contract_error  # noqa: PLC0415
+
             note_contract_error(item, call, report)
             self._note_failure(item, call.when, call.excinfo.value, report)
         elif call.when != "teardown":
@@ -102,7 +92,7 @@ class GuardReports(GuardState):
         plain = getattr(error, _GUARD_ATTR, None)
         if when == "teardown" and plain is not None:
             codes = ", ".join(dict.fromkeys(f["code"] for f in plain))
-            report.longrepr = f"{_GUARD_ERROR_TITLE}: {codes}\n{self._render(plain)}"
+            report.longrepr = f"shutdown guard: {codes}\n{self._render(plain)}"
 
     def _take_report(self, report: pytest.TestReport) -> None:
         """Accept the records a teardown report carries; attach the guard's section of a
@@ -175,13 +165,7 @@ class GuardReports(GuardState):
     def _complain(self, item: pytest.Item, findings: list[Finding], plain: list[Any]) -> None:
         __tracebackhide__ = True
         if self.settings.mode == "warn":
-            path, lineno, _ = item.reportinfo()
-            warning = ShutdownLeakWarning(self._render(plain))
-            with warnings.catch_warnings():
-                # Warn mode never fails a test: under -W error / filterwarnings = error the
-                # warning is still recorded (pytest's recorder stays in place), never raised.
-                warnings.simplefilter("always", ShutdownLeakWarning)
-                warnings.warn_explicit(warning, ShutdownLeakWarning, str(path), (lineno or 0) + 1)
+            warn_at(self._render(plain), line_of(item))
             return
         error = _GuardError(findings)
         setattr(error, _GUARD_ATTR, plain)

@@ -76,8 +76,7 @@ class SessionEnd(GuardState):
             bound_the_exit(self._blocking_exit, self.settings.grace_s, self._exitstatus)
 
     def _end_the_kinds(self) -> None:
-        """Every kind's sweep (not on the xdist controller: its workers sweep their own), then
-        what would block the interpreter's exit."""
+        """Every kind's sweep (not on the xdist controller), then what would block the exit."""
         end = SessionEndContext(
             mode=self.settings.mode,
             grace_s=self.settings.grace_s,

@@ -35,9 +35,8 @@ Found = dict[str, tuple[Any, ...]]
 
 
 class _Watch:
-    """The guard's state for the test being run. ``before`` is each kind's baseline, with what
-    wider-scope fixtures did during the test's set-up and teardown absorbed into it. (A plain
-    class: one is made per test, and a dataclass's generated methods cost 0.5 ms to make.)"""
+    """The test being run; ``before`` absorbs what wider-scope fixtures did meanwhile. (Not a
+    dataclass: one is made per test, and a dataclass's generated methods cost 0.5 ms.)"""
 
     __slots__ = (
         "item",
@@ -73,6 +72,12 @@ class _Watch:
         self.failed = False
         #: ``before`` is the last clean check's, the gap since then not read (_QUIET_GAPS_TRUSTED)
         self.gap_unread = False
+
+
+def line_of(item: pytest.Item) -> tuple[str, int]:
+    """The test's file and line (1-based), where its warnings point."""
+    path, lineno, _ = item.reportinfo()
+    return str(path), (lineno or 0) + 1
 
 
 def _fingerprinted_by_others(kind: ResourceKind, on: Mapping[str, ResourceKind]) -> bool:

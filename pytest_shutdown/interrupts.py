@@ -237,8 +237,7 @@ _ANCILLARY_SIZE = socket.CMSG_SPACE(_UCRED.size) if hasattr(socket, "CMSG_SPACE"
 
 
 class _SignalWatch:
-    """Notices SIGTERM and SIGINT delivered to this process, from a thread of its own, whatever
-    the main thread does (see the module's docstring)."""
+    """Notices SIGTERM and SIGINT delivered to this process, whatever the main thread does."""
 
     def __init__(self, signals: list[int], abort: Callable[[int], None]) -> None:
         self.taken = threading.Event()
@@ -327,8 +326,7 @@ class _SignalWatch:
                     self.end_at_once(signum, f"{why}: {where_main_thread_is()}")
 
     def _receive(self, receiver: socket.socket) -> bool | None:
-        """Read the datagrams waiting until one of this process's: whether one came (None: the
-        watch is over)."""
+        """Whether one of this process's datagrams came (None: the watch is over)."""
         while True:
             if self._stopped:
                 return None  # (a datagram socket shut for reading reads "nothing yet")

@@ -49,8 +49,7 @@ class Candidate:
     #: The subject of the findings (the test's name).
     subject: str
     #: Where the warning points: the test's file and line (1-based).
-    path: str
-    lineno: int
+    where: tuple[str, int]
     kind: ResourceKind
     items: tuple[Any, ...]
     deadline: float
@@ -85,7 +84,7 @@ class DeferredLeaks:
         """Queue a test's ``items`` of ``kind`` until the grace has run out."""
         findings = kind.findings(items, subject, grace=self.grace_s)
         self._queue.append(
-            Candidate(nodeid, subject, *where, kind, tuple(items), now + self.grace_s, findings)
+            Candidate(nodeid, subject, where, kind, tuple(items), now + self.grace_s, findings)
         )
         # Never lost: a run killed before the verdict still names them, unconfirmed.
         self.report.add_pending(nodeid, [f.to_dict() for f in findings])
@@ -117,8 +116,7 @@ class DeferredLeaks:
     def _confirm(
         self, batch: list[Candidate], deadline: float, session_end: bool = False
     ) -> set[tuple[str, Any]]:
-        """Report what of ``batch`` is still there at ``deadline`` (one settle per kind), one
-        record and one warning per test; returns the ``(kind name, item)`` pairs reported."""
+        """Report what of ``batch`` is still there at ``deadline``; return those pairs."""
         reported: set[tuple[str, Any]] = set()
         if not batch:
             return reported
@@ -171,12 +169,15 @@ class DeferredLeaks:
             else f"confirmed once its {self.grace_s:g} s grace ran out, while later tests ran"
         )
         text = f"{self.render(plain)}\n(leaked by {candidate.nodeid}: {when})"
-        with warnings.catch_warnings():
-            # Warn mode never fails a test: under -W error the warning is recorded, not raised.
-            warnings.simplefilter("always", ShutdownLeakWarning)
-            warnings.warn_explicit(
-                ShutdownLeakWarning(text), ShutdownLeakWarning, candidate.path, candidate.lineno
-            )
+        warn_at(text, candidate.where)
+
+
+def warn_at(text: str, where: tuple[str, int]) -> None:
+    """A :class:`ShutdownLeakWarning` attributed to ``where`` (a file and line)."""
+    with warnings.catch_warnings():
+        # Warn mode never fails a test: under -W error the warning is recorded, never raised.
+        warnings.simplefilter("always", ShutdownLeakWarning)
+        warnings.warn_explicit(ShutdownLeakWarning(text), ShutdownLeakWarning, *where)
 
 
 def _at_session_end(finding: Finding, waited_s: float, grace_s: float) -> Finding:

@@ -322,12 +322,10 @@ class TeardownBudget:
         # An injected exception not yet delivered is dropped, not by PyThreadState_SetAsyncExc
         # (ident, NULL) alone: on CPython 3.11 that leaves the async-exception flag set for good
         # (see STALE_ASYNC_EXC_LOOPS).
-        fired = self.outcome.fired
         try:
             with self._lock:
-                self._armed = False  # from here on the watchdog injects nothing
-                fired = self.outcome.fired
-            if fired:
+                self._armed = False  # from here on the watchdog injects (and fires) nothing
+            if self.outcome.fired:
                 discard_pending_async_exc(self._target, ShutdownBudgetExceeded)
         except ShutdownBudgetExceeded:  # it arrived during the disarm itself
             discard_pending_async_exc(self._target, ShutdownBudgetExceeded)

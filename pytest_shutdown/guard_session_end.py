@@ -55,13 +55,13 @@ class SessionEnd(GuardState):
         self._end_the_kinds()
         self._exitstatus = int(session.exitstatus)
         self._long_lived.clear()
-        if self._late_failures and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a late leak found in fail mode
-        if hasattr(self.config, "workerinput"):
-            return
-        if self.settings.long_lived == "fail" and self.report.long_lived:
-            if session.exitstatus == pytest.ExitCode.OK:
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        fails = self._late_failures or (  # the controller has the workers' long-lived lists
+            self.settings.long_lived == "fail"
+            and self.report.long_lived
+            and not hasattr(self.config, "workerinput")
+        )
+        if fails and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:

@@ -1,20 +1,15 @@
 """Warn mode's deferred verdicts: candidate leaks confirmed while the next tests run.
 
-Waiting out the grace before the next test costs a leaky suite the whole grace per leaking
-test (a real suite ran 1.48x slower under warn mode, nearly all of it grace waits); DESIGN.md
-§9, "Verdicts may wait; tests don't". So warn mode waits for nothing, not even fail mode's
-brief wait: what a test's check finds of an object kind is a *candidate*, queued with its test,
-its findings as they read when the test ended (a kind may describe its items from that
-moment's readings only) and the end of its grace. After later tests' checks, once the oldest
-deadline has passed, the items still there are confirmed with no wait: a record for the test's
-node id and a :class:`~pytest_shutdown.guard.ShutdownLeakWarning` at the test's line. Items
-that ended in time are dropped. At session end the last candidates get
-:data:`ON_ITS_WAY_OUT_S` more and what is still there is reported as still running, how far
-into its grace: a warning that says so, never an outcome.
-
-A deferred leak is in neither the test's ``user_properties`` nor junitxml (written before the
-grace runs out). A test that already failed, state kinds and what a wider-scope fixture torn
-down with the test left are decided at the test's own teardown, as in fail mode.
+Waiting out the grace before the next test made a real suite 1.48x slower under warn mode
+(DESIGN.md §9, "Verdicts may wait; tests don't"). So what a test's check finds of an object kind
+is a *candidate*, queued with its findings as they read when the test ended (a kind may describe
+its items from that moment's readings only) and the end of its grace. Once the oldest deadline
+has passed, after a later test's check, the items still there are confirmed with no wait: a
+record for the test and a warning at its line; items that ended in time are dropped. At session
+end the last candidates get :data:`ON_ITS_WAY_OUT_S` more and what is left is reported as still
+running, how far into its grace. A deferred leak is in neither ``user_properties`` nor junitxml
+(written before the grace runs out). Not deferred: a test that already failed, state kinds, and
+what fixtures torn down with the test left.
 """
 
 from __future__ import annotations

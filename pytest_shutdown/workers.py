@@ -30,9 +30,7 @@ ASSIGNED_VARIABLES = {
 
 def worker_index(worker_id: str | None) -> int | None:
     """``gw3`` → 3; the controller or a run without xdist → None."""
-    if not worker_id:
-        return None
-    match = re.fullmatch(r"gw(\d+)", worker_id)
+    match = re.fullmatch(r"gw(\d+)", worker_id or "")
     return int(match.group(1)) if match else None
 
 

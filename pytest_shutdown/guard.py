@@ -285,19 +285,17 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
             for name, items in owned.started.items():
                 fixtures[name] = fixtures.get(name, ()) + items
         now = time.monotonic()
+        deadline = now + self.settings.grace_s
+        grace = 0.0 if watch.timed_out or watch.failed else self.settings.grace_s
         alive: dict[str, set[Any]] = {}
         if not self._waits_for(watch):
             # No grace for the test's own (its failure, or warn mode's deferred verdict);
             # fixtures torn down here still get theirs.
-            grace = 0.0 if watch.timed_out or watch.failed else self.settings.grace_s
-            deadline = now + self.settings.grace_s
             for kind in self._objects:
                 mine = kind.settle(found.get(kind.name, ()), now) if kind.name in found else ()
                 theirs = kind.settle(fixtures.get(kind.name, ()), deadline) if fixtures else ()
                 alive[kind.name] = set(mine) | set(theirs)
         else:  # one deadline for the test's own leftovers and those of fixtures torn down here
-            grace = self.settings.grace_s
-            deadline = now + grace
             for kind in self._objects:
                 combined = found.get(kind.name, ()) + fixtures.get(kind.name, ())
                 alive[kind.name] = set(kind.settle(combined, deadline)) if combined else set()

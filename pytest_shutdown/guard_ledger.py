@@ -209,13 +209,8 @@ class FixtureLedger(GuardState):
 
     def _not_live_owned(self, found: Found) -> Found:
         """``found`` less what a live fixture started (checked at the fixture's teardown)."""
-        live_owned = self._live_owned()
-        return {
-            name: tuple(i for i in items if i not in live_owned[name])
-            if name in live_owned
-            else items
-            for name, items in found.items()
-        }
+        live = self._live_owned()
+        return {k: tuple(i for i in v if i not in live.get(k, ())) for k, v in found.items()}
 
     def _live_owned(self) -> dict[str, set[Any]]:
         live_owned: dict[str, set[Any]] = {}

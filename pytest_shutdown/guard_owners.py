@@ -246,18 +246,18 @@ class WhoseIsIt(FixtureLedger):
         owned = {p for o in self._owned.values() for p in o.started.get("processes", ())}
         owned.update(item for name, item in self._long_lived if name == "processes")
         pids = tuple(p for p in started if p not in owned)
-        if pids:  # a pool a fixture value or a global reaches is not the test's to kill
-            from pytest_shutdown.ownership.owners import find_owners, objects_of  # noqa: PLC0415
+        if not pids:
+            return []
+        from pytest_shutdown.ownership.owners import find_owners, objects_of  # noqa: PLC0415
 
-            others = find_owners(  # bounded: it runs in the signal handler, the budget over
-                objects_of((), pids, parent_pids(pids)), self._fixture_roots(), max_seconds=1.0
-            )
-            pids = tuple(p for p in pids if p not in others)
-        return (
-            kill_process_trees(pids, timeout=2.0, why=f"the shutdown budget of {watch.nodeid}")
-            if pids
-            else []
+        # A pool a fixture value or a global reaches is not the test's to kill. Bounded: this
+        # runs in the signal handler, the budget over.
+        others = find_owners(
+            objects_of((), pids, parent_pids(pids)), self._fixture_roots(), max_seconds=1.0
         )
+        pids = tuple(p for p in pids if p not in others)
+        why = f"the shutdown budget of {watch.nodeid}"
+        return kill_process_trees(pids, timeout=2.0, why=why) if pids else []
 
 
 def _fixture_of(owner: Owner | None) -> Any:

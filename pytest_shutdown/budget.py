@@ -1,41 +1,27 @@
 """The teardown budget: interrupt a teardown that hangs instead of hanging the session.
 
-A watchdog thread keeps the time. When the budget runs out it captures the stack of every
-thread and interrupts the teardown: like pytest-timeout's ``signal`` method, with ``SIGALRM``
-sent to the main thread, whose handler calls ``on_expire`` (the guard kills the test's child
-processes there) and raises :class:`ShutdownBudgetExceeded` (a blocked system call such as
-``join``, ``waitpid`` or ``sleep`` is interrupted there); pytest goes on with the other
-finalizers and the next test. A main thread stuck inside one C call never runs that handler:
-then the watchdog calls ``on_expire`` itself after :data:`HANDOFF_S`, which often unblocks the
-call (it was waiting for those children). Where signals are unavailable (not the main thread,
-no SIGALRM) the watchdog calls ``on_expire`` and injects the exception asynchronously; that
-reaches Python code only.
+When the budget runs out a watchdog thread captures every thread's stack and sends ``SIGALRM``
+to the main thread (like pytest-timeout's ``signal`` method), whose handler calls ``on_expire``
+(the guard kills the test's child processes) and raises :class:`ShutdownBudgetExceeded`, which
+interrupts a blocked ``join``, ``waitpid`` or ``sleep``; pytest goes on with the next test. A
+main thread stuck inside one C call never runs that handler: the watchdog then calls
+``on_expire`` itself after :data:`HANDOFF_S`, which often unblocks the call. Without signals
+(not the main thread, no SIGALRM) the exception is injected asynchronously: Python code only.
 
-A teardown still running half a budget later is interrupted once more. A teardown that has not
-returned one whole budget after the first interrupt (it swallows every interrupt, or sits in C
-for good) would hang the session: the watchdog then calls the
-:data:`~pytest_shutdown.hang.HANG_HANDLERS` (the report is written there), dumps every thread's
-stack to stderr and ends the process with exit code
-:data:`~pytest_shutdown.hang.HUNG_TEARDOWN_EXIT_CODE`, as pytest-timeout's ``thread`` method does.
+A teardown still running half a budget later is interrupted once more; one that has not
+returned a whole budget after the first interrupt would hang the session: the watchdog runs
+the :data:`~pytest_shutdown.hang.HANG_HANDLERS` (the report is written), dumps every stack and
+exits with :data:`~pytest_shutdown.hang.HUNG_TEARDOWN_EXIT_CODE`.
 
-Coexistence with pytest-timeout: if its signal timer is already armed and due before the budget,
-pytest-timeout governs and the budget does not arm (one hang is never reported twice); otherwise
-its timer is paused while the budget is armed, and its handler and its remaining time are
-restored when the budget is disarmed. pytest-timeout's timer is told by its handler (a function
-of the ``pytest_timeout`` module). Any other ``SIGALRM`` timer (the test's own ``signal.alarm``
-or periodic ``setitimer``) never stands the budget aside: it keeps running, and a ``SIGALRM``
-the watchdog did not send goes on to the handler that was in place (the test's), which is put
-back when the budget is disarmed.
-
-Elapsed times are read from the real ``time.monotonic``, taken when the plugin is loaded (this
-module is imported only when a budget is first used, maybe after a test patched the clock): a
-test that patches or freezes ``time.monotonic`` (monkeypatch, freezegun) does not reach it.
+pytest-timeout's signal timer, when due before the budget, governs (one hang is never reported
+twice); otherwise it is paused while the budget is armed and restored after. Any other
+``SIGALRM`` timer (the test's own) keeps running: a ``SIGALRM`` the watchdog did not send goes
+to the handler that was in place. Times come from the real ``time.monotonic``, which a test's
+monkeypatching or freezegun does not reach.
 """
 
 from __future__ import annotations
 
-import faulthandler
-import os
 import signal
 import sys
 import threading
@@ -46,24 +32,18 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
-from pytest_shutdown._os.async_exc import (
-    STALE_ASYNC_EXC_LOOPS as STALE_ASYNC_EXC_LOOPS,
-)
-from pytest_shutdown._os.async_exc import (
-    ShutdownBudgetExceeded,
-    discard_pending_async_exc,
-)
-from pytest_shutdown._os.async_exc import (
-    reset_async_exc_flag as reset_async_exc_flag,
-)
+from pytest_shutdown._os.async_exc import STALE_ASYNC_EXC_LOOPS as STALE_ASYNC_EXC_LOOPS
+from pytest_shutdown._os.async_exc import ShutdownBudgetExceeded, discard_pending_async_exc
+from pytest_shutdown._os.async_exc import reset_async_exc_flag as reset_async_exc_flag
 from pytest_shutdown._os.own_threads import start_own_thread
 from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
+from pytest_shutdown.interrupts import dump_stacks_and_exit
 from pytest_shutdown.interrupts import real_monotonic as _now
 
 #: How often a teardown that keeps hanging is interrupted (at 1 and 1.5 budgets).
 MAX_FIRES = 2
 #: How long the watchdog lets the main thread take the budget's signal (and kill the test's
-#: children in its handler) before it kills them itself: the main thread is stuck in C.
+#: children) before it kills them itself: the main thread is stuck in C.
 HANDOFF_S = 1.0
 #: How long a hung process waits for its report and record log to be written before it ends.
 HANG_HANDLERS_S = 5.0
@@ -72,7 +52,7 @@ HAVE_SIGALRM = hasattr(signal, "SIGALRM") and hasattr(signal, "setitimer")
 
 
 def _is_pytest_timeout_handler(handler: object) -> bool:
-    """Whether a SIGALRM handler is pytest-timeout's (its ``signal`` method's)."""
+    """Whether a SIGALRM handler is pytest-timeout's."""
     module = getattr(getattr(handler, "__func__", handler), "__module__", None)
     return isinstance(module, str) and module.partition(".")[0] == "pytest_timeout"
 
@@ -101,9 +81,8 @@ class BudgetOutcome:
     budget_s: float
     method: str = "none"
     fired: bool = False
-    #: A SIGALRM timer armed before the budget and due before it was left to run: pytest-timeout's
-    #: (the budget then stands aside: method "none"), or the test's own (the budget is armed
-    #: beside it, and its SIGALRM goes to its handler).
+    #: A SIGALRM timer due before the budget was left to run: pytest-timeout's (the budget
+    #: stands aside: method "none"), or the test's own (armed beside it).
     deferred_to_timeout: bool = False
     elapsed_s: float = 0.0
     threads: list[dict[str, Any]] = field(default_factory=list)
@@ -111,25 +90,18 @@ class BudgetOutcome:
     hung: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "budget_s": self.budget_s,
-            "method": self.method,
-            "fired": self.fired,
-            "elapsed_s": round(self.elapsed_s, 4),
-            "threads": self.threads,
-            "killed": self.killed,
-            "hung": self.hung,
-        }
+        keys = ("budget_s", "method", "fired", "elapsed_s", "threads", "killed", "hung")
+        plain = {key: getattr(self, key) for key in keys}
+        plain["elapsed_s"] = round(self.elapsed_s, 4)
+        return plain
 
 
 class TeardownBudget:
     """Context manager: interrupt the block when it runs longer than ``seconds``.
 
-    ``label`` names what is guarded in the exception message; ``on_expire`` runs once, at the
-    first expiry, in the watchdog thread, and returns records of what it killed. ``method`` is
-    ``"auto"`` (signal in the main thread where available, else thread), ``"signal"`` or
-    ``"thread"``: how the block is interrupted.
-    """
+    ``label`` names what is guarded; ``on_expire`` runs once, at the first expiry, and returns
+    records of what it killed. ``method``: ``"signal"``, ``"thread"`` or ``"auto"`` (signal in
+    the main thread where available)."""
 
     def __init__(
         self,
@@ -148,7 +120,6 @@ class TeardownBudget:
         if method == "auto":
             method = "signal" if HAVE_SIGALRM and in_main else "thread"
         self.outcome = BudgetOutcome(budget_s=seconds, method=method)
-        self._fires = 0
         self._start = 0.0
         self._old_handler: Any = None
         self._old_timer: tuple[float, float] = (0.0, 0.0)  # pytest-timeout's, paused
@@ -161,11 +132,9 @@ class TeardownBudget:
         self._killed = threading.Event()
         self._done = threading.Event()
         self._target = threading.get_ident()
-        #: Set when the watchdog thread has returned (it is not a threading.Thread: a test that
-        #: patches Thread.start must not reach the plugin's own threads).
+        #: Set when the watchdog has returned (not a threading.Thread: a test that patches
+        #: Thread.start must not reach it).
         self._watchdog_done: threading.Event | None = None
-
-    # --- common ---
 
     def _message(self) -> str:
         return (
@@ -174,14 +143,13 @@ class TeardownBudget:
         )
 
     def _expire(self) -> None:
-        """In the watchdog, at the first expiry: record the time and every thread's stack."""
+        """At the first expiry: record the time and every thread's stack."""
         self.outcome.fired = True
         self.outcome.elapsed_s = _now() - self._start
         self.outcome.threads = all_stacks()
 
     def _kill_once(self) -> None:
-        """Run ``on_expire`` once: in the signal handler when the main thread takes the signal
-        in time, else in the watchdog (the main thread is stuck in C)."""
+        """Run ``on_expire`` once: in the signal handler, else in the watchdog."""
         with self._kill_lock:
             if self._kill_started:
                 return
@@ -221,8 +189,6 @@ class TeardownBudget:
         if not self.outcome.fired:
             self.outcome.elapsed_s = _now() - self._start
 
-    # --- the watchdog ---
-
     def _watch_then_say_done(self, done: threading.Event) -> None:
         try:
             self._watch()
@@ -235,14 +201,13 @@ class TeardownBudget:
 
     def _watch(self) -> None:
         waits = [self.seconds] + [self.seconds / 2] * (MAX_FIRES - 1)
-        for wait in waits:
+        for fire, wait in enumerate(waits):
             if self._done.wait(wait):
                 return
             with self._lock:
                 if not self._armed:
                     return
-                self._fires += 1
-                first = self._fires == 1
+                first = fire == 0
                 if first:
                     self._expire()
                     if self.outcome.method == "thread":
@@ -293,33 +258,21 @@ class TeardownBudget:
                 f"pytest-shutdown: the report was not written within {HANG_HANDLERS_S:g} s of "
                 "the hang; ending without it\n"
             )
-        stream = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
-        try:
-            stream.write(
-                f"\n+++ pytest-shutdown: the teardown of {self.label} did not return within "
-                f"{self.seconds:g} s after its {self.seconds:g} s shutdown budget ran out; the "
-                f"stacks of all threads follow; exit code {HUNG_TEARDOWN_EXIT_CODE} +++\n"
-            )
-            stream.flush()
-            faulthandler.dump_traceback(file=stream, all_threads=True)
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-        os._exit(HUNG_TEARDOWN_EXIT_CODE)
-
-    # --- signal method ---
+        dump_stacks_and_exit(
+            f"the teardown of {self.label} did not return within {self.seconds:g} s after its "
+            f"{self.seconds:g} s shutdown budget ran out",
+            HUNG_TEARDOWN_EXIT_CODE,
+        )
 
     def _arm_signal(self) -> None:
         delay, interval = signal.getitimer(signal.ITIMER_REAL)
         timeouts = _is_pytest_timeout_handler(signal.getsignal(signal.SIGALRM))
         if delay and delay <= self.seconds:
             self.outcome.deferred_to_timeout = True  # its SIGALRM goes to its handler
-            if timeouts:
-                # pytest-timeout's timer is due first: it governs this hang.
+            if timeouts:  # pytest-timeout's timer is due first: it governs this hang
                 self.outcome.method = "none"
                 return
-        if delay and timeouts:
-            # paused (its handler is not installed now); put back with what was left
+        if delay and timeouts:  # paused; put back with what was left
             self._old_timer = (delay, interval)
             signal.setitimer(signal.ITIMER_REAL, 0)
         # Any other timer (the test's own) keeps running: _on_signal passes its SIGALRM on.
@@ -365,20 +318,14 @@ class TeardownBudget:
             remaining = delay - (_now() - self._start)
             signal.setitimer(signal.ITIMER_REAL, max(remaining, 1e-3), interval)
 
-    # --- thread method ---
-
     def _disarm_thread(self) -> None:
-        # An injected exception not yet delivered is dropped: the teardown is over. Not by
-        # clearing it with PyThreadState_SetAsyncExc(ident, NULL) alone: on CPython 3.11 that
-        # leaves the interpreter's async-exception flag set for good, and the next profiled or
-        # traced Python call of any later test spins forever, out of reach of pytest-timeout's
-        # SIGALRM (see STALE_ASYNC_EXC_LOOPS).
-        fired = self.outcome.fired
+        # An injected exception not yet delivered is dropped, not by PyThreadState_SetAsyncExc
+        # (ident, NULL) alone: on CPython 3.11 that leaves the async-exception flag set for good
+        # (see STALE_ASYNC_EXC_LOOPS).
         try:
             with self._lock:
-                self._armed = False  # from here on the watchdog injects nothing
-                fired = self.outcome.fired
-            if fired:
+                self._armed = False  # from here on the watchdog injects (and fires) nothing
+            if self.outcome.fired:
                 discard_pending_async_exc(self._target, ShutdownBudgetExceeded)
         except ShutdownBudgetExceeded:  # it arrived during the disarm itself
             discard_pending_async_exc(self._target, ShutdownBudgetExceeded)

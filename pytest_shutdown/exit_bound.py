@@ -1,18 +1,12 @@
 """The exit never hangs on a test's thread (fail mode).
 
-A non-daemon thread a test leaked is joined by ``threading._shutdown`` when the interpreter
-exits: forever, if it never ends (a CI job that never finishes). After the session's report and
-record log are written, :func:`bound_the_exit` gives such threads the grace to end, then takes
-those still running out of the interpreter's final join, so the exit goes on as usual: atexit
-callbacks, coverage data and other plugins' exit work all run. Up to Python 3.12 the join waits
-on ``threading._shutdown_locks``: the thread's lock is removed from it. From 3.13 it is
-``_thread._shutdown()``, which waits on every non-daemon thread's handle and cannot be told to
-skip one: ``threading._thread_shutdown`` (the name ``threading._shutdown`` calls) is replaced by
-a join of the non-daemon threads ``threading.enumerate()`` lists, less the detached ones (a
-non-daemon thread started with ``_thread.start_joinable_thread`` directly, outside
-``threading``, is then not waited for). Only where neither is possible a daemon watchdog ends
-the process with ``os._exit(status)`` one grace later, after flushing the standard streams: the
-last resort.
+The interpreter's exit joins every non-daemon thread: forever, if a leaked one never ends.
+:func:`bound_the_exit` gives such threads the grace, then takes those still running out of that
+final join, so that atexit callbacks, coverage data and other plugins' exit work all still run.
+Up to Python 3.12 the thread's lock is removed from ``threading._shutdown_locks``; from 3.13,
+where ``_thread._shutdown()`` cannot skip one, ``threading._thread_shutdown`` is replaced by a
+join of the other non-daemon threads ``threading.enumerate()`` lists. Only where neither is
+possible a daemon watchdog ends the process with ``os._exit(status)`` one grace later.
 """
 
 from __future__ import annotations
@@ -55,8 +49,7 @@ def _skip_in_thread_shutdown(thread: threading.Thread) -> None:
 
 
 def _join_all_but_skipped() -> None:
-    """``_thread._shutdown()`` without the detached threads: join every other non-daemon
-    thread, again while joining them started more."""
+    """``_thread._shutdown()`` without the detached threads (again while joining started more)."""
     skipped = _skipped if _skipped is not None else ()
     exempt = {threading.main_thread(), threading.current_thread()}
     while True:
@@ -72,8 +65,8 @@ def _join_all_but_skipped() -> None:
 
 
 def bound_the_exit(threads: Sequence[threading.Thread], grace: float, status: int) -> list[str]:
-    """Wait up to ``grace`` seconds (one deadline) for ``threads``; detach those still alive
-    from the exit's join. Returns the names of the threads detached (or left to the watchdog)."""
+    """Wait up to ``grace`` seconds for ``threads``, then detach those still alive from the
+    exit's join; returns their names."""
     deadline = time.monotonic() + max(grace, 0.0)
     for thread in threads:
         thread.join(max(0.0, deadline - time.monotonic()))

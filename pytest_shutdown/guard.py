@@ -1,27 +1,13 @@
-"""The guard: per-test and per-fixture accounting of threads, child processes and gc freezes.
+"""The guard: per-test and per-fixture accounting of every resource kind.
 
-For every test (setup, call and teardown together) the guard takes a snapshot before setup and
-compares after teardown, using the primitives of :mod:`pytest_shutdown.resources.primitives`.
-Whose leak is it (:mod:`pytest_shutdown.ownership`, decided before any grace is waited): threads and
-processes started while a fixture of wider scope was being set up, or that its value reaches,
-belong to that fixture; they are checked, and blamed on it, when that fixture is torn down.
-Those a module global or class attribute reaches are never a test's leak; the ones still alive
-at session end are listed as long-lived resources. The standard library's process-lifetime
-helpers and the tools' own threads (pytest-timeout's timer, execnet/xdist, pytest,
-pytest-shutdown's watchdogs) are never blamed. Creation sites come from
-:mod:`pytest_shutdown.ownership.origins`.
-
-Findings become a :class:`~pytest_shutdown.report.TestRecord` and ``user_properties``; in
-``fail`` mode the test errors in teardown with :class:`ShutdownContractError`, in ``warn`` mode a
-:class:`ShutdownLeakWarning` is emitted (for what may still end by itself, once its grace ran
-out while the next tests run: :mod:`pytest_shutdown.pending`); a test that already failed gets
-them as a report section of its failure instead, without a grace wait. In ``fail`` mode
-only, the guard then restores order for the next test: the test's own leaked process trees are
-killed and a gc freeze left behind is undone (when there was none before). Warn mode changes
-nothing in the run. Leaked threads, now part of the next baseline, are not blamed again.
-
-This module holds the test's life (markers, set-up, teardown) and the check after it; the
-other parts of :class:`ShutdownGuard` are listed in :mod:`pytest_shutdown.guard_state`.
+For every test (setup, call and teardown together) the guard snapshots the kinds before setup
+and compares after teardown. What a wider-scope fixture's set-up started, or its value reaches,
+is that fixture's, checked when it is torn down; what a module global or class attribute
+reaches is long-lived, listed at session end (:mod:`pytest_shutdown.guard_owners`). Findings
+become a :class:`~pytest_shutdown.report.TestRecord`; in ``fail`` mode the test errors in
+teardown and order is restored for what is certainly the test's, in ``warn`` mode a
+:class:`ShutdownLeakWarning` is emitted once the grace ran out (:mod:`pytest_shutdown.pending`)
+and nothing in the run changes. A test that already failed gets them as a report section.
 """
 
 from __future__ import annotations
@@ -39,7 +25,7 @@ from pytest_shutdown.guard_owners import WhoseIsIt
 from pytest_shutdown.guard_reports import GUARD_SECTION as GUARD_SECTION
 from pytest_shutdown.guard_reports import GuardReports, _is_pytest_timeout
 from pytest_shutdown.guard_session_end import SessionEnd
-from pytest_shutdown.guard_state import Found, Snapshot, _Watch
+from pytest_shutdown.guard_state import Found, Snapshot, _Watch, line_of
 from pytest_shutdown.node_markers import scanned_names_are_hooks
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.report import describe_guard_error
@@ -52,32 +38,25 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["TOOL_MODULES", "ShutdownGuard", "ShutdownLeakWarning", "is_tool_thread"]
 
-#: Seconds the check waits first for the new threads and processes no known owner explains to
-#: end by themselves (a queue's feeder thread on its way out, and then its pipe): each level
-#: of the ownership search's backward walk it spares is a pass over the whole heap (~10 ms in
-#: a suite with numpy loaded). What is still there ``_WALK_AFTER_S`` into it is searched for an
-#: owner (:mod:`pytest_shutdown.guard_owners`).
+#: Seconds the check waits first for new threads and processes no known owner explains to end
+#: by themselves (a queue's feeder thread): each level of the owner search's backward walk it
+#: spares is a pass over the whole heap (~10 ms with numpy loaded).
 _BRIEF_S = 0.02
 
-#: A test's allow_leaks, its budget, and its markers' error (on a worker), for a test without
-#: the markers.
+#: A test's allow_leaks, budget and markers' error, for a test without the markers.
 _NO_MARKS: tuple[AllowLeaks | None, float | None, str | None] = (None, None, None)
 
-#: After this many quiet gaps in a row (between a clean test's check and the next test's
-#: set-up, nothing new for any kind: no reading moved, or the kinds behind those that did, a
-#: pid taken on the host, find nothing new since that check), a set-up starts from that check's
-#: readings without reading them again (half of the guard's cost on a test that leaves
-#: nothing): only the hooks of pytest and its plugins run in a gap, and what they do there is
-#: usually nothing or the same before every test (faulthandler's and pytest-timeout's
-#: watchdogs, armed before the set-up). Every :data:`_PROBE_EVERY`-th set-up reads anyway; one
-#: that finds a gap that was not quiet, or a plugin registered, reads every set-up again until
-#: the gaps are quiet again.
+#: After this many quiet gaps in a row (nothing new for any kind between a clean check and the
+#: next set-up), a set-up starts from that check's readings without reading again (half of the
+#: guard's cost on a clean test): only pytest's and its plugins' hooks run in a gap. Every
+#: :data:`_PROBE_EVERY`-th set-up reads anyway; a gap that was not quiet, or a plugin
+#: registered, makes every set-up read again until the gaps are quiet again.
 _QUIET_GAPS_TRUSTED = 8
 _PROBE_EVERY = 8
 
+
 def _same(marks: list[Any], others: list[Any]) -> bool:
-    """Two lists of fingerprints are equal (identity first, in C); a value whose ``__eq__``
-    raises counts as moved."""
+    """Two lists of fingerprints are equal; a value whose ``__eq__`` raises counts as moved."""
     try:
         return bool(marks == others)
     except Exception:  # noqa: BLE001 - a hostile __eq__ in process-wide state
@@ -86,32 +65,22 @@ def _same(marks: list[Any], others: list[Any]) -> bool:
 
 @scanned_names_are_hooks
 class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
-    """The pytest plugin object registered when the guard is on (by the plugin module).
-
-    Its state and how it is made: :class:`~pytest_shutdown.guard_state.GuardState`; its parts:
-    the fixture ledger and whose is it (:class:`~pytest_shutdown.guard_owners.WhoseIsIt`),
-    what pytest is told (:class:`~pytest_shutdown.guard_reports.GuardReports`), the session's
-    end (:class:`~pytest_shutdown.guard_session_end.SessionEnd`)."""
+    """The pytest plugin object registered when the guard is on (parts: guard_state)."""
 
     def pytest_plugin_registered(self) -> None:
         """A plugin registered during the run may act between tests: read the gaps again."""
         self._quiet_gaps = 0
 
-    # --- collection: markers are validated once, here ---
-
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        """Validate the markers: a bad one is a usage error (exit code 4). On an xdist worker,
-        where a usage error would only crash the worker, the test errors in setup instead.
-
-        Last: the markers a conftest adds in its own ``pytest_collection_modifyitems`` count,
-        and the tests ``-k`` or ``-m`` deselected are not asked (a bad marker written on the
-        function is a collection error before this, deselected or not)."""
+        """Validate the markers: a bad one is a usage error (exit code 4); on an xdist worker,
+        where that would crash the worker, the test errors in setup instead. Last: markers a
+        conftest adds count, and the tests ``-k`` or ``-m`` deselected are not asked."""
         on_worker = hasattr(self.config, "workerinput")
         for item in items:
             names = marker_names(item)
             if "allow_leaks" not in names and "shutdown_budget" not in names:
-                continue  # the defaults: set-up takes them when nothing is kept for it
+                continue
             marks: tuple[AllowLeaks | None, float | None, str | None]
             try:
                 marks = (allow_leaks_of(item), budget_of(item, self.settings.budget_s), None)
@@ -120,8 +89,6 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
                     raise
                 marks = (None, None, str(exc))
             self._marked[id(item)] = marks
-
-    # --- the test ---
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -171,8 +138,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
     def pytest_runtest_teardown(
         self, item: pytest.Item, nextitem: pytest.Item | None
     ) -> Generator[None, object, object]:
-        """The teardown under the test's budget, then the check; a test that did not end clean
-        is recorded (:meth:`GuardReports._record`): the clean path stays in this hook."""
+        """The teardown under the test's budget, then the check and the record."""
         watch = self._watch
         if watch is None or watch.item is not item:
             return (yield)
@@ -218,7 +184,6 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         return result
 
     def _budget(self, watch: _Watch) -> TeardownBudget:
-        """The test's shutdown budget: on expiry its own child processes are killed."""
         from pytest_shutdown.budget import TeardownBudget  # noqa: PLC0415 - only with a budget
 
         return TeardownBudget(
@@ -227,8 +192,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
 
     @staticmethod
     def _teardown_error(watch: _Watch, error: BaseException) -> str | None:
-        """What the teardown's own error says of the test: timed out (pytest-timeout), or cut
-        short (returned: why)."""
+        """Note a pytest-timeout on ``watch``; return why the teardown was cut short, if it was."""
         if _is_pytest_timeout(error):
             watch.timed_out = True
         if isinstance(error, SystemExit):
@@ -238,11 +202,8 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
             return f"SystemExit({error.code!r}) in its teardown"
         return None
 
-    # --- snapshots ---
-
     def _snapshot_since(self, last: Snapshot, moved: set[str] | None) -> Snapshot:
-        """A snapshot that takes ``last``'s of each kind whose readings did not move since it
-        (``moved``; None: any may have) and a fresh one of the others."""
+        """``last``'s snapshot of each kind not in ``moved`` (None: all moved), fresh ones else."""
         with one_moment():
             return {
                 kind.name: kind.snapshot()
@@ -254,42 +215,27 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
     def _moved(
         self, before: list[Any] | None, after: list[Any], baseline: Snapshot
     ) -> set[str] | None:
-        """The kinds whose fingerprints moved between two readings (None: every kind may have,
-        or a wider-scope fixture's doing was absorbed into the baseline); a kind fingerprinted
-        by others moved with them unless it says its own reading is still ``baseline``'s."""
+        """The kinds whose fingerprints moved (None: any may have)."""
         if before is None:
             return None
         moved = self._marks.moved(before, after)
         if moved is not None:
             for name, others in self._covered.items():
-                if any(other in moved for other in others) and not self._unmoved_since(
-                    name, baseline, moved
-                ):
-                    moved.add(name)
+                if any(other in moved for other in others):
+                    if not self._by_name[name].unmoved_since(baseline[name], moved):
+                        moved.add(name)
         return moved
 
-    def _unmoved_since(self, name: str, baseline: Snapshot, moved: set[str]) -> bool:
-        return bool(self._by_name[name].unmoved_since(baseline[name], moved))
-
-    # --- the check: what the test left, after its teardown ---
-
     def _check(self, watch: _Watch) -> list[Finding]:
-        """The test's findings, in fail mode with order restored, in steps: the quick clean
-        path (no fingerprint moved); what the test left that is its own (:meth:`_left_by_test`,
-        around a brief wait for what is on its way out); what of it, and of what fixtures torn
-        down with the test started, is alive after the grace (:meth:`_alive_after_grace`); the
-        fixtures' findings (:meth:`_finished_findings`); the test's verdict per kind
-        (:meth:`_verdicts`)."""
+        """The test's findings (in fail mode with order restored)."""
         before = watch.before
         marks = self._marks.read()  # before any kind's reading below: never the newer one
         if watch.marks is not None and _same(marks, watch.marks):
             self._clean = (marks, before)  # the common case: not one reading moved
             return []
-        # A kind whose fingerprint did not move has nothing new: only the others are asked.
         moved = self._moved(watch.marks, marks, before)
         if moved is not None and not moved and not watch.finished:
-            # Only readings no kind answers by moved (a pid allocated to a thread of this
-            # process's, started and joined by the test): clean, from the same baseline.
+            # Only readings no kind answers by moved (a pid of a thread started and joined)
             self._clean = (marks, before)
             return []
         self._clean = None
@@ -297,7 +243,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         allowed: set[str] = set()
         found = self._left_by_test(watch, marks, moved, allowed)
         if found is None:
-            return []  # the common case: nothing to wait for, nothing to report
+            return []
         alive, grace, now = self._alive_after_grace(watch, found)
         findings = self._finished_findings(watch, alive)
         findings.extend(self._verdicts(watch, found, alive, allowed, moved, grace, now))
@@ -306,14 +252,8 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
     def _left_by_test(
         self, watch: _Watch, marks: list[Any], moved: set[str] | None, allowed: set[str]
     ) -> Found | None:
-        """What the test left that is its own (:meth:`_left`), None when there is nothing to
-        wait for or report (the next test then starts from this moment's readings).
-
-        One moment up to the grace: the kinds share their readings (the fd kind its heap scan
-        for the descriptors' wrappers, between new_since and the ownership search); a second
-        one after a brief wait for new threads and processes on their way out."""
-        # Warn mode waits for nothing, not even the brief wait: what is on its way out is
-        # dropped when its deferred verdict comes (pending.py).
+        """What the test left that is its own (None: nothing), around a brief wait for what is
+        on its way out."""
         brief_s = min(_BRIEF_S, self.settings.grace_s) if self._waits_for(watch) else 0.0
         leaving: Found = {}
         left: Found | None = None
@@ -323,11 +263,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
                 leaving = self._leaving(asked)
             if not leaving:
                 left = self._left(watch, allowed, moved, asked)
-                if left is None:
-                    # Nothing new (a thread started and joined, a pid allocated on the host):
-                    # the next test starts from what is here now while the marks, read before
-                    # these snapshots, have not moved; the snapshots share this moment's
-                    # readings.
+                if left is None:  # the next test starts from now (marks read before these)
                     self._clean = (marks, self._snapshot_since(watch.before, moved))
         if leaving:  # outside the moment: what they held is read afresh once they ended
             walked = self._let_go(leaving, brief_s)
@@ -336,36 +272,30 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         return left
 
     def _waits_for(self, watch: _Watch) -> bool:
-        """Whether the test's own leftovers are waited for here (their brief wait and their
-        grace): not when it already failed or timed out, nor in warn mode (deferred)."""
+        """Whether the test's own leftovers get their brief wait and grace here."""
         return not (watch.timed_out or watch.failed or self._deferred is not None)
 
     def _alive_after_grace(
         self, watch: _Watch, found: Found
     ) -> tuple[dict[str, set[Any]], float, float]:
-        """Of what the test left (``found``) and what the fixtures torn down with it started,
-        what is still alive once their grace ran out, per object kind; with the grace the
-        test's own leftovers were given and the time the settling began."""
+        """What of ``found`` and of what fixtures torn down with the test started is alive after
+        the grace; with the test's grace and the time the settling began."""
         fixtures: Found = {}
         for owned, _ in watch.finished:
             for name, items in owned.started.items():
                 fixtures[name] = fixtures.get(name, ()) + items
         now = time.monotonic()
+        deadline = now + self.settings.grace_s
+        grace = 0.0 if watch.timed_out or watch.failed else self.settings.grace_s
         alive: dict[str, set[Any]] = {}
         if not self._waits_for(watch):
-            # The test already failed (or timed out): no grace for its own leftovers, which go
-            # with its failure. Warn mode waits for them neither: they are confirmed once their
-            # grace ran out, while the next tests run (deferred below). Fixtures torn down here
-            # still get theirs.
-            grace = 0.0 if watch.timed_out or watch.failed else self.settings.grace_s
-            deadline = now + self.settings.grace_s
+            # No grace for the test's own (its failure, or warn mode's deferred verdict);
+            # fixtures torn down here still get theirs.
             for kind in self._objects:
                 mine = kind.settle(found.get(kind.name, ()), now) if kind.name in found else ()
                 theirs = kind.settle(fixtures.get(kind.name, ()), deadline) if fixtures else ()
                 alive[kind.name] = set(mine) | set(theirs)
         else:  # one deadline for the test's own leftovers and those of fixtures torn down here
-            grace = self.settings.grace_s
-            deadline = now + grace
             for kind in self._objects:
                 combined = found.get(kind.name, ()) + fixtures.get(kind.name, ())
                 alive[kind.name] = set(kind.settle(combined, deadline)) if combined else set()
@@ -381,9 +311,8 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         grace: float,
         now: float,
     ) -> list[Finding]:
-        """The test's findings of each kind its markers do not allow (warn mode: deferred
-        until their grace ran out, :mod:`pytest_shutdown.pending`); then, in fail mode, order
-        restored for what is certainly the test's."""
+        """The test's findings of each kind its markers do not allow (warn mode: deferred);
+        in fail mode, order restored for what is certainly the test's."""
         findings: list[Finding] = []
         restore: list[tuple[ResourceKind, tuple[Any, ...]]] = []
         for kind in self.kinds:
@@ -394,8 +323,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
             else:
                 items = tuple(i for i in found.get(kind.name, ()) if i in alive[kind.name])
             if items and self._deferred is not None and not kind.stateful and grace > 0:
-                path, lineno, _ = watch.item.reportinfo()
-                where = (str(path), (lineno or 0) + 1)
+                where = line_of(watch.item)
                 self._deferred.defer(watch.nodeid, watch.item.name, where, kind, items, now)
             elif items:
                 found_now, certain = self._test_findings(kind, items, watch.item.name, grace)
@@ -410,8 +338,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
     def _test_findings(
         self, kind: ResourceKind, items: tuple[Any, ...], name: str, grace: float
     ) -> tuple[list[Finding], tuple[Any, ...]]:
-        """A kind's findings of the test, and those of its ``items`` certainly the test's: one
-        whose owner search was cut short is reported, never stopped (see find_owners)."""
+        """A kind's findings, and the ``items`` certainly the test's (not cut-short searches)."""
         found_now = kind.findings(items, name, grace=grace)
         certain = tuple(i for i in items if (kind.name, i) not in self._uncertain)
         if len(certain) < len(items) and self.settings.mode == "fail":

@@ -1,13 +1,7 @@
-"""The guard's fixture ledger: a wider-scope fixture owns what its set-up started.
-
-Threads and processes started while a fixture of wider scope than the test was being set up
-(and the state it changed) are that fixture's: not the test's leak, checked when the fixture
-is torn down and blamed on it (:meth:`FixtureLedger._owned_findings`). What the fixture's
-set-up and teardown did is absorbed into the running test's baseline; a fixture torn down with
-a test is checked in that test's check (:meth:`FixtureLedger._finished_findings`), one torn
-down outside any test on its own (:meth:`FixtureLedger._finish_orphan`). The ledger also
-answers the ownership search's questions: what live fixtures own, and their values (the roots
-of the search).
+"""The guard's fixture ledger: a wider-scope fixture owns what its set-up started (and the state
+it changed): checked, and blamed on it, when it is torn down, in the check of the test it is
+torn down with, else on its own. What its set-up and teardown did is absorbed into the running
+test's baseline. The ledger also gives the owner search its roots: the live fixtures' values.
 """
 
 from __future__ import annotations
@@ -34,8 +28,7 @@ _FUNCTION_SCOPE = Scope.Function
 
 @lazy_dataclass
 class _Owned:
-    """What a wider-scope fixture's setup started (object kinds) and the state before it (state
-    kinds): checked, and blamed on the fixture, when it is torn down."""
+    """What a wider-scope fixture's setup started, and the state before it."""
 
     fixture: str
     scope: str
@@ -52,14 +45,12 @@ class _Owned:
         return f"fixture {self.fixture!r} ({self.scope} scope)"
 
     def adopt(self, kind: str, items: tuple[Any, ...]) -> None:
-        """Items a test started that this fixture's value reaches: checked, and blamed on the
-        fixture, at its teardown."""
+        """Items a test started that this fixture's value reaches."""
         self.started[kind] = self.started.get(kind, ()) + items
 
 
 class FixtureLedger(GuardState):
-    """Wider-scope fixtures own what their set-up started (``self._owned``: fixturedef ->
-    :class:`_Owned`, while the fixture is live)."""
+    """Wider-scope fixtures own what their set-up started (``self._owned``)."""
 
     @pytest.hookimpl(wrapper=True)
     def pytest_fixture_setup(
@@ -81,16 +72,16 @@ class FixtureLedger(GuardState):
                 items = tuple(kind.new_since(start[kind.name]))
                 if items:
                     started[kind.name] = items
+            end = self._snapshot(self._states)
             owned = _Owned(
                 fixturedef.argname,
                 fixturedef.scope,
                 fixturedef.baseid,
                 started,
                 {kind.name: start[kind.name] for kind in self._states},
+                end,
             )
             self._owned[fixturedef] = owned
-            end = self._snapshot(self._states)
-            owned.state_after_setup = end
             watch.marks = None
             for kind in self.kinds:  # what its set-up started or changed is not the test's
                 if watch.before.get(kind.name) is not None:
@@ -116,7 +107,6 @@ class FixtureLedger(GuardState):
         if watch is None:  # torn down outside any test (e.g. an interrupted session)
             self._finish_orphan(owned, now)
             return
-        # Whatever the fixture's teardown changed is the fixture's.
         watch.marks = None
         at_teardown = owned.state_at_teardown if owned.state_at_teardown is not None else now
         for kind in self._states:
@@ -126,9 +116,7 @@ class FixtureLedger(GuardState):
         watch.finished.append((owned, now))
 
     def _finished_findings(self, watch: _Watch, alive: dict[str, set[Any]]) -> list[Finding]:
-        """The findings of the fixtures torn down with the test (``alive``: what is still
-        alive, of what they and the test started, after the grace); in fail mode their order is
-        restored, and the undo is absorbed into the test's baseline: it is not the test's."""
+        """The findings of the fixtures torn down with the test; their undo is not the test's."""
         findings: list[Finding] = []
         for owned, state_at_finish in watch.finished:
             left = {
@@ -140,7 +128,7 @@ class FixtureLedger(GuardState):
                 self._owned_findings(owned, left, state_at_finish, 0.0 if watch.timed_out else None)
             )
             after_restore = self._snapshot(self._states)
-            for kind in self._states:  # an undo of the fixture's change is not the test's
+            for kind in self._states:
                 watch.before[kind.name] = kind.absorb(
                     watch.before[kind.name], before_restore[kind.name], after_restore[kind.name]
                 )
@@ -166,8 +154,7 @@ class FixtureLedger(GuardState):
     def _owned_findings(
         self, owned: _Owned, left: Found, state_now: Snapshot, grace: float | None = None
     ) -> list[Finding]:
-        """The fixture's findings (what it left of each kind), then, in fail mode, order
-        restored for what it owns."""
+        """The fixture's findings; in fail mode, order restored for what it owns."""
         grace = self.settings.grace_s if grace is None else grace
         extra = {"owner": owned.owner()}
         findings: list[Finding] = []
@@ -188,10 +175,8 @@ class FixtureLedger(GuardState):
     def _not_kept_by_libraries(
         self, kind: ResourceKind, owned: _Owned, items: tuple[Any, ...]
     ) -> tuple[Any, ...]:
-        """``items`` less what a loaded native library keeps for the process's lifetime (the
-        kind's ``kept_by_libraries``: Ray's gRPC pollers and log files after ``ray.shutdown()``):
-        opened by the fixture's set-up, open for good whatever its teardown does, with no
-        Python object to close. Listed as long-lived at session end, not a finding."""
+        """``items`` less what a native library keeps for the process's lifetime (Ray's gRPC
+        pollers and log files after ``ray.shutdown()``): listed as long-lived, not a finding."""
         if not items:
             return items
         kept = kind.kept_by_libraries(items)
@@ -212,7 +197,7 @@ class FixtureLedger(GuardState):
         kind: ResourceKind, owned: _Owned, state_now: Snapshot
     ) -> tuple[Any, ...]:
         """What the fixture's set-up or teardown changed and is still not as before its set-up
-        (what tests changed in between was theirs, reported with them)."""
+        (what tests changed in between was theirs)."""
         before = owned.state_before_setup[kind.name]
         mine = {c.key for c in kind.diff(before, owned.state_after_setup.get(kind.name, before))}
         at_teardown = (owned.state_at_teardown or {}).get(kind.name)
@@ -222,17 +207,10 @@ class FixtureLedger(GuardState):
             return ()
         return tuple(c for c in kind.diff(before, state_now[kind.name]) if c.key in mine)
 
-    # --- what live fixtures own: asked by the ownership search ---
-
     def _not_live_owned(self, found: Found) -> Found:
         """``found`` less what a live fixture started (checked at the fixture's teardown)."""
-        live_owned = self._live_owned()
-        return {
-            name: tuple(i for i in items if i not in live_owned[name])
-            if name in live_owned
-            else items
-            for name, items in found.items()
-        }
+        live = self._live_owned()
+        return {k: tuple(i for i in v if i not in live.get(k, ())) for k, v in found.items()}
 
     def _live_owned(self) -> dict[str, set[Any]]:
         live_owned: dict[str, set[Any]] = {}
@@ -258,10 +236,9 @@ class FixtureLedger(GuardState):
 
 
 def _its_own_to_stop(owned: _Owned) -> None:
-    """A wider-scope fixture's teardown is about to run: the processes it owns (started in its
-    set-up, or adopted since because its value reaches them) and their descendants are its own
-    to stop, ``proc.terminate()`` or ``kill()`` included: such an end is never collateral.
-    Only those still running now: one that died before (a test's blanket kill) stays a victim."""
+    """A wider-scope fixture's teardown is about to run: the processes it owns still running now,
+    and their descendants, are its own to stop (never collateral); one that died before (a
+    test's blanket kill) stays a victim."""
     pids = owned.started.get("processes", ())
     if not pids:
         return

@@ -1,12 +1,10 @@
 """Whose is it: of the new items a test's check finds, which are the test's own.
 
-Decided before any grace is waited (:meth:`WhoseIsIt._left`), so that what others own costs
-no grace: what a live wider-scope fixture started (its ledger, :mod:`pytest_shutdown.guard_ledger`)
-or its value reaches (adopted by that fixture), what a module global or class attribute reaches
-(listed as long-lived at session end), the standard library's process-lifetime helpers. Threads
-and processes on their way out are let go in a brief wait first (:meth:`WhoseIsIt._leaving`,
-:meth:`WhoseIsIt._let_go`), which spares the owner search its heap passes. The search itself
-is :func:`pytest_shutdown.ownership.find_owners`, imported on first use.
+Decided before any grace is waited, so that what others own costs no grace: what a live
+wider-scope fixture started or its value reaches, what a module global or class attribute
+reaches (long-lived), the standard library's process-lifetime helpers. Threads and processes
+on their way out are let go in a brief wait first, which spares the owner search
+(:func:`pytest_shutdown.ownership.find_owners`) its heap passes.
 """
 
 from __future__ import annotations
@@ -25,15 +23,12 @@ from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.primitives import thread_name
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.ownership.owners import Owner
+    from pytest_shutdown.ownership.owners import Owner, Owners
 
-#: Seconds into the check's brief wait (``_BRIEF_S`` of :mod:`pytest_shutdown.guard`) after
-#: which what is still there is searched for an owner (one backward walk): what a module
-#: global, a class attribute or a live fixture holds (a library's monitor thread, a reusable
-#: executor's workers: the one wait of each of tqdm's, loky's and joblib's suites) is not
-#: waited for any longer. Threads and processes on their way out end well within it (1-3 ms
-#: for a closed ``multiprocessing.Pool``'s workers and handler threads); the walk it may spend
-#: on one that ends later costs a heap pass a level.
+#: Seconds into the brief wait (``guard._BRIEF_S``) after which what is still there is searched
+#: for an owner: what a global or a live fixture holds (a library's monitor thread, a reusable
+#: executor's workers: tqdm's, loky's, joblib's suites) is not waited for any longer. What is
+#: on its way out ends well within it (1-3 ms for a closed ``multiprocessing.Pool``'s).
 _WALK_AFTER_S = 0.01
 
 
@@ -48,12 +43,8 @@ class WhoseIsIt(FixtureLedger):
         asked: Found,
         walked: AbstractSet[tuple[str, Any]] = frozenset(),
     ) -> Found | None:
-        """What the test left that is its own (inside one moment): each kind's new items less
-        what a live fixture started or anything that outlives the test owns; None when there
-        is nothing to wait for or report. ``allowed`` gets the kinds the markers allow; only
-        the kinds in ``moved`` are asked (all when None), and those in ``asked`` (by
-        :meth:`_new_since`, in this moment) are not asked again; the ``(kind, item)`` keys in
-        ``walked`` were searched for an owner moments ago and had none."""
+        """What the test left that is its own (None: nothing); ``allowed`` gets the kinds the
+        markers allow; the keys in ``walked`` were searched for an owner already."""
         found: Found = {}
         allow = watch.allow
         later: list[tuple[ResourceKind, Any]] = []
@@ -63,7 +54,6 @@ class WhoseIsIt(FixtureLedger):
             allowance = allow.allowance(kind.allow_key) if allow is not None else None
             if allowance is True:
                 allowed.add(kind.name)
-                # what leaves the tree later is allowed too (the session-end sweep lists it)
                 self._allowed_late.setdefault(watch.nodeid, set()).add(kind.name)
                 continue
             if not kind.ends_by_itself:
@@ -74,8 +64,7 @@ class WhoseIsIt(FixtureLedger):
                 items = self._new_in_test(watch, kind, allowance)
             if items:
                 found[kind.name] = tuple(items)
-        # Whose is it? Decided before any wait, so that what others own costs no grace. The
-        # threads and processes first: a global found owning a pool's workers is remembered,
+        # Threads and processes first: a global found owning a pool's workers is remembered,
         # and the kinds asked next find the pool's pipes forwards from it, with no heap scan.
         nodeid = watch.nodeid
         left = self._without_owned(self._not_live_owned(found), nodeid, walked) if found else {}
@@ -91,9 +80,7 @@ class WhoseIsIt(FixtureLedger):
         return left
 
     def _new_since(self, watch: _Watch, moved: set[str] | None) -> Found:
-        """The new items of the kinds whose items end by themselves (threads, processes), each
-        asked once: empty for a kind that found nothing, absent for one not asked (its marks
-        did not move, or the markers allow it anything)."""
+        """The new items of the kinds whose items end by themselves (threads, processes)."""
         allow = watch.allow
         asked: Found = {}
         for kind in self._objects:
@@ -108,9 +95,8 @@ class WhoseIsIt(FixtureLedger):
 
     @staticmethod
     def _new_in_test(watch: _Watch, kind: ResourceKind, allowance: Any) -> tuple[Any, ...]:
-        """A kind's new items; when the gap before the test was not read, less those whose
-        recorded start was outside any test (in that gap: what a set-up reading would have
-        put in the baseline)."""
+        """A kind's new items; when the gap before the test was not read, less those started
+        outside any test (what a set-up reading would have put in the baseline)."""
         items = tuple(kind.new_since(watch.before[kind.name], allowance))
         if items and watch.gap_unread:
             between = kind.started_outside_tests(items)
@@ -118,12 +104,9 @@ class WhoseIsIt(FixtureLedger):
                 items = tuple(i for i in items if i not in between)
         return items
 
-    # --- the brief wait: what is on its way out needs no owner search ---
-
     def _leaving(self, asked: Found) -> Found:
-        """Of the new threads and processes ``asked``, those no live fixture started and no
-        known owner explains without a heap pass: those that end within a few milliseconds
-        need no ownership search at all."""
+        """Of ``asked``, those no live fixture started and no known owner explains without a
+        heap pass: those that end within a few milliseconds need no owner search at all."""
         found: Found = {name: items for name, items in asked.items() if items}
         targets = self._targets(found)
         if not found:
@@ -143,13 +126,10 @@ class WhoseIsIt(FixtureLedger):
         return {name: items for name, items in leaving.items() if items}
 
     def _let_go(self, leaving: Found, wait_s: float) -> set[tuple[str, Any]]:
-        """Wait up to ``wait_s`` (short polls) for the ``leaving`` items to end; once some
-        did, collect the young generations: what they held (a queue's pipe) is garbage now.
-
-        What is still there after :data:`_WALK_AFTER_S` is searched for an owner once: what
-        has one is not waited for (the check finds that owner again, forwards, without a heap
-        pass). Returns the ``(kind, item)`` keys that search left unowned, so that the check
-        does not walk the heap for them a second time."""
+        """Wait up to ``wait_s`` for the ``leaving`` items to end; once some did, collect the
+        young generations (what they held, a queue's pipe, is garbage now). What is still there
+        after :data:`_WALK_AFTER_S` is searched for an owner once, and what has one is not
+        waited for. Returns the keys that search left unowned (not walked for again)."""
         start = time.monotonic()
         deadline = start + wait_s
         walk_at = start + min(_WALK_AFTER_S, wait_s)
@@ -178,15 +158,11 @@ class WhoseIsIt(FixtureLedger):
         return unowned
 
     def _stop_waiting_for_owned(self, leaving: Found) -> set[tuple[str, Any]]:
-        """Drop from ``leaving`` what an ownership search (with its backward walk) finds an
-        owner for; return the keys of what it walked for and left unowned."""
+        """Drop from ``leaving`` what an owner search finds an owner for; return the rest's keys."""
         targets = self._targets(leaving)
         if not targets:
             return set()
-        from pytest_shutdown.ownership.owners import find_owners  # noqa: PLC0415 - only when left
-
-        owners = find_owners(targets, self._fixture_roots(), near=self._known_referrers(targets))
-        self._uncertain |= owners.uncertain
+        owners = self._find_owners(targets)
         for name, items in list(leaving.items()):
             kept = tuple(i for i in items if (name, i) not in owners)
             if kept:
@@ -195,14 +171,18 @@ class WhoseIsIt(FixtureLedger):
                 del leaving[name]
         return {key for key in targets if key not in owners}
 
-    # --- the owner search ---
+    def _find_owners(self, targets: dict[Any, object]) -> Owners:
+        """The owner search (with its backward walk); a cut-short search's keys are uncertain."""
+        from pytest_shutdown.ownership.owners import find_owners  # noqa: PLC0415 - only when found
+
+        owners = find_owners(targets, self._fixture_roots(), near=self._known_referrers(targets))
+        self._uncertain |= owners.uncertain
+        return owners
 
     def _targets(
         self, found: Found, walked: AbstractSet[tuple[str, Any]] = frozenset()
     ) -> dict[Any, object]:
-        """``(kind name, item)`` -> the object that stands for the item in an ownership search
-        (a thread, a ``Process``/``Popen``, a descriptor's wrapper), for the object kinds in
-        ``found``, less the keys in ``walked``."""
+        """``(kind name, item)`` -> the object that stands for it in an owner search."""
         targets: dict[Any, object] = {}
         for kind in self._objects:
             items = found.get(kind.name)
@@ -213,8 +193,7 @@ class WhoseIsIt(FixtureLedger):
         return targets
 
     def _known_referrers(self, targets: Mapping[Any, object]) -> dict[Any, Sequence[object]]:
-        """``(kind name, item)`` -> objects known to refer to its target (the kinds'
-        optional ``known_referrers``), for the ownership search's first heap pass."""
+        """``(kind name, item)`` -> objects known to refer to its target."""
         near: dict[Any, Sequence[object]] = {}
         for kind in self._objects:
             items = [item for name, item in targets if name == kind.name]
@@ -230,17 +209,12 @@ class WhoseIsIt(FixtureLedger):
         nodeid: str,
         walked: AbstractSet[tuple[str, Any]] = frozenset(),
     ) -> Found:
-        """Drop what outlives the test: a live wider-scope fixture's (checked at its teardown),
-        a module global's or class attribute's (listed at session end), the standard library's
-        process-lifetime helpers. What is left is the test's own. The keys in ``walked`` are
-        not searched again (see :meth:`_let_go`)."""
+        """Drop what outlives the test: a live wider-scope fixture's (adopted by it), a global's
+        (long-lived), the standard library's; the keys in ``walked`` are not searched again."""
         targets = self._targets(found, walked)
         if not targets:
             return found
-        from pytest_shutdown.ownership.owners import find_owners  # noqa: PLC0415 - only when found
-
-        owners = find_owners(targets, self._fixture_roots(), near=self._known_referrers(targets))
-        self._uncertain |= owners.uncertain
+        owners = self._find_owners(targets)
         if not owners:
             return found
         for fixturedef, owned in self._owned.items():
@@ -272,18 +246,18 @@ class WhoseIsIt(FixtureLedger):
         owned = {p for o in self._owned.values() for p in o.started.get("processes", ())}
         owned.update(item for name, item in self._long_lived if name == "processes")
         pids = tuple(p for p in started if p not in owned)
-        if pids:  # a pool a fixture value or a global reaches is not the test's to kill
-            from pytest_shutdown.ownership.owners import find_owners, objects_of  # noqa: PLC0415
+        if not pids:
+            return []
+        from pytest_shutdown.ownership.owners import find_owners, objects_of  # noqa: PLC0415
 
-            others = find_owners(  # bounded: it runs in the signal handler, the budget over
-                objects_of((), pids, parent_pids(pids)), self._fixture_roots(), max_seconds=1.0
-            )
-            pids = tuple(p for p in pids if p not in others)
-        return (
-            kill_process_trees(pids, timeout=2.0, why=f"the shutdown budget of {watch.nodeid}")
-            if pids
-            else []
+        # A pool a fixture value or a global reaches is not the test's to kill. Bounded: this
+        # runs in the signal handler, the budget over.
+        others = find_owners(
+            objects_of((), pids, parent_pids(pids)), self._fixture_roots(), max_seconds=1.0
         )
+        pids = tuple(p for p in pids if p not in others)
+        why = f"the shutdown budget of {watch.nodeid}"
+        return kill_process_trees(pids, timeout=2.0, why=why) if pids else []
 
 
 def _fixture_of(owner: Owner | None) -> Any:
@@ -291,7 +265,7 @@ def _fixture_of(owner: Owner | None) -> Any:
 
 
 def _long_lived_record(key: tuple[str, Any], owner: Owner, nodeid: str) -> dict[str, Any]:
-    """What the summary says about a thread or process owned by a global (at session end)."""
+    """What the summary says about an item owned by a global."""
     item = key[1]
     if isinstance(item, threading.Thread):
         origin = origins.origin_of_thread(item)

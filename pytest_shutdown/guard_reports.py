@@ -1,17 +1,11 @@
-"""What the guard tells pytest: the report wrapper of every phase, a test's record, and the
-error (fail mode) or the warning (warn mode).
-
-A test whose check found something gets a :class:`~pytest_shutdown.report.TestRecord` and
-``user_properties``; in ``fail`` mode it errors in teardown with :class:`_GuardError` (a
-:class:`ShutdownContractError` shown by its findings), in ``warn`` mode a
-:class:`ShutdownLeakWarning` points at the test's line; a test that already failed gets them
-as a report section of its failure instead. The records travel with the teardown report (on
-xdist to the controller, :class:`_ReportsFromWorkers`).
+"""What the guard tells pytest: the report wrapper of every phase, a test's record and
+``user_properties``, and the error (fail mode) or the warning at the test's line (warn mode);
+a test that already failed gets them as a report section instead. The records travel with the
+teardown report (on xdist to the controller).
 """
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
@@ -19,26 +13,22 @@ import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that mypy sees a class
 
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
-from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
-from pytest_shutdown.guard_state import GuardState, _Watch
+from pytest_shutdown.guard_state import GuardState, _Watch, line_of
+from pytest_shutdown.pending import warn_at
 from pytest_shutdown.report import TestRecord, render_budget
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.budget import BudgetOutcome
 
-_PYTEST_TIMEOUT_MARK = "from pytest-timeout"
 _GUARD_ATTR = "_pytest_shutdown_findings"
-_GUARD_ERROR_TITLE = "shutdown guard"
 #: The report section that carries the guard's findings of a test that already failed.
 GUARD_SECTION = "Captured shutdown guard teardown"
 
 
 class _GuardError(ShutdownContractError, Failed):
-    """The guard's own teardown error in fail mode: a ShutdownContractError that pytest reports
-    by its text, as it does ``pytest.fail(..., pytrace=False)``. Its report shows the findings
-    (:meth:`GuardReports._note_failure`); the traceback through pytest's and pluggy's frames
-    that pytest would otherwise format first, with their source, cost tens of milliseconds per
-    error and was thrown away."""
+    """The guard's teardown error in fail mode, reported by its text as ``pytest.fail(...,
+    pytrace=False)`` is: formatting the traceback through pytest's and pluggy's frames cost
+    tens of milliseconds per error, and the report shows the findings instead."""
 
     def __init__(self, findings: list[Finding]) -> None:
         ShutdownContractError.__init__(self, findings)
@@ -47,19 +37,11 @@ class _GuardError(ShutdownContractError, Failed):
 
 
 def _is_pytest_timeout(exc: BaseException | None) -> bool:
-    return exc is not None and _PYTEST_TIMEOUT_MARK in str(exc)
-
-
-# Imported on first use: a clean session raises no ShutdownContractError.
-def note_contract_error(item: pytest.Item, call: pytest.CallInfo[None], report: Any) -> None:
-    from pytest_shutdown.contract_errors import note_contract_error as note  # noqa: PLC0415
-
-    note(item, call, report)
+    return exc is not None and "from pytest-timeout" in str(exc)
 
 
 class _ReportsFromWorkers:
-    """The xdist controller's per-report hook: accept the records a worker's teardown report
-    carries, attach the guard's section of a teardown to the setup error it follows."""
+    """The xdist controller's per-report hook (:meth:`GuardReports._take_report`)."""
 
     def __init__(self, guard: GuardReports) -> None:
         self.guard = guard
@@ -74,9 +56,7 @@ class GuardReports(GuardState):
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        """On the xdist controller the reports arrive one by one, with the workers' records:
-        a per-report hook there only (elsewhere the teardown report wrapper does its work,
-        one hook call per phase fewer)."""
+        """A per-report hook on the xdist controller only (elsewhere the wrapper does it)."""
         if self._worker is None and self.config.pluginmanager.hasplugin("dsession"):
             self.config.pluginmanager.register(
                 _ReportsFromWorkers(self), "pytest-shutdown-reports-from-workers"
@@ -86,12 +66,11 @@ class GuardReports(GuardState):
     def pytest_runtest_makereport(
         self, item: pytest.Item, call: pytest.CallInfo[None]
     ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
-        """The one report wrapper of the plugin with the guard on: a failure noted, the
-        guard's own error shown as findings, a ShutdownContractError's codes and findings
-        recorded (:mod:`pytest_shutdown.contract_errors`), then the test's records attached to
-        its teardown report (:meth:`ShutdownReport.attach_pending`)."""
+        """A failure noted; the test's records attached to its teardown report."""
         report = yield
         if call.excinfo is not None:
+            from pytest_shutdown.contract_errors import note_contract_error  # noqa: PLC0415
+
             note_contract_error(item, call, report)
             self._note_failure(item, call.when, call.excinfo.value, report)
         elif call.when != "teardown":
@@ -112,16 +91,12 @@ class GuardReports(GuardState):
             watch.timed_out = True
         plain = getattr(error, _GUARD_ATTR, None)
         if when == "teardown" and plain is not None:
-            # The guard's own error: show the findings, not the guard's source.
             codes = ", ".join(dict.fromkeys(f["code"] for f in plain))
-            report.longrepr = f"{_GUARD_ERROR_TITLE}: {codes}\n{self._render(plain)}"
+            report.longrepr = f"shutdown guard: {codes}\n{self._render(plain)}"
 
     def _take_report(self, report: pytest.TestReport) -> None:
-        """A finished phase's report (this process's own, or a worker's on the controller):
-        accept the records its teardown report carries, and attach the guard's section of a
-        teardown to the setup error it follows. A failed call needs none: pytest prints the
-        teardown sections after each failure itself, and the section would then be printed
-        twice."""
+        """Accept the records a teardown report carries; attach the guard's section of a
+        teardown to the setup error it follows (pytest prints it after a failed call itself)."""
         self.report.accept_reported(report)
         if report.when == "setup":
             if report.failed:
@@ -147,9 +122,8 @@ class GuardReports(GuardState):
         guard_s: float,
         reported: bool,
     ) -> None:
-        """A test that did not end clean (findings, its budget ran out, its check failed, its
-        teardown was cut short): its record, user properties and report sections; then, when
-        it did not fail otherwise (``reported``), the error or the warning of its findings."""
+        """A test that did not end clean: its record, user properties and report sections;
+        when it did not fail otherwise (``reported``), the error or the warning."""
         __tracebackhide__ = True
         if fired is not None:
             from pytest_shutdown.report import budget_finding  # noqa: PLC0415
@@ -191,14 +165,7 @@ class GuardReports(GuardState):
     def _complain(self, item: pytest.Item, findings: list[Finding], plain: list[Any]) -> None:
         __tracebackhide__ = True
         if self.settings.mode == "warn":
-            # attributed to the test's own line, not to this module
-            path, lineno, _ = item.reportinfo()
-            warning = ShutdownLeakWarning(self._render(plain))
-            with warnings.catch_warnings():
-                # Warn mode never fails a test: under -W error / filterwarnings = error the
-                # warning is still recorded (pytest's recorder stays in place), never raised.
-                warnings.simplefilter("always", ShutdownLeakWarning)
-                warnings.warn_explicit(warning, ShutdownLeakWarning, str(path), (lineno or 0) + 1)
+            warn_at(self._render(plain), line_of(item))
             return
         error = _GuardError(findings)
         setattr(error, _GUARD_ATTR, plain)

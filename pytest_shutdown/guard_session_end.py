@@ -1,14 +1,6 @@
-"""The guard at the session's end, and the late leaks it reports on the way.
-
-- Late leaks: what a kind found after the test that made it had ended (a launcher that
-  daemonises after a delay), reported at the next set-up and at session end
-  (:meth:`SessionEnd._report_late`).
-- The long-lived resources (a module global's pool, a library's monitor thread) still alive
-  are listed; ``--shutdown-long-lived=fail`` fails the session with them.
-- The kinds' session-end hooks (:meth:`SessionEnd._end_the_kinds`), every kind in order: the
-  sweep, nothing a test started may remain (``sweep_session_end``); then what the tests left
-  that would block the interpreter's exit (``blocking_exit``): fail mode bounds the exit's
-  wait for it (``pytest_unconfigure``).
+"""The guard at the session's end: late leaks (found after their test ended, also reported at
+the next set-up), the long-lived resources still alive, the kinds' sweep, and the bound on the
+exit's wait for what tests left (fail mode).
 """
 
 from __future__ import annotations
@@ -37,13 +29,12 @@ class SessionEnd(GuardState):
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        """List the long-lived resources still alive; with ``--shutdown-long-lived=fail`` (on
-        the controller, after the workers' lists are merged) they fail the session. Warn
-        mode's pending candidates are confirmed first, with no wait (see pending.py)."""
+        """List the long-lived resources still alive (``--shutdown-long-lived=fail``: they fail
+        the session, on the controller); warn mode's candidates are confirmed first."""
         if self._deferred is not None and len(self._deferred):
             self._reported_at_end = self._deferred.confirm_all()
         late_finders = [k for k in self._objects if k.finds_late]
-        if late_finders:  # what left the last tests' trees after their checks
+        if late_finders:
             self._snapshot(late_finders)
             self._report_late()
         now = time.monotonic()
@@ -64,13 +55,13 @@ class SessionEnd(GuardState):
         self._end_the_kinds()
         self._exitstatus = int(session.exitstatus)
         self._long_lived.clear()
-        if self._late_failures and session.exitstatus == pytest.ExitCode.OK:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a late leak found in fail mode
-        if hasattr(self.config, "workerinput"):
-            return
-        if self.settings.long_lived == "fail" and self.report.long_lived:
-            if session.exitstatus == pytest.ExitCode.OK:
-                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        fails = self._late_failures or (  # the controller has the workers' long-lived lists
+            self.settings.long_lived == "fail"
+            and self.report.long_lived
+            and not hasattr(self.config, "workerinput")
+        )
+        if fails and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
     @pytest.hookimpl(trylast=True)
     def pytest_unconfigure(self, config: pytest.Config) -> None:
@@ -80,16 +71,12 @@ class SessionEnd(GuardState):
         for kind in self.kinds:  # a kind that installed something (a recorder) removes it
             kind.close()
         if self._blocking_exit and self.settings.mode == "fail":
-            # The report and the record log are written (the report plugin's sessionfinish).
             from pytest_shutdown.exit_bound import bound_the_exit  # noqa: PLC0415
 
             bound_the_exit(self._blocking_exit, self.settings.grace_s, self._exitstatus)
 
     def _end_the_kinds(self) -> None:
-        """Every kind's session-end hooks, in order, given the session's data (not the guard):
-        first the sweep of what the session's tests left (not on the xdist controller: its
-        workers sweep their own), then what would block the interpreter's exit (kept for fail
-        mode's bound, ``pytest_unconfigure``)."""
+        """Every kind's sweep (not on the xdist controller), then what would block the exit."""
         end = SessionEndContext(
             mode=self.settings.mode,
             grace_s=self.settings.grace_s,
@@ -108,9 +95,8 @@ class SessionEnd(GuardState):
             self._blocking_exit.extend(kind.blocking_exit(end))
 
     def _report_late(self) -> None:
-        """Report what the kinds found after the test that made it had ended (a launcher that
-        daemonises after a delay): a record for that test, a warning in warn mode; fail mode
-        stops it and the session fails."""
+        """Report what the kinds found after its test ended (a launcher that daemonises after
+        a delay): a record, a warning in warn mode; fail mode stops it and fails the session."""
         for kind in self._objects:
             if not kind.finds_late:
                 continue

@@ -1,7 +1,5 @@
-"""The end of a process whose teardown hung past its second budget (:mod:`pytest_shutdown.budget`):
-its exit code and the handlers run just before it. A module of its own, so that the report
-registers its handler in every guarded session without importing the budget, which only a
-test with a budget needs.
+"""The exit code of a process whose teardown hung past its second budget, and the handlers run
+just before it: apart from :mod:`pytest_shutdown.budget`, which only a test with a budget needs.
 """
 
 from __future__ import annotations

@@ -1,49 +1,35 @@
-"""SIGTERM ends a fail-mode session in order, as Ctrl-C does: teardown, summary, report; and a
+"""SIGTERM ends a fail-mode session in order, as Ctrl-C does (teardown, summary, report), and a
 session stuck in C still ends.
 
-pytest has no SIGTERM handler, so a CI runner's SIGTERM kills the process where it stands: no
-fixture teardown, no summary, no report. While a session in fail mode (or a guard-off one
-writing ``--shutdown-report``) runs, the first SIGTERM raises :class:`KeyboardInterrupt` in the
-main thread instead. Warn mode observes only: it installs no handler and no watch at all, so a
-test sees Python's own SIGTERM and SIGINT handling, exactly as without the plugin.
+pytest has no SIGTERM handler: a CI runner's SIGTERM kills the process where it stands. While a
+session in fail mode (or a guard-off one writing ``--shutdown-report``) runs, the first SIGTERM
+raises :class:`KeyboardInterrupt` in the main thread instead. Warn mode installs nothing.
 
-A Python signal handler runs only when the main thread gets back to Python. A main thread
-blocked inside one C call (a deadlocked ``pthread_mutex_lock``, a driver call) never does, so
-the handler alone would make SIGTERM and Ctrl-C do nothing at all. So the signals are also
-watched from a thread of the plugin's own: a C-level handler (``faulthandler.register`` with
-``chain=True``, which then calls Python's own handler as before) writes every thread's stack
-into a datagram socket, and the watcher reads it. The kernel tells the watcher which process
-wrote each datagram (``SO_PASSCRED``): a child that inherited the C-level handler (one forked
-in C, below Python's at-fork hooks) writes its own signal's dump there too, and the watcher
-ignores it. If the main thread has not taken the signal within :data:`TAKE_SIGNAL_S` seconds
-(for SIGTERM: our handler has not run; for SIGINT: the main thread's frame has not moved), or
-on a second SIGTERM, the watcher ends the process at once: it writes the record log's end and
-the report (``"complete": false``), dumps every thread's stack to stderr and exits with 143
-(SIGTERM) or 130 (SIGINT). Its line says where the main thread is (its top Python frame, "in a
-call into C" only when that frame is in a call with no Python code below it), never more than
-it knows: for SIGINT only that the main thread did not move.
+A main thread blocked inside one C call (a deadlocked ``pthread_mutex_lock``) never runs a
+Python handler, so the signals are also watched from a thread of the plugin's own: a C-level
+handler (``faulthandler.register(chain=True)``, which then calls Python's handler) writes every
+stack into a datagram socket the watcher reads; the kernel names the writer (``SO_PASSCRED``),
+so a child forked in C that inherited the handler is ignored. If the main thread has not taken
+the signal within :data:`TAKE_SIGNAL_S` (SIGTERM: our handler has not run; SIGINT: its frame
+has not moved), or on a second SIGTERM, the watcher writes the record log's end and the report
+(``"complete": false``), dumps every stack and exits with 128 + the signal number, saying where
+the main thread is and never more than it knows. A first SIGTERM once pytest's test loop is
+over (where it would escape pytest with a traceback) ends the process the same way.
 
-pytest takes a KeyboardInterrupt only in its test loop (``_pytest.main._main``). A first
-SIGTERM that comes once the loop is over (after a Ctrl-C, pytest tears the session down after
-the loop) would escape pytest with a traceback and exit status 1: it ends the process at once,
-as a second SIGTERM does (143, and the report says so).
-
-Nothing is installed when a handler other than the default one is already in place (the user's
-code installed its own), on an xdist worker (the controller ends the workers), or outside the
-main thread; SIGINT is watched only while its handler is Python's default one. A handler the
-user's code installs during the run is left alone. A forked child never keeps the handlers or
-the watch (:mod:`pytest_shutdown._os.forks`): each watched signal's C-level handler is put back to
-what Python's handler table says (ours reads as the default), so ``Process.terminate()`` and
-``Pool.terminate()`` kill it with SIGTERM as they would without the plugin, also after a test
-put SIGTERM back to ``SIG_DFL``. A child forked in C runs no at-fork hook: should it run Python
-code, our handler sees it is not in the process that installed it and does the default action
-(SIGTERM kills it); one that never returns to Python code keeps the C-level handler.
+Nothing is installed over a handler already in place, on an xdist worker, or outside the main
+thread; SIGINT is watched only while its handler is Python's default. A handler the user's code
+installs during the run is left alone. A forked child keeps neither handler nor watch
+(:mod:`pytest_shutdown._os.forks`): each watched signal's C-level handler is set again from
+Python's table (ours reads as the default), so ``Process.terminate()`` kills it as without the
+plugin. A child forked in C that runs Python code sees it is not the installing process and
+does the default action.
 """
 
 from __future__ import annotations
 
 import dis
 import faulthandler
+import functools
 import linecache
 import os
 import select
@@ -55,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -66,19 +52,14 @@ from pytest_shutdown._os.own_threads import start_own_thread
 TAKE_SIGNAL_S = 5.0
 #: The bound on waiting for the watcher to end when the session is over (it takes microseconds).
 STOP_TIMEOUT_S = 1.0
-#: Exit statuses of a process ended at once by the watcher: 128 + the signal number.
-EXIT_STATUS: dict[int, int] = {signal.SIGTERM: 143, signal.SIGINT: 130}
-
-
 #: Why a first SIGTERM ends the process at once when pytest's test loop is over.
 LOOP_OVER = (
     "it came after pytest's test loop was over (in the session's teardown or end, or after a "
     "Ctrl-C), where the session can no longer be ended in order"
 )
 
-#: The real clock and sleep, taken when the plugin is loaded and held where a test's
-#: monkeypatching (or freezegun, which rewrites every module global that holds the real
-#: functions) does not reach them: the watcher's deadlines and the budget's times use them.
+#: The real clock and sleep, held where a test's monkeypatching (or freezegun, which rewrites
+#: every module global that holds the real functions) does not reach them.
 _CLOCK = (time.monotonic, time.sleep)
 
 
@@ -87,10 +68,27 @@ def real_monotonic() -> float:
     return _CLOCK[0]()
 
 
+def dump_stacks_and_exit(line: str, status: int) -> NoReturn:
+    """Write ``line`` and every thread's stack to the real stderr, then end the process."""
+    stream = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
+    try:
+        stream.write(
+            f"\n+++ pytest-shutdown: {line}; the stacks of all threads follow; "
+            f"exit code {status} +++\n"
+        )
+        stream.flush()
+        faulthandler.dump_traceback(file=stream, all_threads=True)
+        stream.flush()
+    except (OSError, ValueError, AttributeError):
+        pass
+    os._exit(status)
+
+
 class SigtermInterrupted(KeyboardInterrupt):
     """The KeyboardInterrupt that SIGTERM raises under the shutdown plugin."""
 
 
+@functools.cache
 def _loop_code() -> Any:
     try:
         from _pytest.main import _main  # noqa: PLC0415 - pytest's test loop, once
@@ -100,15 +98,10 @@ def _loop_code() -> Any:
         return None
 
 
-_LOOP_CODE: list[Any] = []
-
-
 def _in_test_loop(frame: FrameType | None) -> bool:
-    """Whether pytest's test loop (``_pytest.main._main``: collection and the tests) is on the
-    main thread's stack, where pytest takes a KeyboardInterrupt and ends the session in order."""
-    if not _LOOP_CODE:
-        _LOOP_CODE.append(_loop_code())
-    code = _LOOP_CODE[0]
+    """Whether pytest's test loop (``_pytest.main._main``) is on the main thread's stack, where
+    pytest takes a KeyboardInterrupt and ends the session in order."""
+    code = _loop_code()
     if code is None:
         return True
     current: FrameType | None = frame if frame is not None else sys._getframe()
@@ -119,11 +112,7 @@ def _in_test_loop(frame: FrameType | None) -> bool:
     return False
 
 
-def _call_opcodes() -> frozenset[int]:
-    return frozenset(op for name, op in dis.opmap.items() if name.startswith(("CALL", "PRECALL")))
-
-
-_CALLS = _call_opcodes()
+_CALLS = frozenset(op for name, op in dis.opmap.items() if name.startswith(("CALL", "PRECALL")))
 
 
 def where_main_thread_is() -> str:
@@ -150,12 +139,11 @@ def where_main_thread_is() -> str:
 
 
 class SigtermEndsSessionInOrder:
-    """Installs the SIGTERM handler and the signal watch for the session's duration: the
-    report's hooks call :meth:`start` first at session start and :meth:`stop` last at
-    unconfigure. ``on_abort(exitstatus)`` is called (from the watcher) just before the process
-    ends at once: it writes the report."""
+    """The SIGTERM handler and the signal watch, from :meth:`start` (session start) to
+    :meth:`stop` (unconfigure). ``on_abort(exitstatus)`` writes the report, from the watcher,
+    just before the process ends at once."""
 
-    def __init__(self, on_abort: Callable[[int], None] | None = None) -> None:
+    def __init__(self, on_abort: Callable[[int], None]) -> None:
         self._installed = False
         self._on_abort = on_abort
         self._watch: _SignalWatch | None = None
@@ -165,17 +153,14 @@ class SigtermEndsSessionInOrder:
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self._pid:
-            # A child forked in C (no at-fork hook ran) that got back to Python: the default
-            # action, exactly as without the plugin.
+            # A child forked in C (no at-fork hook ran) that got back to Python: the default action
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
         self._sigterms += 1
         watch = self._watch
-        # A second SIGTERM ends now, whatever the main thread does. So does one that comes
-        # where pytest no longer takes an interrupt (its test loop is over: the session-scoped
-        # teardown after the tests or after a Ctrl-C, the summary): raised there, it would
-        # escape pytest with a traceback and exit status 1.
+        # A second SIGTERM ends now; so does one where pytest's test loop is over (raised
+        # there, it would escape pytest with a traceback and exit status 1).
         why = None
         if self._sigterms > 1:
             why = "a second SIGTERM"
@@ -207,23 +192,18 @@ class SigtermEndsSessionInOrder:
         self._watch = None
         if hasattr(faulthandler, "register"):  # not on Windows: the handler alone, as before
             try:
-                self._watch = _SignalWatch(signals, self._abort)
+                self._watch = _SignalWatch(signals, self._on_abort)
             except (OSError, RuntimeError, ValueError):  # pragma: no cover - no socket, no watch
                 self._watch = None
         undo_in_forked_child("sigterm", self._restore_default_in_child, hold=signals)
-
-    def _abort(self, exitstatus: int) -> None:
-        if self._on_abort is not None:
-            self._on_abort(exitstatus)
 
     def _restore_default_in_child(self) -> None:
         if self._watch is not None:
             self._watch.forget_in_child()
             self._watch = None
-        # Unregistering faulthandler put back the C-level handler of the watch's start, which
-        # is no longer right where the test changed Python's handler since (a SIGTERM put back
-        # to SIG_DFL would be caught and ignored). Each watched signal's C-level disposition is
-        # set again from Python's table: what the test set; ours reads as the default.
+        # Unregistering faulthandler put back the C-level handler of the watch's start, wrong
+        # where the test changed Python's handler since (a SIGTERM put back to SIG_DFL would be
+        # ignored): each is set again from Python's table, where ours reads as the default.
         for signum in self._signals:
             handler: Any = signal.getsignal(signum)
             if handler == self._on_sigterm:
@@ -257,12 +237,7 @@ _ANCILLARY_SIZE = socket.CMSG_SPACE(_UCRED.size) if hasattr(socket, "CMSG_SPACE"
 
 
 class _SignalWatch:
-    """Notices SIGTERM and SIGINT delivered to this process, from a thread of its own, whatever
-    the main thread does.
-
-    Each signal's C-level handler writes its dump into a datagram socket; the kernel tells the
-    watcher which process wrote each datagram (``SO_PASSCRED``), and only this process's count.
-    A child forked in C keeps the C-level handler and the socket: its signals are its own."""
+    """Notices SIGTERM and SIGINT delivered to this process, whatever the main thread does."""
 
     def __init__(self, signals: list[int], abort: Callable[[int], None]) -> None:
         self.taken = threading.Event()
@@ -343,8 +318,7 @@ class _SignalWatch:
                 elif signum == signal.SIGINT and self._main_position() != where:
                     del pending[signum]  # the main thread moved: Python's handler ran
                 elif now - since >= TAKE_SIGNAL_S:
-                    # Only what is known: our SIGTERM handler did not run; for SIGINT, the main
-                    # thread did not move (Python's handler may have run: a slow `finally`).
+                    # Only what is known (for SIGINT, Python's handler may have run: a slow finally)
                     if signum == signal.SIGTERM:
                         why = f"the main thread did not take it within {TAKE_SIGNAL_S:g} s"
                     else:
@@ -352,8 +326,7 @@ class _SignalWatch:
                     self.end_at_once(signum, f"{why}: {where_main_thread_is()}")
 
     def _receive(self, receiver: socket.socket) -> bool | None:
-        """Read the datagrams waiting until one of this process's: whether one came (None: the
-        watch is over)."""
+        """Whether one of this process's datagrams came (None: the watch is over)."""
         while True:
             if self._stopped:
                 return None  # (a datagram socket shut for reading reads "nothing yet")
@@ -386,32 +359,22 @@ class _SignalWatch:
         """Write the report, dump every stack, end the process (once, from any thread)."""
         if not self._ending.acquire(blocking=False):
             return
-        status = EXIT_STATUS.get(signum, 128 + signum)
+        status = 128 + signum
         name = signal.Signals(signum).name
         try:
             self._abort(status)
         except Exception as exc:  # noqa: BLE001 - the process ends whatever happens
             sys.stderr.write(f"pytest-shutdown: writing the report failed: {exc!r}\n")
-        stream = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
-        try:
-            stream.write(
-                f"\n+++ pytest-shutdown: {name}: {why}; the record log and the report are "
-                f"written (incomplete); the stacks of all threads follow; exit code {status} +++\n"
-            )
-            stream.flush()
-            faulthandler.dump_traceback(file=stream, all_threads=True)
-            stream.flush()
-        except (OSError, ValueError, AttributeError):
-            pass
-        os._exit(status)
+        dump_stacks_and_exit(
+            f"{name}: {why}; the record log and the report are written (incomplete)", status
+        )
 
     def stop(self) -> None:
         """The session is over: the C-level handlers go, the watcher ends."""
         self._stopped = True
         for signum in self._registered:
-            # Only where Python's handler is still the one of the start: unregistering puts
-            # back the C handler of that time, which must not undo a handler (SIG_DFL, SIG_IGN)
-            # the user's code installed since (it replaced ours at the C level already).
+            # Not where the user's code installed a handler since: unregistering would put back
+            # the C handler of the start over it.
             if signal.getsignal(signum) == self._python_handlers.get(signum):
                 faulthandler.unregister(signum)
         self._registered = []
@@ -423,9 +386,8 @@ class _SignalWatch:
             except OSError:
                 pass
             sender.close()
-        # Waited for here, while this thread lets go of the GIL: a watcher still ending while the
-        # session's last collections run asks for the GIL every switch interval (5 ms) and
-        # slowed the end of every session by several milliseconds.
+        # Waited for here: a watcher still ending during the session's last collections asks
+        # for the GIL every switch interval (5 ms), several milliseconds per session.
         waits = bool(sockets) and threading.get_ident() != self._ident
         if waits and self._running.acquire(timeout=STOP_TIMEOUT_S):
             self._running.release()

@@ -1,37 +1,15 @@
 """Warn mode's deferred verdicts: candidate leaks confirmed while the next tests run.
 
-Why: the grace (``--shutdown-grace``, 2 s by default) is how long a test's threads, processes
-and descriptors may take to end after its teardown. Waiting it out before the next test starts
-costs a leaky suite the whole grace per leaking test, even in warn mode, which promises to change
-nothing in the run (a real suite ran 1.48x slower under warn mode than under plain pytest,
-nearly all of it grace waits). DESIGN.md §9, "Verdicts may wait; tests don't".
-
-So in warn mode the guard does not wait at all, not even fail mode's brief wait (20 ms, for what
-is on its way out: here it is dropped when its verdict comes). What a test's own check finds
-of an object kind (threads, processes, descriptors, ports, segments ...) after its teardown is a
-*candidate*: queued here with its test (node id, name, where
-its warning points), its kind, its items, the findings as they read when the test ended (a kind
-may describe its items from readings of that moment only), and a deadline, the end of its
-grace. The next tests run at once. The queue is looked at after later tests' checks, cheaply:
-only when something is queued and the oldest deadline has passed; then, with no wait, the
-items still there are confirmed and reported against the test they belong to: a record for its
-node id (merged into its record in the report, the JSON report and the terminal summary; on an
-xdist worker it travels with the teardown report being made, or with the session's last
-records), and a :class:`~pytest_shutdown.guard.ShutdownLeakWarning` that names the test,
-attributed to the test's own line (pytest lists it under the test during which it was
-confirmed). Items that ended in time are dropped: not a leak. At session end what is due is
-confirmed; the rest (the last tests' candidates) get :data:`ON_ITS_WAY_OUT_S` more, and what is
-still there then is reported as still running when the session ended, how far into its grace.
-So warn mode's verdict on the last tests may name something that would have ended within its
-grace, and that fail mode (which waits it out) does not report; it is a warning that says so,
-never an outcome.
-
-What cannot follow a deferred verdict: the test's ``user_properties`` (its reports, and the
-junitxml properties made from them, are written before the grace runs out); a deferred leak
-is in neither. Fail mode keeps its synchronous grace: it errors the leaking test itself and
-restores order before the next one. A test that already failed, state kinds (nothing ends by
-waiting) and what a wider-scope fixture torn down with the test left behind are decided as
-before, at the test's own teardown.
+Waiting out the grace before the next test made a real suite 1.48x slower under warn mode
+(DESIGN.md §9, "Verdicts may wait; tests don't"). So what a test's check finds of an object kind
+is a *candidate*, queued with its findings as they read when the test ended (a kind may describe
+its items from that moment's readings only) and the end of its grace. Once the oldest deadline
+has passed, after a later test's check, the items still there are confirmed with no wait: a
+record for the test and a warning at its line; items that ended in time are dropped. At session
+end the last candidates get :data:`ON_ITS_WAY_OUT_S` more and what is left is reported as still
+running, how far into its grace. A deferred leak is in neither ``user_properties`` nor junitxml
+(written before the grace runs out). Not deferred: a test that already failed, state kinds, and
+what fixtures torn down with the test left.
 """
 
 from __future__ import annotations
@@ -44,6 +22,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown.findings.finding import Finding
+from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.resources.base import after_grace
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -52,22 +31,20 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Candidate", "DeferredLeaks"]
 
-#: Seconds the session end waits for the last candidates still there, at most: what is on its
-#: way out (a process SIGKILLed by the last test, a thread told to stop) ends within it.
+#: Seconds the session end waits for the last candidates, at most: what is on its way out (a
+#: process SIGKILLed by the last test, a thread told to stop) ends within it.
 ON_ITS_WAY_OUT_S = 0.02
 
 
 @dataclass
 class Candidate:
-    """One test's items of one kind still there after the brief wait: a leak unless they end
-    before ``deadline``."""
+    """One test's items of one kind: a leak unless they end before ``deadline``."""
 
     nodeid: str
     #: The subject of the findings (the test's name).
     subject: str
     #: Where the warning points: the test's file and line (1-based).
-    path: str
-    lineno: int
+    where: tuple[str, int]
     kind: ResourceKind
     items: tuple[Any, ...]
     deadline: float
@@ -80,16 +57,11 @@ class DeferredLeaks:
     deadlines: one grace for all)."""
 
     def __init__(
-        self,
-        grace_s: float,
-        report: ShutdownReport,
-        render: Callable[[list[dict[str, Any]]], str],
-        category: type[Warning],
+        self, grace_s: float, report: ShutdownReport, render: Callable[[list[dict[str, Any]]], str]
     ) -> None:
         self.grace_s = grace_s
         self.report = report
         self.render = render
-        self.category = category
         self._queue: deque[Candidate] = deque()
 
     def __len__(self) -> int:
@@ -102,25 +74,15 @@ class DeferredLeaks:
         where: tuple[str, int],
         kind: ResourceKind,
         items: Sequence[Any],
-        now: float | None = None,
+        now: float,
     ) -> None:
-        """Queue a test's ``items`` of ``kind`` (alive after the brief wait) until the grace
-        has run out."""
-        start = time.monotonic() if now is None else now
+        """Queue a test's ``items`` of ``kind`` until the grace has run out."""
+        findings = kind.findings(items, subject, grace=self.grace_s)
         self._queue.append(
-            Candidate(
-                nodeid,
-                subject,
-                where[0],
-                where[1],
-                kind,
-                tuple(items),
-                start + self.grace_s,
-                kind.findings(items, subject, grace=self.grace_s),
-            )
+            Candidate(nodeid, subject, where, kind, tuple(items), now + self.grace_s, findings)
         )
         # Never lost: a run killed before the verdict still names them, unconfirmed.
-        self.report.add_pending(nodeid, [f.to_dict() for f in self._queue[-1].findings])
+        self.report.add_pending(nodeid, [f.to_dict() for f in findings])
 
     def due(self) -> bool:
         """Whether the oldest candidate's grace has run out (cheap: one clock read)."""
@@ -135,12 +97,9 @@ class DeferredLeaks:
         self._confirm(due, now)
 
     def confirm_all(self) -> set[tuple[str, Any]]:
-        """Session end: confirm, with no wait, every candidate whose grace has run out; what is
-        still there of the others after at most :data:`ON_ITS_WAY_OUT_S` (a process the last
-        test just killed takes a few milliseconds to die) is reported as still running when the
-        session ended (how far into its grace), not waited for any longer: warn mode costs a
-        leaky suite no more than that at its end. Returns the ``(kind name, item)`` pairs
-        reported so (the session-end sweep does not list them a second time)."""
+        """Session end: confirm what is due; what is still there of the others after at most
+        :data:`ON_ITS_WAY_OUT_S` is reported as still running when the session ended. Returns
+        the ``(kind name, item)`` pairs reported so (the sweep does not list them again)."""
         self.confirm_due()
         if not self._queue:
             return set()
@@ -152,9 +111,7 @@ class DeferredLeaks:
     def _confirm(
         self, batch: list[Candidate], deadline: float, session_end: bool = False
     ) -> set[tuple[str, Any]]:
-        """Report what of ``batch`` is still there at ``deadline`` (one settle per kind), one
-        record and one warning per test; ``session_end``: their grace has not run out.
-        Returns the ``(kind name, item)`` pairs reported."""
+        """Report what of ``batch`` is still there at ``deadline``; return those pairs."""
         reported: set[tuple[str, Any]] = set()
         if not batch:
             return reported
@@ -175,12 +132,11 @@ class DeferredLeaks:
             left = tuple(i for i in candidate.items if (id(candidate.kind), i) in alive)
             if left:
                 reported.update((candidate.kind.name, i) for i in left)
-                found = by_test.setdefault(candidate.nodeid, [])
                 made = self._findings(candidate, left)
                 if session_end:
                     waited_s = deadline - (candidate.deadline - self.grace_s)
                     made = [_at_session_end(f, waited_s, self.grace_s) for f in made]
-                found.extend(made)
+                by_test.setdefault(candidate.nodeid, []).extend(made)
         decided: set[str] = set()
         for candidate in batch:
             findings = by_test.pop(candidate.nodeid, None)
@@ -208,17 +164,19 @@ class DeferredLeaks:
             else f"confirmed once its {self.grace_s:g} s grace ran out, while later tests ran"
         )
         text = f"{self.render(plain)}\n(leaked by {candidate.nodeid}: {when})"
-        with warnings.catch_warnings():
-            # Warn mode never fails a test: under -W error the warning is recorded, not raised.
-            warnings.simplefilter("always", self.category)
-            warnings.warn_explicit(
-                self.category(text), self.category, candidate.path, candidate.lineno
-            )
+        warn_at(text, candidate.where)
+
+
+def warn_at(text: str, where: tuple[str, int]) -> None:
+    """A :class:`ShutdownLeakWarning` attributed to ``where`` (a file and line)."""
+    with warnings.catch_warnings():
+        # Warn mode never fails a test: under -W error the warning is recorded, never raised.
+        warnings.simplefilter("always", ShutdownLeakWarning)
+        warnings.warn_explicit(ShutdownLeakWarning(text), ShutdownLeakWarning, *where)
 
 
 def _at_session_end(finding: Finding, waited_s: float, grace_s: float) -> Finding:
-    """``finding`` as it reads for an item still there at session end, ``waited_s`` into its
-    ``grace_s`` grace: the grace did not run out, and the message says so."""
+    """``finding`` for an item still there at session end, ``waited_s`` into its grace."""
     waited = f"when the session ended, {waited_s:.2f} s into its {grace_s:g} s grace"
     grace = after_grace(grace_s)
     message = (

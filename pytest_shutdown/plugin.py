@@ -1,13 +1,7 @@
-"""The pytest plugin (entry point ``shutdown``): ``pytest -p shutdown``.
-
-Hooks only: options, ini keys, markers, turning the guard on, the report header. The guard itself
-lives in :mod:`pytest_shutdown.guard` (accounting), :mod:`pytest_shutdown.budget` (the teardown
-budget), :mod:`pytest_shutdown.report` (terminal, JSON, xdist) and :mod:`pytest_shutdown.settings`
-(the options' texts and their validation).
-
-Installed, the plugin registers its options and markers and changes nothing in a run. The guard is
-on when ``-p shutdown`` is given explicitly, or ``--shutdown-guard=warn|fail``, or the ini key
-``shutdown_guard``; ``--shutdown-guard=off`` wins over all. Loading it never imports torch.
+"""The pytest plugin (entry point ``shutdown``): options, ini keys, markers, turning the guard
+on, the report header. Installed, it changes nothing in a run: the guard is on with an explicit
+``-p shutdown``, ``--shutdown-guard=warn|fail`` or the ini key ``shutdown_guard``;
+``--shutdown-guard=off`` wins over all. Loading it never imports torch.
 """
 
 from __future__ import annotations
@@ -18,15 +12,9 @@ import pytest
 
 
 def _not_rewritten(package: str = "pytest_shutdown") -> None:
-    """Take this package off the list of modules pytest rewrites the asserts of.
-
-    pytest rewrites every module of an installed plugin's distribution as it is imported: its
-    import hook finds, checks and loads its own cached bytecode, about 0.25 ms a module more
-    than Python's import, and a guarded session imports some forty (10 ms of every session).
-    Nothing here needs it: no assert of this package is one a user reads (the checks raise
-    ShutdownContractError with their findings). The hook's list is pytest's own state: where it
-    is not what this expects, nothing changes and the modules are rewritten as before.
-    """
+    """Take this package off the list of modules pytest rewrites the asserts of: its import
+    hook costs about 0.25 ms a module, 10 ms of a guarded session, and no assert of this package
+    is one a user reads. Where pytest's list is not what this expects, nothing changes."""
     for finder in sys.meta_path:
         names = getattr(finder, "_must_rewrite", None)
         if isinstance(names, set) and package in names:
@@ -83,14 +71,13 @@ def pytest_configure(config: pytest.Config) -> None:
     settings = load_settings(config)  # raises pytest.UsageError (exit code 4) on bad input
     config.stash[SETTINGS_KEY] = settings
 
-    # The fixtures are registered always, whether or not the guard is on.
     from pytest_shutdown import fixtures
 
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "pytest-shutdown-fixtures")
     # Every ShutdownContractError of a test: codes on the status line, findings in the reports
-    # (with the guard on, its report wrapper notes them: one wrapper per phase, not three; the
-    # status-line hook comes with the first code, or now on an xdist controller).
+    # (with the guard on, its report wrapper notes them; the status-line hook comes with the
+    # first code, or now on an xdist controller).
     if not settings.enabled:
         from pytest_shutdown import contract_errors
 
@@ -128,9 +115,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``@pytest.mark.shutdown_cycles(n)``, the call phase repeated under the growth check: its
-    per-test hook (:mod:`pytest_shutdown.cycles`) is registered only when a collected test has
-    the marker, so that other sessions pay neither its registration nor a hook call per test."""
+    """``@pytest.mark.shutdown_cycles(n)``: its per-test hook (:mod:`pytest_shutdown.cycles`)
+    is registered only when a collected test has the marker."""
     if any(CYCLES_MARKER in marker_names(item) for item in items):
         from pytest_shutdown import cycles
 

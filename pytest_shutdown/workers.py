@@ -1,18 +1,12 @@
 """One GPU per pytest-xdist worker (``--shutdown-gpu-per-worker``).
 
-Worker ``gwN`` gets the ``N % count``-th device visible to the run. The assignment happens in
-``pytest_load_initial_conftests``, keyed on ``PYTEST_XDIST_WORKER``: xdist imports the
-conftests (which may import torch and touch the GPU) before ``pytest_configure``, and CUDA reads
-its visibility variables once, when it initialises.
-
-* CUDA: ``CUDA_VISIBLE_DEVICES`` (indices, UUIDs or MIG instances, kept as given).
-* ROCm: within the job's allocation (``ROCR_VISIBLE_DEVICES``, left untouched, as a scheduler
-  set it), the worker's device is written to both ``HIP_VISIBLE_DEVICES`` and
-  ``CUDA_VISIBLE_DEVICES``, which HIP both honours; if the two disagree on entry, that is an
-  error naming both.
-
-The devices are counted through NVML / amdsmi (no torch in the worker); only where neither
-library works, torch counts them in a child interpreter.
+Worker ``gwN`` gets the ``N % count``-th device visible to the run, in
+``pytest_load_initial_conftests``: xdist imports the conftests (which may touch the GPU) before
+``pytest_configure``, and CUDA reads its visibility variables once. CUDA: ``CUDA_VISIBLE_DEVICES``
+(indices, UUIDs or MIG instances, kept as given). ROCm: within ``ROCR_VISIBLE_DEVICES`` (left
+untouched), the device is written to both ``HIP_VISIBLE_DEVICES`` and ``CUDA_VISIBLE_DEVICES``;
+if the two disagree on entry, that is an error naming both. Devices are counted through NVML /
+amdsmi; only where neither works, torch counts them in a child interpreter.
 """
 
 from __future__ import annotations
@@ -32,15 +26,11 @@ ASSIGNED_VARIABLES = {
     "cuda": ("CUDA_VISIBLE_DEVICES",),
     "rocm": ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"),
 }
-#: Kept for callers of 0.1.0: the first variable of each platform.
-VISIBLE_DEVICES_VARIABLE = {p: names[0] for p, names in ASSIGNED_VARIABLES.items()}
 
 
 def worker_index(worker_id: str | None) -> int | None:
     """``gw3`` → 3; the controller or a run without xdist → None."""
-    if not worker_id:
-        return None
-    match = re.fullmatch(r"gw(\d+)", worker_id)
+    match = re.fullmatch(r"gw(\d+)", worker_id or "")
     return int(match.group(1)) if match else None
 
 
@@ -84,13 +74,9 @@ def assign_gpu(
 
 
 def configured_by_xdist() -> bool:
-    """Whether this process is an xdist worker being configured by xdist itself.
-
-    ``PYTEST_XDIST_WORKER`` alone is inherited by every subprocess a worker starts (a pytester
-    run, a tool). A real worker runs xdist's remote module (``__channelexec__``), whose
-    module-level ``config`` exists only once xdist's own configuration is done: a pytest run
-    inside a running worker (pytester's inline runs) is not the worker being configured.
-    """
+    """Whether this process is an xdist worker being configured by xdist itself: every
+    subprocess a worker starts inherits ``PYTEST_XDIST_WORKER``, but only a worker runs xdist's
+    ``__channelexec__`` module, whose ``config`` exists once xdist's configuration is done."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return False
     frame = sys._getframe(1)
@@ -144,11 +130,8 @@ def sharing_header(options: Any, workers: object) -> str | None:
 
 
 def probe_devices() -> tuple[str, int]:
-    """(platform, device count) as torch sees them, asked in a child process.
-
-    The last resort where neither NVML nor amdsmi works: the worker itself must not initialise
-    the device before its visible devices are set, and loading the plugin never imports torch.
-    """
+    """(platform, device count) as torch sees them, asked in a child process (the worker must
+    not initialise the device before its visible devices are set)."""
     code = (
         "import torch\n"
         "from pytest_shutdown.devices import detect_platform\n"

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import time
 
+from pytest_shutdown._os.proc_stat import stat_fields
+
 __all__ = ["carries_marker", "escaped_processes", "restore_watch", "watch_marker", "watching"]
 
 #: The entry an escaped process carries (``NAME=token\0``); None: not watched.
@@ -132,9 +134,8 @@ def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset
 def _is_kernel_thread(pid: int) -> bool:
     """A kernel thread (``PF_KTHREAD``): no environment, ever."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return bool(int(stat.rsplit(b")", 1)[1].split()[6]) & _PF_KTHREAD)
+        fields = stat_fields(pid)
+        return fields is not None and bool(int(fields[6]) & _PF_KTHREAD)
     except (OSError, IndexError, ValueError):
         return False
 

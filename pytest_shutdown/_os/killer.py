@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pytest_shutdown._os.proc_stat import process_running
+
 __all__ = ["kill_trees", "ordered_end_of", "record_ordered_end", "tree_of"]
 
 #: pid -> why its end was ordered (oldest dropped first).
@@ -43,28 +45,6 @@ def tree_of(pid: int) -> list[int]:
         return []
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        return not os.path.exists("/proc/self/stat") and _exists(pid)
-    except OSError:
-        return _exists(pid)
-    state = data[data.rfind(b")") + 2 : data.rfind(b")") + 3]
-    return state not in (b"Z", b"X")
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def kill_trees(
     pids: Iterable[int],
     *,
@@ -91,7 +71,7 @@ def kill_trees(
     deadline = time.monotonic() + timeout
     remaining = list(victims)
     while remaining and time.monotonic() < deadline:
-        remaining = [pid for pid in remaining if _running(pid)]
+        remaining = [pid for pid in remaining if process_running(pid)]
         if remaining:
             time.sleep(0.01)
     return records

@@ -1,16 +1,58 @@
-"""``/proc/PID/stat`` read as a :class:`TreeProcess` (re-exported by ``helpers.tree``)."""
+"""The one reader of ``/proc/PID/stat``: its fields (:func:`stat_fields`), whether a process
+still runs (:func:`process_running`), and the whole line as a :class:`TreeProcess`
+(re-exported by ``helpers.tree``)."""
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
-__all__ = ["TreeProcess", "read_stat"]
+from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+
+__all__ = ["TreeProcess", "process_running", "read_stat", "stat_fields"]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_ENDED = ("Z", "X", "x")
+_PSUTIL_ENDED = ("zombie", "dead")
 
 
-@dataclass(frozen=True)
+def _stat_text(pid: int) -> str | None:
+    """``/proc/PID/stat``; None when ``pid`` is gone. Raises OSError when it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return None
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (the state first, then the
+    ppid ...); None when ``pid`` is gone. Raises OSError when it exists but cannot be read."""
+    data = _stat_text(pid)
+    return None if data is None else data[data.rfind(")") + 2 :].split()
+
+
+def process_running(pid: int) -> bool:
+    """True while the process ``pid`` runs (a zombie has ended). Read from ``/proc/PID/stat``:
+    importing psutil would cost several milliseconds; psutil where there is no ``/proc``."""
+    try:
+        fields = stat_fields(pid)
+        if fields is None and os.path.exists("/proc/self/stat"):
+            return False  # gone (reaped)
+    except OSError:
+        fields = None
+    if fields:
+        return fields[0] not in _ENDED
+    import psutil  # noqa: PLC0415 - no /proc here
+
+    try:
+        return psutil.Process(pid).status() not in _PSUTIL_ENDED
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:  # pragma: no cover - access denied: it exists
+        return True
+
+
+@lazy_dataclass(frozen=True)
 class TreeProcess:
     """One process of the tree, as ``/proc`` showed it at the last scan."""
 
@@ -50,9 +92,10 @@ class TreeProcess:
 def read_stat(pid: int) -> TreeProcess | None:
     """``/proc/PID/stat`` of ``pid`` as a TreeProcess; None when it is gone or unreadable."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode(errors="replace")
+        data = _stat_text(pid)
     except OSError:
+        return None
+    if data is None:
         return None
     lpar, rpar = data.find("("), data.rfind(")")
     fields = data[rpar + 2 :].split()

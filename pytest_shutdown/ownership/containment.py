@@ -26,6 +26,7 @@ from pytest_shutdown._os.prctl import (
     prctl,
     prctl_get_int,
 )
+from pytest_shutdown._os.proc_stat import stat_fields
 
 __all__ = [
     "SESSION_MARKER_ENV",
@@ -104,17 +105,6 @@ class Containment:
             if entry.isdigit() and int(entry) not in skip and self.marked(int(entry)):
                 found.append(int(entry))
         return found
-
-
-def stat_fields(pid: int) -> list[str] | None:
-    """The fields of ``/proc/PID/stat`` after the command name; None when ``pid`` is gone.
-    Raises OSError when it exists but cannot be read."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read().decode(errors="replace")
-    except FileNotFoundError:
-        return None
-    return data[data.rfind(")") + 2 :].split()
 
 
 def _stat_fields(pid: int) -> list[str] | None:

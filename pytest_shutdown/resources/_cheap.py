@@ -1,16 +1,11 @@
-"""Cheap change detectors shared by the resource kinds (one system call each).
+"""Cheap readings the resource kinds share, and their settling.
 
-* the number of open file descriptors of this process: ``st_size`` of ``/proc/self/fd``
-  (Linux >= 6.2; older kernels report 0 and the fd kind lists the folder instead), with the
-  lowest free descriptor number (a ``dup`` closed again: two calls);
-* the state of ``/dev/shm``: its modification time and size (tmpfs counts its entries in a
-  folder's size; a create or an unlink changes both).
+* the number of open descriptors: ``st_size`` of ``/proc/self/fd`` (Linux >= 6.2; older kernels
+  report 0 and the fd kind lists the folder), with the lowest free descriptor number;
+* the state of ``/dev/shm``: its modification time and size (a create or an unlink changes both).
 
-Each is an ``fstat`` of a folder held open by :mod:`pytest_shutdown._os.held_open`; inside
-:func:`pytest_shutdown._os.moments.one_moment` each is read once.
-
-:func:`socket_inode` is here too: the fd and ports kinds tell sockets from other descriptors by
-their links on every listing, and read the socket tables (:mod:`.sockets`) only when one is there.
+Each is an ``fstat`` of a folder held open (:mod:`pytest_shutdown._os.held_open`), read once per
+:func:`pytest_shutdown._os.moments.one_moment`.
 """
 
 from __future__ import annotations
@@ -31,6 +26,8 @@ __all__ = [
     "fd_count",
     "lowest_free_fd",
     "own_handles",
+    "process_name",
+    "self_maps",
     "settle_left",
     "settle_listed",
     "shm_state",
@@ -65,13 +62,11 @@ def _read_fd_count() -> int | None:
 
 
 def lowest_free_fd(held: int | None = None) -> int | None:
-    """The number the next descriptor opened here would take (the kernel gives the lowest free
-    one): a ``dup`` of ``held`` (this module's handle of ``/proc/self/fd`` when None), closed at
-    once; None when it cannot be taken.
+    """The number the next descriptor opened here would take: a ``dup`` of ``held`` (this
+    module's handle of ``/proc/self/fd`` when None), closed at once; None when it cannot be.
 
-    With the count it tells a test that swapped one descriptor for another: it opened one and
-    closed one it had not opened, the count is as it was, the numbers are not, and the lowest
-    free number moved (the new one took it, or the closed one freed a lower one)."""
+    With the count it tells a test that swapped one descriptor for another (the count as it
+    was, the lowest free number moved)."""
     if held is None:
         held = held_open(FD_DIR)
         if held is None:
@@ -101,10 +96,9 @@ def _read_shm_state() -> tuple[int, int] | None:
 
 
 def collect_young() -> None:
-    """Collect gc's two young generations (a fraction of a millisecond, where a full collection
-    walks the whole heap: tens of milliseconds in a suite with numpy loaded), once per moment:
-    what a test dropped in a reference cycle lately (a ``multiprocessing.Pool`` and its pipes)
-    is released before anyone scans the heap for who holds it."""
+    """Collect gc's young generations once per moment (a fraction of a millisecond; a full
+    collection takes tens with numpy loaded): what a test dropped in a cycle lately is released
+    before anyone scans the heap for who holds it."""
     reading("collect_young", _collect_young)
 
 
@@ -120,10 +114,8 @@ def settle_listed(
     *,
     thorough: bool,
 ) -> list[T]:
-    """What is still there at session end, for the list of long-lived resources: after the
-    young generations' collection; with ``thorough`` (the list fails the session), as
-    :func:`settle_left`, after the whole heap's (tens of milliseconds with numpy loaded): an
-    owner that dropped it into an old reference cycle leaves it there until then."""
+    """What of the long-lived list is still there at session end, after the young generations'
+    collection; with ``thorough`` (the list fails the session), as :func:`settle_left`."""
     if thorough:
         return settle_left(items, still_there, deadline)
     left = still_there(items)
@@ -137,8 +129,7 @@ def settle_left(
     items: Sequence[T], still_there: Callable[[Sequence[T]], list[T]], deadline: float
 ) -> list[T]:
     """What ``still_there`` still finds at ``deadline``: a dropped object releases its resource
-    when collected, so when something is left the young generations are collected (cheap), then
-    if something is still left the whole heap once, then short polls."""
+    when collected, so the young generations are collected, then the whole heap, then polls."""
     left = still_there(items)
     if not left:
         return left
@@ -164,3 +155,21 @@ def socket_inode(link: str) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def self_maps() -> bytes:
+    """``/proc/self/maps``; empty where it cannot be read."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def process_name(pid: int) -> str:
+    """The kernel's name of ``pid`` (``/proc/PID/comm``); ``"?"`` when gone."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"

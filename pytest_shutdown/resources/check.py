@@ -55,8 +55,10 @@ def no_os_leaks(
 ) -> Iterator[None]:
     """Fail when the block leaves descriptors, ports or segments behind (see the module)."""
     __tracebackhide__ = True
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not (
-        math.isfinite(grace) and grace >= 0
+    if (
+        isinstance(grace, bool)
+        or not isinstance(grace, (int, float))
+        or not (math.isfinite(grace) and grace >= 0)
     ):
         raise ValueError(f"grace: expected a number of seconds >= 0, got {grace!r}")
     kinds = os_resource_kinds(fds=fds, ports=ports, shm=shm)

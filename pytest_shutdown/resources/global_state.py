@@ -1,24 +1,15 @@
 """Process-wide state a test changed and did not put back (``global-state``).
 
-One state kind over what the next test silently inherits: the garbage collector (enabled,
-thresholds), the handler of every catchable signal, the ``multiprocessing`` start method when
-it was forced, ``sys.excepthook`` and ``threading.excepthook``, and ``os.environ``. Values are
-compared by identity (handlers, hooks, contexts) or equality (gc, environment); the environment
-is copied only when it changed since the last snapshot (one dict comparison otherwise).
+What the next test silently inherits: the garbage collector (enabled, thresholds), the handler
+of every catchable signal, the ``multiprocessing`` start method when it was forced, the
+``sys``/``threading`` excepthooks, and ``os.environ`` (copied only when it changed). Never
+reported: what pytest, its plugins and pytest-shutdown change themselves. Fail mode puts back
+what it can.
 
-Never reported: what pytest, its plugins and pytest-shutdown change themselves (a handler or
-hook installed whose function lives in their modules; ``PYTEST_CURRENT_TEST``, ``PYTEST_XDIST_*``,
-``PYTEST_SHUTDOWN_*``). A wider-scope fixture's changes are the fixture's, checked when it is
-torn down. Fail mode puts back what it can (gc, handlers, hooks, start method, environment).
-
-An environment variable set by a module's import is the import's, not the test's: vLLM's
-``vllm._aiter_ops`` sets ``AITER_SITUV2_A4W4=1`` at import, whichever test imports it first. A
-changed variable is left out when a module imported since the baseline (``sys.modules`` grew:
-the snapshot keeps a mark of it that never compares unequal) has source that assigns it (the
-variable's name quoted after ``environ[``, in ``environ.setdefault(``/``environ.update(`` or
-``putenv(``: a text search of each new module's file, made only when a variable changed). A
-change the test made itself is still reported unless the test also imported, in the same test,
-a module whose source assigns that very variable.
+A variable set by a module's import is the import's, not the test's (vLLM's ``vllm._aiter_ops``
+sets ``AITER_SITUV2_A4W4=1`` at import): a changed variable is left out when a module imported
+since the baseline assigns it in its source (``environ[...] =``, ``environ.setdefault(``/
+``.update(``, ``putenv(``; a text search made only when a variable changed).
 """
 
 from __future__ import annotations
@@ -30,6 +21,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from pytest_shutdown.findings.finding import Finding
@@ -86,13 +78,10 @@ def _is_tool_callable(value: object) -> bool:
 _TOOLS_HANDLER = "<a test tool's handler>"
 
 
-def _is_tool_handler(handler: object) -> bool:
-    return handler is not None and not isinstance(handler, int) and _is_tool_callable(handler)
-
-
 def _marked(handler: object) -> object:
     """A signal handler as fingerprints show it: a test tool's as one placeholder."""
-    return _TOOLS_HANDLER if _is_tool_handler(handler) else handler
+    tool = handler is not None and not isinstance(handler, int) and _is_tool_callable(handler)
+    return _TOOLS_HANDLER if tool else handler
 
 
 _SIGNAL_DEFAULTS: tuple[object, ...] = (signal.SIG_DFL, signal.default_int_handler, None)
@@ -109,9 +98,8 @@ def _is_process_lifetime(value: object) -> bool:
 
 
 def _tools_own(old: object, new: object, defaults: tuple[object, ...]) -> bool:
-    """The test tools' own change: they installed ``new``, or they put the default back over
-    their own ``old`` (pytest-timeout's SIGALRM handler, removed at teardown); or a library's
-    process-lifetime handler (:data:`PROCESS_LIFETIME_HANDLERS`)."""
+    """The test tools' own change (they installed ``new``, or put the default back over their
+    ``old``), or a library's process-lifetime handler (:data:`PROCESS_LIFETIME_HANDLERS`)."""
     if _is_tool_callable(new) or _is_process_lifetime(new):
         return True
     return _is_tool_callable(old) and any(new is d or _same_int(new, d) for d in defaults)
@@ -169,11 +157,9 @@ class GlobalStateKind(StateKind):
         self.snapshot()
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything in one frame (the guard reads it twice per test). The environment is a
-        copy of ``os.environ``, shared between snapshots while it does not change (one C-level
-        comparison of the raw environment; pytest's ``PYTEST_CURRENT_TEST``, which it sets for
-        every phase of every test, does not count as a change: the last copy takes its current
-        value before the comparison, so nothing is copied when nothing changed)."""
+        """Everything in one frame. The environment copy is shared while the raw environment
+        compares equal (pytest's ``PYTEST_CURRENT_TEST``, set for every phase, is taken into
+        the last copy first: it is no change)."""
         raw = getattr(os.environ, "_data", None)  # os.environ's own dict (bytes on POSIX)
         if not isinstance(raw, dict):
             raw = dict(os.environ)
@@ -201,9 +187,7 @@ class GlobalStateKind(StateKind):
 
     def fingerprint(self) -> dict[str, Any]:
         """The snapshot, with each signal handler of the test tools' own as one placeholder:
-        pytest-timeout's signal method installs a new handler before every test's set-up and
-        puts the old one back after its teardown, which would move every gap between two tests
-        (a change of theirs is never reported: :meth:`diff` leaves it out too)."""
+        pytest-timeout installs a new one around every test, which would move every gap."""
         state = self.snapshot()
         signals = state["signals"]
         seen = self._signals_seen
@@ -277,7 +261,7 @@ class GlobalStateKind(StateKind):
             old, new = before[hook], after[hook]
             if old is not new and not _tools_own(old, new, _hook_defaults()):
                 changes.append(
-                    Change(hook, _describe(old), _describe(new), undo=_bind(setter, old))
+                    Change(hook, _describe(old), _describe(new), undo=partial(setter, old))
                 )
         if not _environment_equal(before["environ"], after["environ"]):
             imported: dict[str, str] = {}
@@ -334,10 +318,6 @@ class GlobalStateKind(StateKind):
         ]
 
 
-def _bind(setter: Callable[[Any], None], value: Any) -> Callable[[], None]:
-    return lambda: setter(value)
-
-
 def _signal_undo(sig: signal.Signals, handler: Any) -> Callable[[], None] | None:
     if handler is None:  # installed outside Python: cannot be put back from here
         return None
@@ -357,9 +337,8 @@ def _start_method_name(context: Any, default: Any) -> str:
 
 
 class _ModulesMark:
-    """How ``sys.modules`` looked at a snapshot (its size, its last module's name): the modules
-    imported since are the ones after it. Always equal to another mark: a snapshot or a
-    fingerprint does not move because a module was imported."""
+    """How ``sys.modules`` looked at a snapshot (its size, its last module): the modules imported
+    since are after it. Equal to any other mark: an import moves no fingerprint."""
 
     __slots__ = ("last", "size")
 
@@ -374,8 +353,7 @@ class _ModulesMark:
         return 0
 
     def since(self) -> list[tuple[str, Any]]:
-        """The modules imported since the mark (when its last module is gone, the newest
-        ``size`` less as many as there were: a module removed since shifts the count)."""
+        """The modules imported since the mark (its last module gone: those after ``size``)."""
         items = list(sys.modules.items())
         names = [name for name, _ in items]
         if self.last is not None and self.last in sys.modules:
@@ -394,8 +372,7 @@ def _assigns(name: str) -> re.Pattern[str]:
 
 
 def _set_by_imports(names: Sequence[str], mark: _ModulesMark) -> dict[str, str]:
-    """Of the variables ``names``, those a module imported since ``mark`` assigns in its
-    source -> that module."""
+    """Of the variables ``names``, those a module imported since ``mark`` assigns -> it."""
     found: dict[str, str] = {}
     patterns = {name: _assigns(name) for name in names}
     for module_name, module in mark.since():

@@ -153,6 +153,7 @@ class FingerprintPass:
     def _positions(self, by_mark: dict[str, list[Any]]) -> list[tuple[str, ...]]:
         """The names of the kinds each position of :meth:`read`'s list stands for, in the shape
         it has while ``ns_last_pid`` can be read; ``_marker_at`` is that reading's position."""
+
         def names(kinds: list[Any]) -> tuple[str, ...]:
             return tuple(kind.name for kind in kinds)
 

@@ -151,8 +151,10 @@ class NativeThreadKind(ObjectKind):
             return None
         started = origins.threads_started()  # before the marker: a thread started now is new
         marker = last_pid()  # read before listing: a task created meanwhile moves it
-        if marker is None or this_pid() != self._pid or (
-            marker != self._listed_marker and not self._no_own_task_since_listing(marker)
+        if (
+            marker is None
+            or this_pid() != self._pid
+            or (marker != self._listed_marker and not self._no_own_task_since_listing(marker))
         ):
             self._listed = self._tids()
             self._pid = this_pid()

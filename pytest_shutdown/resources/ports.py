@@ -1,13 +1,9 @@
 """The ``ports`` resource kind: listening ports and bound unix sockets a test left behind.
 
-A *port* here is a listening TCP socket, a bound unconnected UDP socket, or a unix socket with a
-name (a path or an abstract name), held by the pytest process or by a process started during
-the test. It is named by protocol, address and port (or path) and by the process holding it.
-
-Cheap: the kernel's socket tables (``/proc/net/*``) are read only when a socket descriptor is
-new in the pytest process or a descendant was started during the test; a clean test costs the
-fd kind's one ``fstat`` and the process kind's one ``waitid``. Processes that existed before the
-test (a session fixture's server) are not looked at.
+A *port* is a listening TCP socket, a bound unconnected UDP socket, or a named unix socket, held
+by the pytest process or by a process started during the test. The socket tables (``/proc/net/*``)
+are read only when a socket descriptor is new here or a descendant was started; processes that
+existed before the test (a session fixture's server) are not looked at.
 """
 
 from __future__ import annotations
@@ -20,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
-from pytest_shutdown.resources._cheap import socket_inode
+from pytest_shutdown.resources._cheap import process_name, socket_inode
 from pytest_shutdown.resources.base import Extra, ObjectKind
 from pytest_shutdown.resources.fds import (
     FdFingerprint,
@@ -65,21 +61,13 @@ class PortItem:
     def record(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
-            "process": _process_name(self.pid),
+            "process": process_name(self.pid),
             "fd": self.fd,
             "protocol": self.info.protocol,
             "address": self.info.local,
             "port": self.info.port,
             "what": self.info.describe(),
         }
-
-
-def _process_name(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
 
 
 def socket_fds_of(pid: int | str) -> dict[int, int]:
@@ -206,11 +194,9 @@ class PortKind(ObjectKind):
         return take_port_snapshot()
 
     def unmoved_since(self, before: PortSnapshot, moved: AbstractSet[str]) -> bool:
-        """Whether :meth:`fingerprint` cannot have moved since ``before`` although the kinds
-        in ``moved`` did: the fd fingerprint did not move and the descendants are ``before``'s.
-        The processes kind's reading is ``ns_last_pid``, which any pid allocated on the host
-        moves (a busy host: most tests); a listing of every descendant's descriptors is then
-        paid only when a descendant came or went."""
+        """The fd fingerprint did not move and the descendants are ``before``'s: the processes
+        kind's ``ns_last_pid`` moves with any pid allocated on the host, and a listing of every
+        descendant's descriptors is paid only when a descendant came or went."""
         return "fds" not in moved and descendant_pids() == before.pids
 
     def new_since(self, before: PortSnapshot, allow: object = None) -> list[PortItem]:
@@ -228,9 +214,6 @@ class PortKind(ObjectKind):
         fds = FdKind().absorb(before.fds, start.fds, end.fds if end is not None else None)
         pids = end.pids if end is not None else descendant_pids()
         return PortSnapshot(fds, before.pids | (pids - start.pids))
-
-    def diff(self, before: object, after: object) -> tuple[()]:
-        return ()
 
     def targets(self, items: Sequence[PortItem]) -> dict[PortItem, object]:
         """The socket object of a port of this process; the Process/Popen object of a port of a
@@ -270,7 +253,6 @@ class PortKind(ObjectKind):
     def settle_long_lived(
         self, items: Sequence[PortItem], deadline: float, *, thorough: bool = False
     ) -> list[PortItem]:
-        """What is still there at session end, for the list of long-lived resources."""
         return _cheap.settle_listed(items, still_bound, deadline, thorough=thorough)
 
     def describe(self, items: Sequence[PortItem]) -> list[dict[str, Any]]:
@@ -282,5 +264,4 @@ class PortKind(ObjectKind):
         return port_findings(self.describe(items), subject=subject, grace=grace, extra=extra)
 
     def restore(self, items: Sequence[PortItem]) -> None:
-        """Nothing: the socket belongs to whoever holds it (the process kind kills a leaked
-        process, which frees its ports)."""
+        """Nothing: the socket is its holder's (the process kind kills a leaked process)."""

@@ -49,8 +49,12 @@ class GroupInfo:
     default: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "backend": self.backend, "ranks": list(self.ranks),
-                "default": self.default}
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "ranks": list(self.ranks),
+            "default": self.default,
+        }
 
 
 def process_groups() -> list[GroupInfo]:
@@ -66,12 +70,14 @@ def process_groups() -> list[GroupInfo]:
     for pg, value in list(getattr(world, "pg_map", {}).items()):
         backend = value[0] if isinstance(value, tuple) and value else value
         ranks = getattr(world, "pg_group_ranks", {}).get(pg, {})
-        found.append(GroupInfo(
-            name=str(getattr(world, "pg_names", {}).get(pg, "")),
-            backend=str(backend),
-            ranks=tuple(sorted(int(r) for r in ranks)),
-            default=pg is default,
-        ))
+        found.append(
+            GroupInfo(
+                name=str(getattr(world, "pg_names", {}).get(pg, "")),
+                backend=str(backend),
+                ranks=tuple(sorted(int(r) for r in ranks)),
+                default=pg is default,
+            )
+        )
     return found
 
 

@@ -63,6 +63,7 @@ __all__ = [
     "SessionEndReport",
     "StateKind",
     "after_grace",
+    "left_findings",
 ]
 
 
@@ -351,3 +352,24 @@ class StateKind(KindDefaults):
 def after_grace(grace: float) -> str:
     """When something was found still there: after a grace, or at once (none was given)."""
     return f"after the {grace:g} s grace" if grace > 0 else "(no grace was given)"
+
+
+def left_findings(
+    code: str,
+    key: str,
+    records: Sequence[Mapping[str, Any]],
+    texts: Sequence[str],
+    what: str,
+    *,
+    grace: float,
+    extra: Extra,
+    note: str = "",
+) -> list[Finding]:
+    """One ``code`` finding for the ``records`` left (under ``key`` in its details): ``what``,
+    when it was seen, the first eight ``texts`` (one per record), ``note``."""
+    if not records:
+        return []
+    more = f"; and {len(texts) - 8} more" if len(texts) > 8 else ""
+    when = f"{grace:g} s after it ended" if grace > 0 else "when it ended"
+    details = {key: [dict(r) for r in records], "grace_s": grace, **dict(extra or {})}
+    return [Finding(code, f"{what} {when}: {'; '.join(texts[:8])}{more}.{note}", details)]

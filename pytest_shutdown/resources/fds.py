@@ -29,7 +29,7 @@ from pytest_shutdown._os.moments import reading
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import socket_inode
-from pytest_shutdown.resources.base import Extra, ObjectKind
+from pytest_shutdown.resources.base import Extra, ObjectKind, left_findings
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.resources.sockets import SocketInfo
@@ -39,7 +39,6 @@ __all__ = [
     "FdKind",
     "FdSnapshot",
     "describe_fd",
-    "fd_findings",
     "kept_by_libraries",
     "FdFingerprint",
     "new_fds",
@@ -79,10 +78,6 @@ class FdItem:
     fd: int
     target: str
     identity: tuple[int, int]  # (st_dev, st_ino): the same open file, not a reuse of its number
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.fd, *self.identity)
 
     def long_lived(self) -> dict[str, Any]:
         """What the session summary says about it when a module global owns it."""
@@ -264,11 +259,6 @@ def _flags(fd: int) -> int:
     return 0
 
 
-def _access(flags: int) -> str:
-    mode = flags & 0o3
-    return {os.O_RDONLY: "read", os.O_WRONLY: "write", os.O_RDWR: "read/write"}.get(mode, "?")
-
-
 def describe_fd(item: FdItem, sockets: Mapping[int, SocketInfo] | None = None) -> dict[str, Any]:
     """What ``item`` is, as JSON-serialisable facts with a one-phrase ``what``."""
     target = item.target
@@ -277,20 +267,14 @@ def describe_fd(item: FdItem, sockets: Mapping[int, SocketInfo] | None = None) -
     inode = socket_inode(target)
     if inode is not None:
         info = (sockets or {}).get(inode)
-        record["kind"] = "socket"
-        record["what"] = info.describe() if info is not None else f"socket (inode {inode})"
+        record.update(kind="socket", what=f"socket (inode {inode})")
         if info is not None:
-            record.update(
-                protocol=info.protocol,
-                local=info.local,
-                remote=info.remote,
-                listening=info.listening,
-            )
+            record.update(what=info.describe(), protocol=info.protocol, local=info.local)
+            record.update(remote=info.remote, listening=info.listening)
     elif target.startswith("pipe:["):
         end = "write" if flags & 0o3 == os.O_WRONLY else "read"
         record.update(kind="pipe", what=f"pipe ({end} end) {target[5:]}")
-    elif target.startswith("anon_inode:"):
-        name = target[len("anon_inode:") :].strip("[]")
+    elif (name := _anon_kind(target)) is not None:
         record.update(kind=name, what={"eventpoll": "epoll instance"}.get(name, name))
     elif target.startswith("/dev/shm/"):
         record.update(kind="shm", what=f"shared-memory segment {target[8:]}")
@@ -306,10 +290,9 @@ def describe_fd(item: FdItem, sockets: Mapping[int, SocketInfo] | None = None) -
                 kind = "device"
         except OSError:
             pass
-        record.update(
-            kind=kind,
-            what=f"{kind} {path} ({_access(flags)}{', deleted' if deleted else ''})",
-        )
+        access = {os.O_RDONLY: "read", os.O_WRONLY: "write", os.O_RDWR: "read/write"}
+        what = f"{kind} {path} ({access.get(flags & 0o3, '?')}{', deleted' if deleted else ''})"
+        record.update(kind=kind, what=what)
     return record
 
 
@@ -727,33 +710,6 @@ def _python_name(obj: object) -> str:
 # --- findings ----------------------------------------------------------------------------------
 
 
-def fd_findings(
-    records: Sequence[Mapping[str, Any]],
-    *,
-    subject: str,
-    grace: float,
-    extra: Mapping[str, Any] | None = None,
-) -> list[Finding]:
-    """One ``fd-leak`` finding for the descriptors left by ``subject``."""
-    if not records:
-        return []
-    count = len(records)
-    listed = "; ".join(f"fd {r['fd']}: {r['what']}" for r in records[:8])
-    more = f"; and {count - 8} more" if count > 8 else ""
-    return [
-        Finding(
-            "fd-leak",
-            f"{count} file descriptor{'s' if count != 1 else ''} opened in {subject} still open "
-            f"{_after(grace)}: {listed}{more}.{_native_note(records)}",
-            {"fds": [dict(r) for r in records], "grace_s": grace, **dict(extra or {})},
-        )
-    ]
-
-
-def _after(grace: float) -> str:
-    return f"{grace:g} s after it ended" if grace > 0 else "when it ended"
-
-
 def _native_phrase(record: Mapping[str, Any], libraries: Sequence[str], holder: str | None) -> str:
     """What a descriptor no Python object wraps is, and who may hold it: never a guess that the
     test's own code opened it."""
@@ -963,7 +919,17 @@ class FdKind(ObjectKind):
         records = self.describe(items)
         self._types.clear()
         self._native.clear()
-        return fd_findings(records, subject=subject, grace=grace, extra=extra)
+        count = len(records)
+        return left_findings(
+            "fd-leak",
+            "fds",
+            records,
+            [f"fd {r['fd']}: {r['what']}" for r in records],
+            f"{count} file descriptor{'s' if count != 1 else ''} opened in {subject} still open",
+            grace=grace,
+            extra=extra,
+            note=_native_note(records),
+        )
 
     def restore(self, items: Sequence[FdItem]) -> None:
         """Nothing: closing a descriptor under its holder could make their next write land in a

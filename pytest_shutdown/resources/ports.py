@@ -9,7 +9,7 @@ existed before the test (a session fixture's server) are not looked at.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +17,7 @@ from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import process_name, socket_inode
-from pytest_shutdown.resources.base import Extra, ObjectKind
+from pytest_shutdown.resources.base import Extra, ObjectKind, left_findings
 from pytest_shutdown.resources.fds import (
     FdFingerprint,
     FdKind,
@@ -31,7 +31,7 @@ from pytest_shutdown.resources.primitives import descendant_pids, multiprocessin
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.resources.sockets import SocketInfo
 
-__all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of", "port_findings"]
+__all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of"]
 
 
 class PortSnapshot(FrozenRecord):
@@ -151,34 +151,6 @@ def settle(items: Sequence[PortItem], deadline: float) -> list[PortItem]:
     return _cheap.settle_left(items, still_bound, deadline)
 
 
-def port_findings(
-    records: Sequence[Mapping[str, Any]],
-    *,
-    subject: str,
-    grace: float,
-    extra: Mapping[str, Any] | None = None,
-) -> list[Finding]:
-    """One ``port-leak`` finding for the bound sockets left by ``subject``."""
-    if not records:
-        return []
-    count = len(records)
-    listed = "; ".join(
-        f"{r['what']} held by {'this process' if r['pid'] == os.getpid() else 'pid'}"
-        + ("" if r["pid"] == os.getpid() else f" {r['pid']} ({r['process']})")
-        for r in records[:8]
-    )
-    more = f"; and {count - 8} more" if count > 8 else ""
-    when = f"{grace:g} s after it ended" if grace > 0 else "when it ended"
-    return [
-        Finding(
-            "port-leak",
-            f"{count} port{'s' if count != 1 else ''} or socket name"
-            f"{'s' if count != 1 else ''} bound in {subject} still held {when}: {listed}{more}.",
-            {"ports": [dict(r) for r in records], "grace_s": grace, **dict(extra or {})},
-        )
-    ]
-
-
 class PortKind(ObjectKind):
     """The ``ports`` resource kind (see the module docstring)."""
 
@@ -261,7 +233,22 @@ class PortKind(ObjectKind):
     def findings(
         self, items: Sequence[PortItem], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
-        return port_findings(self.describe(items), subject=subject, grace=grace, extra=extra)
+        records = self.describe(items)
+        me, count = os.getpid(), len(records)
+        s = "s" if count != 1 else ""
+        return left_findings(
+            "port-leak",
+            "ports",
+            records,
+            [
+                f"{r['what']} held by "
+                + ("this process" if r["pid"] == me else f"pid {r['pid']} ({r['process']})")
+                for r in records
+            ],
+            f"{count} port{s} or socket name{s} bound in {subject} still held",
+            grace=grace,
+            extra=extra,
+        )
 
     def restore(self, items: Sequence[PortItem]) -> None:
         """Nothing: the socket is its holder's (the process kind kills a leaked process)."""

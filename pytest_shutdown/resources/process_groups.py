@@ -1,16 +1,10 @@
 """The ``process-groups`` resource kind: a ``torch.distributed`` process group still initialised.
 
-A default process group (``init_process_group``) or a group made with ``new_group`` that is
-never destroyed keeps its communicators, its store connection and its threads until the
-interpreter exits; the next ``init_process_group`` in the same process fails ("trying to
-initialize the default process group twice"), and with nccl the exit itself can hang (vLLM
-#19196). The kind's state is the names of the groups initialised in this process; a test (or a
-wider-scope fixture) that leaves one that was not there before is ``process-group-left``.
-
-Never imports torch, and costs nothing without it: when ``torch.distributed`` was never
-imported no group can exist, and the guard's one-pass reading (:mod:`.marks`, ``"c10d"``) is
-one lookup in ``sys.modules``. Nothing is restored in fail mode: a group cannot be destroyed for
-the test that left it (its peers may be gone).
+A group never destroyed keeps its communicators, store connection and threads until exit; the
+next ``init_process_group`` fails, and with nccl the exit can hang (vLLM #19196). The state is
+the names of the initialised groups; one left that was not there before is
+``process-group-left``. Never imports torch: without ``torch.distributed`` the reading is one
+``sys.modules`` lookup. Nothing is restored (the group's peers may be gone).
 """
 
 from __future__ import annotations
@@ -110,7 +104,7 @@ class ProcessGroupKind(StateKind):
 
     name = "process-groups"
     allow_key = "process_groups"
-    mark = "c10d"  # the guard's one-pass reading (resources.marks)
+    mark = "c10d"
 
     def snapshot(self) -> frozenset[str]:
         return group_names()
@@ -129,9 +123,7 @@ class ProcessGroupKind(StateKind):
     def findings(
         self, items: Sequence[Change], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
-        """One ``process-group-left`` per group still initialised, in torch's order. A test is
-        named by its name (``subject``), said "after test <name>"; a fixture's subject names
-        itself."""
+        """One ``process-group-left`` per group still initialised, in torch's order."""
         left = {change.key for change in items}
         where = subject if subject.startswith("fixture ") else f"test {subject}"
         return [_finding(g, where, extra) for g in process_groups() if g.name in left]

@@ -31,7 +31,7 @@ from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import process_name
-from pytest_shutdown.resources.base import Extra, ObjectKind
+from pytest_shutdown.resources.base import Extra, ObjectKind, left_findings
 
 __all__ = [
     "ShmItem",
@@ -40,7 +40,6 @@ __all__ = [
     "holders_of",
     "new_segments",
     "segments",
-    "shm_findings",
     "take_shm_snapshot",
 ]
 
@@ -409,30 +408,6 @@ def describe(item: ShmItem, holders: Sequence[int]) -> dict[str, Any]:
     }
 
 
-def shm_findings(
-    records: Sequence[Mapping[str, Any]],
-    *,
-    subject: str,
-    grace: float,
-    extra: Mapping[str, Any] | None = None,
-) -> list[Finding]:
-    """One ``shm-leak`` finding for the segments left by ``subject``."""
-    if not records:
-        return []
-    count = len(records)
-    listed = "; ".join(r["what"] for r in records[:8])
-    more = f"; and {count - 8} more" if count > 8 else ""
-    when = f"{grace:g} s after it ended" if grace > 0 else "when it ended"
-    return [
-        Finding(
-            "shm-leak",
-            f"{count} shared-memory segment{'s' if count != 1 else ''} created in {subject} "
-            f"still present {when}: {listed}{more}.",
-            {"segments": [dict(r) for r in records], "grace_s": grace, **dict(extra or {})},
-        )
-    ]
-
-
 def unlink(items: Iterable[ShmItem]) -> list[str]:
     """Unlink the segments (the ones still the same file); the names unlinked."""
     done = []
@@ -512,7 +487,18 @@ class ShmKind(ObjectKind):
     def findings(
         self, items: Sequence[ShmItem], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
-        return shm_findings(self.describe(items), subject=subject, grace=grace, extra=extra)
+        records = self.describe(items)
+        count = len(records)
+        return left_findings(
+            "shm-leak",
+            "segments",
+            records,
+            [r["what"] for r in records],
+            f"{count} shared-memory segment{'s' if count != 1 else ''} created in {subject} "
+            "still present",
+            grace=grace,
+            extra=extra,
+        )
 
     def restore(self, items: Sequence[ShmItem]) -> None:
         """Fail mode unlinks nothing: a segment no process maps now can still be opened by name

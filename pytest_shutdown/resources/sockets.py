@@ -22,7 +22,6 @@ _TCP_LISTEN = "0A"
 _UDP_UNCONNECTED = "07"
 #: ``__SO_ACCEPTCON``: a listening unix socket.
 _UNIX_ACCEPTCON = 0x10000
-_UNIX_TYPES = {1: "stream", 2: "dgram", 5: "seqpacket"}
 
 
 @lazy_dataclass(frozen=True)

@@ -14,6 +14,7 @@ import gc
 import os
 import time
 from collections.abc import Callable, Sequence
+from itertools import compress
 from typing import TypeVar
 
 from pytest_shutdown._os.held_open import held_open, held_open_fds
@@ -24,6 +25,7 @@ __all__ = [
     "SHM_DIR",
     "collect_young",
     "fd_count",
+    "heap_instances",
     "lowest_free_fd",
     "own_handles",
     "process_name",
@@ -93,6 +95,14 @@ def _read_shm_state() -> tuple[int, int] | None:
     except OSError:
         return None
     return (st.st_mtime_ns, st.st_size)
+
+
+def heap_instances(accept: Callable[[type], bool]) -> list[object]:
+    """The heap's objects whose type ``accept`` takes, decided once per type and selected in C
+    (a Python loop over the heap took 18 ms of 35)."""
+    objects = gc.get_objects()
+    types = {kind for kind in set(map(type, objects)) if accept(kind)}
+    return list(compress(objects, map(types.__contains__, map(type, objects))))
 
 
 def collect_young() -> None:

@@ -21,7 +21,6 @@ import socket
 import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
@@ -245,9 +244,6 @@ def settle(items: Sequence[FdItem], deadline: float) -> list[FdItem]:
     return _cheap.settle_left(items, still_open, deadline)
 
 
-# --- describing --------------------------------------------------------------------------------
-
-
 def _flags(fd: int) -> int:
     try:
         with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
@@ -308,21 +304,11 @@ def _socket_table(items: Iterable[FdItem]) -> Mapping[int, SocketInfo]:
 def listening(items: Iterable[FdItem]) -> set[int]:
     """The descriptors among ``items`` that hold a port or a socket name (the ports kind's)."""
     items = list(items)
-    table = _socket_table(items)
-    found = set()
-    for item in items:
-        inode = socket_inode(item.target)
-        info = table.get(inode) if inode is not None else None
-        if info is not None and info.bound:
-            found.add(item.fd)
-    return found
+    bound = {inode for inode, info in _socket_table(items).items() if info.bound}
+    return {item.fd for item in items if socket_inode(item.target) in bound}
 
-
-# --- who holds it ------------------------------------------------------------------------------
 
 _EXTRA_WRAPPERS = ("epoll", "devpoll", "kqueue")
-
-
 #: type -> whether its instances can wrap a descriptor (decided once per type).
 _WRAPPER_TYPES: dict[type, bool] = {}
 #: The C base of every file object, ``io.IOBase`` and its subclasses included. Not the ``io``
@@ -372,16 +358,10 @@ def wrappers_of(fds: Iterable[int]) -> dict[int, list[object]]:
     found: dict[int, list[object]] = {}
     if not wanted:
         return found
-    objects = gc.get_objects()
-    # Decide per type, not per object: the heap has tens of thousands of objects of a few
-    # hundred types, and only instances of the wrapper types are asked for their number. The
-    # selection runs in C (compress over map): a Python loop over the heap took 18 ms of 35.
-    wrapper_types = {kind for kind in set(map(type, objects)) if _is_wrapper_type(kind)}
-    for obj in list(compress(objects, map(wrapper_types.__contains__, map(type, objects)))):
+    for obj in _cheap.heap_instances(_is_wrapper_type):
         number = _fileno(obj)
         if number is not None and number in wanted:
             found.setdefault(number, []).append(obj)
-    del objects
     return found
 
 
@@ -427,8 +407,6 @@ def held_by_tools(wrapped: Mapping[int, Sequence[object]]) -> set[int]:
             held.update(fd_of[id(t)] for t in gc.get_referents(ref) if id(t) in fd_of)
     return held
 
-
-# --- descriptors no Python object wraps ----------------------------------------------------------
 
 #: Native libraries with process-lifetime helpers of their own: (a name in ``/proc/self/maps``,
 #: the library's name in findings, the Python module that loads it).
@@ -550,10 +528,7 @@ def _zmq_sockets_and_contexts(
     """One heap pass: the wanted descriptors that are a socket's mailbox (given to its context),
     and each live context by its ``underlying`` address."""
     fd_option = getattr(zmq, "FD", 14)
-    objects = gc.get_objects()
-    kinds = {k for k in set(map(type, objects)) if issubclass(k, (socket_type, context_type))}
-    found = list(compress(objects, map(kinds.__contains__, map(type, objects))))
-    del objects
+    found = _cheap.heap_instances(lambda kind: issubclass(kind, (socket_type, context_type)))
     owners: dict[int, tuple[object, str]] = {}
     contexts: dict[int, object] = {}
     for obj in found:
@@ -705,9 +680,6 @@ def int_fd_holders(fds: Iterable[int]) -> dict[int, tuple[object, str]]:
 def _python_name(obj: object) -> str:
     kind = type(obj)
     return f"{kind.__module__}.{kind.__qualname__}".replace("builtins.", "").replace("_io.", "io.")
-
-
-# --- findings ----------------------------------------------------------------------------------
 
 
 def _native_phrase(record: Mapping[str, Any], libraries: Sequence[str], holder: str | None) -> str:

@@ -9,7 +9,7 @@ existed before the test (a session fixture's server) are not looked at.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
@@ -90,20 +90,23 @@ def socket_fds_of(pid: int | str) -> dict[int, int]:
 
 def bound_sockets_of(pids: Iterable[int]) -> list[PortItem]:
     """The bound sockets (ports, named unix sockets) each of ``pids`` holds now."""
-    held = {pid: socket_fds_of(pid) for pid in pids}
+    return _bound({pid: socket_fds_of(pid) for pid in pids})
+
+
+def _bound(held: Mapping[int, Mapping[int, int]]) -> list[PortItem]:
+    """The bound sockets among ``held`` (pid -> inode -> fd)."""
     inodes = {inode for sockets in held.values() for inode in sockets}
     if not inodes:
         return []
     from pytest_shutdown.resources.sockets import read_socket_table  # noqa: PLC0415 - a socket
 
     table = read_socket_table(inodes)
-    items = []
-    for pid, sockets in held.items():
-        for inode, fd in sockets.items():
-            info = table.get(inode)
-            if info is not None and info.bound:
-                items.append(PortItem(pid, inode, info, fd))
-    return items
+    return [
+        PortItem(pid, inode, info, fd)
+        for pid, sockets in held.items()
+        for inode, fd in sockets.items()
+        if (info := table.get(inode)) is not None and info.bound
+    ]
 
 
 def take_port_snapshot() -> PortSnapshot:
@@ -112,25 +115,16 @@ def take_port_snapshot() -> PortSnapshot:
 
 def new_ports(before: PortSnapshot) -> list[PortItem]:
     """Bound sockets opened since ``before`` in this process, and those of processes started
-    since ``before``."""
-    own = [item for item in new_fds(before.fds) if item.target.startswith("socket:[")]
-    items: list[PortItem] = []
-    if own:
-        from pytest_shutdown.resources.sockets import read_socket_table  # noqa: PLC0415
-
-        inodes = {socket_inode(i.target): i.fd for i in own}
-        table = read_socket_table([i for i in inodes if i is not None])
-        me = os.getpid()
-        for inode, fd in inodes.items():
-            info = table.get(inode) if inode is not None else None
-            if inode is not None and info is not None and info.bound:
-                items.append(PortItem(me, inode, info, fd))
+    since (not the fork server's: it listens for its lifetime)."""
+    own = {
+        inode: item.fd
+        for item in new_fds(before.fds)
+        if (inode := socket_inode(item.target)) is not None
+    }
     fresh = descendant_pids() - before.pids
     if fresh:
-        fresh -= multiprocessing_helper_pids()  # the fork server listens for its lifetime
-    if fresh:
-        items.extend(bound_sockets_of(sorted(fresh)))
-    return items
+        fresh -= multiprocessing_helper_pids()
+    return _bound({os.getpid(): own, **{pid: socket_fds_of(pid) for pid in sorted(fresh)}})
 
 
 def still_bound(items: Iterable[PortItem]) -> list[PortItem]:

@@ -90,9 +90,6 @@ class Started:
         )
 
 
-# --- snapshots -------------------------------------------------------------------------------
-
-
 def child_state() -> int | None:
     """One ``waitid(WNOHANG | WNOWAIT)``, once per moment: None when this process has no child,
     0 when none has ended, else the pid of an ended child not reaped yet (a zombie)."""
@@ -344,9 +341,6 @@ def take_snapshot(*, threads: bool = True, processes: bool = True) -> LeakSnapsh
     )
 
 
-# --- what was started ------------------------------------------------------------------------
-
-
 def thread_filter(allow: Iterable[AllowRule] = ()) -> ThreadFilter:
     """Compile ``allow=`` into one predicate: True for a thread that must not be reported.
 
@@ -529,9 +523,6 @@ def await_exit(started: Started, grace: float, *, collect: bool = True) -> Start
         delay = min(delay * 2, 0.05)
 
 
-# --- findings --------------------------------------------------------------------------------
-
-
 def thread_name(thread: threading.Thread) -> str:
     """``thread.name``, or what ``threading`` stored for a subclass whose ``name`` raises."""
     try:
@@ -632,9 +623,6 @@ def leak_findings(
             )
         )
     return findings
-
-
-# --- restoring order -------------------------------------------------------------------------
 
 
 def kill_process_trees(

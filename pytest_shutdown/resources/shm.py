@@ -18,7 +18,6 @@ listed only when its modification time or size moved.
 from __future__ import annotations
 
 import fnmatch
-import gc
 import os
 import re
 import sys
@@ -153,9 +152,6 @@ def still_present(items: Iterable[ShmItem]) -> list[ShmItem]:
 def settle(items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
     """What is still there at ``deadline`` (see :func:`~._cheap.settle_left`)."""
     return _cheap.settle_left(items, still_present, deadline)
-
-
-# --- who holds it ------------------------------------------------------------------------------
 
 
 def _holds(
@@ -349,14 +345,10 @@ def _segment_objects(names: Iterable[str]) -> dict[str, list[object]]:
     wanted.difference_update(found)
     if not wanted:
         return found
-    objects = gc.get_objects()
-    types = {kind for kind in set(map(type, objects)) if issubclass(kind, kinds)}
-    for obj in objects:
-        if type(obj) in types:
-            named = _object_name(obj)
-            if named is not None and named in wanted:
-                found.setdefault(named, []).append(obj)
-    del objects
+    for obj in _cheap.heap_instances(lambda kind: issubclass(kind, kinds)):
+        named = _object_name(obj)
+        if named is not None and named in wanted:
+            found.setdefault(named, []).append(obj)
     return found
 
 

@@ -42,9 +42,8 @@ KINDS: dict[str, tuple[str, str]] = {
     ),
 }
 
-#: The kinds whose session-end hooks run whether or not ``--shutdown-resources`` chose them:
-#: the processes kind's sweep keeps the containment's promise that nothing the session's tests
-#: started outlives the session.
+#: The kinds whose session-end hooks run even when not chosen: nothing the session's tests
+#: started may outlive it.
 ENDS_EVERY_SESSION: frozenset[str] = frozenset({"processes"})
 
 

@@ -38,8 +38,6 @@ class FreezeKind(StateKind):
     def snapshot(self) -> int:
         return gc.get_freeze_count()
 
-    fingerprint = snapshot  # compared as it is
-
     def diff(self, before: int, after: int) -> list[Change]:
         if after > before:
             return [

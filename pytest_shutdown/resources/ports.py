@@ -197,19 +197,10 @@ class PortKind(ObjectKind):
         }
         others = [item for item in items if item.pid != me]
         if others:
-            from pytest_shutdown._os.proc_stat import read_stat  # noqa: PLC0415
+            from pytest_shutdown.resources.processes import parent_pids  # noqa: PLC0415
 
             pids = tuple(sorted({item.pid for item in others}))
-            parents = {}
-            for pid in pids:
-                current = pid
-                for _ in range(16):
-                    proc = read_stat(current)
-                    if proc is None or proc.ppid <= 1:
-                        break
-                    parents[current] = proc.ppid
-                    current = proc.ppid
-            objects = objects_of((), pids, parents)
+            objects = objects_of((), pids, parent_pids(pids))
             found.update({item: objects[item.pid] for item in others if item.pid in objects})
         return found
 

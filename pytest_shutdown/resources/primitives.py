@@ -42,8 +42,7 @@ ThreadFilter = Callable[[threading.Thread], bool]
 #: One entry of ``allow=``: a glob pattern matched against the thread name, or a predicate.
 AllowRule = str | ThreadFilter
 
-#: Threads whose name starts with this prefix belong to pytest-shutdown itself (watchdogs); they
-#: are never reported.
+#: The name prefix of pytest-shutdown's own threads (watchdogs): never reported.
 OWN_THREAD_PREFIX = "pytest-shutdown"
 
 #: Frames kept per thread stack in a finding (the innermost ones).
@@ -117,8 +116,7 @@ def _may_have_children() -> bool:
 #: The last pid the kernel allocated in this pid namespace: while it has not moved, no process
 #: (nor thread) was created anywhere.
 _LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
-#: (this process's pid, ns_last_pid at the scan, the descendants found by that scan, how many
-#: threads this process had started then)
+#: (pid, ns_last_pid at the last scan, the descendants it found, the threads started then)
 _scan_cache: tuple[int, bytes, frozenset[int], int] | None = None
 
 

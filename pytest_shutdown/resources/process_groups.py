@@ -109,8 +109,6 @@ class ProcessGroupKind(StateKind):
     def snapshot(self) -> frozenset[str]:
         return group_names()
 
-    fingerprint = snapshot  # compared as it is
-
     def diff(self, before: frozenset[str], after: frozenset[str]) -> list[Change]:
         return [Change(name, None, name) for name in sorted(after - before)]
 

@@ -43,8 +43,7 @@ UNKNOWN_SITE = (
 #: them is cleaning up, not killing a bystander (see the collateral kind).
 REPORTED: dict[int, None] = {}
 
-#: Extra looks of the fail-mode session-end sweep for a process that hopped (forked and
-#: exited) between the look and the kill.
+#: Extra looks of the fail-mode sweep for a process that forked and exited before the kill.
 _SWEEP_ROUNDS = 5
 
 

@@ -20,8 +20,7 @@ from pytest_shutdown.resources.primitives import (
 
 __all__ = ["REPORTED", "TOOL_MODULES", "ThreadKind", "is_tool_thread"]
 
-#: Threads reported as ``thread-leak``: the ones the session end looks at (a non-daemon one
-#: blocks the interpreter's exit).
+#: Threads reported as ``thread-leak``: the session end looks at them (see blocking_exit).
 REPORTED: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 #: Top-level modules whose threads belong to the test tools, never to the code under test.

@@ -724,14 +724,12 @@ def _innermost(objects: Sequence[object]) -> object:
 
 
 class FdKind(ObjectKind):
-    """The ``fds`` resource kind (see the module docstring).
-
-    A listening or bound socket is the ``ports`` kind's (``port-leak``), not an ``fd-leak``.
-    """
+    """The ``fds`` resource kind (see the module docstring). A listening or bound socket is the
+    ``ports`` kind's."""
 
     name = "fds"
     allow_key = "fds"
-    mark = "fd_count"  # the guard's one-pass reading (resources.marks)
+    mark = "fd_count"
 
     def __init__(self) -> None:
         #: fd -> the wrappers' type names (holding the objects would keep a dropped socket open)
@@ -755,15 +753,13 @@ class FdKind(ObjectKind):
         items = [item for item in items if item.fd not in skip]
         if not items:
             return items
-        # What a test dropped in a reference cycle closes when its wrapper is collected: the
-        # young generations first (cheap), so that the heap scans below run only for what
-        # something still holds. An old generation's garbage waits for the settle's collection.
+        # What a test dropped in a cycle closes when collected: the young generations first
+        # (cheap), so that the heap scans below run only for what something still holds.
         _cheap.collect_young()
         items = still_open(items)
         if not items:
             return items
-        # A reusable pool's new pipes, test after test: its owner, remembered, reaches their
-        # wrappers forwards (no heap pass); they are its, whoever else holds them.
+        # A reusable pool's new pipes: its remembered owner reaches them (no heap pass).
         known = self._known_wrappers()
         known.update(wrappers_held_by_recent_owners(item.fd for item in items))
         rest = [item for item in items if item.fd not in known]
@@ -868,7 +864,6 @@ class FdKind(ObjectKind):
     def describe(self, items: Sequence[FdItem]) -> list[dict[str, Any]]:
         table = _socket_table(items)
         records = []
-        libraries = None
         for item in items:
             record = describe_fd(item, table)
             held = self._types.get(item.fd) or []
@@ -876,8 +871,7 @@ class FdKind(ObjectKind):
             if held:
                 record["opened_by"] = f"held by {', '.join(held)}"
             else:
-                if libraries is None:
-                    libraries = loaded_native_libraries()
+                libraries = loaded_native_libraries()  # cached until the next import
                 record["opened_by"] = _native_phrase(record, libraries, self._native.get(item.fd))
                 record["native"] = True
                 if libraries and record["kind"] in _NATIVE_HELPER_KINDS:

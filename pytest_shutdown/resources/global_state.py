@@ -216,44 +216,24 @@ class GlobalStateKind(StateKind):
         if was_on and not is_on:
             changes.append(Change("gc", "enabled", "disabled", undo=gc.enable))
         if was_thresholds != thresholds:
-            changes.append(
-                Change(
-                    "gc thresholds",
-                    was_thresholds,
-                    thresholds,
-                    undo=lambda: gc.set_threshold(*was_thresholds),
-                )
-            )
+            undo = partial(gc.set_threshold, *was_thresholds)
+            changes.append(Change("gc thresholds", was_thresholds, thresholds, undo=undo))
         if before["signals"] is not after["signals"]:
             for sig, old, new in zip(
                 self.signals, before["signals"], after["signals"], strict=True
             ):
                 if old is new or old == new or _tools_own(old, new, _SIGNAL_DEFAULTS):
                     continue
-                changes.append(
-                    Change(
-                        f"signal handler {sig.name}",
-                        _describe(old),
-                        _describe(new),
-                        undo=_signal_undo(sig, old),
-                    )
-                )
+                key, undo_signal = f"signal handler {sig.name}", _signal_undo(sig, old)
+                changes.append(Change(key, _describe(old), _describe(new), undo=undo_signal))
         old_ctx, new_ctx = before["start_method"], after["start_method"]
         if new_ctx is not old_ctx and new_ctx is not None:
-            default = getattr(
-                getattr(sys.modules.get("multiprocessing.context"), "_default_context", None),
-                "_default_context",
-                None,
-            )
+            context = sys.modules.get("multiprocessing.context")
+            default = getattr(getattr(context, "_default_context", None), "_default_context", None)
             if old_ctx is not None or new_ctx is not default:  # forced, not decided lazily
-                changes.append(
-                    Change(
-                        "multiprocessing start method",
-                        _start_method_name(old_ctx, default),
-                        _start_method_name(new_ctx, default),
-                        undo=lambda: _set_start_method_context(old_ctx),
-                    )
-                )
+                was, now = (_start_method_name(c, default) for c in (old_ctx, new_ctx))
+                undo = partial(_set_start_method_context, old_ctx)
+                changes.append(Change("multiprocessing start method", was, now, undo=undo))
         for hook, setter in (
             ("sys.excepthook", lambda v: setattr(sys, "excepthook", v)),
             ("threading.excepthook", lambda v: setattr(threading, "excepthook", v)),
@@ -303,19 +283,9 @@ class GlobalStateKind(StateKind):
         if not items:
             return []
         described = "; ".join(f"{c.key}: {c.after} (was {c.before})" for c in items)
-        return [
-            Finding(
-                "global-state",
-                f"{subject} left process-wide state changed: {described}.",
-                {
-                    "changes": [
-                        {"what": c.key, "before": str(c.before), "after": str(c.after)}
-                        for c in items
-                    ],
-                    **dict(extra or {}),
-                },
-            )
-        ]
+        message = f"{subject} left process-wide state changed: {described}."
+        changes = [{"what": c.key, "before": str(c.before), "after": str(c.after)} for c in items]
+        return [Finding("global-state", message, {"changes": changes, **dict(extra or {})})]
 
 
 def _signal_undo(sig: signal.Signals, handler: Any) -> Callable[[], None] | None:
@@ -411,14 +381,8 @@ def _environment_changes(
         old, new = before.get(key, _MISSING), after.get(key, _MISSING)
         if old == new:
             continue
-        changes.append(
-            Change(
-                f"os.environ[{key!r}]",
-                "unset" if old is _MISSING else repr(old),
-                "unset" if new is _MISSING else repr(new),
-                undo=_environ_undo(key, old),
-            )
-        )
+        was, now = ("unset" if value is _MISSING else repr(value) for value in (old, new))
+        changes.append(Change(f"os.environ[{key!r}]", was, now, undo=_environ_undo(key, old)))
     return changes
 
 

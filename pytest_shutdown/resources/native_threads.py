@@ -240,11 +240,10 @@ class NativeThreadKind(ObjectKind):
             {"tid": tid, "name": _comm(tid), "native": True, "stack": ""} for tid in items
         ]
         listed = set(threading._active)  # type: ignore[attr-defined]
-        unlisted = {
-            ident: frame for ident, frame in sys._current_frames().items() if ident not in listed
-        }
         python_stacks = [
-            "".join(traceback.format_stack(frame)[-40:]) for frame in unlisted.values()
+            "".join(traceback.format_stack(frame)[-40:])
+            for ident, frame in sys._current_frames().items()
+            if ident not in listed
         ]
         if len(records) == len(python_stacks) == 1:  # a _thread.start_new_thread thread
             records[0]["stack"] = python_stacks[0]

@@ -589,26 +589,23 @@ def leak_findings(
         blocks = " (non-daemon: it blocks the interpreter's exit)"
         names = ", ".join(repr(r["name"]) + ("" if r["daemon"] else blocks) for r in records)
         count = len(records)
+        message = (
+            f"{count} thread{'s' if count != 1 else ''} started in {subject} still "
+            f"running {after_grace(grace)}: {names}."
+        )
         findings.append(
-            Finding(
-                "thread-leak",
-                f"{count} thread{'s' if count != 1 else ''} started in {subject} still "
-                f"running {after_grace(grace)}: {names}.",
-                {"threads": records, "grace_s": grace, **extra},
-            )
+            Finding("thread-leak", message, {"threads": records, "grace_s": grace, **extra})
         )
     if left.pids:
         records = [_process_record(pid) for pid in left.pids]
         described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in records)
         count = len(records)
-        findings.append(
-            Finding(
-                "process-leak",
-                f"{count} child process{'es' if count != 1 else ''} started in {subject} still "
-                f"running {after_grace(grace)}: {described}.",
-                {"processes": records, "grace_s": grace, **extra},
-            )
+        message = (
+            f"{count} child process{'es' if count != 1 else ''} started in {subject} still "
+            f"running {after_grace(grace)}: {described}."
         )
+        details = {"processes": records, "grace_s": grace, **extra}
+        findings.append(Finding("process-leak", message, details))
     # Only growth is a leak: frozen objects that die leave the permanent generation, so the count
     # drifts down by itself while something else holds a freeze.
     if freeze_before is not None and freeze_after is not None and freeze_after > freeze_before:

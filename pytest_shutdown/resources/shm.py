@@ -417,7 +417,7 @@ class ShmKind(ObjectKind):
 
     name = "shm"
     allow_key = "shm"
-    mark = "shm_state"  # the guard's one-pass reading (resources.marks)
+    mark = "shm_state"
 
     def fingerprint(self) -> tuple[int, int] | None:
         return _cheap.shm_state()  # None: no /dev/shm here, nothing to find

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from itertools import compress
 from typing import TypeVar
 
-from pytest_shutdown._os.held_open import held_open, held_open_fds
+from pytest_shutdown._os.held_open import held_open
 from pytest_shutdown._os.moments import reading
 
 __all__ = [
@@ -27,7 +27,6 @@ __all__ = [
     "fd_count",
     "heap_instances",
     "lowest_free_fd",
-    "own_handles",
     "process_name",
     "self_maps",
     "settle_left",
@@ -40,11 +39,6 @@ T = TypeVar("T")
 
 FD_DIR = "/proc/self/fd"
 SHM_DIR = "/dev/shm"
-
-
-def own_handles() -> frozenset[int]:
-    """The descriptors held open for these readings (never a test's)."""
-    return held_open_fds()
 
 
 def fd_count() -> int | None:
@@ -63,16 +57,13 @@ def _read_fd_count() -> int | None:
     return size if size > 0 else None
 
 
-def lowest_free_fd(held: int | None = None) -> int | None:
-    """The number the next descriptor opened here would take: a ``dup`` of ``held`` (this
-    module's handle of ``/proc/self/fd`` when None), closed at once; None when it cannot be.
-
-    With the count it tells a test that swapped one descriptor for another (the count as it
-    was, the lowest free number moved)."""
+def lowest_free_fd() -> int | None:
+    """The number the next descriptor opened here would take (a ``dup``, closed at once); None
+    when it cannot be taken. With the count it tells a test that swapped one descriptor for
+    another (the count as it was, the lowest free number moved)."""
+    held = held_open(FD_DIR)
     if held is None:
-        held = held_open(FD_DIR)
-        if held is None:
-            return None
+        return None
     try:
         probe = os.dup(held)
     except OSError:

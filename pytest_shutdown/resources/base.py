@@ -307,10 +307,7 @@ class ObjectKind(KindDefaults):
 
 class StateKind(KindDefaults):
     """Defaults for a kind whose items are :class:`Change` records of process-wide state.
-
-    Subclasses define ``snapshot()`` and ``diff(before, after)``; a change made by a wider-scope
-    fixture is absorbed into the test's baseline by :meth:`absorb` (its ``rebase``).
-    """
+    Subclasses define ``snapshot()``, ``diff(before, after)`` and ``absorb``."""
 
     stateful = True
 
@@ -323,16 +320,13 @@ class StateKind(KindDefaults):
     def diff(self, before: Any, after: Any) -> Sequence[Any]:
         raise NotImplementedError
 
-    def rebase(self, before: Any, start: Any, end: Any) -> Any:
+    def absorb(self, before: Any, start: Any, end: Any) -> Any:
         raise NotImplementedError
 
     def new_since(self, before: Any, allow: Allowance = None) -> Sequence[Any]:
         if allow is True:
             return ()
         return self.diff(before, self.snapshot())
-
-    def absorb(self, before: Any, start: Any, end: Any) -> Any:
-        return self.rebase(before, start, end)
 
     def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
         return {}

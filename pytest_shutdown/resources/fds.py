@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._os.held_open import held_open_fds
 from pytest_shutdown._os.moments import reading
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
@@ -208,7 +209,7 @@ def finalizer_fds() -> frozenset[int]:
 
 def _never_blamed(item: FdItem, helpers: frozenset[int]) -> bool:
     return (
-        item.fd in _cheap.own_handles()
+        item.fd in held_open_fds()
         or item.fd in helpers
         or any(fnmatch.fnmatchcase(item.target, pattern) for pattern in PROCESS_LIFETIME_TARGETS)
     )

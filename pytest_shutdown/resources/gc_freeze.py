@@ -50,7 +50,7 @@ class FreezeKind(StateKind):
             ]
         return []
 
-    def rebase(self, before: int, start: int, end: int) -> int:
+    def absorb(self, before: int, start: int, end: int) -> int:
         return before + (end - start)
 
     def findings(

@@ -253,7 +253,7 @@ class GlobalStateKind(StateKind):
             changes.extend(_environment_changes(before["environ"], after["environ"], imported))
         return changes
 
-    def rebase(self, before: dict[str, Any], start: dict[str, Any], end: dict[str, Any]) -> Any:
+    def absorb(self, before: dict[str, Any], start: dict[str, Any], end: dict[str, Any]) -> Any:
         rebased = dict(before)
         for key in ("gc", "start_method", "sys.excepthook", "threading.excepthook"):
             if start[key] is not end[key] and start[key] != end[key]:

@@ -141,10 +141,6 @@ def still_bound(items: Iterable[PortItem]) -> list[PortItem]:
     return left
 
 
-def settle(items: Sequence[PortItem], deadline: float) -> list[PortItem]:
-    return _cheap.settle_left(items, still_bound, deadline)
-
-
 class PortKind(ObjectKind):
     """The ``ports`` resource kind (see the module docstring)."""
 
@@ -205,7 +201,7 @@ class PortKind(ObjectKind):
         return found
 
     def settle(self, items: Sequence[PortItem], deadline: float) -> list[PortItem]:
-        return settle(items, deadline)
+        return _cheap.settle_left(items, still_bound, deadline)
 
     def settle_long_lived(
         self, items: Sequence[PortItem], deadline: float, *, thorough: bool = False

@@ -112,7 +112,7 @@ class ProcessGroupKind(StateKind):
     def diff(self, before: frozenset[str], after: frozenset[str]) -> list[Change]:
         return [Change(name, None, name) for name in sorted(after - before)]
 
-    def rebase(
+    def absorb(
         self, before: frozenset[str], start: frozenset[str], end: frozenset[str]
     ) -> frozenset[str]:
         """What a wider-scope fixture initialised (or destroyed) is part of the baseline."""

@@ -149,11 +149,6 @@ def still_present(items: Iterable[ShmItem]) -> list[ShmItem]:
     return left
 
 
-def settle(items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
-    """What is still there at ``deadline`` (see :func:`~._cheap.settle_left`)."""
-    return _cheap.settle_left(items, still_present, deadline)
-
-
 def _holds(
     pid: int | str, paths: Mapping[str, str], inodes: Mapping[int, str] | None = None
 ) -> set[str]:
@@ -463,7 +458,7 @@ class ShmKind(ObjectKind):
         return {item: objects[item.name][0] for item in items if objects.get(item.name)}
 
     def settle(self, items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
-        return settle(items, deadline)
+        return _cheap.settle_left(items, still_present, deadline)
 
     def settle_long_lived(
         self, items: Sequence[ShmItem], deadline: float, *, thorough: bool = False

@@ -60,7 +60,7 @@ class ShmSnapshot(FrozenRecord):
     taken: float
 
     def __init__(
-        self, state: tuple[int, int] | None, entries: Mapping[str, int], taken: float = 0.0
+        self, state: tuple[int, int] | None, entries: Mapping[str, int], taken: float
     ) -> None:
         super().__init__(state, entries, taken)
 
@@ -149,9 +149,7 @@ def still_present(items: Iterable[ShmItem]) -> list[ShmItem]:
     return left
 
 
-def _holds(
-    pid: int | str, paths: Mapping[str, str], inodes: Mapping[int, str] | None = None
-) -> set[str]:
+def _holds(pid: int | str, paths: Mapping[str, str], inodes: Mapping[int, str]) -> set[str]:
     """Which of ``paths`` (path → name) ``pid`` maps or has open. A mapping matches by path or
     by inode (``inodes``): glibc's ``sem_open`` maps a temporary file it then links under the
     semaphore's name, so the map shows ``/dev/shm/sem.XXXXXX (deleted)``."""

@@ -245,21 +245,19 @@ def settle(items: Sequence[FdItem], deadline: float) -> list[FdItem]:
     return _cheap.settle_left(items, still_open, deadline)
 
 
-def _flags(fd: int) -> int:
+def _fdinfo(fd: int, field: str, base: int = 10) -> list[int]:
+    """The numbers on the ``field`` lines of ``/proc/self/fdinfo/FD`` (an epoll's ``tfd:``)."""
     try:
         with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("flags:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0
+            return [int(line.split()[1], base) for line in f if line.startswith(field)]
+    except (OSError, ValueError, IndexError):
+        return []
 
 
 def describe_fd(item: FdItem, sockets: Mapping[int, SocketInfo] | None = None) -> dict[str, Any]:
     """What ``item`` is, as JSON-serialisable facts with a one-phrase ``what``."""
     target = item.target
-    flags = _flags(item.fd)
+    flags = (_fdinfo(item.fd, "flags:", 8) or [0])[0]
     record: dict[str, Any] = {"fd": item.fd, "target": target}
     inode = socket_inode(target)
     if inode is not None:
@@ -483,19 +481,6 @@ def _anon_kind(target: str) -> str | None:
     return target[len("anon_inode:") :].strip("[]") if target.startswith("anon_inode:") else None
 
 
-def _epoll_watches(fd: int) -> set[int]:
-    """The descriptors the epoll instance ``fd`` watches (``tfd:`` lines of its fdinfo)."""
-    watched: set[int] = set()
-    try:
-        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("tfd:"):
-                    watched.add(int(line.split()[1]))
-    except (OSError, ValueError, IndexError):
-        pass
-    return watched
-
-
 #: ``Context.underlying`` of each zmq context an earlier search saw -> the descriptors it was
 #: given then (none: its own predate any later test; a repeated search gives it the same).
 _zmq_contexts_seen: dict[int, frozenset[int]] = {}
@@ -574,7 +559,7 @@ def _zmq_context_owning(
         _zmq_contexts_seen.clear()
     for address in contexts:
         _zmq_contexts_seen.setdefault(address, frozenset())
-    if len(candidates) == 1 and all(_epoll_watches(fd) & eventfds for fd in polls):
+    if len(candidates) == 1 and all(eventfds.intersection(_fdinfo(fd, "tfd:")) for fd in polls):
         _zmq_contexts_seen[candidates[0]] = given
         return {fd: (contexts[candidates[0]], "libzmq's mailbox or poller of") for fd in rest}
     return {}

@@ -64,11 +64,6 @@ class ThreadKind(ObjectKind):
     def snapshot(self) -> frozenset[threading.Thread]:
         return frozenset(threading.enumerate())
 
-    def _filter(self, allow: Allowance) -> ThreadFilter:
-        if isinstance(allow, tuple):
-            return thread_filter([self.tools, *allow])
-        return self.tools
-
     def new_since(self, before: Any, allow: Allowance = None) -> Sequence[threading.Thread]:
         if allow is True:
             return ()
@@ -77,7 +72,7 @@ class ThreadKind(ObjectKind):
             before = frozenset(before)
         if before.issuperset(now):
             return ()  # nothing new: the common case, no filter compiled
-        filt = self._filter(allow)
+        filt = thread_filter([self.tools, *allow]) if isinstance(allow, tuple) else self.tools
         current = threading.current_thread()
         found = tuple(
             t

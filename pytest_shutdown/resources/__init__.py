@@ -1,10 +1,8 @@
 """The resource kinds the guard checks after every test, and the registry that lists them.
 
-Each kind is one module of this package with one class following
-:class:`pytest_shutdown.resources.base.ResourceKind`. :data:`KINDS` names them (in the order
-their findings are reported) with the ``@pytest.mark.allow_leaks`` keyword that silences each;
-the modules are imported only when the guard is on. ``--shutdown-resources`` (ini
-``shutdown_resources``) chooses which kinds run.
+Each kind is one module with one class following :class:`.base.ResourceKind`; :data:`KINDS`
+names them, in report order, with the ``allow_leaks`` keyword of each. The modules are imported
+only when the guard is on; ``--shutdown-resources`` chooses which kinds run.
 """
 
 from __future__ import annotations
@@ -44,9 +42,8 @@ KINDS: dict[str, tuple[str, str]] = {
     ),
 }
 
-#: The kinds whose session-end hooks run whether or not ``--shutdown-resources`` chose them:
-#: the processes kind's sweep keeps the containment's promise that nothing the session's tests
-#: started outlives the session.
+#: The kinds whose session-end hooks run even when not chosen: nothing the session's tests
+#: started may outlive it.
 ENDS_EVERY_SESSION: frozenset[str] = frozenset({"processes"})
 
 
@@ -61,8 +58,7 @@ def allow_keys() -> tuple[str, ...]:
 
 
 def load_kind(name: str, **options: Any) -> ResourceKind:
-    """Import and build the kind ``name`` (``options`` go to its constructor when it takes
-    them: e.g. ``tools=`` for threads)."""
+    """Import and build the kind ``name`` (``options`` go to its constructor when it takes them)."""
     _, target = KINDS[name]
     module_name, _, class_name = target.partition(":")
     cls = getattr(importlib.import_module(module_name), class_name)
@@ -71,8 +67,7 @@ def load_kind(name: str, **options: Any) -> ResourceKind:
 
 
 def _parameters(cls: type) -> tuple[str, ...]:
-    """The names ``cls(...)`` takes (read from its ``__init__``'s code: ``inspect.signature``
-    costs milliseconds per class at every session start)."""
+    """The names ``cls(...)`` takes (``inspect.signature`` costs milliseconds per class)."""
     code = getattr(getattr(cls, "__init__", None), "__code__", None)
     if code is None:  # object.__init__: no options
         return ()
@@ -86,9 +81,8 @@ def default_kinds(names: Iterable[str] | None = None, **options: Any) -> list[Re
 
 
 def session_end_kinds(chosen: Iterable[ResourceKind], **options: Any) -> list[ResourceKind]:
-    """The kinds whose session-end hooks the guard calls, in registry order: the ``chosen``
-    kinds (the guard's own), and a kind of :data:`ENDS_EVERY_SESSION` built now when it was not
-    chosen."""
+    """The kinds whose session-end hooks the guard calls, in registry order: the ``chosen`` ones,
+    and each of :data:`ENDS_EVERY_SESSION` built now when it was not chosen."""
     by_name = {kind.name: kind for kind in chosen}
     ends = [
         by_name.pop(name) if name in by_name else load_kind(name, **options)

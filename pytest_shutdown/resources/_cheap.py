@@ -1,16 +1,11 @@
-"""Cheap change detectors shared by the resource kinds (one system call each).
+"""Cheap readings the resource kinds share, and their settling.
 
-* the number of open file descriptors of this process: ``st_size`` of ``/proc/self/fd``
-  (Linux >= 6.2; older kernels report 0 and the fd kind lists the folder instead), with the
-  lowest free descriptor number (a ``dup`` closed again: two calls);
-* the state of ``/dev/shm``: its modification time and size (tmpfs counts its entries in a
-  folder's size; a create or an unlink changes both).
+* the number of open descriptors: ``st_size`` of ``/proc/self/fd`` (Linux >= 6.2; older kernels
+  report 0 and the fd kind lists the folder), with the lowest free descriptor number;
+* the state of ``/dev/shm``: its modification time and size (a create or an unlink changes both).
 
-Each is an ``fstat`` of a folder held open by :mod:`pytest_shutdown._os.held_open`; inside
-:func:`pytest_shutdown._os.moments.one_moment` each is read once.
-
-:func:`socket_inode` is here too: the fd and ports kinds tell sockets from other descriptors by
-their links on every listing, and read the socket tables (:mod:`.sockets`) only when one is there.
+Each is an ``fstat`` of a folder held open (:mod:`pytest_shutdown._os.held_open`), read once per
+:func:`pytest_shutdown._os.moments.one_moment`.
 """
 
 from __future__ import annotations
@@ -19,9 +14,10 @@ import gc
 import os
 import time
 from collections.abc import Callable, Sequence
+from itertools import compress
 from typing import TypeVar
 
-from pytest_shutdown._os.held_open import held_open, held_open_fds
+from pytest_shutdown._os.held_open import held_open
 from pytest_shutdown._os.moments import reading
 
 __all__ = [
@@ -29,8 +25,10 @@ __all__ = [
     "SHM_DIR",
     "collect_young",
     "fd_count",
+    "heap_instances",
     "lowest_free_fd",
-    "own_handles",
+    "process_name",
+    "self_maps",
     "settle_left",
     "settle_listed",
     "shm_state",
@@ -41,11 +39,6 @@ T = TypeVar("T")
 
 FD_DIR = "/proc/self/fd"
 SHM_DIR = "/dev/shm"
-
-
-def own_handles() -> frozenset[int]:
-    """The descriptors held open for these readings (never a test's)."""
-    return held_open_fds()
 
 
 def fd_count() -> int | None:
@@ -64,18 +57,13 @@ def _read_fd_count() -> int | None:
     return size if size > 0 else None
 
 
-def lowest_free_fd(held: int | None = None) -> int | None:
-    """The number the next descriptor opened here would take (the kernel gives the lowest free
-    one): a ``dup`` of ``held`` (this module's handle of ``/proc/self/fd`` when None), closed at
-    once; None when it cannot be taken.
-
-    With the count it tells a test that swapped one descriptor for another: it opened one and
-    closed one it had not opened, the count is as it was, the numbers are not, and the lowest
-    free number moved (the new one took it, or the closed one freed a lower one)."""
+def lowest_free_fd() -> int | None:
+    """The number the next descriptor opened here would take (a ``dup``, closed at once); None
+    when it cannot be taken. With the count it tells a test that swapped one descriptor for
+    another (the count as it was, the lowest free number moved)."""
+    held = held_open(FD_DIR)
     if held is None:
-        held = held_open(FD_DIR)
-        if held is None:
-            return None
+        return None
     try:
         probe = os.dup(held)
     except OSError:
@@ -100,11 +88,18 @@ def _read_shm_state() -> tuple[int, int] | None:
     return (st.st_mtime_ns, st.st_size)
 
 
+def heap_instances(accept: Callable[[type], bool]) -> list[object]:
+    """The heap's objects whose type ``accept`` takes, decided once per type and selected in C
+    (a Python loop over the heap took 18 ms of 35)."""
+    objects = gc.get_objects()
+    types = {kind for kind in set(map(type, objects)) if accept(kind)}
+    return list(compress(objects, map(types.__contains__, map(type, objects))))
+
+
 def collect_young() -> None:
-    """Collect gc's two young generations (a fraction of a millisecond, where a full collection
-    walks the whole heap: tens of milliseconds in a suite with numpy loaded), once per moment:
-    what a test dropped in a reference cycle lately (a ``multiprocessing.Pool`` and its pipes)
-    is released before anyone scans the heap for who holds it."""
+    """Collect gc's young generations once per moment (a fraction of a millisecond; a full
+    collection takes tens with numpy loaded): what a test dropped in a cycle lately is released
+    before anyone scans the heap for who holds it."""
     reading("collect_young", _collect_young)
 
 
@@ -120,10 +115,8 @@ def settle_listed(
     *,
     thorough: bool,
 ) -> list[T]:
-    """What is still there at session end, for the list of long-lived resources: after the
-    young generations' collection; with ``thorough`` (the list fails the session), as
-    :func:`settle_left`, after the whole heap's (tens of milliseconds with numpy loaded): an
-    owner that dropped it into an old reference cycle leaves it there until then."""
+    """What of the long-lived list is still there at session end, after the young generations'
+    collection; with ``thorough`` (the list fails the session), as :func:`settle_left`."""
     if thorough:
         return settle_left(items, still_there, deadline)
     left = still_there(items)
@@ -137,8 +130,7 @@ def settle_left(
     items: Sequence[T], still_there: Callable[[Sequence[T]], list[T]], deadline: float
 ) -> list[T]:
     """What ``still_there`` still finds at ``deadline``: a dropped object releases its resource
-    when collected, so when something is left the young generations are collected (cheap), then
-    if something is still left the whole heap once, then short polls."""
+    when collected, so the young generations are collected, then the whole heap, then polls."""
     left = still_there(items)
     if not left:
         return left
@@ -164,3 +156,21 @@ def socket_inode(link: str) -> int | None:
         except ValueError:
             return None
     return None
+
+
+def self_maps() -> bytes:
+    """``/proc/self/maps``; empty where it cannot be read."""
+    try:
+        with open("/proc/self/maps", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def process_name(pid: int) -> str:
+    """The kernel's name of ``pid`` (``/proc/PID/comm``); ``"?"`` when gone."""
+    try:
+        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"

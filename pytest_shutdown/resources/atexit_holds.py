@@ -1,19 +1,12 @@
 """``atexit.register`` callbacks that keep a test's objects alive until exit
 (``atexit-holds-object``).
 
-While the guard is on, :mod:`pytest_shutdown.ownership.atexit_calls` records every
-``atexit.register`` call. A registration made during a test and still registered at its end
-whose callback is a bound method of, or reaches, an object the test created (one no wider-scope
-fixture and no module global owns) holds that object, and all it holds, until the interpreter exits:
-SGLang's ``Engine.__init__`` registers ``atexit.register(self.shutdown)``, so every engine a test
-suite creates stays alive. Module-level functions and callbacks that hold only plain values are
-never reported, nor are the registrations of process-lifetime objects: one made while a module was
-being imported (the import's), and one whose object was created to be a class attribute's or a
-module global's (a library's singleton: tqdm's ``cls.monitor = TMonitor(...)``, whose ``__init__``
-registers ``atexit.register(self.exit)``), even once the library released it: atexit is how such a
-singleton is meant to end. (While the attribute still holds it, the ownership search names that
-owner and the registration is listed as long-lived.) Nothing is restored: unregistering someone's
-exit hook would change their exit.
+:mod:`pytest_shutdown.ownership.atexit_calls` records every ``atexit.register`` call. One made
+during a test, still registered at its end, whose callback reaches an object the test created
+holds that object until exit (SGLang's ``Engine.__init__`` registers ``self.shutdown``, so every
+engine stays alive). Never reported: callbacks holding only plain values, registrations made by
+an import, and those of a library's singleton (tqdm's ``cls.monitor = TMonitor(...)``), even once
+released: atexit is how it is meant to end. Nothing is restored: that would change their exit.
 """
 
 from __future__ import annotations
@@ -34,19 +27,16 @@ class AtexitKind(ObjectKind):
 
     name = "atexit"
     allow_key = "atexit"
-    mark = "atexit_count"  # the guard's one-pass reading (resources.marks)
+    mark = "atexit_count"
 
     def __init__(self) -> None:
-        atexit_calls.install()  # a process-lifetime recording, for the guard's session
+        atexit_calls.install()
 
     def close(self) -> None:
-        """The session is over: stop recording (the originals come back with the last user)."""
         atexit_calls.uninstall()
 
     def snapshot(self) -> int:
         return atexit_calls.count()
-
-    fingerprint = snapshot  # compared as it is
 
     def absorb(self, before: Any, start: Any, end: Any) -> Any:
         return before  # counts: a fixture's registrations are told apart by ownership
@@ -61,8 +51,7 @@ class AtexitKind(ObjectKind):
         )
 
     def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
-        # The object the callback holds decides whose the registration is: a fixture's value
-        # or a module global's is not the test's.
+        # The object the callback holds decides whose the registration is.
         found: dict[Any, object] = {}
         for registration in items:
             held = atexit_calls.reached_objects(registration)
@@ -71,8 +60,7 @@ class AtexitKind(ObjectKind):
         return found
 
     def known_referrers(self, items: Sequence[Any]) -> Mapping[Any, tuple[object, ...]]:
-        # A bound method (a partial) registered refers to the object it holds: the ownership
-        # search need not walk the heap to find it (atexit's own hold is invisible anyway).
+        # A bound method (a partial) refers to its object: no heap walk to find it.
         found: dict[Any, tuple[object, ...]] = {}
         for registration in items:
             held = atexit_calls.reached_objects(registration)
@@ -125,8 +113,8 @@ def _type_name(obj: object) -> str:
 
 
 def _process_lifetime(registration: Any, held: object) -> bool:
-    """A registration made by an import, or for a singleton its library released (a singleton
-    still held is left to the ownership search, which lists it)."""
+    """A registration made by an import, or for a singleton its library released (one still held
+    is left to the ownership search)."""
     origin = registration.origin
     if origin is None:
         return False

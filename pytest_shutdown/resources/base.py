@@ -1,78 +1,42 @@
 """The resource model: what the guard walks, one kind per thing a test can leave behind.
 
-Every resource kind (threads, processes, native threads, a gc freeze, process-wide state, file
-descriptors, ports, shared memory ...) answers the same questions, so the guard has no branch
-per kind (:mod:`pytest_shutdown.guard` only iterates them):
+Every resource kind (threads, processes, file descriptors, ports, shared memory, process-wide
+state ...) answers the same questions, so the guard has no branch per kind:
 
 * ``fingerprint()``: the cheapest reading that moves whenever ``new_since`` could find something
-  or ``snapshot`` would answer otherwise (a count, an identity, the set itself when that is
-  cheap). The guard compares a test's fingerprints after its teardown with those before its
-  set-up: all equal, no kind is asked anything more; and it starts the next test from the last
-  clean test's snapshots when the fingerprints have not moved in between. Inside one moment
+  or ``snapshot`` would answer otherwise (a count, an identity, the set itself when cheap). All
+  of a test's fingerprints equal before and after it: no kind is asked anything more, and the
+  next test starts from the last clean test's snapshots. Inside one moment
   (:mod:`pytest_shutdown._os.moments`) the kinds share their readings.
-  A kind whose fingerprint is made of other kinds' readings names them in
-  ``fingerprinted_by`` (the ports kind: the fd fingerprint and the descendants): while those kinds
-  are on, the guard compares theirs and does not read it twice. Such a kind may define
-  ``unmoved_since(before, moved)``: whether its own fingerprint cannot have moved since the
-  snapshot ``before`` although the kinds named in ``moved`` did (the processes kind's reading
-  moves whenever a pid is allocated anywhere on the host; the ports kind asks whether the
-  descendants themselves are ``before``'s); without it, the kind counts as moved with them.
-  A kind whose fingerprint is one shared reading names it in ``mark``: the guard takes every
-  such reading in one pass (:mod:`pytest_shutdown.resources.marks`) instead of asking each
-  kind; one whose fingerprint shares no reading with another kind says ``reads_alone = True``
-  and is asked outside a moment.
 * ``snapshot()``: what exists now; cheap, taken before a test whose fingerprints moved and around
-  every wider-scope fixture's set-up. Compare counts or identities first, list only when
-  something changed.
+  every wider-scope fixture's set-up. Compare counts or identities first, list only on a change.
 * ``new_since(before, allow)``: what appeared since ``before`` (an *object kind*: threads, pids,
-  descriptors) or what changed (a *state kind*: ``Change`` records), minus what ``allow``
+  descriptors) or what changed (a *state kind*: :class:`Change` records), minus what ``allow``
   permits. Cheap first.
 * ``diff(before, after)``: a state kind's changes between two snapshots (a fixture's, from
   before its set-up to after its teardown); object kinds answer ``()``.
 * ``absorb(before, start, end)``: the test's baseline with what a wider-scope fixture did
-  between the snapshots ``start`` and ``end`` counted as already there (its set-up, its
-  teardown): that is the fixture's, checked when it is torn down.
+  between the snapshots ``start`` and ``end`` counted as already there (it is the fixture's,
+  checked at its teardown).
 * ``targets(items)``: for kinds whose items an object in the heap can own, the objects the
-  ownership search (:func:`pytest_shutdown.ownership.owners.find_owners`) explains, keyed by item.
-* ``known_referrers(items)`` (optional, with ``targets``): objects known to refer to an item's
-  target directly (an ``atexit`` registration's bound method), keyed by item: the ownership
-  search walks them from its first heap pass on, one pass less.
+  ownership search (:func:`pytest_shutdown.ownership.owners.find_owners`) explains, by item.
 * ``settle(items, deadline)``: what is still there when the grace runs out (polled: a clean
   test waits for nothing).
-* ``still_there(items)`` with ``ends_by_itself = True`` (optional, object kinds whose items
-  end by themselves: threads, processes): what is still there now, without waiting or
-  collecting. The guard gives such new items no known owner explains a few milliseconds to
-  end (a queue's feeder thread on its way out) before the ownership search.
-* ``settle_long_lived(items, deadline, thorough=...)`` (optional, kinds whose items a
-  collection releases: fds, ports, shm): :meth:`settle` for the long-lived list at session
-  end, which collects the whole heap only when ``thorough`` (the list fails the session).
 * ``findings(items, subject, grace, extra)``: what is left, as :class:`Finding` data.
 * ``restore(items)``: fail mode only, after the findings: put order back for the next test
   (kill a process tree, undo a freeze, put back a signal handler). Warn mode changes nothing.
 
-A kind that installs something for the session (a recorder) may define ``close()``: the guard
-calls it at ``pytest_unconfigure``.
+The optional parts (the fingerprint's sharing: ``mark``, ``reads_alone``, ``fingerprinted_by``,
+``unmoved_since``; ``ends_by_itself`` with ``still_there``; ``started_outside_tests``,
+``known_referrers``, ``kept_by_libraries``, ``settle_long_lived``;
+``finds_late``/``track_late``/``late_items``; ``close``, called at ``pytest_unconfigure``; and
+the session-end hooks ``sweep_session_end`` and ``blocking_exit``, given a
+:class:`SessionEndContext`) are declared once, with their defaults and meaning, on
+:class:`KindDefaults`, which :class:`ObjectKind` and :class:`StateKind` derive from: the guard
+calls them directly, never probing for them.
 
-At session end the guard calls two optional hooks on every kind, in order, each given a
-:class:`SessionEndContext` (the data they need, not the guard):
-
-* ``sweep_session_end(end)``: what the session's tests left of this kind that no test's check
-  saw (the processes kind: descendants started since the session began, however re-parented),
-  reported as findings of ``<session end>``; fail mode stops them. Not called on the xdist
-  controller (its workers sweep their own).
-* ``blocking_exit(end)``: what the tests left of this kind that would block the interpreter's
-  exit (the threads kind: the non-daemon threads it reported, still alive), reported as
-  findings of ``<session end>``; returned, and fail mode bounds the exit's wait for them.
-
-The optional parts (``mark``, ``reads_alone``, ``fingerprinted_by``, ``unmoved_since``,
-``ends_by_itself``, ``still_there``, ``started_outside_tests``, ``known_referrers``,
-``kept_by_libraries``, ``settle_long_lived``, ``finds_late``/``track_late``/``late_items``,
-``close``, ``sweep_session_end``, ``blocking_exit``) are declared once, with their defaults,
-on :class:`KindDefaults`, which :class:`ObjectKind` and :class:`StateKind` derive from: every
-kind derives from one of them, and the guard calls the parts directly, never probing for them.
-
-A new kind is a new module with a class of this shape (a subclass of :class:`ObjectKind` or
-:class:`StateKind`) and one line in :data:`pytest_shutdown.resources.KINDS`.
+A new kind is a new module with a subclass of :class:`ObjectKind` or :class:`StateKind` and one
+line in :data:`pytest_shutdown.resources.KINDS`.
 """
 
 from __future__ import annotations
@@ -99,6 +63,7 @@ __all__ = [
     "SessionEndReport",
     "StateKind",
     "after_grace",
+    "left_findings",
 ]
 
 
@@ -227,8 +192,8 @@ class KindDefaults:
     a kind that does not define it answers). :class:`ObjectKind` and :class:`StateKind` derive
     from it; the guard calls these directly."""
 
-    #: The one shared reading that stands for the kind's fingerprint
-    #: (:data:`pytest_shutdown.resources.marks.MARKS`); None: the kind is asked itself.
+    #: The one shared reading that stands for the kind's fingerprint, which the guard takes for
+    #: all kinds in one pass (:data:`pytest_shutdown.resources.marks.MARKS`); None: asked itself.
     mark: str | None = None
     #: The kind's fingerprint shares no reading with another kind's: asked outside a moment.
     reads_alone: bool = False
@@ -342,10 +307,7 @@ class ObjectKind(KindDefaults):
 
 class StateKind(KindDefaults):
     """Defaults for a kind whose items are :class:`Change` records of process-wide state.
-
-    Subclasses define ``snapshot()`` and ``diff(before, after)``; a change made by a wider-scope
-    fixture is absorbed into the test's baseline by :meth:`absorb` (its ``rebase``).
-    """
+    Subclasses define ``snapshot()``, ``diff(before, after)`` and ``absorb``."""
 
     stateful = True
 
@@ -358,16 +320,13 @@ class StateKind(KindDefaults):
     def diff(self, before: Any, after: Any) -> Sequence[Any]:
         raise NotImplementedError
 
-    def rebase(self, before: Any, start: Any, end: Any) -> Any:
+    def absorb(self, before: Any, start: Any, end: Any) -> Any:
         raise NotImplementedError
 
     def new_since(self, before: Any, allow: Allowance = None) -> Sequence[Any]:
         if allow is True:
             return ()
         return self.diff(before, self.snapshot())
-
-    def absorb(self, before: Any, start: Any, end: Any) -> Any:
-        return self.rebase(before, start, end)
 
     def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
         return {}
@@ -387,3 +346,24 @@ class StateKind(KindDefaults):
 def after_grace(grace: float) -> str:
     """When something was found still there: after a grace, or at once (none was given)."""
     return f"after the {grace:g} s grace" if grace > 0 else "(no grace was given)"
+
+
+def left_findings(
+    code: str,
+    key: str,
+    records: Sequence[Mapping[str, Any]],
+    texts: Sequence[str],
+    what: str,
+    *,
+    grace: float,
+    extra: Extra,
+    note: str = "",
+) -> list[Finding]:
+    """One ``code`` finding for the ``records`` left (under ``key`` in its details): ``what``,
+    when it was seen, the first eight ``texts`` (one per record), ``note``."""
+    if not records:
+        return []
+    more = f"; and {len(texts) - 8} more" if len(texts) > 8 else ""
+    when = f"{grace:g} s after it ended" if grace > 0 else "when it ended"
+    details = {key: [dict(r) for r in records], "grace_s": grace, **dict(extra or {})}
+    return [Finding(code, f"{what} {when}: {'; '.join(texts[:8])}{more}.{note}", details)]

@@ -1,18 +1,15 @@
 """``no_os_leaks``: file descriptors, ports and shared-memory segments a block leaves behind.
 
-The helper form of the guard's ``fds``, ``ports`` and ``shm`` kinds, for code outside pytest
-or a block narrower than a test::
+The helper form of the guard's ``fds``, ``ports`` and ``shm`` kinds::
 
     with no_os_leaks():
         server = start_server()
         server.shutdown()
 
 raises :class:`~pytest_shutdown.findings.finding.ShutdownContractError` with ``fd-leak``,
-``port-leak`` and ``shm-leak`` findings for what the block opened and left (after ``grace``
-seconds, one deadline for all kinds). While the block runs, creation sites are recorded
-(:func:`pytest_shutdown.ownership.origins.install`, as the guard does): a ``SharedMemory`` the block
-created and left is named by the line that created it, whatever its name, and a segment a
-child started in the block created and left behind when it exited is found too.
+``port-leak`` and ``shm-leak`` findings for what the block left after ``grace`` seconds (one
+deadline). Creation sites are recorded while it runs, so a ``SharedMemory`` left is named by
+the line that created it.
 """
 
 from __future__ import annotations
@@ -34,14 +31,7 @@ def os_resource_kinds(*, fds: bool = True, ports: bool = True, shm: bool = True)
     from pytest_shutdown.resources.ports import PortKind  # noqa: PLC0415
     from pytest_shutdown.resources.shm import ShmKind  # noqa: PLC0415
 
-    chosen: list[Any] = []
-    if fds:
-        chosen.append(FdKind())
-    if ports:
-        chosen.append(PortKind())
-    if shm:
-        chosen.append(ShmKind())
-    return chosen
+    return [kind() for kind, on in ((FdKind, fds), (PortKind, ports), (ShmKind, shm)) if on]
 
 
 @contextmanager
@@ -55,8 +45,10 @@ def no_os_leaks(
 ) -> Iterator[None]:
     """Fail when the block leaves descriptors, ports or segments behind (see the module)."""
     __tracebackhide__ = True
-    if isinstance(grace, bool) or not isinstance(grace, (int, float)) or not (
-        math.isfinite(grace) and grace >= 0
+    if (
+        isinstance(grace, bool)
+        or not isinstance(grace, (int, float))
+        or not (math.isfinite(grace) and grace >= 0)
     ):
         raise ValueError(f"grace: expected a number of seconds >= 0, got {grace!r}")
     kinds = os_resource_kinds(fds=fds, ports=ports, shm=shm)

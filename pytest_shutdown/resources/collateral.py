@@ -1,22 +1,12 @@
 """Processes a test did not start that died by a signal while it ran (``collateral-kill``).
 
-A shutdown that kills what it does not own (SGLang's ``Engine.shutdown()`` ends with
-``kill_process_tree(os.getpid(), include_parent=False)``: every descendant of the pytest process,
-a session fixture's server included) passes its own test and breaks every later one. The victims
-are the processes alive before the test started (a wider-scope fixture's, an earlier test's
-long-lived pool): the snapshot is the set of descendants; a victim is one that ended since and
-whose end was a signal, read from its zombie (``/proc/PID/stat``, before anyone reaps it) or
-from its ``Popen.returncode`` / ``Process.exitcode`` once its owner reaped it. Cheap first:
-nothing is read while every process of the snapshot is still a descendant and no child of pytest
-is a zombie (one ``waitid(WNOWAIT)`` call).
-
-Limits: a grandchild reaped by its own parent leaves no trace here; a process that died by a
-signal its owner sent during the test (``server.kill()``) is reported too while the owner still
-holds its ``Popen``/``Process`` object (allow it with
-``@pytest.mark.allow_leaks(collateral=True, reason=...)``); one whose owner killed, reaped and
-dropped it in the test (an executor's shutdown ending its own workers) is that owner's cleanup,
-decided after a collection, not by whether gc freed the object before the check. Nothing is
-restored.
+A shutdown that kills what it does not own (SGLang's ``Engine.shutdown()`` kills every
+descendant of the pytest process) passes its own test and breaks every later one. The victims
+are the descendants alive before the test; one that ended since by a signal (read from its
+zombie, or its ``Popen.returncode`` / ``Process.exitcode`` once reaped) is reported, unless the
+session ordered its end or its owner killed, reaped and dropped it (that owner's cleanup).
+Nothing is read while every process of the snapshot is there and no child is a zombie.
+A grandchild reaped by its own parent leaves no trace. Nothing is restored.
 """
 
 from __future__ import annotations
@@ -30,6 +20,7 @@ from pytest_shutdown._os.killer import ordered_end_of
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.ownership.containment import exit_signal, is_zombie
+from pytest_shutdown.resources._cheap import process_name
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 from pytest_shutdown.resources.primitives import child_state, descendant_pids
 from pytest_shutdown.resources.processes import REPORTED
@@ -42,8 +33,7 @@ def _zombie_child_exists() -> bool:
 
 
 def _living_descendants() -> frozenset[int]:
-    """Descendants less the zombies among them: a process already dead when the test starts
-    (killed by an earlier test, not reaped yet) died before it, whoever reaps it during it."""
+    """Descendants less the zombies among them (a process dead before the test is no victim)."""
     pids = descendant_pids()
     if not pids or not _zombie_child_exists():
         return pids
@@ -71,7 +61,7 @@ class CollateralKind(ObjectKind):
 
     name = "collateral"
     allow_key = "collateral"
-    mark = "childless"  # the guard's one-pass reading (resources.marks)
+    mark = "childless"
 
     def __init__(self) -> None:
         self._reported: set[tuple[int, int]] = set()
@@ -124,13 +114,9 @@ class CollateralKind(ObjectKind):
     def _without_dropped_owners(
         found: list[tuple[int, int]], reaped: list[int]
     ) -> list[tuple[int, int]]:
-        """Less the processes known only through a reaped ``Process``/``Popen`` object that
-        is garbage: its owner killed, reaped and dropped it in the test (an executor's shutdown
-        ending its own workers), no one else's kill. Collections decide it (the young
-        generations first, a fraction of a millisecond; the whole heap only when an object
-        survives them), so that the verdict does not hang on whether gc happened to free the
-        object before the check: a reusable executor's workers, killed by its own timeout, were
-        reported or not by chance."""
+        """Less the processes known only through a reaped ``Process``/``Popen`` object that is
+        garbage (its owner killed, reaped and dropped it). Collections decide it, so that the
+        verdict does not hang on whether gc freed the object before the check."""
         dropped: set[int] = set()
         for generation in (1, 2):
             gc.collect(generation)
@@ -141,13 +127,7 @@ class CollateralKind(ObjectKind):
 
     def _name(self, pid: int) -> str:
         origin = origins.origin_of_process(pid)
-        if origin is not None and origin.what:
-            return origin.what
-        try:
-            with open(f"/proc/{pid}/comm", "rb") as f:
-                return f.read().decode(errors="replace").strip()
-        except OSError:
-            return "?"
+        return origin.what if origin is not None and origin.what else process_name(pid)
 
     def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:
         return items  # a death is final

@@ -1,22 +1,13 @@
 """The ``fds`` resource kind: file descriptors a test opened in the pytest process and left open.
 
-Cheap when nothing changed: a snapshot lists ``/proc/self/fd`` (once for the fds and ports kinds
-together); the guard's fingerprint after the test is one ``fstat`` of it (the kernel counts the
-open descriptors in its size) and the lowest free number (a ``dup``, closed again), and the
-folder is listed again only when one of them moved. After a test, a descriptor is *new* when
-its number was not open before; each new one is named by what it is (``readlink`` of its
-``/proc/self/fd`` entry: a path, a pipe end, a socket with its addresses from ``/proc/net/*``,
-an eventfd, an epoll instance, ...) and, once something is left, by the Python object that
-wraps it (a ``socket.socket``, a file object).
-
-Never blamed: descriptors the process keeps for its lifetime once a library opened them lazily
-(``/dev/urandom``, NVIDIA and DRM device files, ROCm's ``/dev/kfd``), those a test tool holds
-(pytest's capture files, its logging handlers' files), and this package's own.
-
-A test that swaps one descriptor for another (opens one, closes one it did not open) moves the
-lowest free number, and the new one is found. Not seen: a new descriptor that takes the number
-of one the test closed, or several opened and closed so that the count and the lowest free
-number end as they were; see docs/limits.md.
+The fingerprint is one ``fstat`` of ``/proc/self/fd`` (the kernel counts the open descriptors in
+its size) and the lowest free number (a ``dup``, closed again); the folder is listed only when
+one moved. A descriptor is *new* when its number was not open before; it is named by its
+``/proc/self/fd`` link (a path, a pipe end, a socket with its addresses, an eventfd, ...) and by
+the Python object that wraps it. Never blamed: descriptors a library keeps for the process's
+lifetime (``/dev/urandom``, GPU device files), those a test tool holds, and this package's own.
+Not seen: a new descriptor that took the number of one the test closed, with the count and the
+lowest free number as they were (docs/limits.md).
 """
 
 from __future__ import annotations
@@ -30,15 +21,15 @@ import socket
 import stat
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from itertools import compress
 from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._os.held_open import held_open_fds
 from pytest_shutdown._os.moments import reading
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
 from pytest_shutdown.resources._cheap import socket_inode
-from pytest_shutdown.resources.base import Extra, ObjectKind
+from pytest_shutdown.resources.base import Extra, ObjectKind, left_findings
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.resources.sockets import SocketInfo
@@ -48,7 +39,6 @@ __all__ = [
     "FdKind",
     "FdSnapshot",
     "describe_fd",
-    "fd_findings",
     "kept_by_libraries",
     "FdFingerprint",
     "new_fds",
@@ -69,6 +59,7 @@ PROCESS_LIFETIME_TARGETS: tuple[str, ...] = (
     "/proc/*/fd",
 )
 
+
 class FdSnapshot(FrozenRecord):
     """Open descriptors when the snapshot was taken: their count, and their numbers."""
 
@@ -87,10 +78,6 @@ class FdItem:
     fd: int
     target: str
     identity: tuple[int, int]  # (st_dev, st_ino): the same open file, not a reuse of its number
-
-    @property
-    def key(self) -> tuple[int, int, int]:
-        return (self.fd, *self.identity)
 
     def long_lived(self) -> dict[str, Any]:
         """What the session summary says about it when a module global owns it."""
@@ -161,10 +148,8 @@ def _item(fd: int) -> FdItem | None:
 
 
 def helper_fds() -> frozenset[int]:
-    """Descriptors the process-lifetime helpers of multiprocessing and of every fork of it hold
-    (started on first use, kept until exit by design): never a test's leak. A resource tracker's
-    pipe (``_fd``), a fork server's lifeline (``_forkserver_alive_fd``), whatever package the
-    ``resource_tracker``/``forkserver`` module is in (see
+    """Descriptors the process-lifetime helpers of multiprocessing (and its forks) hold: a
+    resource tracker's pipe, a fork server's lifeline (see
     :func:`~pytest_shutdown.resources.primitives.process_lifetime_helpers`)."""
     from pytest_shutdown.resources.primitives import (  # noqa: PLC0415 - only when something is new
         helper_numbers,
@@ -180,9 +165,8 @@ def helper_fds() -> frozenset[int]:
 
 
 def _resource_sharer_fds(sharer: object) -> set[int]:
-    """Descriptors a ``resource_sharer`` (multiprocessing's or a fork's) holds for a child to
-    fetch (a ``DupFd``/``DupSocket`` registered there stays until it is fetched) and its
-    listener's."""
+    """Descriptors a ``resource_sharer`` holds for a child to fetch (a registered ``DupFd`` stays
+    until fetched), and its listener's."""
     found: set[int] = set()
     for entry in list((getattr(sharer, "_cache", None) or {}).values()):
         for function in entry if isinstance(entry, tuple) else ():
@@ -203,10 +187,8 @@ def _resource_sharer_fds(sharer: object) -> set[int]:
 
 
 def finalizer_fds() -> frozenset[int]:
-    """Descriptors multiprocessing (or a fork of it) closes itself when their object goes: a
-    process's sentinel and pipe ends (``util.Finalize(popen, util.close_fds, fds)``). They live
-    exactly as long as the ``Process`` object that holds them: the object's holder owns them,
-    not the test."""
+    """Descriptors multiprocessing closes when their ``Process`` object goes (its sentinel and
+    pipe ends, ``util.Finalize(popen, util.close_fds, fds)``): the object's holder owns them."""
     from pytest_shutdown.resources.primitives import modules_named  # noqa: PLC0415
 
     found: set[int] = set()
@@ -225,18 +207,16 @@ def finalizer_fds() -> frozenset[int]:
     return frozenset(found)
 
 
-def _never_blamed(item: FdItem, helpers: frozenset[int] | None = None) -> bool:
-    helpers = helper_fds() if helpers is None else helpers
-    return item.fd in _cheap.own_handles() or item.fd in helpers or any(
-        fnmatch.fnmatchcase(item.target, pattern) for pattern in PROCESS_LIFETIME_TARGETS
+def _never_blamed(item: FdItem, helpers: frozenset[int]) -> bool:
+    return (
+        item.fd in held_open_fds()
+        or item.fd in helpers
+        or any(fnmatch.fnmatchcase(item.target, pattern) for pattern in PROCESS_LIFETIME_TARGETS)
     )
 
 
 def new_fds(before: FdSnapshot) -> list[FdItem]:
-    """Descriptors open now that were not open at ``before`` (process-lifetime ones left out).
-
-    Lists ``/proc/self/fd``: the guard asks only when the fingerprint moved (a test that
-    swapped one descriptor for another leaves the count as it was)."""
+    """Descriptors open now that were not open at ``before`` (process-lifetime ones left out)."""
     items = []
     helpers: frozenset[int] | None = None
     for fd in sorted(_listed() - before.fds):
@@ -261,50 +241,35 @@ def still_open(items: Iterable[FdItem]) -> list[FdItem]:
 
 
 def settle(items: Sequence[FdItem], deadline: float) -> list[FdItem]:
-    """What is still open; a dropped socket or file closes when collected: one
-    ``gc.collect()`` when something is left, then short polls until ``deadline``."""
+    """What is still open at ``deadline`` (see :func:`~._cheap.settle_left`)."""
     return _cheap.settle_left(items, still_open, deadline)
 
 
-# --- describing --------------------------------------------------------------------------------
-
-
-def _flags(fd: int) -> int:
+def _fdinfo(fd: int, field: str, base: int = 10) -> list[int]:
+    """The numbers on the ``field`` lines of ``/proc/self/fdinfo/FD`` (an epoll's ``tfd:``)."""
     try:
         with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("flags:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0
+            return [int(line.split()[1], base) for line in f if line.startswith(field)]
+    except (OSError, ValueError, IndexError):
+        return []
 
 
-def _access(flags: int) -> str:
-    mode = flags & 0o3
-    return {os.O_RDONLY: "read", os.O_WRONLY: "write", os.O_RDWR: "read/write"}.get(mode, "?")
-
-
-def describe_fd(
-    item: FdItem, sockets: Mapping[int, SocketInfo] | None = None
-) -> dict[str, Any]:
+def describe_fd(item: FdItem, sockets: Mapping[int, SocketInfo] | None = None) -> dict[str, Any]:
     """What ``item`` is, as JSON-serialisable facts with a one-phrase ``what``."""
     target = item.target
-    flags = _flags(item.fd)
+    flags = (_fdinfo(item.fd, "flags:", 8) or [0])[0]
     record: dict[str, Any] = {"fd": item.fd, "target": target}
     inode = socket_inode(target)
     if inode is not None:
         info = (sockets or {}).get(inode)
-        record["kind"] = "socket"
-        record["what"] = info.describe() if info is not None else f"socket (inode {inode})"
+        record.update(kind="socket", what=f"socket (inode {inode})")
         if info is not None:
-            record.update(protocol=info.protocol, local=info.local, remote=info.remote,
-                          listening=info.listening)
+            record.update(what=info.describe(), protocol=info.protocol, local=info.local)
+            record.update(remote=info.remote, listening=info.listening)
     elif target.startswith("pipe:["):
         end = "write" if flags & 0o3 == os.O_WRONLY else "read"
         record.update(kind="pipe", what=f"pipe ({end} end) {target[5:]}")
-    elif target.startswith("anon_inode:"):
-        name = target[len("anon_inode:"):].strip("[]")
+    elif (name := _anon_kind(target)) is not None:
         record.update(kind=name, what={"eventpoll": "epoll instance"}.get(name, name))
     elif target.startswith("/dev/shm/"):
         record.update(kind="shm", what=f"shared-memory segment {target[8:]}")
@@ -320,10 +285,9 @@ def describe_fd(
                 kind = "device"
         except OSError:
             pass
-        record.update(
-            kind=kind,
-            what=f"{kind} {path} ({_access(flags)}{', deleted' if deleted else ''})",
-        )
+        access = {os.O_RDONLY: "read", os.O_WRONLY: "write", os.O_RDWR: "read/write"}
+        what = f"{kind} {path} ({access.get(flags & 0o3, '?')}{', deleted' if deleted else ''})"
+        record.update(kind=kind, what=what)
     return record
 
 
@@ -339,21 +303,11 @@ def _socket_table(items: Iterable[FdItem]) -> Mapping[int, SocketInfo]:
 def listening(items: Iterable[FdItem]) -> set[int]:
     """The descriptors among ``items`` that hold a port or a socket name (the ports kind's)."""
     items = list(items)
-    table = _socket_table(items)
-    found = set()
-    for item in items:
-        inode = socket_inode(item.target)
-        info = table.get(inode) if inode is not None else None
-        if info is not None and info.bound:
-            found.add(item.fd)
-    return found
+    bound = {inode for inode, info in _socket_table(items).items() if info.bound}
+    return {item.fd for item in items if socket_inode(item.target) in bound}
 
-
-# --- who holds it ------------------------------------------------------------------------------
 
 _EXTRA_WRAPPERS = ("epoll", "devpoll", "kqueue")
-
-
 #: type -> whether its instances can wrap a descriptor (decided once per type).
 _WRAPPER_TYPES: dict[type, bool] = {}
 #: The C base of every file object, ``io.IOBase`` and its subclasses included. Not the ``io``
@@ -369,8 +323,10 @@ def _is_wrapper_type(kind: type) -> bool:
             known = (
                 issubclass(kind, (_IO_BASE, socket.socket))
                 or (kind.__name__ in _EXTRA_WRAPPERS and kind.__module__ == select.__name__)
-                or (kind.__name__ == "Connection"
-                    and kind.__module__ == "multiprocessing.connection")
+                or (
+                    kind.__name__ == "Connection"
+                    and kind.__module__ == "multiprocessing.connection"
+                )
             )
         except TypeError:
             known = False
@@ -395,23 +351,16 @@ def _fileno(obj: object) -> int | None:
 
 
 def wrappers_of(fds: Iterable[int]) -> dict[int, list[object]]:
-    """fd → the Python objects that wrap it (file objects, sockets, epoll, Connections).
-
-    One pass over ``gc.get_objects()``: only called once something is left after the grace."""
+    """fd → the Python objects that wrap it (file objects, sockets, epoll, Connections): one
+    pass over the heap."""
     wanted = set(fds)
     found: dict[int, list[object]] = {}
     if not wanted:
         return found
-    objects = gc.get_objects()
-    # Decide per type, not per object: the heap has tens of thousands of objects of a few
-    # hundred types, and only instances of the wrapper types are asked for their number. The
-    # selection runs in C (compress over map): a Python loop over the heap took 18 ms of 35.
-    wrapper_types = {kind for kind in set(map(type, objects)) if _is_wrapper_type(kind)}
-    for obj in list(compress(objects, map(wrapper_types.__contains__, map(type, objects)))):
+    for obj in _cheap.heap_instances(_is_wrapper_type):
         number = _fileno(obj)
         if number is not None and number in wanted:
             found.setdefault(number, []).append(obj)
-    del objects
     return found
 
 
@@ -436,8 +385,7 @@ def wrappers_held_by_recent_owners(fds: Iterable[int]) -> dict[int, list[object]
 
 def held_by_tools(wrapped: Mapping[int, Sequence[object]]) -> set[int]:
     """The descriptors (keys of ``wrapped``) one of whose wrappers a test tool holds directly
-    (pytest's capture, its logging handlers, execnet). Two passes over the heap in all (the
-    wrappers' referrers, then the instances owning the dicts among them), however many."""
+    (pytest's capture, its logging handlers, execnet): two heap passes, however many."""
     from pytest_shutdown.ownership.owners import _is_tool_object  # noqa: PLC0415
 
     fd_of = {id(obj): fd for fd, objs in wrapped.items() for obj in objs}
@@ -459,11 +407,8 @@ def held_by_tools(wrapped: Mapping[int, Sequence[object]]) -> set[int]:
     return held
 
 
-# --- descriptors no Python object wraps ----------------------------------------------------------
-
-#: Native libraries that keep process-lifetime helpers of their own (I/O threads, mailboxes):
-#: (a name in ``/proc/self/maps``, the library's name in findings, the Python module that loads
-#: it), looked for only while that module is imported.
+#: Native libraries with process-lifetime helpers of their own: (a name in ``/proc/self/maps``,
+#: the library's name in findings, the Python module that loads it).
 NATIVE_LIBRARIES: tuple[tuple[str, str, str], ...] = (("libzmq", "libzmq", "zmq"),)
 #: The ``anon_inode`` kinds such libraries' helpers hold (a mailbox's eventfd, a poller).
 _NATIVE_HELPER_KINDS = frozenset({"eventfd", "eventpoll"})
@@ -473,8 +418,8 @@ _native_seen: tuple[int, tuple[str, ...]] | None = None
 
 
 def loaded_native_libraries() -> tuple[str, ...]:
-    """The :data:`NATIVE_LIBRARIES` loaded into this process (read from ``/proc/self/maps``,
-    again only after another module was imported: that is how such a library comes in)."""
+    """The :data:`NATIVE_LIBRARIES` loaded into this process (``/proc/self/maps`` is read again
+    only after an import: that is how such a library comes in)."""
     global _native_seen
     count = len(sys.modules)
     seen = _native_seen
@@ -483,21 +428,16 @@ def loaded_native_libraries() -> tuple[str, ...]:
     wanted = [entry for entry in NATIVE_LIBRARIES if entry[2] in sys.modules]
     loaded: tuple[str, ...] = ()
     if wanted:
-        try:
-            with open("/proc/self/maps", "rb") as f:
-                maps = f.read()
-        except OSError:
-            maps = b""
+        maps = _cheap.self_maps()
         loaded = tuple(name for mapped, name, _ in wanted if mapped.encode() in maps)
     _native_seen = (count, loaded)
     return loaded
 
 
-#: Native libraries that keep descriptors for the rest of the process once they were used, no
-#: Python object wrapping them: (the Python module that loads it, a name in ``/proc/self/maps``,
-#: the library's name in the summary, globs of the link targets it keeps). Ray's core keeps,
-#: after ``ray.shutdown()``, gRPC's event engine pollers and its singleton GCS I/O context
-#: (epoll, eventfd, timerfd, a socket) and its core worker's log files.
+#: Native libraries that keep unwrapped descriptors for the process's lifetime once used: (the
+#: Python module that loads it, a name in ``/proc/self/maps``, the library's name in the summary,
+#: globs of the link targets it keeps). Ray's core keeps gRPC's pollers, its GCS I/O context and
+#: its log files after ``ray.shutdown()``.
 PROCESS_LIFETIME_NATIVE: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
     (
         "ray._raylet",
@@ -516,18 +456,12 @@ PROCESS_LIFETIME_NATIVE: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 
 def kept_by_libraries(items: Sequence[FdItem]) -> dict[FdItem, str]:
     """item -> the library that keeps it for the process's lifetime
-    (:data:`PROCESS_LIFETIME_NATIVE`): its module is imported, its shared object mapped into the
-    process, the link target one it keeps, and no Python object wraps the descriptor. For what a
-    wider-scope fixture's set-up opened and its teardown could not close: listed as long-lived,
-    not a finding."""
+    (:data:`PROCESS_LIFETIME_NATIVE`: its module imported, its shared object mapped, the link
+    target one it keeps, no Python object wrapping it): listed as long-lived, not a finding."""
     wanted = [entry for entry in PROCESS_LIFETIME_NATIVE if entry[0] in sys.modules]
     if not wanted or not items:
         return {}
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            maps = f.read()
-    except OSError:
-        return {}
+    maps = _cheap.self_maps()
     loaded = [entry for entry in wanted if entry[1].encode() in maps]
     if not loaded:
         return {}
@@ -544,25 +478,11 @@ def kept_by_libraries(items: Sequence[FdItem]) -> dict[FdItem, str]:
 
 
 def _anon_kind(target: str) -> str | None:
-    return target[len("anon_inode:"):].strip("[]") if target.startswith("anon_inode:") else None
+    return target[len("anon_inode:") :].strip("[]") if target.startswith("anon_inode:") else None
 
 
-def _epoll_watches(fd: int) -> set[int]:
-    """The descriptors the epoll instance ``fd`` watches (``tfd:`` lines of its fdinfo)."""
-    watched: set[int] = set()
-    try:
-        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("tfd:"):
-                    watched.add(int(line.split()[1]))
-    except (OSError, ValueError, IndexError):
-        pass
-    return watched
-
-
-#: ``Context.underlying`` of each zmq context an earlier search saw alive -> the descriptors
-#: it was given then (none: its own were open before any later test began, so it explains
-#: none of a later test's new ones; a repeated search of the same check gives it the same).
+#: ``Context.underlying`` of each zmq context an earlier search saw -> the descriptors it was
+#: given then (none: its own predate any later test; a repeated search gives it the same).
 _zmq_contexts_seen: dict[int, frozenset[int]] = {}
 
 
@@ -570,12 +490,10 @@ def _zmq_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
     """fd -> (the zmq object whose native code holds it, what to call it), for the eventfd and
     epoll descriptors among ``items``.
 
-    A socket's mailbox is its ``FD`` (exact). The rest of a context's (its own mailbox; its
-    reaper's and each I/O thread's mailbox and poller: 1 eventfd, then 1 + n eventfds and
-    1 + n epoll instances once a socket started it, n its I/O threads) are given to a context
-    only when exactly one live context that no earlier search saw has exactly that shape, and
-    each poller among them watches one of those eventfds: anything else stays unexplained.
-    One pass over the heap; asked only when such descriptors are left and libzmq is loaded."""
+    A socket's mailbox is its ``FD`` (exact). The rest of a context's (1 eventfd; once a socket
+    started it, 2 + n eventfds and 1 + n epoll instances, n its I/O threads) are given to a
+    context only when exactly one live context no earlier search saw has exactly that shape and
+    each poller watches one of those eventfds: anything else stays unexplained."""
     zmq = sys.modules.get("zmq")
     socket_type, context_type = getattr(zmq, "Socket", None), getattr(zmq, "Context", None)
     if not isinstance(socket_type, type) or not isinstance(context_type, type):
@@ -593,14 +511,10 @@ def _zmq_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
 def _zmq_sockets_and_contexts(
     zmq: Any, socket_type: type, context_type: type, wanted: set[int]
 ) -> tuple[dict[int, tuple[object, str]], dict[int, object]]:
-    """One heap pass over the open zmq sockets and contexts: the wanted descriptors that are
-    a socket's mailbox (its ``FD``), given to its context; and each live context by its
-    ``underlying`` address."""
+    """One heap pass: the wanted descriptors that are a socket's mailbox (given to its context),
+    and each live context by its ``underlying`` address."""
     fd_option = getattr(zmq, "FD", 14)
-    objects = gc.get_objects()
-    kinds = {k for k in set(map(type, objects)) if issubclass(k, (socket_type, context_type))}
-    found = list(compress(objects, map(kinds.__contains__, map(type, objects))))
-    del objects
+    found = _cheap.heap_instances(lambda kind: issubclass(kind, (socket_type, context_type)))
     owners: dict[int, tuple[object, str]] = {}
     contexts: dict[int, object] = {}
     for obj in found:
@@ -626,10 +540,8 @@ def _zmq_context_owning(
     contexts: Mapping[int, object],
     io_threads: int,
 ) -> dict[int, tuple[object, str]]:
-    """The descriptors no socket explains (``rest``), given to the one live context whose
-    shape they have (see :func:`_zmq_owners`), or to none. Every context seen is remembered
-    (:data:`_zmq_contexts_seen`): one that an earlier search saw explains none of a later
-    test's descriptors."""
+    """The descriptors no socket explains, given to the one live context whose shape they have
+    (see :func:`_zmq_owners`), or to none; every context seen is remembered."""
     eventfds = {fd for fd in rest if anon[fd] == "eventfd"}
     polls = rest - eventfds
     given = frozenset(rest)
@@ -647,7 +559,7 @@ def _zmq_context_owning(
         _zmq_contexts_seen.clear()
     for address in contexts:
         _zmq_contexts_seen.setdefault(address, frozenset())
-    if len(candidates) == 1 and all(_epoll_watches(fd) & eventfds for fd in polls):
+    if len(candidates) == 1 and all(eventfds.intersection(_fdinfo(fd, "tfd:")) for fd in polls):
         _zmq_contexts_seen[candidates[0]] = given
         return {fd: (contexts[candidates[0]], "libzmq's mailbox or poller of") for fd in rest}
     return {}
@@ -655,7 +567,7 @@ def _zmq_context_owning(
 
 def native_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
     """fd -> (the Python object whose native code holds it, what it is to that object), for
-    descriptors no Python object wraps: what a loaded native library's objects explain."""
+    descriptors no Python object wraps."""
     if "libzmq" in loaded_native_libraries():
         return _zmq_owners(items)
     return {}
@@ -667,11 +579,9 @@ _FD_ATTRIBUTES = ("fd", "_fd", "fileno_", "_fileno", "_fd_number")
 
 
 def same_file_fds(fds: Iterable[int]) -> dict[int, list[int]]:
-    """fd -> the other descriptors of this process open on the same regular file, for a file
-    this process maps (``mmap.mmap`` keeps a duplicate of the descriptor it maps:
-    multiprocessing's heap arena is two descriptors, one kept as ``Arena.fd``, one inside the
-    mmap object). Only mapped files: two descriptors of one log file or of ``/dev/null`` are
-    two things."""
+    """fd -> the other descriptors open on the same regular file, for a file this process maps
+    (``mmap.mmap`` keeps a duplicate of the descriptor it maps: multiprocessing's heap arena).
+    Only mapped files: two descriptors of one log file are two things."""
     keys: dict[tuple[int, int], list[int]] = {}
     wanted: dict[int, tuple[int, int]] = {}
     mapped: set[int] | None = None
@@ -704,8 +614,8 @@ def same_file_fds(fds: Iterable[int]) -> dict[int, list[int]]:
     return {fd: [o for o in keys.get(key, ()) if o != fd] for fd, key in wanted.items()}
 
 
-#: Packages whose objects keep descriptor numbers as records of what others opened (this
-#: plugin's items, pytest's capture), never as their holders.
+#: Packages whose objects keep descriptor numbers as records of what others opened, never as
+#: their holders.
 _RECORD_PACKAGES = frozenset({"pytest_shutdown", "_pytest", "pytest", "pluggy", "xdist"})
 
 
@@ -717,28 +627,20 @@ def _is_our_record(obj: object) -> bool:
 def _mapped_inodes() -> set[int]:
     """The inodes of the files this process maps (``/proc/self/maps``' fifth column)."""
     found: set[int] = set()
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            for line in f:
-                fields = line.split(maxsplit=5)
-                if len(fields) > 4 and fields[4] != b"0":
-                    found.add(int(fields[4]))
-    except (OSError, ValueError):
-        pass
+    for line in _cheap.self_maps().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) > 4 and fields[4].isdigit() and fields[4] != b"0":
+            found.add(int(fields[4]))
     return found
 
 
 def int_fd_holders(fds: Iterable[int]) -> dict[int, tuple[object, str]]:
-    """fd -> (the object, the attribute) that keeps descriptor ``fd`` as a plain number: no
-    Python object wraps it, but an object of pure Python holds it (multiprocessing's heap keeps
-    each arena's descriptor as ``Arena.fd``, the arenas held by the class attribute
-    ``BufferWrapper._heap``): the ownership search explains that object. One pass over the
-    heap, made only for descriptors nothing wraps; a number held by two objects is nobody's."""
+    """fd -> (the object, the attribute) that keeps descriptor ``fd`` as a plain number
+    (multiprocessing's heap keeps each arena's as ``Arena.fd``): one heap pass; a number held by
+    two objects is nobody's."""
     wanted = set(fds)
     if not wanted:
         return {}
-    import gc  # noqa: PLC0415
-
     found: dict[int, tuple[object, str]] = {}
     twice: set[int] = set()
     for obj in gc.get_objects():
@@ -766,41 +668,9 @@ def _python_name(obj: object) -> str:
     return f"{kind.__module__}.{kind.__qualname__}".replace("builtins.", "").replace("_io.", "io.")
 
 
-# --- findings ----------------------------------------------------------------------------------
-
-
-def fd_findings(
-    records: Sequence[Mapping[str, Any]],
-    *,
-    subject: str,
-    grace: float,
-    extra: Mapping[str, Any] | None = None,
-) -> list[Finding]:
-    """One ``fd-leak`` finding for the descriptors left by ``subject``."""
-    if not records:
-        return []
-    count = len(records)
-    listed = "; ".join(f"fd {r['fd']}: {r['what']}" for r in records[:8])
-    more = f"; and {count - 8} more" if count > 8 else ""
-    return [
-        Finding(
-            "fd-leak",
-            f"{count} file descriptor{'s' if count != 1 else ''} opened in {subject} still open "
-            f"{_after(grace)}: {listed}{more}.{_native_note(records)}",
-            {"fds": [dict(r) for r in records], "grace_s": grace, **dict(extra or {})},
-        )
-    ]
-
-
-def _after(grace: float) -> str:
-    return f"{grace:g} s after it ended" if grace > 0 else "when it ended"
-
-
-def _native_phrase(
-    record: Mapping[str, Any], libraries: Sequence[str], holder: str | None
-) -> str:
-    """What a descriptor no Python object wraps is, and who may hold it (native code, or a raw
-    ``os`` call): never a guess that the test's own code opened it."""
+def _native_phrase(record: Mapping[str, Any], libraries: Sequence[str], holder: str | None) -> str:
+    """What a descriptor no Python object wraps is, and who may hold it: never a guess that the
+    test's own code opened it."""
     kind = record.get("kind") or "descriptor"
     noun = {"eventpoll": "epoll instance"}.get(kind, kind)
     phrase = f"no Python object wraps this {noun}: native code or a raw os call holds it"
@@ -817,8 +687,10 @@ def _native_note(records: Sequence[Mapping[str, Any]]) -> str:
     if not native:
         return ""
     count = len(native)
-    which = "it has" if len(records) == 1 else (
-        f"{count} of them have" if count != len(records) else "they have"
+    which = (
+        "it has"
+        if len(records) == 1
+        else (f"{count} of them have" if count != len(records) else "they have")
     )
     libraries = sorted({r["likely_library"] for r in native if r.get("likely_library")})
     likely = "".join(f"; likely held by {lib}'s native code" for lib in libraries)
@@ -838,20 +710,17 @@ def _innermost(objects: Sequence[object]) -> object:
 
 
 class FdKind(ObjectKind):
-    """The ``fds`` resource kind (see the module docstring).
-
-    A listening or bound socket is the ``ports`` kind's (``port-leak``), not an ``fd-leak``.
-    """
+    """The ``fds`` resource kind (see the module docstring). A listening or bound socket is the
+    ``ports`` kind's."""
 
     name = "fds"
     allow_key = "fds"
-    mark = "fd_count"  # the guard's one-pass reading (resources.marks)
+    mark = "fd_count"
 
     def __init__(self) -> None:
-        #: fd -> the types of the Python objects wrapping it (names only: holding the objects
-        #: would keep a dropped socket from being collected and closed)
+        #: fd -> the wrappers' type names (holding the objects would keep a dropped socket open)
         self._types: dict[int, list[str]] = {}
-        #: fd -> what native code holds it, for those :func:`native_owners` explained
+        #: fd -> what holds it, for those no Python object wraps (see :meth:`targets`)
         self._native: dict[int, str] = {}
 
     def fingerprint(self) -> FdFingerprint:
@@ -870,15 +739,13 @@ class FdKind(ObjectKind):
         items = [item for item in items if item.fd not in skip]
         if not items:
             return items
-        # What a test dropped in a reference cycle closes when its wrapper is collected: the
-        # young generations first (cheap), so that the heap scans below run only for what
-        # something still holds. An old generation's garbage waits for the settle's collection.
+        # What a test dropped in a cycle closes when collected: the young generations first
+        # (cheap), so that the heap scans below run only for what something still holds.
         _cheap.collect_young()
         items = still_open(items)
         if not items:
             return items
-        # A reusable pool's new pipes, test after test: its owner, remembered, reaches their
-        # wrappers forwards (no heap pass); they are its, whoever else holds them.
+        # A reusable pool's new pipes: its remembered owner reaches them (no heap pass).
         known = self._known_wrappers()
         known.update(wrappers_held_by_recent_owners(item.fd for item in items))
         rest = [item for item in items if item.fd not in known]
@@ -894,8 +761,8 @@ class FdKind(ObjectKind):
     def absorb(
         self, before: FdSnapshot, start: FdSnapshot | None, end: FdSnapshot | None = None
     ) -> FdSnapshot:
-        """What a wider-scope fixture opened between ``start`` and ``end`` (now, when None) is
-        no test's: its numbers join the baseline, and the count moves by as much."""
+        """What a wider-scope fixture opened between ``start`` and ``end`` (now, when None) joins
+        the baseline, and the count moves by as much."""
         if start is None:
             return before
         end = end if end is not None else take_fd_snapshot()
@@ -905,13 +772,9 @@ class FdKind(ObjectKind):
             count += end.count - start.count
         return FdSnapshot(count, (before.fds - closed) | opened)
 
-    def diff(self, before: object, after: object) -> tuple[()]:
-        return ()
-
     @staticmethod
     def _wrappers(fds: Iterable[int]) -> dict[int, list[object]]:
-        """``wrappers_of(fds)``; inside one moment the heap is scanned once (the wrappers are
-        held until the moment ends, before any grace)."""
+        """``wrappers_of(fds)``, the heap scanned once per moment (which ends before any grace)."""
         wanted = frozenset(fds)
         known = FdKind._known_wrappers()
         found = {fd: known[fd] for fd in wanted & known.keys()}
@@ -930,9 +793,8 @@ class FdKind(ObjectKind):
         return reading("fd_known_wrappers", dict)
 
     def targets(self, items: Sequence[FdItem]) -> dict[FdItem, object]:
-        """The wrapper of each descriptor; for one no Python object wraps, the object whose
-        native code holds it where a loaded library tells (:func:`native_owners`): a zmq
-        context kept in a module global owns its mailboxes and pollers."""
+        """The wrapper of each descriptor; for one no Python object wraps, the object whose native
+        code holds it (:func:`native_owners`), or that keeps it as a number or a copy."""
         wrapped = self._wrappers(item.fd for item in items)
         found: dict[FdItem, object] = {
             item: _innermost(wrapped[item.fd]) for item in items if wrapped.get(item.fd)
@@ -970,15 +832,12 @@ class FdKind(ObjectKind):
         return settle(items, deadline)
 
     def kept_by_libraries(self, items: Sequence[FdItem]) -> dict[FdItem, str]:
-        """What a loaded library keeps for the process's lifetime (:func:`kept_by_libraries`):
-        the guard lists it as long-lived at a wider-scope fixture's teardown."""
         return kept_by_libraries(items)
 
     def settle_long_lived(
         self, items: Sequence[FdItem], deadline: float, *, thorough: bool = False
     ) -> list[FdItem]:
-        """What module globals and class attributes owned that is still open at session end:
-        what a remembered owner still reaches is open for good, no collection asked; the rest
+        """What a remembered owner still reaches is open for good (no collection asked); the rest
         as :func:`~pytest_shutdown.resources._cheap.settle_listed` finds it."""
         left = still_open(items)
         held = wrappers_held_by_recent_owners(item.fd for item in left) if left else {}
@@ -991,7 +850,6 @@ class FdKind(ObjectKind):
     def describe(self, items: Sequence[FdItem]) -> list[dict[str, Any]]:
         table = _socket_table(items)
         records = []
-        libraries = None
         for item in items:
             record = describe_fd(item, table)
             held = self._types.get(item.fd) or []
@@ -999,11 +857,8 @@ class FdKind(ObjectKind):
             if held:
                 record["opened_by"] = f"held by {', '.join(held)}"
             else:
-                if libraries is None:
-                    libraries = loaded_native_libraries()
-                record["opened_by"] = _native_phrase(
-                    record, libraries, self._native.get(item.fd)
-                )
+                libraries = loaded_native_libraries()  # cached until the next import
+                record["opened_by"] = _native_phrase(record, libraries, self._native.get(item.fd))
                 record["native"] = True
                 if libraries and record["kind"] in _NATIVE_HELPER_KINDS:
                     record["likely_library"] = libraries[0]
@@ -1016,10 +871,20 @@ class FdKind(ObjectKind):
         records = self.describe(items)
         self._types.clear()
         self._native.clear()
-        return fd_findings(records, subject=subject, grace=grace, extra=extra)
+        count = len(records)
+        return left_findings(
+            "fd-leak",
+            "fds",
+            records,
+            [f"fd {r['fd']}: {r['what']}" for r in records],
+            f"{count} file descriptor{'s' if count != 1 else ''} opened in {subject} still open",
+            grace=grace,
+            extra=extra,
+            note=_native_note(records),
+        )
 
     def restore(self, items: Sequence[FdItem]) -> None:
-        """Nothing: a descriptor may still be used by whoever holds it; closing it under them
-        could make their next write land in a file the next test opens."""
+        """Nothing: closing a descriptor under its holder could make their next write land in a
+        file the next test opens."""
         self._types.clear()
         self._native.clear()

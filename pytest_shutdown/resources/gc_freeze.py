@@ -14,45 +14,29 @@ __all__ = ["FreezeKind"]
 
 class FreezeKind(StateKind):
     """The freeze count. Only growth is a leak: frozen objects that die leave the permanent
-    generation, so the count drifts down by itself while something else holds a freeze.
-
-    The count is not zero at every start (CPython 3.12.1 starts at 375): the kind reads it
-    when the guard is built (``pytest_configure``) as ``at_start``, and the undo in fail mode
-    (:meth:`_undo`) compares the count before the test with it, not with zero.
-    """
+    generation, so the count drifts down by itself while something else holds a freeze."""
 
     name = "gc-freeze"
     allow_key = "gc_freeze"
-    mark = "freeze_count"  # the guard's one-pass reading (resources.marks)
+    mark = "freeze_count"
 
     def __init__(self) -> None:
-        #: What was frozen before the session (the interpreter's own, or a pre-session freeze);
-        #: 0 once an undo has released it.
+        #: What was frozen before the session (CPython 3.12.1 starts at 375); 0 once an undo
+        #: released it.
         self.at_start = gc.get_freeze_count()
 
     def _undo(self, before: int) -> None:
-        """Undo a freeze that took the count above ``before``, when only the session's own was
-        frozen before it.
-
-        ``gc.unfreeze()`` is all or nothing: it puts every frozen object back into the oldest
-        generation, and nothing can freeze some objects and not others. So a freeze is undone
-        only when what was frozen before it is no more than what was frozen when the session
-        started (``before <= at_start``): nothing at all (``before == 0``), or the interpreter's
-        own (CPython 3.12.1 starts with 375 of its static types' base and MRO tuples frozen), or
-        a freeze made before the plugin was configured (a conftest at import). Releasing those
-        too is the only way to undo the test's freeze (docs/limits.md says so); after it nothing
-        from before the session is frozen, and ``at_start`` is 0. A count above ``at_start``
-        before the freeze holds a freeze made during the session (a wider-scope fixture's, still
-        in its scope): that is left alone, and so is the test's freeze on top of it.
-        """
+        """Undo a freeze that took the count above ``before``, when no more than what was frozen
+        at the session's start was frozen before it. ``gc.unfreeze()`` is all or nothing:
+        releasing the interpreter's own too is the only way (docs/limits.md). A count above
+        ``at_start`` holds a wider-scope fixture's freeze: that is left alone, and so is the
+        test's on top of it."""
         if before <= self.at_start and gc.get_freeze_count() > before:
             gc.unfreeze()
             self.at_start = 0
 
     def snapshot(self) -> int:
         return gc.get_freeze_count()
-
-    fingerprint = snapshot  # compared as it is
 
     def diff(self, before: int, after: int) -> list[Change]:
         if after > before:
@@ -66,7 +50,7 @@ class FreezeKind(StateKind):
             ]
         return []
 
-    def rebase(self, before: int, start: int, end: int) -> int:
+    def absorb(self, before: int, start: int, end: int) -> int:
         return before + (end - start)
 
     def findings(

@@ -1,24 +1,15 @@
 """Process-wide state a test changed and did not put back (``global-state``).
 
-One state kind over what the next test silently inherits: the garbage collector (enabled,
-thresholds), the handler of every catchable signal, the ``multiprocessing`` start method when
-it was forced, ``sys.excepthook`` and ``threading.excepthook``, and ``os.environ``. Values are
-compared by identity (handlers, hooks, contexts) or equality (gc, environment); the environment
-is copied only when it changed since the last snapshot (one dict comparison otherwise).
+What the next test silently inherits: the garbage collector (enabled, thresholds), the handler
+of every catchable signal, the ``multiprocessing`` start method when it was forced, the
+``sys``/``threading`` excepthooks, and ``os.environ`` (copied only when it changed). Never
+reported: what pytest, its plugins and pytest-shutdown change themselves. Fail mode puts back
+what it can.
 
-Never reported: what pytest, its plugins and pytest-shutdown change themselves (a handler or
-hook installed whose function lives in their modules; ``PYTEST_CURRENT_TEST``, ``PYTEST_XDIST_*``,
-``PYTEST_SHUTDOWN_*``). A wider-scope fixture's changes are the fixture's, checked when it is
-torn down. Fail mode puts back what it can (gc, handlers, hooks, start method, environment).
-
-An environment variable set by a module's import is the import's, not the test's: vLLM's
-``vllm._aiter_ops`` sets ``AITER_SITUV2_A4W4=1`` at import, whichever test imports it first. A
-changed variable is left out when a module imported since the baseline (``sys.modules`` grew:
-the snapshot keeps a mark of it that never compares unequal) has source that assigns it (the
-variable's name quoted after ``environ[``, in ``environ.setdefault(``/``environ.update(`` or
-``putenv(``: a text search of each new module's file, made only when a variable changed). A
-change the test made itself is still reported unless the test also imported, in the same test,
-a module whose source assigns that very variable.
+A variable set by a module's import is the import's, not the test's (vLLM's ``vllm._aiter_ops``
+sets ``AITER_SITUV2_A4W4=1`` at import): a changed variable is left out when a module imported
+since the baseline assigns it in its source (``environ[...] =``, ``environ.setdefault(``/
+``.update(``, ``putenv(``; a text search made only when a variable changed).
 """
 
 from __future__ import annotations
@@ -30,6 +21,7 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
 from pytest_shutdown.findings.finding import Finding
@@ -86,13 +78,10 @@ def _is_tool_callable(value: object) -> bool:
 _TOOLS_HANDLER = "<a test tool's handler>"
 
 
-def _is_tool_handler(handler: object) -> bool:
-    return handler is not None and not isinstance(handler, int) and _is_tool_callable(handler)
-
-
 def _marked(handler: object) -> object:
     """A signal handler as fingerprints show it: a test tool's as one placeholder."""
-    return _TOOLS_HANDLER if _is_tool_handler(handler) else handler
+    tool = handler is not None and not isinstance(handler, int) and _is_tool_callable(handler)
+    return _TOOLS_HANDLER if tool else handler
 
 
 _SIGNAL_DEFAULTS: tuple[object, ...] = (signal.SIG_DFL, signal.default_int_handler, None)
@@ -109,9 +98,8 @@ def _is_process_lifetime(value: object) -> bool:
 
 
 def _tools_own(old: object, new: object, defaults: tuple[object, ...]) -> bool:
-    """The test tools' own change: they installed ``new``, or they put the default back over
-    their own ``old`` (pytest-timeout's SIGALRM handler, removed at teardown); or a library's
-    process-lifetime handler (:data:`PROCESS_LIFETIME_HANDLERS`)."""
+    """The test tools' own change (they installed ``new``, or put the default back over their
+    ``old``), or a library's process-lifetime handler (:data:`PROCESS_LIFETIME_HANDLERS`)."""
     if _is_tool_callable(new) or _is_process_lifetime(new):
         return True
     return _is_tool_callable(old) and any(new is d or _same_int(new, d) for d in defaults)
@@ -169,11 +157,9 @@ class GlobalStateKind(StateKind):
         self.snapshot()
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything in one frame (the guard reads it twice per test). The environment is a
-        copy of ``os.environ``, shared between snapshots while it does not change (one C-level
-        comparison of the raw environment; pytest's ``PYTEST_CURRENT_TEST``, which it sets for
-        every phase of every test, does not count as a change: the last copy takes its current
-        value before the comparison, so nothing is copied when nothing changed)."""
+        """Everything in one frame. The environment copy is shared while the raw environment
+        compares equal (pytest's ``PYTEST_CURRENT_TEST``, set for every phase, is taken into
+        the last copy first: it is no change)."""
         raw = getattr(os.environ, "_data", None)  # os.environ's own dict (bytes on POSIX)
         if not isinstance(raw, dict):
             raw = dict(os.environ)
@@ -201,9 +187,7 @@ class GlobalStateKind(StateKind):
 
     def fingerprint(self) -> dict[str, Any]:
         """The snapshot, with each signal handler of the test tools' own as one placeholder:
-        pytest-timeout's signal method installs a new handler before every test's set-up and
-        puts the old one back after its teardown, which would move every gap between two tests
-        (a change of theirs is never reported: :meth:`diff` leaves it out too)."""
+        pytest-timeout installs a new one around every test, which would move every gap."""
         state = self.snapshot()
         signals = state["signals"]
         seen = self._signals_seen
@@ -232,44 +216,24 @@ class GlobalStateKind(StateKind):
         if was_on and not is_on:
             changes.append(Change("gc", "enabled", "disabled", undo=gc.enable))
         if was_thresholds != thresholds:
-            changes.append(
-                Change(
-                    "gc thresholds",
-                    was_thresholds,
-                    thresholds,
-                    undo=lambda: gc.set_threshold(*was_thresholds),
-                )
-            )
+            undo = partial(gc.set_threshold, *was_thresholds)
+            changes.append(Change("gc thresholds", was_thresholds, thresholds, undo=undo))
         if before["signals"] is not after["signals"]:
             for sig, old, new in zip(
                 self.signals, before["signals"], after["signals"], strict=True
             ):
                 if old is new or old == new or _tools_own(old, new, _SIGNAL_DEFAULTS):
                     continue
-                changes.append(
-                    Change(
-                        f"signal handler {sig.name}",
-                        _describe(old),
-                        _describe(new),
-                        undo=_signal_undo(sig, old),
-                    )
-                )
+                key, undo_signal = f"signal handler {sig.name}", _signal_undo(sig, old)
+                changes.append(Change(key, _describe(old), _describe(new), undo=undo_signal))
         old_ctx, new_ctx = before["start_method"], after["start_method"]
         if new_ctx is not old_ctx and new_ctx is not None:
-            default = getattr(
-                getattr(sys.modules.get("multiprocessing.context"), "_default_context", None),
-                "_default_context",
-                None,
-            )
+            context = sys.modules.get("multiprocessing.context")
+            default = getattr(getattr(context, "_default_context", None), "_default_context", None)
             if old_ctx is not None or new_ctx is not default:  # forced, not decided lazily
-                changes.append(
-                    Change(
-                        "multiprocessing start method",
-                        _start_method_name(old_ctx, default),
-                        _start_method_name(new_ctx, default),
-                        undo=lambda: _set_start_method_context(old_ctx),
-                    )
-                )
+                was, now = (_start_method_name(c, default) for c in (old_ctx, new_ctx))
+                undo = partial(_set_start_method_context, old_ctx)
+                changes.append(Change("multiprocessing start method", was, now, undo=undo))
         for hook, setter in (
             ("sys.excepthook", lambda v: setattr(sys, "excepthook", v)),
             ("threading.excepthook", lambda v: setattr(threading, "excepthook", v)),
@@ -277,7 +241,7 @@ class GlobalStateKind(StateKind):
             old, new = before[hook], after[hook]
             if old is not new and not _tools_own(old, new, _hook_defaults()):
                 changes.append(
-                    Change(hook, _describe(old), _describe(new), undo=_bind(setter, old))
+                    Change(hook, _describe(old), _describe(new), undo=partial(setter, old))
                 )
         if not _environment_equal(before["environ"], after["environ"]):
             imported: dict[str, str] = {}
@@ -289,7 +253,7 @@ class GlobalStateKind(StateKind):
             changes.extend(_environment_changes(before["environ"], after["environ"], imported))
         return changes
 
-    def rebase(self, before: dict[str, Any], start: dict[str, Any], end: dict[str, Any]) -> Any:
+    def absorb(self, before: dict[str, Any], start: dict[str, Any], end: dict[str, Any]) -> Any:
         rebased = dict(before)
         for key in ("gc", "start_method", "sys.excepthook", "threading.excepthook"):
             if start[key] is not end[key] and start[key] != end[key]:
@@ -319,23 +283,9 @@ class GlobalStateKind(StateKind):
         if not items:
             return []
         described = "; ".join(f"{c.key}: {c.after} (was {c.before})" for c in items)
-        return [
-            Finding(
-                "global-state",
-                f"{subject} left process-wide state changed: {described}.",
-                {
-                    "changes": [
-                        {"what": c.key, "before": str(c.before), "after": str(c.after)}
-                        for c in items
-                    ],
-                    **dict(extra or {}),
-                },
-            )
-        ]
-
-
-def _bind(setter: Callable[[Any], None], value: Any) -> Callable[[], None]:
-    return lambda: setter(value)
+        message = f"{subject} left process-wide state changed: {described}."
+        changes = [{"what": c.key, "before": str(c.before), "after": str(c.after)} for c in items]
+        return [Finding("global-state", message, {"changes": changes, **dict(extra or {})})]
 
 
 def _signal_undo(sig: signal.Signals, handler: Any) -> Callable[[], None] | None:
@@ -357,9 +307,8 @@ def _start_method_name(context: Any, default: Any) -> str:
 
 
 class _ModulesMark:
-    """How ``sys.modules`` looked at a snapshot (its size, its last module's name): the modules
-    imported since are the ones after it. Always equal to another mark: a snapshot or a
-    fingerprint does not move because a module was imported."""
+    """How ``sys.modules`` looked at a snapshot (its size, its last module): the modules imported
+    since are after it. Equal to any other mark: an import moves no fingerprint."""
 
     __slots__ = ("last", "size")
 
@@ -374,8 +323,7 @@ class _ModulesMark:
         return 0
 
     def since(self) -> list[tuple[str, Any]]:
-        """The modules imported since the mark (when its last module is gone, the newest
-        ``size`` less as many as there were: a module removed since shifts the count)."""
+        """The modules imported since the mark (its last module gone: those after ``size``)."""
         items = list(sys.modules.items())
         names = [name for name, _ in items]
         if self.last is not None and self.last in sys.modules:
@@ -394,8 +342,7 @@ def _assigns(name: str) -> re.Pattern[str]:
 
 
 def _set_by_imports(names: Sequence[str], mark: _ModulesMark) -> dict[str, str]:
-    """Of the variables ``names``, those a module imported since ``mark`` assigns in its
-    source -> that module."""
+    """Of the variables ``names``, those a module imported since ``mark`` assigns -> it."""
     found: dict[str, str] = {}
     patterns = {name: _assigns(name) for name in names}
     for module_name, module in mark.since():
@@ -434,14 +381,8 @@ def _environment_changes(
         old, new = before.get(key, _MISSING), after.get(key, _MISSING)
         if old == new:
             continue
-        changes.append(
-            Change(
-                f"os.environ[{key!r}]",
-                "unset" if old is _MISSING else repr(old),
-                "unset" if new is _MISSING else repr(new),
-                undo=_environ_undo(key, old),
-            )
-        )
+        was, now = ("unset" if value is _MISSING else repr(value) for value in (old, new))
+        changes.append(Change(f"os.environ[{key!r}]", was, now, undo=_environ_undo(key, old)))
     return changes
 
 

@@ -1,42 +1,30 @@
 """Every kind's fingerprint in one pass: what the guard compares around each test.
 
-Asking each kind for its ``fingerprint()`` costs a chain of Python calls per kind (the kind, its
-shared reading, the moment that shares it, the held file that answers it): about 66 k
-instructions for the ten kinds, twice per test. Most fingerprints are one shared reading the
-kind names in its ``mark`` attribute; :class:`FingerprintPass` takes each of those readings
-once, with the system call inline, and asks only the other kinds for theirs:
+Asking each kind for its ``fingerprint()`` costs a chain of Python calls per kind (about 66 k
+instructions for the ten kinds, twice per test). Most fingerprints are one shared reading the
+kind names in its ``mark``; :class:`FingerprintPass` takes each once, the system call inline:
 
 ==================  =======================================================================
-``mark``            the reading, and why it moves whenever the kind's fingerprint would
+``mark``            the reading
 ==================  =======================================================================
-``"threads"``       ``threading``'s tables of started and starting threads (their copies:
-                    what ``threading.enumerate()`` lists, without the lock and the list)
-``"last_pid"``      ``ns_last_pid``: no process or thread is created anywhere without
-                    moving it (the native threads; the descendants, which are rescanned
-                    only when it moved), with the count of threads this process started:
-                    when every pid allocated between two readings went to those threads
-                    or (a few, each looked up) to tasks of processes that are not ours,
+``"threads"``       copies of ``threading``'s tables of started and starting threads
+``"last_pid"``      ``ns_last_pid`` (nothing is created anywhere without moving it), with
+                    the count of threads this process started: when every pid allocated
+                    between two readings went to those threads or to tasks not ours,
                     :meth:`FingerprintPass.moved` names none of these kinds
-``"childless"``     while the last scan at this ``ns_last_pid`` is current: the empty set
-                    when it found no descendant (no process to die), else those descendants
-                    and ``False`` while there are children and none has ended (one
-                    ``waitid``): what the collateral kind's fingerprint answers then; else
-                    the kind's own
+``"childless"``     while the last scan at this ``ns_last_pid`` is current: its empty
+                    descendants, or ``(descendants, False)`` while no child has ended
+                    (one ``waitid``); else the kind's own
 ``"freeze_count"``  ``gc.get_freeze_count()``
-``"fd_count"``      ``st_size`` of ``/proc/self/fd`` (where the kernel counts: else the
-                    kind's own fingerprint, the listing), with the lowest free descriptor
-                    number (a test that swapped one descriptor for another moves it)
+``"fd_count"``      ``st_size`` of ``/proc/self/fd`` with the lowest free descriptor number
 ``"shm_state"``     ``/dev/shm``'s modification time and size
 ``"atexit_count"``  the registrations recorded so far
 ``"c10d"``          the initialised process groups' names
-                    (:func:`~pytest_shutdown.resources.process_groups.group_names`: one
-                    lookup in ``sys.modules`` while ``torch.distributed`` is not loaded)
 ==================  =======================================================================
 
-The pass's marks are only compared with another pass's marks: equal means no kind's
-fingerprint moved. They may move when no fingerprint did (a reading unreadable once, a kind
-that had a descendant and has none now): the guard then asks every kind, which costs time,
-never a finding. A forked child reads afresh: its copies of the held files are closed.
+Marks are only compared with another pass's marks: equal means no kind's fingerprint moved.
+They may move when no fingerprint did (a reading unreadable once): the guard then asks every
+kind, which costs time, never a finding. A forked child reads afresh.
 """
 
 from __future__ import annotations
@@ -53,6 +41,7 @@ from pytest_shutdown.ownership import atexit_calls
 from pytest_shutdown.ownership.origins import threads_started
 from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR
 from pytest_shutdown.resources.primitives import (
+    _LAST_PID_PATH,
     cached_descendants,
     descendant_pids,
     descendants_if_nothing_of_ours,
@@ -72,7 +61,6 @@ MARKS = (
     "atexit_count",
     "c10d",
 )
-_LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
 #: Bumped in a forked child: the pass's held descriptors are the parent's, closed there.
 _forks = 0
 
@@ -87,8 +75,8 @@ if hasattr(os, "register_at_fork"):
 
 
 def _children_all_running() -> bool:
-    """Whether this process has children and none of them has ended (one ``waitid``). No
-    child at all is not that: the last scan's descendants are then gone (reaped)."""
+    """Whether this process has children and none has ended (no child: the last scan's
+    descendants are gone)."""
     try:
         return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
     except (AttributeError, OSError):  # no child (ChildProcessError), or no waitid here
@@ -140,8 +128,7 @@ class FingerprintPass:
         if self._shm_fd is None:
             own += self._shm  # no /dev/shm here: the kind's fingerprint says so
             self._shm = []
-        #: Kinds asked themselves: those that share no reading with another are asked without
-        #: a moment (global-state), the others inside one.
+        #: Kinds asked themselves: those sharing no reading outside a moment, the rest inside.
         self._alone = [kind for kind in own if kind.reads_alone]
         self._alone_reads = [kind.fingerprint for kind in self._alone]
         c10d = by_mark.get("c10d", [])  # a module function: one lookup without torch.distributed
@@ -151,8 +138,9 @@ class FingerprintPass:
         self._owners = self._positions(by_mark)
 
     def _positions(self, by_mark: dict[str, list[Any]]) -> list[tuple[str, ...]]:
-        """The names of the kinds each position of :meth:`read`'s list stands for, in the shape
-        it has while ``ns_last_pid`` can be read; ``_marker_at`` is that reading's position."""
+        """The names of the kinds each position of :meth:`read`'s list stands for (while
+        ``ns_last_pid`` can be read, at ``_marker_at``)."""
+
         def names(kinds: list[Any]) -> tuple[str, ...]:
             return tuple(kind.name for kind in kinds)
 
@@ -185,9 +173,7 @@ class FingerprintPass:
         at = self._marker_at
         if at is not None and (before[at] is None or after[at] is None):
             return None  # ns_last_pid unreadable: the kinds behind it were asked instead
-        # No task created since is this process's or a descendant's (each went to a thread
-        # this process started, or to another process's family): nothing the kinds read
-        # through ns_last_pid look for (no process, no native thread) was created.
+        # No task created since is ours: nothing the ns_last_pid kinds look for was created.
         threads_only = (
             at is not None
             and before[at] != after[at]

@@ -1,18 +1,12 @@
 """Threads ``threading`` does not list (``thread-leak``): ``_thread.start_new_thread`` and
-threads started in C, found in ``/proc/self/task`` (Linux).
+threads started in C, found in ``/proc/self/task`` (Linux only).
 
-Cheap first: no task (thread or process) is created anywhere in this pid namespace without moving
-``ns_last_pid``, which the process kind reads anyway (one ``pread``): the task folder is listed
-only when it moved since the last listing. A new task that is neither a
-``threading.Thread`` (by ``native_id``) nor allowed, and still there after the grace, is a
-``thread-leak`` with its tid and kernel name (``/proc/self/task/TID/comm``); when Python threads
-unknown to ``threading`` exist, their stacks are added.
-
-Lazily started, process-lifetime native pools are never blamed (:data:`DEFAULT_ALLOWED`, extended
-by the ini option ``shutdown_native_threads_allow``): glob patterns matched against the kernel
-name, plus ``@openmp``: unnamed workers (named like the thread that started them) while an
-OpenMP/MKL/TBB runtime is loaded into the process (OpenMP, MKL and torch's intra-op pool name
-no thread). Other platforms: not checked.
+No task is created anywhere without moving ``ns_last_pid``: the task folder is listed only when
+it moved. A new task that is no ``threading.Thread`` (by ``native_id``) and is not allowed is
+named by its tid and kernel name (``comm``). Process-lifetime native pools are never blamed
+(:data:`DEFAULT_ALLOWED` and the ini option ``shutdown_native_threads_allow``: globs of the
+kernel name, and ``@openmp``: unnamed workers, named like their starter, while an OpenMP-style
+runtime is loaded).
 """
 
 from __future__ import annotations
@@ -30,6 +24,7 @@ from pytest_shutdown._os.forks import this_pid
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.ownership.origins import python_thread_tid
+from pytest_shutdown.resources._cheap import self_maps
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind, after_grace
 from pytest_shutdown.resources.primitives import last_pid, nothing_of_ours_since, own_tasks
 
@@ -82,18 +77,15 @@ _openmp_seen: tuple[int, bool] | None = None
 
 
 def _openmp_loaded() -> bool:
-    """Whether an OpenMP-style runtime is loaded. Once loaded, one stays (it is never
-    unloaded); while none is, the maps (large with torch loaded) are read again only after
-    another module was imported, which is how such a runtime comes in."""
+    """Whether an OpenMP-style runtime is loaded (one is never unloaded; while none is, the
+    maps are read again only after an import)."""
     global _openmp_seen
     modules = len(sys.modules)
     seen = _openmp_seen
     if seen is not None and (seen[1] or seen[0] == modules):
         return seen[1]
-    try:
-        with open("/proc/self/maps", "rb") as f:
-            maps = f.read()
-    except OSError:
+    maps = self_maps()
+    if not maps:
         return False
     loaded = any(lib.encode() in maps for lib in _OPENMP_LIBRARIES)
     _openmp_seen = (modules, loaded)
@@ -101,9 +93,8 @@ def _openmp_loaded() -> bool:
 
 
 def _no_own_task_since(then: bytes, started: int, now: bytes) -> bool:
-    """No task created since ``then`` is this process's but a thread it started: a task of
-    another process (whose parent is neither this process nor its parent) counts for none.
-    The descendants' tasks are no native threads of this process: none is asked about."""
+    """No task created since ``then`` is this process's but a thread it started (a descendant's
+    task is no native thread of this process)."""
     return nothing_of_ours_since(then, started, now, frozenset())
 
 
@@ -112,28 +103,25 @@ class NativeThreadKind(ObjectKind):
 
     name = "native-threads"
     allow_key = "threads"
-    mark = "last_pid"  # the guard's one-pass reading (resources.marks)
+    mark = "last_pid"
 
     def __init__(self, settings: Any = None) -> None:
         extra = tuple(getattr(settings, "native_threads_allow", ()) or ())
         self.allowed = DEFAULT_ALLOWED + extra
         self.enabled = sys.platform.startswith("linux") and os.path.isdir(_TASK)
-        #: ns_last_pid at the last listing, and that listing (dead tids in it are harmless:
-        #: a tid is reused only after the kernel's pids wrapped around, which moves the marker)
+        #: ns_last_pid at the last listing, and that listing (a dead tid in it is harmless: it is
+        #: reused only after the pids wrapped around, which moves the marker)
         self._listed_marker: bytes | None = None
         self._listed: frozenset[int] = frozenset()
         self._pid = this_pid()
-        #: ns_last_pid at a snapshot -> how many threads this process had started then (the
-        #: last few): a check after it needs no listing when every pid allocated since went to
-        #: those threads
+        #: ns_last_pid at a snapshot -> how many threads this process had started then
         self._started_at: dict[bytes, int] = {}
 
     def _tids(self) -> frozenset[int]:
         return frozenset(int(t) for t in own_tasks())
 
     def _no_own_task_since_listing(self, marker: bytes) -> bool:
-        """No task created since the last listing is a native thread of this process (each is
-        a thread it started, or another process's): that listing still serves."""
+        """No task created since the last listing is a native thread of this process."""
         listed_at = self._listed_marker
         if listed_at is None:
             return False
@@ -151,8 +139,10 @@ class NativeThreadKind(ObjectKind):
             return None
         started = origins.threads_started()  # before the marker: a thread started now is new
         marker = last_pid()  # read before listing: a task created meanwhile moves it
-        if marker is None or this_pid() != self._pid or (
-            marker != self._listed_marker and not self._no_own_task_since_listing(marker)
+        if (
+            marker is None
+            or this_pid() != self._pid
+            or (marker != self._listed_marker and not self._no_own_task_since_listing(marker))
         ):
             self._listed = self._tids()
             self._pid = this_pid()
@@ -213,8 +203,7 @@ class NativeThreadKind(ObjectKind):
         return tuple(found)
 
     def targets(self, items: Sequence[int]) -> Mapping[Any, object]:
-        """The object each ``_thread.start_new_thread`` thread runs for (recorded at its start):
-        what an ownership search explains for it. A thread started in C has none."""
+        """The object each ``_thread.start_new_thread`` thread runs for (none for a C thread)."""
         found = {}
         for tid in items:
             obj = origins.native_thread_runs(tid)
@@ -251,11 +240,10 @@ class NativeThreadKind(ObjectKind):
             {"tid": tid, "name": _comm(tid), "native": True, "stack": ""} for tid in items
         ]
         listed = set(threading._active)  # type: ignore[attr-defined]
-        unlisted = {
-            ident: frame for ident, frame in sys._current_frames().items() if ident not in listed
-        }
         python_stacks = [
-            "".join(traceback.format_stack(frame)[-40:]) for frame in unlisted.values()
+            "".join(traceback.format_stack(frame)[-40:])
+            for ident, frame in sys._current_frames().items()
+            if ident not in listed
         ]
         if len(records) == len(python_stacks) == 1:  # a _thread.start_new_thread thread
             records[0]["stack"] = python_stacks[0]

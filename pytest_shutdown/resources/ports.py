@@ -1,13 +1,9 @@
 """The ``ports`` resource kind: listening ports and bound unix sockets a test left behind.
 
-A *port* here is a listening TCP socket, a bound unconnected UDP socket, or a unix socket with a
-name (a path or an abstract name), held by the pytest process or by a process started during
-the test. It is named by protocol, address and port (or path) and by the process holding it.
-
-Cheap: the kernel's socket tables (``/proc/net/*``) are read only when a socket descriptor is
-new in the pytest process or a descendant was started during the test; a clean test costs the
-fd kind's one ``fstat`` and the process kind's one ``waitid``. Processes that existed before the
-test (a session fixture's server) are not looked at.
+A *port* is a listening TCP socket, a bound unconnected UDP socket, or a named unix socket, held
+by the pytest process or by a process started during the test. The socket tables (``/proc/net/*``)
+are read only when a socket descriptor is new here or a descendant was started; processes that
+existed before the test (a session fixture's server) are not looked at.
 """
 
 from __future__ import annotations
@@ -20,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _cheap
-from pytest_shutdown.resources._cheap import socket_inode
-from pytest_shutdown.resources.base import Extra, ObjectKind
+from pytest_shutdown.resources._cheap import process_name, socket_inode
+from pytest_shutdown.resources.base import Extra, ObjectKind, left_findings
 from pytest_shutdown.resources.fds import (
     FdFingerprint,
     FdKind,
@@ -35,7 +31,7 @@ from pytest_shutdown.resources.primitives import descendant_pids, multiprocessin
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.resources.sockets import SocketInfo
 
-__all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of", "port_findings"]
+__all__ = ["PortItem", "PortKind", "PortSnapshot", "bound_sockets_of"]
 
 
 class PortSnapshot(FrozenRecord):
@@ -65,21 +61,13 @@ class PortItem:
     def record(self) -> dict[str, Any]:
         return {
             "pid": self.pid,
-            "process": _process_name(self.pid),
+            "process": process_name(self.pid),
             "fd": self.fd,
             "protocol": self.info.protocol,
             "address": self.info.local,
             "port": self.info.port,
             "what": self.info.describe(),
         }
-
-
-def _process_name(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
 
 
 def socket_fds_of(pid: int | str) -> dict[int, int]:
@@ -102,20 +90,23 @@ def socket_fds_of(pid: int | str) -> dict[int, int]:
 
 def bound_sockets_of(pids: Iterable[int]) -> list[PortItem]:
     """The bound sockets (ports, named unix sockets) each of ``pids`` holds now."""
-    held = {pid: socket_fds_of(pid) for pid in pids}
+    return _bound({pid: socket_fds_of(pid) for pid in pids})
+
+
+def _bound(held: Mapping[int, Mapping[int, int]]) -> list[PortItem]:
+    """The bound sockets among ``held`` (pid -> inode -> fd)."""
     inodes = {inode for sockets in held.values() for inode in sockets}
     if not inodes:
         return []
     from pytest_shutdown.resources.sockets import read_socket_table  # noqa: PLC0415 - a socket
 
     table = read_socket_table(inodes)
-    items = []
-    for pid, sockets in held.items():
-        for inode, fd in sockets.items():
-            info = table.get(inode)
-            if info is not None and info.bound:
-                items.append(PortItem(pid, inode, info, fd))
-    return items
+    return [
+        PortItem(pid, inode, info, fd)
+        for pid, sockets in held.items()
+        for inode, fd in sockets.items()
+        if (info := table.get(inode)) is not None and info.bound
+    ]
 
 
 def take_port_snapshot() -> PortSnapshot:
@@ -124,25 +115,16 @@ def take_port_snapshot() -> PortSnapshot:
 
 def new_ports(before: PortSnapshot) -> list[PortItem]:
     """Bound sockets opened since ``before`` in this process, and those of processes started
-    since ``before``."""
-    own = [item for item in new_fds(before.fds) if item.target.startswith("socket:[")]
-    items: list[PortItem] = []
-    if own:
-        from pytest_shutdown.resources.sockets import read_socket_table  # noqa: PLC0415
-
-        inodes = {socket_inode(i.target): i.fd for i in own}
-        table = read_socket_table([i for i in inodes if i is not None])
-        me = os.getpid()
-        for inode, fd in inodes.items():
-            info = table.get(inode) if inode is not None else None
-            if inode is not None and info is not None and info.bound:
-                items.append(PortItem(me, inode, info, fd))
+    since (not the fork server's: it listens for its lifetime)."""
+    own = {
+        inode: item.fd
+        for item in new_fds(before.fds)
+        if (inode := socket_inode(item.target)) is not None
+    }
     fresh = descendant_pids() - before.pids
     if fresh:
-        fresh -= multiprocessing_helper_pids()  # the fork server listens for its lifetime
-    if fresh:
-        items.extend(bound_sockets_of(sorted(fresh)))
-    return items
+        fresh -= multiprocessing_helper_pids()
+    return _bound({os.getpid(): own, **{pid: socket_fds_of(pid) for pid in sorted(fresh)}})
 
 
 def still_bound(items: Iterable[PortItem]) -> list[PortItem]:
@@ -157,38 +139,6 @@ def still_bound(items: Iterable[PortItem]) -> list[PortItem]:
         elif item.inode in socket_fds_of(item.pid):
             left.append(item)
     return left
-
-
-def settle(items: Sequence[PortItem], deadline: float) -> list[PortItem]:
-    return _cheap.settle_left(items, still_bound, deadline)
-
-
-def port_findings(
-    records: Sequence[Mapping[str, Any]],
-    *,
-    subject: str,
-    grace: float,
-    extra: Mapping[str, Any] | None = None,
-) -> list[Finding]:
-    """One ``port-leak`` finding for the bound sockets left by ``subject``."""
-    if not records:
-        return []
-    count = len(records)
-    listed = "; ".join(
-        f"{r['what']} held by {'this process' if r['pid'] == os.getpid() else 'pid'}"
-        + ("" if r["pid"] == os.getpid() else f" {r['pid']} ({r['process']})")
-        for r in records[:8]
-    )
-    more = f"; and {count - 8} more" if count > 8 else ""
-    when = f"{grace:g} s after it ended" if grace > 0 else "when it ended"
-    return [
-        Finding(
-            "port-leak",
-            f"{count} port{'s' if count != 1 else ''} or socket name"
-            f"{'s' if count != 1 else ''} bound in {subject} still held {when}: {listed}{more}.",
-            {"ports": [dict(r) for r in records], "grace_s": grace, **dict(extra or {})},
-        )
-    ]
 
 
 class PortKind(ObjectKind):
@@ -206,11 +156,9 @@ class PortKind(ObjectKind):
         return take_port_snapshot()
 
     def unmoved_since(self, before: PortSnapshot, moved: AbstractSet[str]) -> bool:
-        """Whether :meth:`fingerprint` cannot have moved since ``before`` although the kinds
-        in ``moved`` did: the fd fingerprint did not move and the descendants are ``before``'s.
-        The processes kind's reading is ``ns_last_pid``, which any pid allocated on the host
-        moves (a busy host: most tests); a listing of every descendant's descriptors is then
-        paid only when a descendant came or went."""
+        """The fd fingerprint did not move and the descendants are ``before``'s: the processes
+        kind's ``ns_last_pid`` moves with any pid allocated on the host, and a listing of every
+        descendant's descriptors is paid only when a descendant came or went."""
         return "fds" not in moved and descendant_pids() == before.pids
 
     def new_since(self, before: PortSnapshot, allow: object = None) -> list[PortItem]:
@@ -229,9 +177,6 @@ class PortKind(ObjectKind):
         pids = end.pids if end is not None else descendant_pids()
         return PortSnapshot(fds, before.pids | (pids - start.pids))
 
-    def diff(self, before: object, after: object) -> tuple[()]:
-        return ()
-
     def targets(self, items: Sequence[PortItem]) -> dict[PortItem, object]:
         """The socket object of a port of this process; the Process/Popen object of a port of a
         descendant (its owner owns the port)."""
@@ -248,29 +193,19 @@ class PortKind(ObjectKind):
         }
         others = [item for item in items if item.pid != me]
         if others:
-            from pytest_shutdown._os.proc_stat import read_stat  # noqa: PLC0415
+            from pytest_shutdown.resources.processes import parent_pids  # noqa: PLC0415
 
             pids = tuple(sorted({item.pid for item in others}))
-            parents = {}
-            for pid in pids:
-                current = pid
-                for _ in range(16):
-                    proc = read_stat(current)
-                    if proc is None or proc.ppid <= 1:
-                        break
-                    parents[current] = proc.ppid
-                    current = proc.ppid
-            objects = objects_of((), pids, parents)
+            objects = objects_of((), pids, parent_pids(pids))
             found.update({item: objects[item.pid] for item in others if item.pid in objects})
         return found
 
     def settle(self, items: Sequence[PortItem], deadline: float) -> list[PortItem]:
-        return settle(items, deadline)
+        return _cheap.settle_left(items, still_bound, deadline)
 
     def settle_long_lived(
         self, items: Sequence[PortItem], deadline: float, *, thorough: bool = False
     ) -> list[PortItem]:
-        """What is still there at session end, for the list of long-lived resources."""
         return _cheap.settle_listed(items, still_bound, deadline, thorough=thorough)
 
     def describe(self, items: Sequence[PortItem]) -> list[dict[str, Any]]:
@@ -279,8 +214,22 @@ class PortKind(ObjectKind):
     def findings(
         self, items: Sequence[PortItem], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
-        return port_findings(self.describe(items), subject=subject, grace=grace, extra=extra)
+        records = self.describe(items)
+        me, count = os.getpid(), len(records)
+        s = "s" if count != 1 else ""
+        return left_findings(
+            "port-leak",
+            "ports",
+            records,
+            [
+                f"{r['what']} held by "
+                + ("this process" if r["pid"] == me else f"pid {r['pid']} ({r['process']})")
+                for r in records
+            ],
+            f"{count} port{s} or socket name{s} bound in {subject} still held",
+            grace=grace,
+            extra=extra,
+        )
 
     def restore(self, items: Sequence[PortItem]) -> None:
-        """Nothing: the socket belongs to whoever holds it (the process kind kills a leaked
-        process, which frees its ports)."""
+        """Nothing: the socket is its holder's (the process kind kills a leaked process)."""

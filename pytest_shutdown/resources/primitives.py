@@ -1,7 +1,5 @@
-"""The primitives of leak accounting that the resource kinds, the guard and ``no_leaks`` share.
-
-Moved from :mod:`pytest_shutdown.helpers.leaks` (issue 47): the resource kinds are built on them,
-and the kinds sit below the helpers; :mod:`pytest_shutdown.helpers.leaks` re-exports them.
+"""The primitives of leak accounting that the resource kinds, the guard and ``no_leaks`` share
+(:mod:`pytest_shutdown.helpers.leaks` re-exports them).
 
 * :func:`take_snapshot` records what exists now (threads, descendant processes, freeze count);
 * :func:`started_since` names what was started after a snapshot and is still running;
@@ -10,13 +8,10 @@ and the kinds sit below the helpers; :mod:`pytest_shutdown.helpers.leaks` re-exp
   :class:`~pytest_shutdown.findings.finding.Finding` data;
 * :func:`kill_process_trees` restores order afterwards.
 
-Cheap when nothing leaked: a snapshot is ``threading.enumerate()``, ``gc.get_freeze_count()`` and,
-for processes, one ``waitid(WNOHANG | WNOWAIT)`` system call that tells whether this process has
-any child at all. The descendants are walked only when a child exists and, on Linux, a pid was
-allocated since the last walk (``ns_last_pid``), down the children lists from this process (other
-platforms: psutil scans the process table); ``gc.collect()`` runs
-only when something is still alive after a short wait; stacks and command lines are read only
-for what is reported.
+Cheap when nothing leaked: a snapshot is ``threading.enumerate()``, ``gc.get_freeze_count()`` and
+one ``waitid(WNOHANG | WNOWAIT)`` (has this process any child?). The descendants are walked only
+when a child exists and a pid was allocated since the last walk (``ns_last_pid``); stacks and
+command lines are read only for what is reported.
 """
 
 from __future__ import annotations
@@ -47,8 +42,7 @@ ThreadFilter = Callable[[threading.Thread], bool]
 #: One entry of ``allow=``: a glob pattern matched against the thread name, or a predicate.
 AllowRule = str | ThreadFilter
 
-#: Threads whose name starts with this prefix belong to pytest-shutdown itself (watchdogs); they
-#: are never reported.
+#: The name prefix of pytest-shutdown's own threads (watchdogs): never reported.
 OWN_THREAD_PREFIX = "pytest-shutdown"
 
 #: Frames kept per thread stack in a finding (the innermost ones).
@@ -64,12 +58,8 @@ _PROCESS_STATES_ENDED = frozenset({"zombie", "dead"})
 
 @lazy_dataclass(frozen=True)
 class LeakSnapshot:
-    """What existed when the snapshot was taken.
-
-    ``threads`` holds the live ``threading.Thread`` objects (identity, not ident: idents are
-    reused); ``pids`` the live descendant processes (recursive), empty when this process had no
-    child at all; ``freeze_count`` is ``gc.get_freeze_count()``.
-    """
+    """What existed when the snapshot was taken: the live ``threading.Thread`` objects (identity:
+    idents are reused), the live descendant pids, ``gc.get_freeze_count()``."""
 
     threads: frozenset[threading.Thread]
     pids: frozenset[int]
@@ -90,7 +80,7 @@ class Started:
     def without(
         self, threads: Iterable[threading.Thread] = (), pids: Iterable[int] = ()
     ) -> Started:
-        """Return a copy without the given threads and pids (e.g. those owned by a fixture)."""
+        """A copy without the given threads and pids (e.g. those owned by a fixture)."""
         skip_threads = set(threads)
         skip_pids = set(pids)
         return Started(
@@ -99,13 +89,9 @@ class Started:
         )
 
 
-# --- snapshots -------------------------------------------------------------------------------
-
-
 def child_state() -> int | None:
-    """One ``waitid(WNOHANG | WNOWAIT)``: None when this process has no child at all, 0 when it
-    has children and none has ended, else the pid of an ended child not reaped yet (a zombie).
-    Inside :func:`pytest_shutdown._os.moments.one_moment`, read once."""
+    """One ``waitid(WNOHANG | WNOWAIT)``, once per moment: None when this process has no child,
+    0 when none has ended, else the pid of an ended child not reaped yet (a zombie)."""
     return reading("child_state", _read_child_state)
 
 
@@ -123,33 +109,29 @@ def _read_child_state() -> int | None:
 
 
 def _may_have_children() -> bool:
-    """Return False only when this process certainly has no child process (one system call)."""
+    """False only when this process certainly has no child process."""
     return child_state() is not None
 
 
-#: The last pid the kernel allocated in this pid namespace (Linux). While it has not moved, no
-#: process (nor thread) was created anywhere, so no new descendant can exist.
+#: The last pid the kernel allocated in this pid namespace: while it has not moved, no process
+#: (nor thread) was created anywhere.
 _LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
-#: (this process's pid, ns_last_pid at the scan, the descendants found by that scan, how many
-#: threads this process had started then)
+#: (pid, ns_last_pid at the last scan, the descendants it found, the threads started then)
 _scan_cache: tuple[int, bytes, frozenset[int], int] | None = None
 
 
 def last_pid() -> bytes | None:
-    """The last pid (or tid) the kernel allocated in this pid namespace; None where it cannot be
-    read. Inside :func:`pytest_shutdown._os.moments.one_moment`, read once."""
+    """The last pid (or tid) the kernel allocated in this pid namespace, once per moment; None
+    where it cannot be read."""
     return reading("ns_last_pid", _last_pid)
 
 
 def _last_pid() -> bytes | None:
-    """``ns_last_pid`` now: one ``pread`` of the file held open."""
     return read_held(_LAST_PID_PATH, 32)
 
 
 def own_tasks() -> list[str]:
-    """The tids of this process's tasks (the names in ``/proc/self/task``; none where it cannot
-    be listed). Inside :func:`pytest_shutdown._os.moments.one_moment`, listed once: the descendants'
-    walk and the native threads kind both read it."""
+    """The tids of this process's tasks (``/proc/self/task``), listed once per moment."""
     return reading("own_tasks", _list_own_tasks)
 
 
@@ -193,9 +175,8 @@ def _children_of(pid: int, own: bool = False) -> list[int] | None:
 
 
 def _walk_descendants(pid: int) -> frozenset[int] | None:
-    """Every descendant of ``pid``, walking the children lists down from it: the cost follows
-    this process's own descendants, never the host's process table. None where the kernel does
-    not list children (the caller scans the table instead)."""
+    """Every descendant of ``pid``, walking the children lists down from it (the cost follows its
+    descendants, not the host's process table); None where the kernel does not list children."""
     if not sys.platform.startswith("linux"):
         return None
     seen: set[int] = set()
@@ -213,22 +194,17 @@ def _walk_descendants(pid: int) -> frozenset[int] | None:
 
 
 def descendant_pids() -> frozenset[int]:
-    """Return the pids of this process's descendants (recursive); cheap when nothing changed.
+    """The pids of this process's descendants (recursive), once per moment.
 
-    No child at all: one ``waitid`` call. Children, but no pid allocated since the last scan
-    (``ns_last_pid`` unchanged), or each one allocated since went to a thread this process
-    started or (a few, each looked up) to another process's family
-    (:func:`nothing_of_ours_since`): the last scan's answer. Otherwise, on Linux, a walk down the
-    children lists from this process (``/proc/PID/task/TID/children``: the cost follows this
-    process's descendants, not the host); elsewhere a process-table scan (psutil). Inside
-    :func:`pytest_shutdown._os.moments.one_moment`, read once.
+    No child: one ``waitid``. No pid allocated since the last scan, or each one went to a thread
+    this process started or to another process's family (:func:`nothing_of_ours_since`): the
+    last scan's answer. Otherwise a walk down the children lists (elsewhere than Linux, psutil).
     """
     return reading("descendant_pids", _read_descendants)
 
 
 def _read_descendants() -> frozenset[int]:
-    """The tree walk's answer, with the session's processes that left the tree (found by the
-    session marker while the guard contains without a subreaper:
+    """The tree walk's answer, with the session's processes that left the tree (by the marker:
     :mod:`pytest_shutdown._os.escaped`)."""
     tree = _read_descendant_pids()
     if escaped.watching():
@@ -237,17 +213,16 @@ def _read_descendants() -> frozenset[int]:
 
 
 def cached_descendants(marker: bytes) -> frozenset[int] | None:
-    """This process's descendants as the last scan at ``ns_last_pid`` == ``marker`` found them
-    (nothing was created since, so none is new); None when no scan was made at ``marker``."""
+    """This process's descendants as the last scan at ``ns_last_pid`` == ``marker`` found them;
+    None when no scan was made at ``marker``."""
     cached = _scan_cache
     if cached is None or cached[1] != marker or cached[0] != this_pid():
         return None
     return cached[2]
 
 
-#: Pids allocated elsewhere that a check looks up one by one (``/proc/PID/stat``: whose child
-#: it is) before walking this process's descendants afresh is the cheaper answer: on a host
-#: whose processes come and go, a test sees a few; many at once are worth a walk.
+#: Pids allocated elsewhere that a check looks up one by one (whose child is it?) before a fresh
+#: walk of the descendants is the cheaper answer.
 FOREIGN_LOOKUPS = 8
 #: What :func:`_parent_of` answers for a task it could not read (``-1`` is no pid).
 _UNREADABLE = -1
@@ -256,20 +231,16 @@ _UNREADABLE = -1
 def nothing_of_ours_since(
     then: bytes, started: int, now: bytes, descendants: AbstractSet[int] | None = None
 ) -> bool:
-    """Whether no task created since ``ns_last_pid`` read ``then`` until it read ``now`` is
-    this process's or its descendants'. The kernel allocates pids upwards from
-    ``ns_last_pid``, so every task created in between has a number in ``(then, now]``; each
-    must be a thread this process started (``started``:
-    :func:`pytest_shutdown.ownership.origins.threads_started` read before ``then``), or, with
-    ``descendants`` given (this process's descendants at ``then``) and at most
-    :data:`FOREIGN_LOOKUPS` of them, a task that is gone or whose parent is neither this
-    process, nor one of ``descendants``, nor this process's own parent (the parent that a
-    thread of this process names). A host whose processes come and go then costs a lookup per
-    pid it allocated, not a walk of the descendants and a listing of the tasks.
+    """Whether no task created between the ``ns_last_pid`` readings ``then`` and ``now`` is this
+    process's or its descendants'. The kernel allocates pids upwards, so each task created in
+    between has a number in ``(then, now]``; each must be a thread this process started
+    (``started``: :func:`~pytest_shutdown.ownership.origins.threads_started` read before
+    ``then``), or, with ``descendants`` (at ``then``) given and at most
+    :data:`FOREIGN_LOOKUPS` of them, a task that is gone or whose parent is neither this process,
+    nor one of ``descendants``, nor this process's parent (what a thread of ours names).
 
-    A task of another process that a descendant of ours created and then left (orphaned)
-    names its new parent: this process where it is a subreaper (containment), else a process
-    that no walk down from this process would have reached either."""
+    An orphan a descendant left names its new parent: this process where it is a subreaper,
+    else a process no walk down from here would have reached either."""
     try:
         start, end = int(then), int(now)
     except ValueError:
@@ -297,8 +268,8 @@ def nothing_of_ours_since(
 
 
 def _parent_of(pid: int) -> int | None:
-    """The parent of task ``pid`` (``/proc/PID/stat``, field 4: for a thread, its process's
-    parent); None when it is gone, :data:`_UNREADABLE` when it cannot be read."""
+    """The parent of task ``pid`` (a thread's: its process's); None when it is gone,
+    :data:`_UNREADABLE` when it cannot be read."""
     from pytest_shutdown.ownership.containment import stat_fields  # noqa: PLC0415 - its prctl: guard only
 
     try:
@@ -314,18 +285,15 @@ def _parent_of(pid: int) -> int | None:
 
 
 def descendants_if_nothing_of_ours(marker: bytes, started: int) -> frozenset[int] | None:
-    """The last scan's descendants, kept as the answer at ``ns_last_pid`` == ``marker`` when
-    no task created since that scan is this process's or a descendant's
-    (:func:`nothing_of_ours_since`); ``started`` is
-    :func:`pytest_shutdown.ownership.origins.threads_started` read before ``marker``. None when
-    that is not so: a walk is needed."""
+    """The last scan's descendants, kept as the answer at ``marker`` when no task created since
+    that scan is ours (:func:`nothing_of_ours_since`; ``started`` read before ``marker``);
+    None when a walk is needed."""
     global _scan_cache
     cached = _scan_cache
     pid = this_pid()
     if cached is None or cached[0] != pid:
         return None
-    # No descendant at the last scan: no pid is looked up, one ``waitid`` (no child now, no
-    # descendant) answers for all of them.
+    # No descendant at the last scan: no pid is looked up (one waitid answers for them all).
     if not nothing_of_ours_since(cached[1], cached[3], marker, cached[2] or None):
         return None
     _scan_cache = (pid, marker, cached[2], started)
@@ -358,9 +326,8 @@ def _read_descendant_pids() -> frozenset[int]:
         except psutil.Error:  # pragma: no cover - /proc unreadable
             return frozenset()
         walked = frozenset(child.pid for child in children)
-    found = walked
-    _scan_cache = (pid, marker, found, started) if marker is not None else None
-    return found
+    _scan_cache = (pid, marker, walked, started) if marker is not None else None
+    return walked
 
 
 def take_snapshot(*, threads: bool = True, processes: bool = True) -> LeakSnapshot:
@@ -372,16 +339,12 @@ def take_snapshot(*, threads: bool = True, processes: bool = True) -> LeakSnapsh
     )
 
 
-# --- what was started ------------------------------------------------------------------------
-
-
 def thread_filter(allow: Iterable[AllowRule] = ()) -> ThreadFilter:
     """Compile ``allow=`` into one predicate: True for a thread that must not be reported.
 
-    A string is a glob pattern (``fnmatch``, case-sensitive) matched against the thread's name,
-    e.g. ``"pydevd.*"`` or ``"ThreadPoolExecutor-*"``; a callable receives the
-    ``threading.Thread`` and returns True to ignore it. pytest-shutdown's own threads (names
-    starting with ``pytest-shutdown``) are always ignored.
+    A string is a case-sensitive glob matched against the thread's name (``"pydevd.*"``); a
+    callable receives the ``threading.Thread`` and returns True to ignore it. pytest-shutdown's
+    own threads (``pytest-shutdown*``) are always ignored.
     """
     patterns: list[str] = []
     predicates: list[ThreadFilter] = []
@@ -416,10 +379,9 @@ def _thread_running(thread: threading.Thread) -> bool:
     )
 
 
-def _process_running(pid: int) -> bool:
-    """True while ``pid`` runs; a zombie (ended, not yet reaped by its owner) has ended. Read
-    from ``/proc/PID/stat`` (importing psutil would cost the first session that has a child
-    several milliseconds); psutil where there is no ``/proc``."""
+def process_running(pid: int) -> bool:
+    """True while the process ``pid`` runs (a zombie has ended). Read from ``/proc/PID/stat``:
+    importing psutil would cost several milliseconds; psutil where there is no ``/proc``."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -442,11 +404,6 @@ def _process_running(pid: int) -> bool:
         return True
 
 
-def process_running(pid: int) -> bool:
-    """True while the process ``pid`` runs (a zombie has ended)."""
-    return _process_running(pid)
-
-
 def started_since(
     before: LeakSnapshot,
     *,
@@ -454,10 +411,7 @@ def started_since(
     processes: bool = True,
     allow: ThreadFilter | None = None,
 ) -> Started:
-    """Return the threads and processes started after ``before`` and still running now.
-
-    Cheap: no process-table scan unless this process has a child, no waiting.
-    """
+    """The threads and processes started after ``before`` and still running now (no waiting)."""
     new_threads: tuple[threading.Thread, ...] = ()
     if threads:
         new_threads = tuple(
@@ -470,12 +424,12 @@ def started_since(
         now = descendant_pids()
         if now:
             fresh = now - before.pids - multiprocessing_helper_pids()
-            new_pids = tuple(sorted(p for p in fresh if _process_running(p)))
+            new_pids = tuple(sorted(p for p in fresh if process_running(p)))
     return Started(new_threads, new_pids)
 
 
-#: The last part of the name of a module that keeps a process-lifetime helper in a module global:
-#: multiprocessing's and every fork's (``multiprocess``, loky, joblib's vendored loky, ...).
+#: The last part of the name of a module that keeps a process-lifetime helper in a global, in
+#: multiprocessing and every fork of it (``multiprocess``, loky, ...).
 HELPER_MODULE_NAMES = ("resource_tracker", "forkserver", "resource_sharer")
 
 #: last parts -> (len(sys.modules) when listed, the names of the modules so named then)
@@ -484,7 +438,7 @@ _modules_named_seen: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {}
 
 def modules_named(*last: str) -> tuple[str, ...]:
     """The names of the loaded modules whose last part is one of ``last``, whatever package
-    they are in. Listed again only after an import (cheap: one pass over ``sys.modules``)."""
+    they are in (listed again only after an import)."""
     seen = _modules_named_seen.get(last)
     count = len(sys.modules)
     if seen is not None and seen[0] == count:
@@ -495,18 +449,13 @@ def modules_named(*last: str) -> tuple[str, ...]:
 
 
 def helper_module_names() -> tuple[str, ...]:
-    """The names of the loaded modules called ``resource_tracker``, ``forkserver`` or
-    ``resource_sharer``, whatever package they are in."""
+    """The loaded modules named like :data:`HELPER_MODULE_NAMES`, whatever package."""
     return modules_named(*HELPER_MODULE_NAMES)
 
 
 def process_lifetime_helpers() -> list[object]:
-    """The process-lifetime helper objects of multiprocessing and of every fork of it.
-
-    Recognised by what they are, not by a list of packages: a module global of a module named
-    ``resource_tracker``/``forkserver``/``resource_sharer`` (any package) that is an instance of
-    a class that module defines (``ResourceTracker``, ``ForkServer``, ``_ResourceSharer``).
-    """
+    """The process-lifetime helper objects of multiprocessing and its forks: a global of a
+    :data:`HELPER_MODULE_NAMES` module that is an instance of a class that module defines."""
     found: list[object] = []
     for name in helper_module_names():
         namespace = getattr(sys.modules.get(name), "__dict__", None)
@@ -533,14 +482,9 @@ def helper_numbers(helper: object, suffix: str) -> set[int]:
 
 
 def multiprocessing_helper_pids() -> frozenset[int]:
-    """Pids of this process's fork servers and resource trackers, if running.
-
-    Each is started on first use and lives as long as this process by design: never a test's
-    leak (the processes a fork server starts are, and stay checked). The standard library's,
-    loky's (also joblib's vendored copy), ``multiprocess``'s and any other fork's alike: see
-    :func:`process_lifetime_helpers`. loky's and the trackers are started with a bare
-    fork/exec, so no Process object leads the ownership search to them.
-    """
+    """Pids of this process's fork servers and resource trackers (see
+    :func:`process_lifetime_helpers`): started on first use, kept until exit, never a test's
+    leak (what a fork server starts stays checked)."""
     pids: set[int] = set()
     for helper in process_lifetime_helpers():
         pids.update(p for p in helper_numbers(helper, "pid") if p > 0)
@@ -550,10 +494,9 @@ def multiprocessing_helper_pids() -> frozenset[int]:
 def await_exit(started: Started, grace: float, *, collect: bool = True) -> Started:
     """Wait up to ``grace`` seconds (one deadline) for ``started`` to end; return what is left.
 
-    Threads are joined (a join returns as soon as its thread ends), processes are polled without
-    reaping them (their owners still need their exit status). When something is still running
-    after a short wait, one ``gc.collect()`` runs, since dropped executors stop their workers
-    only when collected (``collect=False`` skips it).
+    Threads are joined, processes polled without reaping them (their owners need the status).
+    When something still runs after a short wait, one ``gc.collect()`` runs (dropped executors
+    stop their workers only when collected); ``collect=False`` skips it.
     """
     deadline = time.monotonic() + max(grace, 0.0)
     collect_at = time.monotonic() + _COLLECT_AFTER_S
@@ -561,7 +504,7 @@ def await_exit(started: Started, grace: float, *, collect: bool = True) -> Start
     delay = 0.002
     while True:
         threads = tuple(t for t in left.threads if _thread_running(t))
-        pids = tuple(p for p in left.pids if _process_running(p))
+        pids = tuple(p for p in left.pids if process_running(p))
         left = Started(threads, pids)
         now = time.monotonic()
         if not left or now >= deadline:
@@ -578,12 +521,8 @@ def await_exit(started: Started, grace: float, *, collect: bool = True) -> Start
         delay = min(delay * 2, 0.05)
 
 
-# --- findings --------------------------------------------------------------------------------
-
-
 def thread_name(thread: threading.Thread) -> str:
-    """``thread.name``, or what ``threading`` stored, for a subclass whose ``name`` raises: a
-    hostile object is opaque to the guard, never the guard's error."""
+    """``thread.name``, or what ``threading`` stored for a subclass whose ``name`` raises."""
     try:
         return str(thread.name)
     except Exception:  # noqa: BLE001 - any error of the user's property
@@ -640,11 +579,8 @@ def leak_findings(
     freeze_after: int | None = None,
     extra: dict[str, Any] | None = None,
 ) -> list[Finding]:
-    """Render what is left as findings: ``thread-leak``, ``process-leak``, ``gc-frozen-leak``.
-
-    ``subject`` names where things were started (``"test_x"``, ``"fixture 'engine'"``); ``extra``
-    is merged into every finding's details (e.g. the owner of the leak).
-    """
+    """What is left as ``thread-leak``, ``process-leak`` and ``gc-frozen-leak`` findings;
+    ``subject`` names where (``"fixture 'engine'"``), ``extra`` joins every finding's details."""
     findings: list[Finding] = []
     extra = dict(extra or {})
     if left.threads:
@@ -653,26 +589,23 @@ def leak_findings(
         blocks = " (non-daemon: it blocks the interpreter's exit)"
         names = ", ".join(repr(r["name"]) + ("" if r["daemon"] else blocks) for r in records)
         count = len(records)
+        message = (
+            f"{count} thread{'s' if count != 1 else ''} started in {subject} still "
+            f"running {after_grace(grace)}: {names}."
+        )
         findings.append(
-            Finding(
-                "thread-leak",
-                f"{count} thread{'s' if count != 1 else ''} started in {subject} still "
-                f"running {after_grace(grace)}: {names}.",
-                {"threads": records, "grace_s": grace, **extra},
-            )
+            Finding("thread-leak", message, {"threads": records, "grace_s": grace, **extra})
         )
     if left.pids:
         records = [_process_record(pid) for pid in left.pids]
         described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in records)
         count = len(records)
-        findings.append(
-            Finding(
-                "process-leak",
-                f"{count} child process{'es' if count != 1 else ''} started in {subject} still "
-                f"running {after_grace(grace)}: {described}.",
-                {"processes": records, "grace_s": grace, **extra},
-            )
+        message = (
+            f"{count} child process{'es' if count != 1 else ''} started in {subject} still "
+            f"running {after_grace(grace)}: {described}."
         )
+        details = {"processes": records, "grace_s": grace, **extra}
+        findings.append(Finding("process-leak", message, details))
     # Only growth is a leak: frozen objects that die leave the permanent generation, so the count
     # drifts down by itself while something else holds a freeze.
     if freeze_before is not None and freeze_after is not None and freeze_after > freeze_before:
@@ -687,18 +620,14 @@ def leak_findings(
     return findings
 
 
-# --- restoring order -------------------------------------------------------------------------
-
-
 def kill_process_trees(
     pids: Iterable[int], *, timeout: float = 5.0, why: str = "kill_process_trees"
 ) -> list[dict[str, Any]]:
-    """SIGKILL each process and all its descendants; wait (one deadline) until they have ended.
+    """SIGKILL each process and its descendants; wait (one deadline) until they have ended.
 
-    Processes are not reaped: their owners (``subprocess``, ``multiprocessing``) still collect
-    the exit status. Every kill goes through the one tree killer
-    (:func:`pytest_shutdown._os.killer.kill_trees`), which records it (``why``): a death asked
-    for is never collateral. Returns one record per process killed (pid, name, command line).
+    Nothing is reaped (the owners collect the exit status). The one tree killer
+    (:func:`pytest_shutdown._os.killer.kill_trees`) records each kill with ``why``: a death
+    asked for is never collateral. Returns one record per process killed.
     """
     from pytest_shutdown._os.killer import kill_trees  # noqa: PLC0415
 

@@ -1,16 +1,10 @@
 """The ``process-groups`` resource kind: a ``torch.distributed`` process group still initialised.
 
-A default process group (``init_process_group``) or a group made with ``new_group`` that is
-never destroyed keeps its communicators, its store connection and its threads until the
-interpreter exits; the next ``init_process_group`` in the same process fails ("trying to
-initialize the default process group twice"), and with nccl the exit itself can hang (vLLM
-#19196). The kind's state is the names of the groups initialised in this process; a test (or a
-wider-scope fixture) that leaves one that was not there before is ``process-group-left``.
-
-Never imports torch, and costs nothing without it: when ``torch.distributed`` was never
-imported no group can exist, and the guard's one-pass reading (:mod:`.marks`, ``"c10d"``) is
-one lookup in ``sys.modules``. Nothing is restored in fail mode: a group cannot be destroyed for
-the test that left it (its peers may be gone).
+A group never destroyed keeps its communicators, store connection and threads until exit; the
+next ``init_process_group`` fails, and with nccl the exit can hang (vLLM #19196). The state is
+the names of the initialised groups; one left that was not there before is
+``process-group-left``. Never imports torch: without ``torch.distributed`` the reading is one
+``sys.modules`` lookup. Nothing is restored (the group's peers may be gone).
 """
 
 from __future__ import annotations
@@ -49,8 +43,12 @@ class GroupInfo:
     default: bool
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "backend": self.backend, "ranks": list(self.ranks),
-                "default": self.default}
+        return {
+            "name": self.name,
+            "backend": self.backend,
+            "ranks": list(self.ranks),
+            "default": self.default,
+        }
 
 
 def process_groups() -> list[GroupInfo]:
@@ -66,12 +64,14 @@ def process_groups() -> list[GroupInfo]:
     for pg, value in list(getattr(world, "pg_map", {}).items()):
         backend = value[0] if isinstance(value, tuple) and value else value
         ranks = getattr(world, "pg_group_ranks", {}).get(pg, {})
-        found.append(GroupInfo(
-            name=str(getattr(world, "pg_names", {}).get(pg, "")),
-            backend=str(backend),
-            ranks=tuple(sorted(int(r) for r in ranks)),
-            default=pg is default,
-        ))
+        found.append(
+            GroupInfo(
+                name=str(getattr(world, "pg_names", {}).get(pg, "")),
+                backend=str(backend),
+                ranks=tuple(sorted(int(r) for r in ranks)),
+                default=pg is default,
+            )
+        )
     return found
 
 
@@ -104,17 +104,15 @@ class ProcessGroupKind(StateKind):
 
     name = "process-groups"
     allow_key = "process_groups"
-    mark = "c10d"  # the guard's one-pass reading (resources.marks)
+    mark = "c10d"
 
     def snapshot(self) -> frozenset[str]:
         return group_names()
 
-    fingerprint = snapshot  # compared as it is
-
     def diff(self, before: frozenset[str], after: frozenset[str]) -> list[Change]:
         return [Change(name, None, name) for name in sorted(after - before)]
 
-    def rebase(
+    def absorb(
         self, before: frozenset[str], start: frozenset[str], end: frozenset[str]
     ) -> frozenset[str]:
         """What a wider-scope fixture initialised (or destroyed) is part of the baseline."""
@@ -123,9 +121,7 @@ class ProcessGroupKind(StateKind):
     def findings(
         self, items: Sequence[Change], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
-        """One ``process-group-left`` per group still initialised, in torch's order. A test is
-        named by its name (``subject``), said "after test <name>"; a fixture's subject names
-        itself."""
+        """One ``process-group-left`` per group still initialised, in torch's order."""
         left = {change.key for change in items}
         where = subject if subject.startswith("fixture ") else f"test {subject}"
         return [_finding(g, where, extra) for g in process_groups() if g.name in left]

@@ -33,8 +33,7 @@ from pytest_shutdown.resources.primitives import (
 
 __all__ = ["REPORTED", "UNKNOWN_SITE", "ProcessKind", "parent_pids"]
 
-#: A leaked process's ``started_at`` when no ``Popen``/``Process`` start was recorded for it nor
-#: for an ancestor it can be matched to.
+#: A leaked process's ``started_at`` when no start was recorded for it nor a matched ancestor.
 UNKNOWN_SITE = (
     "unknown: no Popen or multiprocessing start was recorded for it or an ancestor (a bare "
     "os.fork, os.posix_spawn, native code, or a start outside the test's Python code)"
@@ -44,32 +43,25 @@ UNKNOWN_SITE = (
 #: them is cleaning up, not killing a bystander (see the collateral kind).
 REPORTED: dict[int, None] = {}
 
-#: Extra looks of the fail-mode session-end sweep for a process that hopped (forked and
-#: exited) between the look and the kill.
+#: Extra looks of the fail-mode sweep for a process that forked and exited before the kill.
 _SWEEP_ROUNDS = 5
 
 
 class ProcessKind(ObjectKind):
-    """Descendant processes by pid. A snapshot is one ``waitid`` system call while this process
-    has no child, the last walk's answer while no pid was allocated on the host, else a walk
-    down this process's children lists (O(its own descendants))."""
+    """Descendant processes by pid (see :func:`~.primitives.descendant_pids`)."""
 
     name = "processes"
     allow_key = "processes"
-    mark = "last_pid"  # the guard's one-pass reading (resources.marks)
-    #: Its items end by themselves (:meth:`still_there` says which have).
+    mark = "last_pid"
     ends_by_itself = True
-    #: Reports a process that left its test's tree after the check (:meth:`late_items`).
     finds_late = True
 
     def __init__(self) -> None:
-        #: Whether processes that appear after their test are told apart (the guard turns it
-        #: on: it keeps origins' current test; a helper's block has no test to compare with).
-        self.track_late = False
+        self.track_late = False  # the guard turns it on; a helper's block has no test
         #: The descendants the last snapshot or check saw (None before the first).
         self._seen: frozenset[int] | None = None
-        #: Processes that appeared after the test their environment names had ended (a
-        #: launcher that daemonises after a delay, a fork-and-exit hopper): node id -> pids.
+        #: node id -> processes that appeared after that test had ended (a launcher that
+        #: daemonises after a delay, a fork-and-exit hopper).
         self._late: dict[str, set[int]] = {}
 
     def fingerprint(self) -> frozenset[int]:
@@ -85,8 +77,7 @@ class ProcessKind(ObjectKind):
             return ()
         now = descendant_pids()
         if now and _subreaper_now():
-            # Orphans the subreaper adopted that ended (this test's or an earlier one's): reaped
-            # at once, so that no zombie piles up under pytest.
+            # Orphans the subreaper adopted that ended: reaped, no zombie piles up under pytest.
             reap_adopted(p for p in now if not process_running(p))
         late = self._note_late(now)
         if not now or now <= before:
@@ -95,10 +86,9 @@ class ProcessKind(ObjectKind):
         return tuple(sorted(p for p in fresh if process_running(p)))
 
     def _note_late(self, now: frozenset[int]) -> frozenset[int]:
-        """Of the processes new since the last look, those whose environment names a test
-        other than the one running now (``PYTEST_CURRENT_TEST``, inherited when they were
-        executed): they left that test's tree after its check. Kept for :meth:`late_items`,
-        left out of the running test's new items."""
+        """Of the processes new since the last look, those whose environment names a test other
+        than the running one (they left that test's tree after its check): kept for
+        :meth:`late_items`, left out of the running test's items."""
         seen, self._seen = self._seen, now
         if not self.track_late or seen is None or now <= seen:
             return frozenset()
@@ -116,8 +106,7 @@ class ProcessKind(ObjectKind):
         return frozenset(late)
 
     def late_items(self) -> dict[str, tuple[int, ...]]:
-        """The processes found after their test ended (see :meth:`_note_late`), still running,
-        by the test that started them; each is handed out once."""
+        """The processes found after their test ended, still running, by that test; each once."""
         late, self._late = self._late, {}
         found = {}
         for nodeid, pids in late.items():
@@ -132,13 +121,11 @@ class ProcessKind(ObjectKind):
         return objects_of((), items, parent_pids(tuple(items)))
 
     def started_outside_tests(self, items: Sequence[int]) -> set[int]:
-        """The child processes whose recorded start was outside any test (a grandchild has no
-        record here: never one of them)."""
+        """The child processes whose recorded start was outside any test."""
         between = origins.started_between_tests
         return {pid for pid in items if between(origins.origin_of_process(pid))}
 
     def still_there(self, items: Sequence[int]) -> list[int]:
-        """The processes still running now (no wait; a zombie has ended)."""
         return [pid for pid in items if process_running(pid)]
 
     def settle(self, items: Sequence[int], deadline: float) -> Sequence[int]:
@@ -164,10 +151,8 @@ class ProcessKind(ObjectKind):
         stop_processes(items, why="the guard restores order (fail mode)")
 
     def sweep_session_end(self, end: SessionEndContext) -> None:
-        """At session end, nothing a test started may remain: descendants started since the
-        session began (found however they were re-parented) that no module global owns are
-        listed as ``process-leak`` of the session; fail mode kills them. Adopted zombies are
-        reaped."""
+        """Descendants started since the session began (however re-parented) that no module
+        global owns are ``process-leak`` of the session; fail mode kills them."""
         now = descendant_pids()
         containment = end.containment
         if not containment.subreaper:  # re-parented ones are found by their marker
@@ -176,8 +161,7 @@ class ProcessKind(ObjectKind):
             return
         kept = set(end.session_start_pids) | set(multiprocessing_helper_pids())
         for name, item in [*end.long_lived, *end.reported_at_end]:
-            # a global's pool, listed as long-lived, or a test's leak just reported with its
-            # test (warn mode, pending.py): not listed again
+            # a global's pool (long-lived), or a leak just reported with its test: not again
             if name == self.name:
                 kept.add(item)
                 kept.update(_walk_descendants(item) or ())
@@ -198,8 +182,7 @@ class ProcessKind(ObjectKind):
         end.report.add_findings("<session end>", plain)
         if end.mode == "fail":
             stop_processes(left, why="the session-end sweep (fail mode)")
-            # A fork-and-exit hopper may have hopped between the look and the kill: look again
-            # (a few rounds, each one pass), and stop what still carries the marker.
+            # A fork-and-exit hopper may have hopped between the look and the kill: look again.
             for _ in range(_SWEEP_ROUNDS):
                 again = frozenset(containment.stray_marked(kept)) - kept
                 again = frozenset(p for p in again if process_running(p))
@@ -213,11 +196,10 @@ POOL_STOP_S = 5.0
 
 
 def stop_processes(pids: Sequence[int], *, why: str) -> list[dict[str, Any]]:
-    """Stop the processes ``pids`` (fail mode): a live ``multiprocessing.Pool``'s workers
-    through the pool's own ``terminate()`` (bounded; killing a worker under a live pool
-    leaves the pool's handler re-spawning workers and its exit-time finalizer waiting forever
-    on a lock the killed worker held), the others by the one tree killer. Returns the killed
-    processes' records."""
+    """Stop the processes ``pids`` (fail mode): a live ``multiprocessing.Pool``'s workers through
+    the pool's own ``terminate()`` (killing a worker under a live pool leaves it re-spawning
+    workers and its exit-time finalizer waiting forever on a lock the worker held), the others
+    by the one tree killer. Returns the killed processes' records."""
     pids = tuple(pids)
     if not pids:
         return []
@@ -229,8 +211,8 @@ def stop_processes(pids: Sequence[int], *, why: str) -> list[dict[str, Any]]:
 
 
 def _stop_pools_of(pids: Sequence[int], why: str) -> set[int]:
-    """Terminate each live ``multiprocessing.Pool`` that has a worker among ``pids``; the
-    pids of the workers so handed to their pool (whether or not it stopped in time)."""
+    """Terminate each live ``multiprocessing.Pool`` with a worker among ``pids`` (bounded); the
+    workers so handed to their pool."""
     pool_module = sys.modules.get("multiprocessing.pool")
     if pool_module is None:
         return set()
@@ -261,9 +243,8 @@ def _stop_pools_of(pids: Sequence[int], why: str) -> set[int]:
 
 
 def _test_of(pid: int, tries: int = 5) -> str | None:
-    """:func:`started_in_test`, read again a few times (a millisecond apart) while the process's
-    environment reads empty: a process caught in the middle of an ``exec`` (``setsid``, a
-    shell's subshell) shows none for a moment, and would be taken for the running test's."""
+    """:func:`started_in_test`, read again a few times while the environment reads empty: a
+    process caught in the middle of an ``exec`` shows none for a moment."""
     for attempt in range(tries):
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
@@ -281,15 +262,14 @@ def _test_of(pid: int, tries: int = 5) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _own_initial_test() -> str | None:
-    """``PYTEST_CURRENT_TEST`` in the environment this process was executed with (a pytest run
-    started by another run's test has one): what a child forked without ``exec`` shows."""
+    """This process's own ``PYTEST_CURRENT_TEST`` at exec: what a child forked without exec
+    shows."""
     return started_in_test(os.getpid())
 
 
 def describe_reparented(record: dict[str, Any]) -> None:
-    """A process no ``Popen``/``Process`` object started (a daemon, a shell's background job, a
-    grandchild whose parent exited): say that it was re-parented, the test its environment names,
-    and where its first recorded ancestor was started."""
+    """For a process no ``Popen``/``Process`` started (a daemon, a grandchild): whether it was
+    re-parented, the test its environment names, where its first recorded ancestor started."""
     if record.get("started_at"):
         return
     pid = int(record["pid"])

@@ -1,38 +1,26 @@
 """The ``shm`` resource kind: POSIX shared-memory segments (``/dev/shm``) a test left behind.
 
-A segment is the test's when it appeared in ``/dev/shm`` during the test, belongs to this user,
-and any of these ties it to this tree (the pytest process and its descendants):
+A segment is the test's when it appeared during the test, belongs to this user, and is tied to
+this tree (the pytest process and its descendants):
 
-* this process created it: each ``SharedMemory(create=True)`` is recorded while the guard
-  records creation sites (:mod:`pytest_shutdown.ownership.origins`), whatever its name, so a
-  segment closed but never unlinked is found and named by the call that created it (file:line);
-* a process of the tree holds it (maps it or has it open);
-* nobody holds it and its name carries a pid of the tree (``psd_<pid>_...``: vLLM #51579, a
-  SIGKILLed worker's ring buffer);
-* nobody at all holds it (every process on the host is looked at, only then), it appeared after
-  the test's baseline, a process of the tree was started since then, and no other recording
-  process (another xdist worker) claims it: a descendant created it and exited.
+* this process created it (each ``SharedMemory(create=True)`` is recorded with its call site,
+  :mod:`pytest_shutdown.ownership.origins`, so a segment closed but never unlinked is named);
+* a process of the tree maps it or has it open;
+* nobody holds it and its name carries a pid of the tree (``psd_<pid>_...``: vLLM #51579);
+* nobody on the host holds it, it appeared after the baseline, a process of the tree was
+  started since, and no other recording process (an xdist worker) claims it.
 
-A segment held only by a process outside this tree, or that another xdist worker created, is
-someone else's. It is named by segment name, size, the processes holding it, and where it was
-created when recorded; ``creator`` is the recorded creating pid, else the one its name carries.
-
-Ownership (:meth:`ShmKind.targets`): the recorded ``SharedMemory`` object stands for its segment,
-the ``multiprocessing.synchronize.SemLock`` whose name matches stands for ``sem.<name>``, so that
-a segment or a semaphore a module global, a class attribute or a wider-scope fixture's value
-reaches (an executor's call queue's locks) is owned, never a test's.
-
-Cheap: a snapshot is one ``fstat`` of ``/dev/shm`` (its modification time and size change on
-every create and unlink); the folder is listed only when they moved. torch's shared-memory
-manager's segments (``torch_*``) are torch's, never a test's.
+Ownership (:meth:`ShmKind.targets`): a ``SharedMemory`` object stands for its segment, a
+``SemLock`` for ``sem.<name>``. A snapshot is one ``fstat`` of ``/dev/shm``; the folder is
+listed only when its modification time or size moved.
 """
 
 from __future__ import annotations
 
 import fnmatch
-import gc
 import os
 import re
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -41,7 +29,8 @@ from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources import _cheap
-from pytest_shutdown.resources.base import Extra, ObjectKind
+from pytest_shutdown.resources._cheap import process_name
+from pytest_shutdown.resources.base import Extra, ObjectKind, left_findings
 
 __all__ = [
     "ShmItem",
@@ -50,13 +39,11 @@ __all__ = [
     "holders_of",
     "new_segments",
     "segments",
-    "shm_findings",
     "take_shm_snapshot",
 ]
 
-#: Segments that are never a test's: torch's shared-memory manager frees its own; loky's (and
-#: joblib's) named semaphores belong to its reusable executor, a process-lifetime singleton, and
-#: loky's resource tracker unlinks them.
+#: Never a test's: torch's shared-memory manager frees its own; loky's named semaphores belong to
+#: its process-lifetime executor, and its resource tracker unlinks them.
 NEVER_BLAMED: tuple[str, ...] = ("torch_*", "sem.loky-*")
 #: The reference engine's segment names carry their creator's pid.
 _CREATOR = re.compile(r"^psd_(\d+)_")
@@ -65,8 +52,7 @@ _listing: tuple[tuple[int, int] | None, Mapping[str, int]] | None = None
 
 
 class ShmSnapshot(FrozenRecord):
-    """``/dev/shm``'s state reading and its entries (name -> inode) when it was taken (``taken``:
-    the wall clock then, the start of the window a descendant's segment must appear in)."""
+    """``/dev/shm``'s state, its entries (name -> inode), and the wall clock when taken."""
 
     __slots__ = ("state", "entries", "taken")
     state: tuple[int, int] | None
@@ -74,7 +60,7 @@ class ShmSnapshot(FrozenRecord):
     taken: float
 
     def __init__(
-        self, state: tuple[int, int] | None, entries: Mapping[str, int], taken: float = 0.0
+        self, state: tuple[int, int] | None, entries: Mapping[str, int], taken: float
     ) -> None:
         super().__init__(state, entries, taken)
 
@@ -163,21 +149,10 @@ def still_present(items: Iterable[ShmItem]) -> list[ShmItem]:
     return left
 
 
-def settle(items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
-    """What is still there; a dropped ``SharedMemory`` is unlinked by its finalizer or its
-    owner's cleanup: one ``gc.collect()``, then short polls until ``deadline``."""
-    return _cheap.settle_left(items, still_present, deadline)
-
-
-# --- who holds it ------------------------------------------------------------------------------
-
-
-def _holds(
-    pid: int | str, paths: Mapping[str, str], inodes: Mapping[int, str] | None = None
-) -> set[str]:
-    """Which of ``paths`` (path → name) ``pid`` maps or has open. A mapping is matched by path,
-    or by inode (``inodes``: inode → name): glibc's ``sem_open`` maps a temporary file that it
-    then links under the semaphore's name, so the map shows ``/dev/shm/sem.XXXXXX (deleted)``."""
+def _holds(pid: int | str, paths: Mapping[str, str], inodes: Mapping[int, str]) -> set[str]:
+    """Which of ``paths`` (path → name) ``pid`` maps or has open. A mapping matches by path or
+    by inode (``inodes``): glibc's ``sem_open`` maps a temporary file it then links under the
+    semaphore's name, so the map shows ``/dev/shm/sem.XXXXXX (deleted)``."""
     found: set[str] = set()
     try:
         with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as f:
@@ -236,8 +211,7 @@ _NAME_PARTS = re.compile(r"[_.\-]")
 
 def named_by(name: str, pids: Iterable[int]) -> bool:
     """Whether the segment's name carries one of ``pids`` as a whole part between separators
-    (``psd_<pid>_...``, ``sem.loky-<pid>-...``): the convention that ties a segment to its
-    process. Digits inside a random suffix (``..._d38f1e7c``) are no pid."""
+    (``psd_<pid>_...``); digits inside a random suffix are no pid."""
     wanted = {str(pid) for pid in pids}
     return any(part in wanted for part in _NAME_PARTS.split(name))
 
@@ -245,17 +219,11 @@ def named_by(name: str, pids: Iterable[int]) -> bool:
 def attribute(
     items: Sequence[ShmItem], tree: Iterable[int]
 ) -> tuple[list[ShmItem], dict[str, list[int]]]:
-    """The items that are this tree's, and name → holders in the tree. A segment is the tree's
-    when a process of ``tree`` maps it or has it open, or when no process holds it and its name
-    carries a pid of the tree (its creator died or closed it without unlinking). An unheld
-    segment with no such name cannot be told from another user process's on a shared host: it
-    is left out (docs/limits.md). Only called once something new is there."""
+    """The items that are this tree's (a process of ``tree`` holds it, or its name carries a pid
+    of the tree), and name → holders in the tree."""
     tree = set(tree)
-    names = [item.name for item in items]
-    holders = holders_of(names, sorted(tree))
-    mine = [
-        item for item in items if holders[item.name] or named_by(item.name, tree)
-    ]
+    holders = holders_of([item.name for item in items], sorted(tree))
+    mine = [item for item in items if holders[item.name] or named_by(item.name, tree)]
     return mine, holders
 
 
@@ -278,10 +246,9 @@ def left_by_descendants(
     items: Sequence[ShmItem], tree: Iterable[int], since: float
 ) -> list[ShmItem]:
     """Of ``items`` (held by no process of ``tree``, named by none of its pids), those a
-    descendant created and left when it exited: a process of the tree (a recorded
-    ``Process``/``Popen``) was started since ``since``, the segment appeared after ``since``, no
-    other recording process claims it (another xdist worker's own), and no process on the host
-    holds it. Every process is looked at only when the first three hold."""
+    descendant created and left: a recorded process was started and the segment appeared since
+    ``since``, no other recording process claims it, and no process on the host holds it (every
+    process is looked at only when the rest holds)."""
     if not items or since <= 0:
         return []
     started = {pid for pid, at in origins.recorded_processes().items() if at >= since}
@@ -309,11 +276,7 @@ def left_by_descendants(
 
 
 def _names_a_live_stranger(name: str, ours: set[int]) -> bool:
-    """Whether a number in ``name`` is the pid of a running process that is not one of
-    ``ours`` (names like ``psm_<pid>_...``: made by another session's process, whose child may
-    have created it)."""
-    import re  # noqa: PLC0415
-
+    """Whether a number in ``name`` is the pid of a running process not one of ``ours``."""
     for token in re.split(r"[^0-9A-Za-z]+", name):  # whole numbers only, not a uuid's digits
         if not token.isdigit() or len(token) > 9:
             continue
@@ -329,8 +292,6 @@ _SYNC_MODULE = "multiprocessing.synchronize"
 
 def _object_name(obj: object) -> str | None:
     """The ``/dev/shm`` name a ``SharedMemory`` or ``SemLock`` object stands for."""
-    import sys  # noqa: PLC0415
-
     shm = sys.modules.get(_SHM_MODULE)
     if shm is not None and issubclass(type(obj), shm.SharedMemory):
         name = getattr(obj, "_name", None)
@@ -346,12 +307,8 @@ def _object_name(obj: object) -> str | None:
 
 
 def _segment_objects(names: Iterable[str]) -> dict[str, list[object]]:
-    """name → the ``SharedMemory`` objects attached to it (``sem.<name>``: the
-    ``multiprocessing.synchronize.SemLock`` objects of that semaphore). Recorded creations
-    first, then what a recently found owner reaches forwards (no heap pass), then one pass over
-    the heap for the rest."""
-    import sys  # noqa: PLC0415
-
+    """name → the ``SharedMemory`` (``sem.<name>``: ``SemLock``) objects attached to it: recorded
+    creations, then what a recent owner reaches, then one heap pass for the rest."""
     wanted = set(names)
     found: dict[str, list[object]] = {}
     for name in list(wanted):
@@ -381,14 +338,10 @@ def _segment_objects(names: Iterable[str]) -> dict[str, list[object]]:
     wanted.difference_update(found)
     if not wanted:
         return found
-    objects = gc.get_objects()
-    types = {kind for kind in set(map(type, objects)) if issubclass(kind, kinds)}
-    for obj in objects:
-        if type(obj) in types:
-            named = _object_name(obj)
-            if named is not None and named in wanted:
-                found.setdefault(named, []).append(obj)
-    del objects
+    for obj in _cheap.heap_instances(lambda kind: issubclass(kind, kinds)):
+        named = _object_name(obj)
+        if named is not None and named in wanted:
+            found.setdefault(named, []).append(obj)
     return found
 
 
@@ -411,9 +364,9 @@ def describe(item: ShmItem, holders: Sequence[int]) -> dict[str, Any]:
         pid = int(match.group(1))
     if record is not None or match:
         alive = os.path.exists(f"/proc/{pid}")
-        creator = {"pid": pid, "alive": alive, "process": _process_name(pid) if alive else None}
+        creator = {"pid": pid, "alive": alive, "process": process_name(pid) if alive else None}
     kind = "semaphore" if item.name.startswith("sem.") else "segment"
-    held = [{"pid": pid, "process": _process_name(pid)} for pid in holders]
+    held = [{"pid": pid, "process": process_name(pid)} for pid in holders]
     if held:
         who = "held by " + ", ".join(f"pid {h['pid']} ({h['process']})" for h in held)
     elif creator is not None and not creator["alive"]:
@@ -440,38 +393,6 @@ def describe(item: ShmItem, holders: Sequence[int]) -> dict[str, Any]:
     }
 
 
-def _process_name(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm", encoding="utf-8", errors="replace") as f:
-            return f.read().strip()
-    except OSError:
-        return "?"
-
-
-def shm_findings(
-    records: Sequence[Mapping[str, Any]],
-    *,
-    subject: str,
-    grace: float,
-    extra: Mapping[str, Any] | None = None,
-) -> list[Finding]:
-    """One ``shm-leak`` finding for the segments left by ``subject``."""
-    if not records:
-        return []
-    count = len(records)
-    listed = "; ".join(r["what"] for r in records[:8])
-    more = f"; and {count - 8} more" if count > 8 else ""
-    when = f"{grace:g} s after it ended" if grace > 0 else "when it ended"
-    return [
-        Finding(
-            "shm-leak",
-            f"{count} shared-memory segment{'s' if count != 1 else ''} created in {subject} "
-            f"still present {when}: {listed}{more}.",
-            {"segments": [dict(r) for r in records], "grace_s": grace, **dict(extra or {})},
-        )
-    ]
-
-
 def unlink(items: Iterable[ShmItem]) -> list[str]:
     """Unlink the segments (the ones still the same file); the names unlinked."""
     done = []
@@ -489,10 +410,7 @@ class ShmKind(ObjectKind):
 
     name = "shm"
     allow_key = "shm"
-    mark = "shm_state"  # the guard's one-pass reading (resources.marks)
-
-    def __init__(self) -> None:
-        self._holders: dict[str, list[int]] = {}
+    mark = "shm_state"
 
     def fingerprint(self) -> tuple[int, int] | None:
         return _cheap.shm_state()  # None: no /dev/shm here, nothing to find
@@ -510,8 +428,7 @@ class ShmKind(ObjectKind):
 
         created, rest = created_here(items)
         tree = [os.getpid(), *descendant_pids()]
-        held, holders = attribute(rest, tree) if rest else ([], {})
-        self._holders.update(holders)
+        held = attribute(rest, tree)[0] if rest else []
         unexplained = [item for item in rest if item not in held]
         left = left_by_descendants(unexplained, tree, before.taken)
         mine = set(created) | set(held) | set(left)
@@ -521,7 +438,7 @@ class ShmKind(ObjectKind):
         self, before: ShmSnapshot, start: ShmSnapshot | None, end: ShmSnapshot | None = None
     ) -> ShmSnapshot:
         """Segments a wider-scope fixture created between ``start`` and ``end`` (now, when
-        None) are no test's."""
+        None) join the baseline."""
         if start is None:
             return before
         end = end if end is not None else take_shm_snapshot()
@@ -533,22 +450,17 @@ class ShmKind(ObjectKind):
                 entries[name] = inode
         return ShmSnapshot(before.state, entries, before.taken)
 
-    def diff(self, before: object, after: object) -> tuple[()]:
-        return ()
-
     def targets(self, items: Sequence[ShmItem]) -> dict[ShmItem, object]:
-        """The object that stands for each segment (its owner owns the segment): the recorded
-        or a live ``SharedMemory`` attached to it; for ``sem.<name>``, the ``SemLock``."""
+        """The object that stands for each segment (see :func:`_segment_objects`)."""
         objects = _segment_objects(item.name for item in items)
         return {item: objects[item.name][0] for item in items if objects.get(item.name)}
 
     def settle(self, items: Sequence[ShmItem], deadline: float) -> list[ShmItem]:
-        return settle(items, deadline)
+        return _cheap.settle_left(items, still_present, deadline)
 
     def settle_long_lived(
         self, items: Sequence[ShmItem], deadline: float, *, thorough: bool = False
     ) -> list[ShmItem]:
-        """What is still there at session end, for the list of long-lived resources."""
         return _cheap.settle_listed(items, still_present, deadline, thorough=thorough)
 
     def describe(self, items: Sequence[ShmItem]) -> list[dict[str, Any]]:
@@ -560,8 +472,18 @@ class ShmKind(ObjectKind):
     def findings(
         self, items: Sequence[ShmItem], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:
-        self._holders.clear()
-        return shm_findings(self.describe(items), subject=subject, grace=grace, extra=extra)
+        records = self.describe(items)
+        count = len(records)
+        return left_findings(
+            "shm-leak",
+            "segments",
+            records,
+            [r["what"] for r in records],
+            f"{count} shared-memory segment{'s' if count != 1 else ''} created in {subject} "
+            "still present",
+            grace=grace,
+            extra=extra,
+        )
 
     def restore(self, items: Sequence[ShmItem]) -> None:
         """Fail mode unlinks nothing: a segment no process maps now can still be opened by name

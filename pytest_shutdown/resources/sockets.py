@@ -1,8 +1,7 @@
 """The kernel's socket tables (``/proc/net/{tcp,tcp6,udp,udp6,unix}``), matched by inode.
 
-A socket file descriptor reads as ``socket:[INODE]`` in ``/proc/PID/fd``; the tables name what
-that inode is: protocol, local and remote address, state, a unix socket's path. The tables are
-read only when a socket has to be described or a listening one found (never per clean test).
+A socket descriptor reads as ``socket:[INODE]`` in ``/proc/PID/fd``; the tables say what that
+inode is. They are read only when a socket has to be described or a bound one found.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ _TCP_LISTEN = "0A"
 _UDP_UNCONNECTED = "07"
 #: ``__SO_ACCEPTCON``: a listening unix socket.
 _UNIX_ACCEPTCON = 0x10000
-_UNIX_TYPES = {1: "stream", 2: "dgram", 5: "seqpacket"}
 
 
 @lazy_dataclass(frozen=True)
@@ -70,14 +68,18 @@ def _address(text: str, v6: bool) -> tuple[str, int]:
     return host, port
 
 
-def _inet(path: str, protocol: str, wanted: set[int] | None) -> Iterable[SocketInfo]:
+def _rows(path: str) -> list[str]:
+    """The rows of a ``/proc/net`` table (its header left out); none when it cannot be read."""
     try:
-        with open(path, encoding="ascii", errors="replace") as f:
-            lines = f.read().splitlines()[1:]
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read().splitlines()[1:]
     except OSError:
-        return
+        return []
+
+
+def _inet(path: str, protocol: str, wanted: set[int] | None) -> Iterable[SocketInfo]:
     v6 = protocol.endswith("6")
-    for line in lines:
+    for line in _rows(path):
         fields = line.split()
         if len(fields) < 10:
             continue
@@ -103,12 +105,7 @@ def _inet(path: str, protocol: str, wanted: set[int] | None) -> Iterable[SocketI
 
 
 def _unix(path: str, wanted: set[int] | None) -> Iterable[SocketInfo]:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()[1:]
-    except OSError:
-        return
-    for line in lines:
+    for line in _rows(path):
         fields = line.split(None, 7)
         if len(fields) < 7:
             continue

@@ -20,8 +20,7 @@ from pytest_shutdown.resources.primitives import (
 
 __all__ = ["REPORTED", "TOOL_MODULES", "ThreadKind", "is_tool_thread"]
 
-#: Threads reported as ``thread-leak``: the ones the session end looks at (a non-daemon one
-#: blocks the interpreter's exit).
+#: Threads reported as ``thread-leak``: the session end looks at them (see blocking_exit).
 REPORTED: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
 
 #: Top-level modules whose threads belong to the test tools, never to the code under test.
@@ -38,9 +37,8 @@ def is_tool_thread(thread: threading.Thread) -> bool:
 
 
 def _alive_or_starting(thread: threading.Thread) -> bool:
-    """Alive, or started and not yet running its bootstrap (``threading`` lists it already, in
-    its ``_limbo``, while ``is_alive()`` still says False: a busy GIL can keep it there past
-    the end of the test that started it)."""
+    """Alive, or started and not yet running (in ``threading._limbo``, ``is_alive()`` still
+    False: a busy GIL can keep it there past the end of its test)."""
     if thread.is_alive():
         return True
     limbo = getattr(threading, "_limbo", None) or {}
@@ -49,16 +47,12 @@ def _alive_or_starting(thread: threading.Thread) -> bool:
 
 class ThreadKind(ObjectKind):
     """Python threads (those ``threading`` lists), compared by identity (idents are reused).
-
-    ``tools`` says which threads belong to the test tools (pytest-timeout's timer, execnet's I/O
-    threads, pytest-shutdown's watchdogs): never reported. The standard library's process-lifetime
-    helper threads (``resource_sharer``) are never a test's either.
-    """
+    ``tools`` says which threads are the test tools' own: never reported, nor the standard
+    library's process-lifetime helper threads."""
 
     name = "threads"
     allow_key = "threads"
-    mark = "threads"  # the guard's one-pass reading (resources.marks)
-    #: Its items end by themselves (:meth:`still_there` says which have).
+    mark = "threads"
     ends_by_itself = True
 
     def __init__(self, tools: ThreadFilter | None = None) -> None:
@@ -70,11 +64,6 @@ class ThreadKind(ObjectKind):
     def snapshot(self) -> frozenset[threading.Thread]:
         return frozenset(threading.enumerate())
 
-    def _filter(self, allow: Allowance) -> ThreadFilter:
-        if isinstance(allow, tuple):
-            return thread_filter([self.tools, *allow])
-        return self.tools
-
     def new_since(self, before: Any, allow: Allowance = None) -> Sequence[threading.Thread]:
         if allow is True:
             return ()
@@ -83,7 +72,7 @@ class ThreadKind(ObjectKind):
             before = frozenset(before)
         if before.issuperset(now):
             return ()  # nothing new: the common case, no filter compiled
-        filt = self._filter(allow)
+        filt = thread_filter([self.tools, *allow]) if isinstance(allow, tuple) else self.tools
         current = threading.current_thread()
         found = tuple(
             t
@@ -105,11 +94,10 @@ class ThreadKind(ObjectKind):
         return {thread: thread for thread in items}
 
     def started_outside_tests(self, items: Sequence[threading.Thread]) -> set[threading.Thread]:
-        """The threads whose recorded start was outside any test (between two tests)."""
+        """The threads whose recorded start was outside any test."""
         return {t for t in items if origins.started_between_tests(origins.origin_of_thread(t))}
 
     def still_there(self, items: Sequence[threading.Thread]) -> list[threading.Thread]:
-        """The threads still alive now (no wait)."""
         return [thread for thread in items if _alive_or_starting(thread)]
 
     def settle(self, items: Sequence[threading.Thread], deadline: float) -> Sequence[Any]:
@@ -126,9 +114,8 @@ class ThreadKind(ObjectKind):
         )
 
     def blocking_exit(self, end: SessionEndContext) -> list[threading.Thread]:
-        """Non-daemon threads tests leaked (reported as ``thread-leak``) still alive block the
-        interpreter's exit (``threading._shutdown`` joins them): say so (warn mode: the report
-        says the exit is blocked); returned, fail mode bounds the exit's wait for them."""
+        """Non-daemon threads the tests leaked (reported) and still alive: the interpreter's exit
+        joins them."""
         blocking = [
             t
             for t in list(REPORTED)  # a test's leak, not a global's pool (listed as long-lived)

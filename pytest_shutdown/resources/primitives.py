@@ -33,6 +33,8 @@ from pytest_shutdown._os import escaped
 from pytest_shutdown._os.forks import this_pid
 from pytest_shutdown._os.held_open import read_held
 from pytest_shutdown._os.moments import reading
+from pytest_shutdown._os.proc_stat import process_running as process_running
+from pytest_shutdown._os.proc_stat import stat_fields
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources.base import after_grace
@@ -53,7 +55,6 @@ STACK_LIMIT = 40
 _COLLECT_AFTER_S = 0.05
 
 #: psutil.STATUS_ZOMBIE and psutil.STATUS_DEAD (psutil is imported only when a child exists).
-_PROCESS_STATES_ENDED = frozenset({"zombie", "dead"})
 
 
 @lazy_dataclass(frozen=True)
@@ -270,8 +271,6 @@ def nothing_of_ours_since(
 def _parent_of(pid: int) -> int | None:
     """The parent of task ``pid`` (a thread's: its process's); None when it is gone,
     :data:`_UNREADABLE` when it cannot be read."""
-    from pytest_shutdown.ownership.containment import stat_fields  # noqa: PLC0415 - its prctl: guard only
-
     try:
         fields = stat_fields(pid)
     except OSError:
@@ -377,31 +376,6 @@ def _thread_running(thread: threading.Thread) -> bool:
         and thread is not threading.current_thread()
         and not isinstance(thread, threading._DummyThread)
     )
-
-
-def process_running(pid: int) -> bool:
-    """True while the process ``pid`` runs (a zombie has ended). Read from ``/proc/PID/stat``:
-    importing psutil would cost several milliseconds; psutil where there is no ``/proc``."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        if os.path.exists("/proc/self/stat"):
-            return False  # gone (reaped)
-        data = None
-    except OSError:
-        data = None
-    if data is not None:
-        end = data.rfind(b")")
-        return data[end + 2 : end + 3] not in (b"Z", b"X", b"x")
-    import psutil  # noqa: PLC0415 - no /proc here
-
-    try:
-        return psutil.Process(pid).status() not in _PROCESS_STATES_ENDED
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.Error:  # pragma: no cover - access denied: it exists
-        return True
 
 
 def started_since(

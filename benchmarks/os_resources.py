@@ -4,7 +4,7 @@ holds 200 file descriptors, and what one leak costs to describe.
     .venv/bin/python benchmarks/os_resources.py [--rounds 2000] [--json PATH]
 
 A clean test costs the guard one path in its check (``ShutdownGuard._check``): it reads the
-marks of every kind in one pass (:class:`pytest_shutdown.resources.marks.FingerprintPass`) and
+marks of every kind in one pass (:class:`pytest_shutdown._fast.marks.FingerprintPass`) and
 compares them with the marks its set-up started from; equal, the test is clean and no kind is
 asked anything more. (The set-up reads the pass too, but only one set-up in eight once the gaps
 between tests are quiet.) This times that path, the pass built as the guard builds it (a kind
@@ -28,9 +28,9 @@ from typing import Any
 
 from figures import Figure, write_json
 
+from pytest_shutdown._fast.marks import FingerprintPass
 from pytest_shutdown.resources import default_kinds, kind_names
 from pytest_shutdown.resources.fds import FdKind
-from pytest_shutdown.resources.marks import FingerprintPass
 
 HELD_FDS = 200
 ROUNDS = 2000

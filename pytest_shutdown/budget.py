@@ -31,7 +31,7 @@ from dataclasses import field
 from types import FrameType, TracebackType
 from typing import Any
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os.async_exc import STALE_ASYNC_EXC_LOOPS as STALE_ASYNC_EXC_LOOPS
 from pytest_shutdown._os.async_exc import ShutdownBudgetExceeded, discard_pending_async_exc
 from pytest_shutdown._os.async_exc import reset_async_exc_flag as reset_async_exc_flag

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown.node_markers import CYCLES as MARKER
-from pytest_shutdown.node_markers import marker_names
+from pytest_shutdown._fast.node_markers import CYCLES as MARKER
+from pytest_shutdown._fast.node_markers import marker_names
 
 DEFAULT_WARMUP = 2
 #: The most calls ``n`` and ``warmup`` may each ask for: past this, a typo (``10**12``).

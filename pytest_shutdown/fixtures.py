@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_shutdown.node_markers import ORPHAN_MATRIX as ORPHAN_MATRIX_MARKER
-from pytest_shutdown.node_markers import SHUTDOWN_MATRIX as MATRIX_MARKER
-from pytest_shutdown.node_markers import marker_names, scanned_module_names
+from pytest_shutdown._fast.node_markers import ORPHAN_MATRIX as ORPHAN_MATRIX_MARKER
+from pytest_shutdown._fast.node_markers import SHUTDOWN_MATRIX as MATRIX_MARKER
+from pytest_shutdown._fast.node_markers import marker_names, scanned_module_names
 
 # This module is a registered plugin object: pytest looks at each of its names at start-up, so
 # names used only in annotations are imported for the type checker alone.

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_shutdown._os.moments import one_moment
+from pytest_shutdown._fast.moments import one_moment
+from pytest_shutdown._fast.node_markers import scanned_names_are_hooks
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.guard_owners import WhoseIsIt
@@ -26,7 +27,6 @@ from pytest_shutdown.guard_reports import GUARD_SECTION as GUARD_SECTION
 from pytest_shutdown.guard_reports import GuardReports, _is_pytest_timeout
 from pytest_shutdown.guard_session_end import SessionEnd
 from pytest_shutdown.guard_state import Found, Snapshot, _Watch, line_of
-from pytest_shutdown.node_markers import scanned_names_are_hooks
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.report import describe_guard_error
 from pytest_shutdown.resources.base import ResourceKind

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from _pytest.scope import Scope
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.guard_state import Found, GuardState, Snapshot, _Watch
 from pytest_shutdown.report import TestRecord

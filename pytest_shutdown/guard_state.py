@@ -14,14 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_shutdown._os.moments import one_moment
+from pytest_shutdown._fast.marks import FingerprintPass
+from pytest_shutdown._fast.moments import one_moment
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.ownership.containment import Containment
 from pytest_shutdown.pending import DeferredLeaks
 from pytest_shutdown.report import ShutdownReport, render_findings
 from pytest_shutdown.resources import default_kinds
 from pytest_shutdown.resources.base import ResourceKind
-from pytest_shutdown.resources.marks import FingerprintPass
 from pytest_shutdown.resources.primitives import descendant_pids
 from pytest_shutdown.settings import AllowLeaks, GuardSettings, shows_details
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.node_markers import SHUTDOWN_MATRIX
 from pytest_shutdown.helpers.timeouts import TimeoutCell, timeout_matrix
-from pytest_shutdown.node_markers import SHUTDOWN_MATRIX
 
 MARKER = SHUTDOWN_MATRIX
 #: Marker keyword → timeout_matrix keyword, with the defaults of timeout_matrix.

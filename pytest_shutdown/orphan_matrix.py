@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.node_markers import ORPHAN_MATRIX
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.node_markers import ORPHAN_MATRIX
 
 # helpers.orphans (the tree launcher, multiprocessing.connection, ctypes) is imported only
 # where a matrix is built or run: every session loads the plugin.

@@ -27,9 +27,9 @@ def _not_rewritten(package: str = "pytest_shutdown") -> None:
 _not_rewritten()
 
 import pytest_shutdown  # noqa: E402 - after the rewrite list is changed
-from pytest_shutdown.node_markers import CYCLES as CYCLES_MARKER  # noqa: E402
-from pytest_shutdown.node_markers import CYCLES_HELP as CYCLES_MARKER_HELP  # noqa: E402
-from pytest_shutdown.node_markers import marker_names, scanned_module_names  # noqa: E402
+from pytest_shutdown._fast.node_markers import CYCLES as CYCLES_MARKER  # noqa: E402
+from pytest_shutdown._fast.node_markers import CYCLES_HELP as CYCLES_MARKER_HELP  # noqa: E402
+from pytest_shutdown._fast.node_markers import marker_names, scanned_module_names  # noqa: E402
 from pytest_shutdown.settings import (  # noqa: E402
     ALLOW_LEAKS_KINDS,
     SETTINGS_KEY,

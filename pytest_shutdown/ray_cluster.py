@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 
 #: Ray binds every node to the loopback in this mode, even on Linux.
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}

@@ -25,13 +25,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import pytest_shutdown
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.node_markers import scanned_names_are_hooks
 from pytest_shutdown._os.forks import this_pid
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.findings.text import finding_lines
 from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
 from pytest_shutdown.interrupts import SigtermEndsSessionInOrder
-from pytest_shutdown.node_markers import scanned_names_are_hooks
 from pytest_shutdown.records import (
     SCHEMA_VERSION,
     SLOW_GUARD_S,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
-from pytest_shutdown.node_markers import CYCLES, marker_names
+from pytest_shutdown._fast.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._fast.node_markers import CYCLES, marker_names
 from pytest_shutdown.resources import allow_keys, kind_names
 
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")

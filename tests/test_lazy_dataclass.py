@@ -10,7 +10,7 @@ from dataclasses import field
 
 import pytest
 
-from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import FrozenRecord, lazy_dataclass
 
 
 @lazy_dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_shutdown.node_markers import marker_names, scanned_module_names
+from pytest_shutdown._fast.node_markers import marker_names, scanned_module_names
 
 MARKED = """
 import pytest

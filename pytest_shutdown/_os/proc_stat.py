@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 
 __all__ = ["TreeProcess", "process_running", "read_stat", "stat_fields"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pytest_shutdown._base.lazy_exports import lazy_exports
+from pytest_shutdown._fast.lazy_exports import lazy_exports
 
 _LAZY: dict[str, str] = {
     # no torch

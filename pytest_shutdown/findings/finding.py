@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import field
 from typing import Any
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.text import key_fact_lines
 
 #: The stable finding codes users can match on, with what each one means.

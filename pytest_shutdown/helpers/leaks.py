@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from pytest_shutdown._base.hidden import contextmanager  # no contextlib frame on failure
-from pytest_shutdown._base.lazy_exports import lazy_exports
+from pytest_shutdown._fast.lazy_exports import lazy_exports
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
 from pytest_shutdown.resources.primitives import (
     AllowRule,

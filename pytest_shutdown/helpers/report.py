@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import field
 from typing import Any
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 
 
 @lazy_dataclass(frozen=True)

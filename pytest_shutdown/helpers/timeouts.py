@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.report import CheckReport, is_seconds
 

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import field
 from typing import Any
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os.forks import forget_in_child, undo_in_forked_child
 
 __all__ = ["Registration", "holders_of", "install", "recording", "registrations", "uninstall"]

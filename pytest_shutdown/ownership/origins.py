@@ -24,7 +24,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Any
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os.forks import forget_in_child, undo_in_forked_child
 
 __all__ = [

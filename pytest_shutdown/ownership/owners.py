@@ -22,8 +22,8 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from pytest_shutdown import _FROZEN_AT_IMPORT
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
-from pytest_shutdown._os.moments import reading
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.moments import reading
 from pytest_shutdown.ownership import origins
 
 __all__ = ["Owner", "find_owners", "singleton_slot", "stdlib_helper_threads"]

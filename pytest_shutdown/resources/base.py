@@ -7,7 +7,7 @@ state ...) answers the same questions, so the guard has no branch per kind:
   or ``snapshot`` would answer otherwise (a count, an identity, the set itself when cheap). All
   of a test's fingerprints equal before and after it: no kind is asked anything more, and the
   next test starts from the last clean test's snapshots. Inside one moment
-  (:mod:`pytest_shutdown._os.moments`) the kinds share their readings.
+  (:mod:`pytest_shutdown._fast.moments`) the kinds share their readings.
 * ``snapshot()``: what exists now; cheap, taken before a test whose fingerprints moved and around
   every wider-scope fixture's set-up. Compare counts or identities first, list only on a change.
 * ``new_since(before, allow)``: what appeared since ``before`` (an *object kind*: threads, pids,
@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -193,7 +193,7 @@ class KindDefaults:
     from it; the guard calls these directly."""
 
     #: The one shared reading that stands for the kind's fingerprint, which the guard takes for
-    #: all kinds in one pass (:data:`pytest_shutdown.resources.marks.MARKS`); None: asked itself.
+    #: all kinds in one pass (:data:`pytest_shutdown._fast.marks.MARKS`); None: asked itself.
     mark: str | None = None
     #: The kind's fingerprint shares no reading with another kind's: asked outside a moment.
     reads_alone: bool = False

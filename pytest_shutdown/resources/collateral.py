@@ -16,11 +16,11 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_shutdown._fast.cheap import process_name
 from pytest_shutdown._os.killer import ordered_end_of
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.ownership.containment import exit_signal, is_zombie
-from pytest_shutdown.resources._cheap import process_name
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 from pytest_shutdown.resources.primitives import child_state, descendant_pids
 from pytest_shutdown.resources.processes import REPORTED

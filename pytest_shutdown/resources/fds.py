@@ -23,12 +23,12 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
-from pytest_shutdown._os.held_open import held_open_fds
-from pytest_shutdown._os.moments import reading
+from pytest_shutdown._fast import cheap as _cheap
+from pytest_shutdown._fast.cheap import socket_inode
+from pytest_shutdown._fast.held_open import held_open_fds
+from pytest_shutdown._fast.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._fast.moments import reading
 from pytest_shutdown.findings.finding import Finding
-from pytest_shutdown.resources import _cheap
-from pytest_shutdown.resources._cheap import socket_inode
 from pytest_shutdown.resources.base import Extra, ObjectKind, left_findings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -126,7 +126,7 @@ FdFingerprint = tuple[int, int | None] | frozenset[int]
 
 def fd_fingerprint() -> FdFingerprint:
     """The descriptor count (one ``fstat``) and the lowest free number (see
-    :func:`~pytest_shutdown.resources._cheap.lowest_free_fd`), or where the kernel does not
+    :func:`~pytest_shutdown._fast.cheap.lowest_free_fd`), or where the kernel does not
     count them the numbers themselves."""
     count = _cheap.fd_count()
     return (count, _cheap.lowest_free_fd()) if count is not None else open_fds()
@@ -838,7 +838,7 @@ class FdKind(ObjectKind):
         self, items: Sequence[FdItem], deadline: float, *, thorough: bool = False
     ) -> list[FdItem]:
         """What a remembered owner still reaches is open for good (no collection asked); the rest
-        as :func:`~pytest_shutdown.resources._cheap.settle_listed` finds it."""
+        as :func:`~pytest_shutdown._fast.cheap.settle_listed` finds it."""
         left = still_open(items)
         held = wrappers_held_by_recent_owners(item.fd for item in left) if left else {}
         alive = [item for item in left if item.fd in held]

@@ -20,11 +20,11 @@ import traceback
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_shutdown._fast.cheap import self_maps
 from pytest_shutdown._os.forks import this_pid
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.ownership.origins import python_thread_tid
-from pytest_shutdown.resources._cheap import self_maps
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind, after_grace
 from pytest_shutdown.resources.primitives import last_pid, nothing_of_ours_since, own_tasks
 

@@ -13,10 +13,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._fast import cheap as _cheap
+from pytest_shutdown._fast.cheap import process_name, socket_inode
+from pytest_shutdown._fast.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
-from pytest_shutdown.resources import _cheap
-from pytest_shutdown.resources._cheap import process_name, socket_inode
 from pytest_shutdown.resources.base import Extra, ObjectKind, left_findings
 from pytest_shutdown.resources.fds import (
     FdFingerprint,

@@ -28,11 +28,11 @@ from collections.abc import Set as AbstractSet
 from dataclasses import field
 from typing import Any
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.held_open import read_held
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.moments import reading
 from pytest_shutdown._os import escaped
 from pytest_shutdown._os.forks import this_pid
-from pytest_shutdown._os.held_open import read_held
-from pytest_shutdown._os.moments import reading
 from pytest_shutdown._os.proc_stat import process_running as process_running
 from pytest_shutdown._os.proc_stat import stat_fields
 from pytest_shutdown.findings.finding import Finding

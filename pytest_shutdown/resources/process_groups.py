@@ -13,7 +13,7 @@ import sys
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources.base import Change, Extra, StateKind
 

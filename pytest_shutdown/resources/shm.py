@@ -25,11 +25,11 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pytest_shutdown._base.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._fast import cheap as _cheap
+from pytest_shutdown._fast.cheap import process_name
+from pytest_shutdown._fast.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
-from pytest_shutdown.resources import _cheap
-from pytest_shutdown.resources._cheap import process_name
 from pytest_shutdown.resources.base import Extra, ObjectKind, left_findings
 
 __all__ = [

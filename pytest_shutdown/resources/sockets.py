@@ -11,8 +11,8 @@ import os
 import socket
 from collections.abc import Iterable, Mapping
 
-from pytest_shutdown._base.lazy_dataclass import lazy_dataclass
-from pytest_shutdown.resources._cheap import socket_inode
+from pytest_shutdown._fast.cheap import socket_inode
+from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 
 __all__ = ["SocketInfo", "read_socket_table", "socket_inode"]
 

@@ -180,7 +180,7 @@ COUNT_READINGS = textwrap.dedent(
 
     import pytest
 
-    from pytest_shutdown.resources import marks
+    from pytest_shutdown._fast import marks
 
     READS = [0]
     _read = marks.FingerprintPass.read

@@ -370,7 +370,7 @@ def test_a_remembered_owners_new_descriptor_is_new_and_costs_no_heap_scan(
 ) -> None:
     """A reusable pool's new pipes, test after test: still reported new (its owner then
     decides whose it is), found forwards from the owner, not by a scan of the heap."""
-    from pytest_shutdown._os.moments import one_moment
+    from pytest_shutdown._fast.moments import one_moment
 
     module, scans = remembered_pool
     before = take_fd_snapshot()

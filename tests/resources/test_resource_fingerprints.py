@@ -21,12 +21,12 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown._os.moments import one_moment
+from pytest_shutdown._fast.cheap import lowest_free_fd
+from pytest_shutdown._fast.marks import MARKS, FingerprintPass
+from pytest_shutdown._fast.moments import one_moment
 from pytest_shutdown._os.prctl import PR_SET_NAME, prctl
 from pytest_shutdown.resources import default_kinds
-from pytest_shutdown.resources._cheap import lowest_free_fd
 from pytest_shutdown.resources.base import ResourceKind
-from pytest_shutdown.resources.marks import MARKS, FingerprintPass
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
 
@@ -125,7 +125,7 @@ def quiet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     the worker's descriptors and reap its children at any allocation). Pids other processes
     allocate still move ``ns_last_pid``: :meth:`FingerprintPass.moved` tells those apart, as
     the guard does, so each reading pair is compared through it."""
-    from pytest_shutdown.resources import marks  # noqa: PLC0415
+    from pytest_shutdown._fast import marks  # noqa: PLC0415
 
     monkeypatch.setattr(marks, "SHM_DIR", str(tmp_path))
     gc.collect()

@@ -4,8 +4,8 @@
   report 0 and the fd kind lists the folder), with the lowest free descriptor number;
 * the state of ``/dev/shm``: its modification time and size (a create or an unlink changes both).
 
-Each is an ``fstat`` of a folder held open (:mod:`pytest_shutdown._os.held_open`), read once per
-:func:`pytest_shutdown._os.moments.one_moment`.
+Each is an ``fstat`` of a folder held open (:mod:`pytest_shutdown._fast.held_open`), read once per
+:func:`pytest_shutdown._fast.moments.one_moment`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from itertools import compress
 from typing import TypeVar
 
-from pytest_shutdown._os.held_open import held_open
-from pytest_shutdown._os.moments import reading
+from pytest_shutdown._fast.held_open import held_open
+from pytest_shutdown._fast.moments import reading
 
 __all__ = [
     "FD_DIR",

@@ -35,11 +35,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from pytest_shutdown._os.held_open import held_open
-from pytest_shutdown._os.moments import one_moment
+from pytest_shutdown._fast.cheap import FD_DIR, SHM_DIR
+from pytest_shutdown._fast.held_open import held_open
+from pytest_shutdown._fast.moments import one_moment
 from pytest_shutdown.ownership import atexit_calls
 from pytest_shutdown.ownership.origins import threads_started
-from pytest_shutdown.resources._cheap import FD_DIR, SHM_DIR
 from pytest_shutdown.resources.primitives import (
     _LAST_PID_PATH,
     cached_descendants,
@@ -232,7 +232,7 @@ class FingerprintPass:
                 count = os.fstat(self._fd_fd).st_size  # type: ignore[arg-type]
             except OSError:
                 count = 0
-            if count > 0:  # with the lowest free number (_cheap.lowest_free_fd, inline)
+            if count > 0:  # with the lowest free number (cheap.lowest_free_fd, inline)
                 try:
                     lowest = os.dup(self._fd_fd)  # type: ignore[arg-type]
                 except OSError:

@@ -14,7 +14,9 @@ A module's layer is its folder's (:data:`FOLDERS`: ``_base/``, ``findings/``, ``
 package root, its entry in :data:`TOP_LEVEL`: a new root module must be placed there, or this
 test fails. The layers, lowest first::
 
-    base        utilities of no concern: lazy dataclasses and re-exports, the hidden contextmanager
+    base        utilities of no concern (``_base``: the hidden contextmanager) and the speed
+                machinery (``_fast``: moments, held-open files, cheap readings, the marks
+                pass, lazy dataclasses and re-exports, node markers)
     findings    Finding, ShutdownContractError, the text of findings, the warning
     _os         /proc, the tree killer, prctl, forks, held-open files, one moment's readings
     ownership   whose is it: creation sites, the owner search, atexit records, gc back-references
@@ -42,6 +44,7 @@ NAME = "pytest_shutdown"
 #: The layer of each sub-package (a folder is a layer).
 FOLDERS: dict[str, str] = {
     "_base": "base",
+    "_fast": "base",
     "findings": "findings",
     "_os": "_os",
     "ownership": "ownership",
@@ -77,7 +80,6 @@ TOP_LEVEL: dict[str, str] = {
     "cycles": "plugin",
     "matrix": "plugin",
     "orphan_matrix": "plugin",
-    "node_markers": "plugin",
     "contract_errors": "plugin",
     "exit_bound": "plugin",
     "interrupts": "plugin",

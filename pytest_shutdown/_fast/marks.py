@@ -18,13 +18,18 @@ kind names in its ``mark``; :class:`FingerprintPass` takes each once, the system
 ``"freeze_count"``  ``gc.get_freeze_count()``
 ``"fd_count"``      ``st_size`` of ``/proc/self/fd`` with the lowest free descriptor number
 ``"shm_state"``     ``/dev/shm``'s modification time and size
-``"atexit_count"``  the registrations recorded so far
-``"c10d"``          the initialised process groups' names
+``"atexit_count"``  the registrations recorded so far (the kind's ``mark_reading``)
+``"c10d"``          the initialised process groups' names (the kind's ``mark_reading``)
 ==================  =======================================================================
 
 Marks are only compared with another pass's marks: equal means no kind's fingerprint moved.
 They may move when no fingerprint did (a reading unreadable once): the guard then asks every
 kind, which costs time, never a finding. A forked child reads afresh.
+
+The pass imports nothing above it: the descendant readings behind ``"last_pid"`` and
+``"childless"`` are :data:`DESCENDANTS`, set by the resources layer's primitives when they are
+imported (every kind with one of those marks imports them); without them those kinds are asked
+themselves.
 """
 
 from __future__ import annotations
@@ -32,24 +37,15 @@ from __future__ import annotations
 import gc
 import os
 import threading
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Any, NamedTuple
 
 from pytest_shutdown._fast.cheap import FD_DIR, SHM_DIR
 from pytest_shutdown._fast.held_open import held_open
 from pytest_shutdown._fast.moments import one_moment
-from pytest_shutdown.ownership import atexit_calls
-from pytest_shutdown.ownership.origins import threads_started
-from pytest_shutdown.resources.primitives import (
-    _LAST_PID_PATH,
-    cached_descendants,
-    descendant_pids,
-    descendants_if_nothing_of_ours,
-    nothing_of_ours_since,
-)
-from pytest_shutdown.resources.process_groups import group_names
 
-__all__ = ["MARKS", "FingerprintPass"]
+__all__ = ["DESCENDANTS", "MARKS", "DescendantReadings", "FingerprintPass"]
 
 MARKS = (
     "threads",
@@ -61,6 +57,24 @@ MARKS = (
     "atexit_count",
     "c10d",
 )
+_LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
+#: The marks read by calling the kind's ``mark_reading``.
+_CALLED = ("atexit_count", "c10d")
+
+
+class DescendantReadings(NamedTuple):
+    """The resources layer's readings behind the ``"last_pid"`` and ``"childless"`` marks
+    (:mod:`pytest_shutdown.resources.primitives` has their documentation)."""
+
+    threads_started: Callable[[], int]
+    cached_descendants: Callable[[bytes], frozenset[int] | None]
+    descendant_pids: Callable[[], frozenset[int]]
+    descendants_if_nothing_of_ours: Callable[[bytes, int], frozenset[int] | None]
+    nothing_of_ours_since: Callable[[bytes, int, bytes, AbstractSet[int] | None], bool]
+
+
+#: Set by :mod:`pytest_shutdown.resources.primitives` when it is imported.
+DESCENDANTS: DescendantReadings | None = None
 #: Bumped in a forked child: the pass's held descriptors are the parent's, closed there.
 _forks = 0
 
@@ -110,7 +124,6 @@ class FingerprintPass:
         self._fd_fd = held_open(FD_DIR) if "fd_count" in by_mark else None
         self._shm_fd = held_open(SHM_DIR) if "shm_state" in by_mark else None
         self._freeze = "freeze_count" in by_mark
-        self._atexit = "atexit_count" in by_mark
         self._childless = by_mark.get("childless", [])
         #: Kinds read through ns_last_pid, asked themselves when it cannot be read.
         self._by_last_pid = by_mark.get("last_pid", []) + self._childless
@@ -119,7 +132,8 @@ class FingerprintPass:
         own = by_mark.get("", [])
         if tables is None:
             own += by_mark.get("threads", [])
-        if last_pid_fd is None:
+        self._descendants = DESCENDANTS
+        if last_pid_fd is None or self._descendants is None:
             own += self._by_last_pid
             self._by_last_pid = []
         if self._fd_fd is None:
@@ -131,9 +145,9 @@ class FingerprintPass:
         #: Kinds asked themselves: those sharing no reading outside a moment, the rest inside.
         self._alone = [kind for kind in own if kind.reads_alone]
         self._alone_reads = [kind.fingerprint for kind in self._alone]
-        c10d = by_mark.get("c10d", [])  # a module function: one lookup without torch.distributed
-        self._alone += c10d
-        self._alone_reads += [group_names] * len(c10d)
+        #: One reading per called mark, standing for every kind that names it.
+        self._called = [(mark, by_mark[mark]) for mark in _CALLED if mark in by_mark]
+        self._called_reads = [kinds[0].mark_reading for _, kinds in self._called]
         self._own = [kind for kind in own if kind not in self._alone]
         self._owners = self._positions(by_mark)
 
@@ -159,8 +173,7 @@ class FingerprintPass:
             owners.append(names(self._fds))
         if self._shm:
             owners.append(names(self._shm))
-        if self._atexit:
-            owners.append(names(by_mark["atexit_count"]))
+        owners += [names(kinds) for _, kinds in self._called]
         owners += [(kind.name,) for kind in self._alone + self._own]
         return owners
 
@@ -174,11 +187,13 @@ class FingerprintPass:
         if at is not None and (before[at] is None or after[at] is None):
             return None  # ns_last_pid unreadable: the kinds behind it were asked instead
         # No task created since is ours: nothing the ns_last_pid kinds look for was created.
+        readings = self._descendants
         threads_only = (
             at is not None
+            and readings is not None
             and before[at] != after[at]
-            and nothing_of_ours_since(
-                before[at], before[at + 1], after[at], cached_descendants(after[at])
+            and readings.nothing_of_ours_since(
+                before[at], before[at + 1], after[at], readings.cached_descendants(after[at])
             )
         )
         moved: set[str] = set()
@@ -203,7 +218,8 @@ class FingerprintPass:
             marks.append(active.copy())
             marks.append(limbo.copy())
         if self._by_last_pid:
-            started = threads_started()  # before the marker: a thread started now is not ours
+            readings: DescendantReadings = self._descendants  # type: ignore[assignment]
+            started = readings.threads_started()  # before the marker: a later one is not ours
             try:
                 marker: bytes | None = os.pread(self._last_pid_fd, 32, 0)  # type: ignore[arg-type]
             except OSError:
@@ -213,12 +229,12 @@ class FingerprintPass:
             if marker is None:
                 marks.extend(self._fingerprints(self._by_last_pid))
             elif self._childless:
-                known = cached_descendants(marker)
+                known = readings.cached_descendants(marker)
                 if known is None:  # no scan at this marker: the last kept, or one made now
-                    known = descendants_if_nothing_of_ours(marker, started)
+                    known = readings.descendants_if_nothing_of_ours(marker, started)
                 if known is None:
-                    descendant_pids()
-                    known = cached_descendants(marker)
+                    readings.descendant_pids()
+                    known = readings.cached_descendants(marker)
                 if known is not None and not known:
                     marks += [known] * len(self._childless)  # what each would answer
                 elif known is not None and _children_all_running():
@@ -248,8 +264,8 @@ class FingerprintPass:
                 marks.append((st.st_mtime_ns, st.st_size))
             except OSError:
                 marks.append(None)
-        if self._atexit:
-            marks.append(atexit_calls.count())
+        for read_called in self._called_reads:
+            marks.append(read_called())
         for read_alone in self._alone_reads:
             marks.append(read_alone())
         if self._own:

@@ -195,6 +195,9 @@ class KindDefaults:
     #: The one shared reading that stands for the kind's fingerprint, which the guard takes for
     #: all kinds in one pass (:data:`pytest_shutdown._fast.marks.MARKS`); None: asked itself.
     mark: str | None = None
+    #: With the marks ``"atexit_count"`` and ``"c10d"``: the function (no ``self``) whose
+    #: answer is the kind's fingerprint, called by the pass directly.
+    mark_reading: Callable[[], Any] | None = None
     #: The kind's fingerprint shares no reading with another kind's: asked outside a moment.
     reads_alone: bool = False
     #: The kinds whose fingerprints move whenever this one's would (the ports kind: the fds

@@ -28,6 +28,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import field
 from typing import Any
 
+from pytest_shutdown._fast import marks
 from pytest_shutdown._fast.held_open import read_held
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._fast.moments import reading
@@ -606,3 +607,13 @@ def kill_process_trees(
     from pytest_shutdown._os.killer import kill_trees  # noqa: PLC0415
 
     return kill_trees(pids, why=why, timeout=timeout, describe=_process_record)
+
+
+#: The guard's one-pass reading reads the descendants through these (it imports nothing above it).
+marks.DESCENDANTS = marks.DescendantReadings(
+    origins.threads_started,
+    cached_descendants,
+    descendant_pids,
+    descendants_if_nothing_of_ours,
+    nothing_of_ours_since,
+)

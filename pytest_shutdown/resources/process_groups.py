@@ -105,6 +105,7 @@ class ProcessGroupKind(StateKind):
     name = "process-groups"
     allow_key = "process_groups"
     mark = "c10d"
+    mark_reading = staticmethod(group_names)  # one lookup while torch.distributed is not loaded
 
     def snapshot(self) -> frozenset[str]:
         return group_names()

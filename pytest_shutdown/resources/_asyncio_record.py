@@ -139,8 +139,9 @@ _loops: weakref.WeakKeyDictionary[Any, Entry] = weakref.WeakKeyDictionary()
 _tasks: weakref.WeakKeyDictionary[Any, Entry] = weakref.WeakKeyDictionary()
 #: async generator -> its entry
 _agens: weakref.WeakKeyDictionary[Any, Entry] = weakref.WeakKeyDictionary()
-#: id -> entry of the async generators being collected (until their finalizer hook ran)
-_dying_agens: dict[int, Entry] = {}
+#: id -> entry of the async generators and tasks being collected (until their finalizer hook
+#: or ``__del__`` ran; the last ones only)
+_dying: dict[int, Entry] = {}
 DYING_LIMIT = 256
 #: seq of a task -> how it ended without its own code ending it (a runner's cancellation, a
 #: collection while pending)
@@ -196,10 +197,10 @@ def _forget(key: int, ident: int) -> Any:
             return
         if entry.what == "loop" and not entry.closed:
             _event(entry, "collected-unclosed")
-        elif entry.what == "asyncgen":  # its finalizer hook runs after this (CPython clears
-            _dying_agens[ident] = entry  # the weak references first): it looks here
-            while len(_dying_agens) > DYING_LIMIT:
-                _dying_agens.pop(next(iter(_dying_agens)))
+        elif entry.what in ("asyncgen", "task"):  # its finalizer hook, or the task's
+            _dying[ident] = entry  # __del__, may run after this (a collection of a cycle clears
+            while len(_dying) > DYING_LIMIT:  # the weak references first): they look here
+                _dying.pop(next(iter(_dying)))
 
     return drop
 
@@ -337,7 +338,7 @@ def _wrap_asyncio(asyncio: Any) -> None:
     def agen_finalizer(self: Any, agen: Any) -> None:
         try:
             if self.is_closed():
-                entry = _agens.get(agen) or _dying_agens.pop(id(agen), None)
+                entry = _agens.get(agen) or _dying.pop(id(agen), None)
                 if entry is None:
                     entry = Entry("asyncgen", 0, None, coroutine_name(agen), (), None, 0)
                 _event(entry, "finalized-after-close", suspended_at=_frame_of(agen))
@@ -381,7 +382,7 @@ def _destroyed_pending(context: Any) -> None:
     task = context.get("task") if isinstance(context, dict) else None
     if task is None or "destroyed but it is pending" not in str(context.get("message", "")):
         return
-    entry = _entry_of_task(task)
+    entry = _entry_of_task(task) or _dying.pop(id(task), None)
     if entry is None:
         coro = task.get_coro()
         entry = Entry("task", 0, None, coroutine_name(coro), (), origins.current_test(), 0)

@@ -119,10 +119,13 @@ def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     )  # fmt: skip
 
 
-def test_each_asyncio_leak_is_found_with_its_code_and_site(pytester: pytest.Pytester) -> None:
+@pytest.mark.parametrize("warn", [False, True], ids=["fail", "warn"])
+def test_each_asyncio_leak_is_found_with_its_code_and_site(
+    pytester: pytest.Pytester, warn: bool
+) -> None:
     pytester.makepyfile(test_leaky=LEAKY)
-    result = _run(pytester)
-    result.assert_outcomes(passed=5, errors=5)
+    result = _run(pytester, *(["--shutdown-guard=warn"] if warn else []))
+    result.assert_outcomes(passed=5, errors=0 if warn else 5)
     found = _findings(pytester)
     codes = {name: [f["code"] for f in fs if f["code"] != "fd-leak"] for name, fs in found.items()}
     assert codes == {

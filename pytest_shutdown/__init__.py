@@ -29,6 +29,7 @@ _LAZY: dict[str, str] = {
     "assert_finalizers_ok": "pytest_shutdown.helpers.finalization",
     "assert_nonblocking_shutdown": "pytest_shutdown.helpers.executors",
     "no_leaks": "pytest_shutdown.helpers.leaks",
+    "no_task_leaks": "pytest_shutdown.helpers.tasks",
     "assert_no_collateral": "pytest_shutdown.helpers.collateral",
     "no_global_state_changes": "pytest_shutdown.helpers.state",
     "assert_device_memory_released": "pytest_shutdown.helpers.leaks",
@@ -151,6 +152,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.helpers.second_engine import assert_second_engine_clean
     from pytest_shutdown.helpers.spies import NotCalledError, timeout_passed_to
     from pytest_shutdown.helpers.state import no_global_state_changes
+    from pytest_shutdown.helpers.tasks import no_task_leaks
     from pytest_shutdown.helpers.timeouts import (
         TimeoutCell,
         TimeoutMatrix,

@@ -42,6 +42,7 @@ GROUPS = {
         "examples/reference_engine",
         "examples/distributed",
         "examples/downstream",
+        "examples/async_front_end",
         "examples/third_party",
         "examples/sglang",
         "examples/on_ray",

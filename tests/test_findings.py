@@ -38,6 +38,10 @@ def test_the_codes_of_the_design() -> None:
             "global-state",
             "atexit-holds-object",
             "collateral-kill",
+            "task-leak",
+            "loop-left",
+            "asyncgen-left",
+            "coroutine-never-awaited",
         ]
     )
 

@@ -45,6 +45,13 @@ FINDING_CODES: Mapping[str, str] = {
     "test created until the interpreter exits",
     "collateral-kill": "a process the test did not start (a wider-scope fixture's, one alive "
     "before it) died by a signal during the test",
+    "task-leak": "an asyncio task created during the test was still pending at its end, or when "
+    "its loop's runner shut down and cancelled it",
+    "loop-left": "an asyncio event loop created during the test was never closed",
+    "asyncgen-left": "an async generator first iterated during the test was never finalized: its "
+    "loop closed before its aclose() ran",
+    "coroutine-never-awaited": "a coroutine created during the test was never awaited (CPython's "
+    "RuntimeWarning, as a finding)",
 }
 
 

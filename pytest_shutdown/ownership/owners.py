@@ -237,6 +237,7 @@ def find_owners(
     """
     if not targets:
         return Owners()
+    _schedulers()
     deadline = time.monotonic() + max_seconds
     search = _Search(targets, fixture_roots)
     search.settle_fixture_values()
@@ -443,8 +444,34 @@ class _Search:
         return owners
 
 
+#: asyncio's event loops, handles and futures once asyncio is loaded (:func:`_schedulers`).
+_SCHEDULERS: tuple[type, ...] = ()
+
+
+def _schedulers() -> tuple[type, ...]:
+    """asyncio's event loops, callback handles and futures (tasks among them), once asyncio is
+    loaded (never imported here): never owners, never walked through. A loop references every
+    callback scheduled on it, a future every callback waiting for it (a task's wake-up): they
+    schedule and wait, they own nothing; walking through them made a session loop's fixture
+    the owner of every task pending on that loop."""
+    global _SCHEDULERS
+    if not _SCHEDULERS:
+        events, futures = sys.modules.get("asyncio.events"), sys.modules.get("asyncio.futures")
+        if events is not None and futures is not None:
+            found = [events.AbstractEventLoop, events.Handle, futures.Future]
+            python_future = getattr(futures, "_PyFuture", None)
+            if isinstance(python_future, type) and python_future is not futures.Future:
+                found.append(python_future)
+            _SCHEDULERS = tuple(found)
+    return _SCHEDULERS
+
+
 def _walkable(ref: object, skip: AbstractSet[int]) -> bool:
+    """Whether the backward walk may pass through (or stop at) ``ref`` (never asyncio's
+    scheduling: :func:`_schedulers`)."""
     if id(ref) in skip or _is_a(ref, _NEVER_OWNERS) or _is_tool_object(ref) or _opaque(ref):
+        return False
+    if _SCHEDULERS and _is_a(ref, _SCHEDULERS):
         return False
     return not _is_mock_class(ref)
 
@@ -537,7 +564,7 @@ def _stops(obj: object, skip: set[int], modules: Mapping[int, str]) -> bool:
     return (
         id(obj) in skip
         or id(obj) in modules
-        or _is_a(obj, (type, *_NEVER_OWNERS))
+        or _is_a(obj, (type, *_NEVER_OWNERS, *_SCHEDULERS))
         or _is_tool_object(obj)
         or _opaque(obj)
     )

@@ -30,6 +30,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "native-threads": ("threads", "pytest_shutdown.resources.native_threads:NativeThreadKind"),
     "processes": ("processes", "pytest_shutdown.resources.processes:ProcessKind"),
     "collateral": ("collateral", "pytest_shutdown.resources.collateral:CollateralKind"),
+    "asyncio": ("asyncio", "pytest_shutdown.resources.asyncio_tasks:AsyncioKind"),
     "gc-freeze": ("gc_freeze", "pytest_shutdown.resources.gc_freeze:FreezeKind"),
     "fds": ("fds", "pytest_shutdown.resources.fds:FdKind"),
     "ports": ("ports", "pytest_shutdown.resources.ports:PortKind"),

@@ -1,0 +1,96 @@
+"""``no_task_leaks()`` (issue 48, point 3): sync and async, both sides."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pytest_shutdown import ShutdownContractError, no_task_leaks
+
+
+async def _forever() -> None:
+    await asyncio.sleep(100)
+
+
+class _Engine:
+    def __init__(self, *, cancel: bool) -> None:
+        self.cancel = cancel
+        self.handler = asyncio.get_running_loop().create_task(_forever())
+
+    async def aclose(self) -> None:
+        if self.cancel:
+            self.handler.cancel()
+            try:
+                await self.handler
+            except asyncio.CancelledError:
+                pass
+
+
+def test_async_block_that_leaves_its_handler_pending_fails() -> None:
+    async def main() -> None:
+        engine = None
+        with pytest.raises(ShutdownContractError) as caught:
+            async with no_task_leaks(grace=0.05):
+                engine = _Engine(cancel=False)
+                await engine.aclose()
+        (finding,) = caught.value.findings
+        assert finding.code == "task-leak"
+        assert finding.details["name"].endswith("_forever")
+        assert "_Engine.__init__" in finding.details["created_at"]
+        engine.handler.cancel()  # type: ignore[union-attr]
+
+    asyncio.run(main())
+
+
+def test_async_block_whose_aclose_awaits_its_handler_passes() -> None:
+    async def main() -> None:
+        async with no_task_leaks(grace=0.05):
+            engine = _Engine(cancel=True)
+            await engine.aclose()
+
+    asyncio.run(main())
+
+
+def test_async_grace_lets_a_task_on_its_way_out_finish() -> None:
+    async def main() -> None:
+        async with no_task_leaks(grace=1.0):
+            asyncio.get_running_loop().create_task(asyncio.sleep(0.01))
+
+    asyncio.run(main())
+
+
+def test_sync_block_around_asyncio_run_fails_on_a_task_left_for_the_runner() -> None:
+    async def main() -> None:
+        asyncio.get_running_loop().create_task(_forever())
+        await asyncio.sleep(0)
+
+    with pytest.raises(ShutdownContractError) as caught:
+        with no_task_leaks(grace=0.0):
+            asyncio.run(main())
+    assert caught.value.codes == ["task-leak"]
+    assert caught.value.findings[0].details["state"] == "cancelled-by-runner"
+
+
+def test_sync_block_around_a_clean_asyncio_run_passes() -> None:
+    async def main() -> None:
+        await asyncio.gather(asyncio.sleep(0), asyncio.sleep(0))
+
+    with no_task_leaks():
+        asyncio.run(main())
+
+
+def test_the_blocks_own_exception_propagates_unchecked() -> None:
+    async def main() -> None:
+        asyncio.get_running_loop().create_task(_forever())
+        await asyncio.sleep(0)
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        with no_task_leaks():
+            asyncio.run(main())
+
+
+def test_a_negative_grace_is_refused() -> None:
+    with pytest.raises(ValueError, match="grace"):
+        no_task_leaks(grace=-1)

@@ -197,7 +197,7 @@ class AsyncLLM:
                 if msg[0] == _READY:
                     self.engine_pids[msg[1]] = msg[2]
         loop = self._loop
-        start_monitor(self._res, lambda name, code: _call_soon(loop, self._engine_died, name, code))
+        start_monitor(self._res, _on_death_of(weakref.ref(self), loop))
         self.output_handler = loop.create_task(self._handle_outputs(), name="output_handler")
 
     async def __aenter__(self) -> AsyncLLM:
@@ -367,6 +367,19 @@ class AsyncLLM:
     def _cancel_handler_now(self) -> None:
         if self.output_handler is not None:
             self.output_handler.cancel()
+
+
+def _on_death_of(
+    engine_ref: weakref.ReferenceType[AsyncLLM], loop: asyncio.AbstractEventLoop
+) -> Callable[[str, int | None], None]:
+    """The monitor's callback: it holds the engine weakly (the engine can still be collected)."""
+
+    def on_death(name: str, exitcode: int | None) -> None:
+        engine = engine_ref()
+        if engine is not None:
+            _call_soon(loop, engine._engine_died, name, exitcode)
+
+    return on_death
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

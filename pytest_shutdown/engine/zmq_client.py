@@ -4,8 +4,8 @@
 (``weakref.finalize``) and its monitor thread never hold the engine: a ``zmq.asyncio`` context,
 the output PULL socket it binds, one input PUSH socket per EngineCore (connected to the socket
 the EngineCore binds), the EngineCore processes, their death pipes and the directory of the
-``ipc://`` endpoints. Nothing here imports torch: the processes' target imports the EngineCore
-side (``engine/zmq_core.py``) in the child.
+``ipc://`` endpoints. The processes' target is ``engine/zmq_core.py``'s (it imports torch, as
+the sync engine's process manager does).
 
 ``term_within`` is the bounded probe of ``Context.term()``: it runs in a daemon thread and the
 caller waits at most ``timeout`` seconds (``term()`` blocks for as long as a socket is open, or
@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from multiprocessing import connection as mp_connection
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -36,6 +35,7 @@ import zmq.asyncio
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.start import engine_context, pdeathsig_safe, serialize_exit_polling
 from pytest_shutdown.engine.stopping import ShutdownOutcome, shutdown_processes
+from pytest_shutdown.engine.zmq_core import zmq_engine_main
 
 logger = logging.getLogger("pytest_shutdown.engine")
 
@@ -45,13 +45,6 @@ ASYNC_START_METHODS = ("forkserver", "spawn")
 TERM_TIMEOUT_S = 2.0
 #: How often the monitor wakes without any event.
 MONITOR_POLL_S = 1.0
-
-
-def _engine_entry(*args: Any) -> None:
-    """The processes' target: imports the EngineCore side (and torch) in the child only."""
-    from pytest_shutdown.engine.zmq_core import zmq_engine_main  # noqa: PLC0415
-
-    zmq_engine_main(*args)
 
 
 @dataclass
@@ -128,7 +121,7 @@ def start_processes(res: ClientResources) -> None:
         death_r, death_w = ctx.Pipe(duplex=False)
         res.death_writers.append(death_w)
         proc = ctx.Process(  # type: ignore[attr-defined]
-            target=_engine_entry,
+            target=zmq_engine_main,
             name=f"EngineCore_DP{rank}",
             args=(res.config, rank, addr, res.output_addr, os.getpid(), death_r, pdeathsig),
             daemon=True,
@@ -156,25 +149,27 @@ def start_monitor(res: ClientResources, on_death: Callable[[str, int | None], No
 def _monitor(
     res: ClientResources, wake_r: Connection, on_death: Callable[[str, int | None], None]
 ) -> None:
-    sentinels = {p.sentinel: p for p in res.processes}
-    while sentinels and not res.closing.is_set():
-        try:
+    try:
+        sentinels = {p.sentinel: p for p in res.processes}
+        while sentinels and not res.closing.is_set():
             ready = mp_connection.wait([wake_r, *sentinels], timeout=MONITOR_POLL_S)
-        except OSError:
-            return
-        if wake_r in ready or res.closing.is_set():
-            return
-        for s in [s for s in list(sentinels) if s in ready or sentinels[s].exitcode is not None]:
-            proc = sentinels.pop(s)
-            proc.join(1.0)
-            if not res.closing.is_set():
-                on_death(proc.name, proc.exitcode)
+            if wake_r in ready or res.closing.is_set():
+                return
+            dead = [s for s in sentinels if s in ready or sentinels[s].exitcode is not None]
+            for sentinel in dead:
+                proc = sentinels.pop(sentinel)
+                proc.join(1.0)
+                if not res.closing.is_set():
+                    on_death(proc.name, proc.exitcode)
+    except OSError:
+        return
+    finally:
+        _close_quietly(wake_r)  # its own end: closed here, never under its wait
 
 
 def stop_monitor(res: ClientResources) -> None:
-    """Wake the monitor and let it end (its wake pipe at EOF)."""
-    for conn in (res.wake_w, res.wake_r):
-        _close_quietly(conn)
+    """Wake the monitor (its wake pipe at EOF): it ends and closes its own end."""
+    _close_quietly(res.wake_w)
 
 
 def stop_processes(res: ClientResources, timeout: float | None) -> ShutdownOutcome:

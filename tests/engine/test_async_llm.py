@@ -10,6 +10,7 @@ thread, and a hung one is released before the test ends).
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import threading
 import time
@@ -60,12 +61,24 @@ def _other_tasks() -> set[asyncio.Task[Any]]:
     return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
 
 
+#: The threads an AsyncLLM starts (its monitor, the bounded term() probe, the process stop).
+ENGINE_THREADS = ("async-engine-monitor", "zmq-context-term", "async-llm-shutdown")
+
+
 def _assert_all_released(engine: AsyncLLM) -> None:
     assert all(sock.closed for sock in engine.sockets)
     assert engine.context_terminated and engine.context.closed
     for proc in engine.processes:
         assert proc.exitcode is not None, proc.name
         assert not psutil.pid_exists(proc.pid) or psutil.Process(proc.pid).status() == "zombie"
+    deadline = time.monotonic() + CLOSE_S
+    while _engine_threads() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _engine_threads() == []
+
+
+def _engine_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name in ENGINE_THREADS]
 
 
 @pytest.fixture
@@ -171,6 +184,16 @@ def test_shutdown_after_the_loop_is_closed_still_cleans_up() -> None:
     _run(engine.aclose())  # and aclose() on another loop afterwards does nothing
 
 
+def test_an_engine_dropped_unclosed_is_reaped_by_its_gc_fallback() -> None:
+    engine = AsyncLLM.from_config(_config())
+    _run(engine.start())
+    procs, res = engine.processes, engine._res
+    del engine
+    gc.collect()
+    assert all(p.exitcode is not None for p in procs)
+    assert all(sock.closed for sock in res.sockets) and res.context_terminated
+
+
 def test_a_dead_engine_core_fails_the_requests_in_flight() -> None:
     async def scenario() -> None:
         async with AsyncLLM.from_config(_config(step_delay_s=0.01)) as engine:
@@ -256,7 +279,9 @@ def test_bug_sockets_closed_from_another_thread_do_not_wake_the_task_awaiting_th
             closer.start()
             await asyncio.wait({handler}, timeout=2.0)
             took = time.monotonic() - started
-            closer.join(CLOSE_S)
+            deadline = time.monotonic() + CLOSE_S
+            while closer.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)  # the loop keeps running: the close runs on it
             return took
 
         took = _run(scenario())

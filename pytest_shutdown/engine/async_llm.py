@@ -280,8 +280,11 @@ class AsyncLLM:
         self._fail_requests(EngineDeadError(f"{name} died with exit code {exitcode}"))
 
     def _fail_requests(self, exc: BaseException) -> None:
-        for queue in self._requests.values():
-            queue.put_nowait(exc)
+        for queue in list(self._requests.values()):
+            try:
+                queue.put_nowait(exc)
+            except RuntimeError:  # its loop is closed: nobody awaits it any more
+                pass
 
     # -- shutdown --------------------------------------------------------------------------
     async def aclose(self, timeout: float | None = None) -> None:
@@ -320,6 +323,7 @@ class AsyncLLM:
     def _release_sockets(self) -> None:
         """Close the sockets (here: the caller is on their loop, or it is closed) and
         terminate the context, bounded; no await, so nothing else runs meanwhile."""
+        self._fail_requests(RuntimeError("AsyncLLM was closed with the request in flight"))
         linger = 0 if self.faults.socket_linger_zero else None
         for exc in close_sockets(self._res, linger):
             logger.debug("closing a ZMQ socket: %r", exc)

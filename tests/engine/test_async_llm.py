@@ -140,6 +140,19 @@ def test_generate_streams_outputs_and_checks_its_arguments() -> None:
     assert [o.finished for o in outs] == [False, False, True]
 
 
+def test_aclose_ends_the_requests_in_flight_with_an_error() -> None:
+    async def scenario() -> None:
+        engine = AsyncLLM.from_config(_config(step_delay_s=0.01))
+        await engine.start()
+        request = asyncio.ensure_future(_generate(engine, "long", 1_000_000))
+        await asyncio.sleep(0.2)
+        await engine.aclose()
+        with pytest.raises(RuntimeError, match="closed with the request in flight"):
+            await asyncio.wait_for(request, CLOSE_S)
+
+    _run(scenario())
+
+
 def test_fork_is_refused_with_the_accepted_start_methods() -> None:
     with pytest.raises(ValueError, match="start_method='fork'.*accepted: forkserver, spawn"):
         AsyncLLM(_config(start_method="fork"))
@@ -169,7 +182,8 @@ def test_aclose_from_a_loop_that_is_closing_still_cleans_up() -> None:
     _assert_all_released(box[0])
 
 
-def test_shutdown_after_the_loop_is_closed_still_cleans_up() -> None:
+@pytest.mark.parametrize("close", ["shutdown", "aclose_on_a_new_loop"])
+def test_a_close_after_the_loop_is_closed_still_cleans_up(close: str) -> None:
     engine = AsyncLLM.from_config(_config())
 
     async def serve() -> None:
@@ -178,10 +192,14 @@ def test_shutdown_after_the_loop_is_closed_still_cleans_up() -> None:
 
     _run(serve())
     started = time.monotonic()
-    engine.shutdown()
+    if close == "shutdown":
+        engine.shutdown()
+    else:
+        _run(engine.aclose())
     assert time.monotonic() - started < CLOSE_S
     _assert_all_released(engine)
-    _run(engine.aclose())  # and aclose() on another loop afterwards does nothing
+    engine.shutdown()  # and the other close afterwards does nothing
+    _run(engine.aclose())
 
 
 def test_an_engine_dropped_unclosed_is_reaped_by_its_gc_fallback() -> None:

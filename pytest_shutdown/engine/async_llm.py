@@ -305,8 +305,6 @@ class AsyncLLM:
         self._tell_engines_to_stop()
         await _in_thread(lambda: stop_processes(self._res, timeout))
         self._res.closing.set()
-        if self.faults.cancel_output_handler:
-            await self._cancel_output_handler()  # a request's task may have awaited it anew
         self._release_sockets()
 
     async def _cancel_output_handler(self) -> None:
@@ -337,7 +335,8 @@ class AsyncLLM:
         self._finalizer.detach()
 
     def shutdown(self, timeout: float | None = None) -> None:
-        """``aclose()`` for synchronous callers, from any thread, on a live or closed loop."""
+        """``aclose()`` for synchronous callers, from any thread, on a live or closed loop (on
+        the loop's own thread it blocks the loop while the processes stop: prefer ``aclose``)."""
         timeout = validate_timeout(timeout)
         if self._closed and self.faults.idempotent_aclose:
             return

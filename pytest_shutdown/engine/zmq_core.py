@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -133,9 +134,14 @@ def _watch_death_pipe(death_r: Connection, stop: _Stop) -> None:
 
 
 def _load_model(delay_s: float, stop: _Stop) -> None:
-    """Model loading: ``delay_s`` seconds, abandoned at once when the front end dies."""
-    if delay_s > 0:
-        stop.event.wait(delay_s)
+    """Model loading: ``delay_s`` seconds, abandoned at once when the front end dies and within
+    ``POLL_MS`` of a signal (the handler only sets a flag)."""
+    until = time.monotonic() + delay_s
+    while not stop.requested:
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            return
+        stop.event.wait(min(remaining, POLL_MS / 1000))
 
 
 def _busy_loop(

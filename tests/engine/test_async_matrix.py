@@ -20,6 +20,7 @@ from pytest_shutdown.engine.async_frontend import (
 )
 
 
+@pytest.mark.long_running(12)  # spawn: every EngineCore imports torch
 @pytest.mark.orphan_matrix(
     level=["frontend"], signal=["SIGKILL"], phase=["starting", "busy", "shutting_down"]
 )
@@ -37,8 +38,13 @@ def test_no_engine_core_outlives_a_sigkilled_async_frontend_in_any_phase(
     assert record.processes_at_signal >= 3  # the front end and its two EngineCores
 
 
-@pytest.mark.orphan_matrix(level=["frontend"], signal=["SIGTERM"], phase=["ready", "busy"])
+@pytest.mark.long_running(12)
+@pytest.mark.orphan_matrix(
+    level=["frontend"], signal=["SIGTERM"], phase=["starting", "ready", "busy"]
+)
 def test_sigterm_closes_the_async_frontend_gracefully(kill_tree: Any, orphan_cell: Any) -> None:
+    """A SIGTERM while the EngineCores load abandons the start-up (exit code 1) within the
+    processes' timeout, not after the model's 30 s load; later it is a clean close (0)."""
     record = kill_tree(
         serve_async_frontend,
         args=(async_matrix_config(),),
@@ -46,4 +52,5 @@ def test_sigterm_closes_the_async_frontend_gracefully(kill_tree: Any, orphan_cel
         phases=ASYNC_PHASES,
     )
     assert record.died
-    assert record.root_exitcode == 0
+    assert record.root_exitcode == (1 if orphan_cell.phase == "starting" else 0)
+    assert record.duration_s < 10.0

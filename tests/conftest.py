@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -14,7 +16,16 @@ def _inner_runs_keep_their_order(request: pytest.FixtureRequest) -> None:
         return
     request.getfixturevalue("pytester")
     monkeypatch = request.getfixturevalue("monkeypatch")
-    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")
+    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly" + _ASYNCIO_SCOPE)
+
+
+#: pytest-asyncio (the dev extra) warns at configure when this option is unset, and an inner run
+#: whose ini turns warnings into errors would then fail before collecting anything.
+_ASYNCIO_SCOPE = (
+    " -o asyncio_default_fixture_loop_scope=function"
+    if importlib.util.find_spec("pytest_asyncio") is not None
+    else ""
+)
 
 
 def pytest_configure(config: pytest.Config) -> None:

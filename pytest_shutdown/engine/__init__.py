@@ -51,6 +51,14 @@ _LAZY: dict[str, str] = {
     "RANK_LEVELS": "pytest_shutdown.engine.rank_launcher",
     "RayEngine": "pytest_shutdown.engine.ray_engine",
     "RayFaults": "pytest_shutdown.engine.ray_engine",
+    "AsyncLLM": "pytest_shutdown.engine.async_llm",
+    "AsyncFaults": "pytest_shutdown.engine.async_llm",
+    "AsyncRequestOutput": "pytest_shutdown.engine.async_llm",
+    "EngineDeadError": "pytest_shutdown.engine.async_llm",
+    "serve_async_frontend": "pytest_shutdown.engine.async_frontend",
+    "ASYNC_LEVELS": "pytest_shutdown.engine.async_frontend",
+    "ASYNC_PHASES": "pytest_shutdown.engine.async_frontend",
+    "async_matrix_config": "pytest_shutdown.engine.async_frontend",
 }
 
 __all__ = list(_LAZY)
@@ -60,6 +68,18 @@ __getattr__, __dir__ = lazy_exports('pytest_shutdown.engine', _LAZY, globals())
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.engine.async_frontend import (
+        ASYNC_LEVELS,
+        ASYNC_PHASES,
+        async_matrix_config,
+        serve_async_frontend,
+    )
+    from pytest_shutdown.engine.async_llm import (
+        AsyncFaults,
+        AsyncLLM,
+        AsyncRequestOutput,
+        EngineDeadError,
+    )
     from pytest_shutdown.engine.config import EngineConfig
     from pytest_shutdown.engine.core import EngineCore, EngineShutdownState, FinishReason
     from pytest_shutdown.engine.core_proc import ChildFaults, run_engine_core

@@ -620,9 +620,10 @@ class CleanupCounter:
                     if matched:
                         state.frames[id(frame)] = self._enter(state, matched)
             elif event == "return":
-                if state.frames and not _suspends(frame):  # a coroutine's await is no return
-                    left = state.frames.pop(id(frame), None)
-                    if left:
+                if state.frames:
+                    left = state.frames.get(id(frame))
+                    if left and not _suspends(frame):  # a coroutine's await is no return
+                        del state.frames[id(frame)]
                         self._leave(state, left)
             elif event == "c_call":
                 candidates = by_c_name.get(getattr(arg, "__name__", ""))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 import time
 import weakref
@@ -125,6 +126,20 @@ class JoinsInAclose:
     async def aclose(self) -> None:
         self._stop.set()
         self._worker.join(10)  # the blocking line: should be await asyncio.to_thread(...)
+
+
+class RecvsInAclose:
+    """Bug: ``aclose`` waits for the peer's goodbye with a blocking ``recv`` on the loop thread."""
+
+    def __init__(self, seconds: float = 0.5) -> None:
+        self.sock, self.peer = socket.socketpair()
+        self.sock.settimeout(seconds)
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.recv(1)  # the blocking line: the peer never answers
+        self.sock.close()
+        self.peer.close()
 
 
 class AwaitsInAclose:

@@ -121,12 +121,44 @@ def test_async_use_without_pytest_asyncio_under_asyncio_run() -> None:
     assert asyncio.run(body()) == 2
 
 
-def test_sync_helper_inside_a_running_loop_is_a_usage_error_naming_the_async_variant() -> None:
+@pytest.mark.parametrize(
+    ("helper", "call"),
+    [
+        (
+            "assert_idempotent_shutdown",
+            lambda: assert_idempotent_shutdown(a.AsyncEngine(), "aclose"),
+        ),
+        (
+            "assert_nonblocking_shutdown",
+            lambda: assert_nonblocking_shutdown(a.AsyncEngine(), "aclose"),
+        ),
+        ("assert_finalizes_on_gc", lambda: assert_finalizes_on_gc(a.AsyncEngine, method="aclose")),
+    ],
+)
+def test_sync_helper_inside_a_running_loop_is_a_usage_error_naming_the_async_variant(
+    helper: str, call: Any
+) -> None:
     async def body() -> None:
-        assert_idempotent_shutdown(a.AsyncEngine(), "aclose")
+        call()
 
-    with pytest.raises(RuntimeError, match=r"await assert_idempotent_shutdown_async\(\.\.\.\)"):
+    with pytest.raises(RuntimeError, match=rf"await {helper}_async\(\.\.\.\)"):
         asyncio.run(body())
+
+
+@pytest.mark.anyio
+async def test_async_helpers_under_anyios_plugin_on_asyncio() -> None:
+    engine = a.AsyncEngine()
+    await engine.start()
+    await assert_idempotent_shutdown_async(engine, calls=2)
+    assert engine.awaited == 2
+    with pytest.raises(ShutdownContractError) as exc:
+        await assert_nonblocking_shutdown_async(a.SleepsInAclose(0.5), budget=0.1)
+    assert exc.value.codes == ["loop-blocked"]
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"  # the helpers await on an asyncio loop; trio has none
 
 
 # ---- finalization ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from typing import Any
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.awaiting import (
     checked_on_worker,
-    run_fresh,
+    require_no_running_loop,
     run_on_worker,
     validate_subject,
 )
@@ -40,6 +40,8 @@ HEARTBEAT_S = 0.005
 STACK_LIMIT = 40
 #: How long the watchdog thread may take to end once the close returned.
 WATCHDOG_JOIN_S = 5.0
+#: How long a fresh loop may take to finish after the close's grace (the check's own steps).
+LOOP_EXIT_S = 2.0
 
 #: The helpers' own folder: its frames are never the blocking site.
 _HELPERS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -113,10 +115,25 @@ async def assert_nonblocking_shutdown_async(
     for name, value in (("budget", budget), ("grace", grace), ("interval", interval)):
         if not is_seconds(value):
             raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+    return await _watched_close(obj, method, budget, grace, interval, [])
+
+
+async def _watched_close(
+    obj: object,
+    method: str,
+    budget: float,
+    grace: float,
+    interval: float,
+    watches: list[_LoopWatch],
+) -> CheckReport:
+    """The check of :func:`assert_nonblocking_shutdown_async`; its watch is appended to
+    ``watches`` first, for a caller on another thread that gives up on a loop blocked for good."""
+    __tracebackhide__ = True  # a failure points at the caller's line
     loop = asyncio.get_running_loop()
     subject = describe(obj)
     findings: list[Finding] = []
     watch = _LoopWatch(loop, budget, interval)
+    watches.append(watch)
     started = time.perf_counter()
     watch.start()
     try:
@@ -147,19 +164,41 @@ def nonblocking_in_fresh_loop(
     obj: object, method: str, *, budget: float, grace: float, executors: object
 ) -> CheckReport:
     """``assert_nonblocking_shutdown`` of a coroutine method, called with no running loop: the
-    loop check on a new loop in this thread."""
+    loop check on a new loop, run by a thread of its own so that this thread can give up on a
+    close that blocks the loop for good (``loop-blocked`` still blocked, ``blocking-close``; the
+    loop's thread, which nothing can stop, is left behind, a daemon)."""
     __tracebackhide__ = True  # a failure points at the caller's line
     if executors is not None:
         raise ValueError(
             f"executors: {method!r} is a coroutine method, whose check watches the event loop, "
             "not executors; leave executors out (accepted: None)"
         )
-    helper = "assert_nonblocking_shutdown"
-    return run_fresh(
-        helper,
-        method,
-        lambda: assert_nonblocking_shutdown_async(obj, method, budget=budget, grace=grace),
-    )
+    require_no_running_loop("assert_nonblocking_shutdown", method)
+    watches: list[_LoopWatch] = []
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        close = _watched_close(obj, method, budget, grace, HEARTBEAT_S, watches)
+        try:
+            outcome["report"] = asyncio.run(close)
+        except BaseException as exc:  # noqa: BLE001 - raised again on the calling thread
+            outcome["error"] = exc
+
+    loop_thread = threading.Thread(target=run, name="pytest-shutdown-fresh-loop", daemon=True)
+    loop_thread.start()
+    loop_thread.join(grace + budget + LOOP_EXIT_S)
+    if not loop_thread.is_alive():
+        if "error" in outcome:
+            raise outcome["error"]
+        report: CheckReport = outcome["report"]
+        return report
+    subject = describe(obj)
+    findings = [_blocked(subject, method, budget, stall) for w in watches for stall in w.halt()]
+    text = f"{subject}: {method}() had not returned {grace + budget:g}s after it was awaited"
+    facts = {"grace_s": grace, "loop_thread": loop_thread.name}
+    findings.append(Finding("blocking-close", f"{text}; its event loop is still blocked.", facts))
+    raise_if_any(findings)
+    raise AssertionError("unreachable")  # pragma: no cover - raise_if_any raised
 
 
 async def _await(awaitable: Awaitable[Any]) -> Any:
@@ -210,6 +249,17 @@ class _LoopWatch:
             self._handle.cancel()
         self._watchdog.join(WATCHDOG_JOIN_S)
         self._beat(again=False)  # a stall the close ended in (a blocking last step) gets its length
+
+    def halt(self) -> list[dict[str, Any]]:
+        """Stop the watchdog of a loop that stays blocked (from another thread); the stalls seen,
+        the one still going measured up to now."""
+        self._stop.set()
+        self._watchdog.join(WATCHDOG_JOIN_S)
+        with self._lock:
+            if self._current is not None:
+                self._current["blocked_s"] = round(time.monotonic() - self._last, 4)
+                self._current["still_blocked"] = True
+            return list(self.stalls)
 
     def _beat(self, again: bool = True) -> None:
         now = time.monotonic()

@@ -142,6 +142,17 @@ class RecvsInAclose:
         self.peer.close()
 
 
+class BlocksUntilReleased:
+    """Bug: ``aclose`` waits on a ``threading.Event`` on the loop thread, for as long as it takes
+    (the test releases it once the helper gave up)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    async def aclose(self) -> None:
+        self.release.wait(30)  # the blocking line
+
+
 class AwaitsInAclose:
     """Correct, if slow: ``aclose`` awaits for a while without blocking the loop."""
 

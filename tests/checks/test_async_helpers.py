@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import time
 from typing import Any
 
@@ -249,6 +250,28 @@ def test_an_aclose_that_never_completes_is_cancelled_after_grace() -> None:
         assert_nonblocking_shutdown(a.NeverCloses(), "aclose", budget=0.1, grace=0.3)
     assert time.monotonic() - started < 5
     assert exc.value.codes == ["blocking-close"]
+
+
+def test_a_loop_blocked_for_good_is_reported_without_waiting_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("pytest_shutdown.helpers.async_shutdown.LOOP_EXIT_S", 0.2)
+    obj = a.BlocksUntilReleased()
+    started = time.monotonic()
+    try:
+        with pytest.raises(ShutdownContractError) as exc:
+            assert_nonblocking_shutdown(obj, "aclose", budget=0.1, grace=0.3)
+        assert time.monotonic() - started < 5
+    finally:
+        obj.release.set()
+    assert exc.value.codes == ["loop-blocked", "blocking-close"]
+    blocked = exc.value.findings[0].details
+    assert blocked["still_blocked"] is True and blocked["blocked_s"] >= 0.4
+    line = inspect.getsourcelines(a.BlocksUntilReleased.aclose)[1] + 1
+    assert blocked["site"] == f"{a.__file__}:{line}"
+    (loop_thread,) = [t for t in threading.enumerate() if t.name == "pytest-shutdown-fresh-loop"]
+    loop_thread.join(5)  # released: the loop ends, nothing outlives the test
+    assert not loop_thread.is_alive()
 
 
 # ---- usage errors, at once ------------------------------------------------------------------

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 pytest_plugins = ["pytester"]
@@ -14,7 +16,12 @@ def _inner_runs_keep_their_order(request: pytest.FixtureRequest) -> None:
         return
     request.getfixturevalue("pytester")
     monkeypatch = request.getfixturevalue("monkeypatch")
-    monkeypatch.setenv("PYTEST_ADDOPTS", "-p no:randomly")
+    options = "-p no:randomly"
+    if importlib.util.find_spec("pytest_asyncio") is not None:
+        # pytest-asyncio (the dev extra) warns at configure time when this is unset, and an inner
+        # run under `filterwarnings = error` would stop on that warning
+        options += " -o asyncio_default_fixture_loop_scope=function"
+    monkeypatch.setenv("PYTEST_ADDOPTS", options)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -32,6 +32,8 @@ from pytest_shutdown.helpers.awaiting import (
     validate_subject,
 )
 from pytest_shutdown.helpers.cleanups import Watch
+from pytest_shutdown.helpers.finalization import assert_finalizes_on_gc
+from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown
 from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds, raised
 
 #: Seconds between two heartbeats on the watched loop (and two looks of the watchdog).
@@ -71,11 +73,9 @@ async def assert_idempotent_shutdown_async(
     """
     __tracebackhide__ = True  # a failure points at the caller's line
     validate_subject(obj, method)
-    from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown  # noqa: PLC0415
-
-    kwargs: dict[str, Any] = {"calls": calls, "threads": threads, "watch": tuple(watch)}
-    kwargs["allow_repeat"] = tuple(allow_repeat)
-    return await checked_on_worker(assert_idempotent_shutdown, obj, method, **kwargs)
+    options = {"watch": tuple(watch), "allow_repeat": tuple(allow_repeat)}
+    check = assert_idempotent_shutdown
+    return await checked_on_worker(check, obj, method, calls=calls, threads=threads, **options)
 
 
 async def assert_finalizes_on_gc_async(
@@ -90,10 +90,8 @@ async def assert_finalizes_on_gc_async(
     the caller's loop. ``factory`` runs on the helper's worker thread, where no loop runs: an
     object that starts its tasks lazily (on first use, as vLLM's ``AsyncLLM``) is built fine."""
     __tracebackhide__ = True  # a failure points at the caller's line
-    from pytest_shutdown.helpers.finalization import assert_finalizes_on_gc  # noqa: PLC0415
-
-    kwargs: dict[str, Any] = {"method": method, "watch": tuple(watch), "timeout": timeout}
-    return await run_on_worker(assert_finalizes_on_gc, factory, graphs_dir=graphs_dir, **kwargs)
+    options = {"watch": tuple(watch), "timeout": timeout, "graphs_dir": graphs_dir}
+    return await run_on_worker(assert_finalizes_on_gc, factory, method=method, **options)
 
 
 async def assert_nonblocking_shutdown_async(

@@ -18,10 +18,8 @@ import pytest
 from pytest_shutdown import (
     ShutdownContractError,
     assert_idempotent_shutdown,
-    assert_nonblocking_shutdown,
-)
-from pytest_shutdown.helpers.async_shutdown import (
     assert_idempotent_shutdown_async,
+    assert_nonblocking_shutdown,
     assert_nonblocking_shutdown_async,
 )
 

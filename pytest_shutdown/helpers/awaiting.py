@@ -97,7 +97,7 @@ def require_no_running_loop(helper: str, method: str) -> None:
         raise RuntimeError(
             f"method: {method!r} is a coroutine method and this thread is running an event loop "
             f"(an async test), where {helper}() cannot await it; write "
-            f"`await {helper}_async(...)` (pytest_shutdown.helpers.async_shutdown) instead"
+            f"`await {helper}_async(...)` instead"
         )
 
 

@@ -262,6 +262,7 @@ def test_a_loop_blocked_for_good_is_reported_without_waiting_for_it(
         with pytest.raises(ShutdownContractError) as exc:
             assert_nonblocking_shutdown(obj, "aclose", budget=0.1, grace=0.3)
         assert time.monotonic() - started < 5
+        stuck = [t for t in threading.enumerate() if t.name == "pytest-shutdown-fresh-loop"]
     finally:
         obj.release.set()
     assert exc.value.codes == ["loop-blocked", "blocking-close"]
@@ -269,8 +270,8 @@ def test_a_loop_blocked_for_good_is_reported_without_waiting_for_it(
     assert blocked["still_blocked"] is True and blocked["blocked_s"] >= 0.4
     line = inspect.getsourcelines(a.BlocksUntilReleased.aclose)[1] + 1
     assert blocked["site"] == f"{a.__file__}:{line}"
-    (loop_thread,) = [t for t in threading.enumerate() if t.name == "pytest-shutdown-fresh-loop"]
-    loop_thread.join(5)  # released: the loop ends, nothing outlives the test
+    (loop_thread,) = stuck  # the helper left it blocked; released, it ends with its loop
+    loop_thread.join(5)
     assert not loop_thread.is_alive()
 
 

@@ -13,7 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from pytest_shutdown.findings.finding import Finding, raise_if_any
-from pytest_shutdown.helpers.awaiting import Awaiting, awaiting
+from pytest_shutdown.helpers.awaiting import Awaiting, awaiting, validate_object
 from pytest_shutdown.helpers.cleanups import (
     CleanupCounter,
     Watch,
@@ -82,6 +82,7 @@ def assert_finalizers_ok(obj: object) -> CheckReport:
     whose ``details["finalizers"]`` is the number of registrations checked.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
+    validate_object(obj)  # None or a class would pass, having no finalizer
     start = time.perf_counter()
     raise_if_any(check_finalizers(obj))
     return CheckReport(

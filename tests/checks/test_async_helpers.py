@@ -15,15 +15,14 @@ import pytest
 
 from pytest_shutdown import (
     ShutdownContractError,
+    assert_finalizers_ok,
     assert_finalizes_on_gc,
     assert_idempotent_shutdown,
-    assert_nonblocking_shutdown,
-)
-from pytest_shutdown.helpers.async_shutdown import (
-    assert_finalizes_on_gc_async,
     assert_idempotent_shutdown_async,
+    assert_nonblocking_shutdown,
     assert_nonblocking_shutdown_async,
 )
+from pytest_shutdown.helpers.async_shutdown import assert_finalizes_on_gc_async
 
 SLEEP_LINE = inspect.getsourcelines(a.SleepsInAclose.aclose)[1] + 2  # the time.sleep line
 JOIN_LINE = inspect.getsourcelines(a.JoinsInAclose.aclose)[1] + 2  # the join line
@@ -294,6 +293,14 @@ def test_usage_errors_name_the_argument(obj: Any, method: str, error: type, word
     for async_helper in (assert_idempotent_shutdown_async, assert_nonblocking_shutdown_async):
         with pytest.raises(error, match=words):
             asyncio.run(async_helper(obj, method))
+
+
+@pytest.mark.parametrize(
+    ("obj", "words"), [(None, "obj: got None"), (a.AsyncEngine, "obj: got the class AsyncEngine")]
+)
+def test_finalizers_ok_of_no_object_or_a_class_is_a_usage_error(obj: Any, words: str) -> None:
+    with pytest.raises(TypeError, match=words):
+        assert_finalizers_ok(obj)
 
 
 def test_executors_with_a_coroutine_method_is_a_usage_error() -> None:

@@ -18,6 +18,7 @@ def test_the_codes_of_the_design() -> None:
             "finalizer-holds-object",
             "not-collected",
             "blocking-close",
+            "loop-blocked",
             "thread-leak",
             "process-leak",
             "gc-frozen-leak",

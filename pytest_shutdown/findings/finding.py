@@ -18,6 +18,8 @@ FINDING_CODES: Mapping[str, str] = {
     "finalizer-holds-object": "a weakref.finalize callback or its arguments reach the object",
     "not-collected": "the object stayed alive after its last reference was dropped",
     "blocking-close": "shutdown blocked on running work instead of returning",
+    "loop-blocked": "a coroutine shutdown (aclose) blocked its event loop for longer than its "
+    "budget: a synchronous sleep, join or socket call inside async code",
     "thread-leak": "a thread started inside the check is still running",
     "process-leak": "a child process started inside the check is still running",
     "gc-frozen-leak": "gc.get_freeze_count() changed: a gc.freeze() was left behind",

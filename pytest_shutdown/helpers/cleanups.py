@@ -17,6 +17,8 @@ identities only: nothing installed here keeps the object under test alive.
 from __future__ import annotations
 
 import contextlib
+import dis
+import inspect
 import io
 import multiprocessing.connection
 import multiprocessing.process
@@ -486,6 +488,27 @@ def _same_cleanup(spec: CleanupSpec, declared: CleanupSpec) -> bool:
     return declared.self_id is None or declared.self_id == spec.self_id
 
 
+#: Code flags of functions whose frames suspend and resume (each resumption is a profile "call").
+_SUSPENDING = inspect.CO_COROUTINE | inspect.CO_GENERATOR | inspect.CO_ASYNC_GENERATOR
+_YIELD_VALUE = dis.opmap["YIELD_VALUE"]
+_YIELD_FROM = dis.opmap.get("YIELD_FROM", -1)  # 3.10's await
+_RESUME = dis.opmap.get("RESUME", -1)  # 3.13 stops after the yield, at the RESUME that follows
+
+
+def _suspends(frame: types.FrameType) -> bool:
+    """A "return" event of a coroutine or generator frame that yields (an ``await`` suspending),
+    not one that ends it: the frame stopped at a yield (3.10: before its YIELD_FROM)."""
+    code = frame.f_code
+    at = frame.f_lasti
+    if not code.co_flags & _SUSPENDING or at < 0:
+        return False
+    ops = code.co_code
+    here = ops[at]
+    if here == _YIELD_VALUE or (here == _RESUME and at >= 2 and ops[at - 2] == _YIELD_VALUE):
+        return True
+    return at + 2 < len(ops) and ops[at + 2] == _YIELD_FROM
+
+
 class _ThreadState:
     __slots__ = ("round", "depth", "frames", "c_stack")
 
@@ -592,14 +615,15 @@ class CleanupCounter:
                 previous(frame, event, arg)
             if event == "call":
                 candidates = by_code.get(frame.f_code)
-                if candidates:
+                if candidates and id(frame) not in state.frames:  # not a coroutine resuming
                     matched = [i for i in candidates if self._matches(i, frame)]
                     if matched:
                         state.frames[id(frame)] = self._enter(state, matched)
             elif event == "return":
                 if state.frames:
-                    left = state.frames.pop(id(frame), None)
-                    if left:
+                    left = state.frames.get(id(frame))
+                    if left and not _suspends(frame):  # a coroutine's await is no return
+                        del state.frames[id(frame)]
                         self._leave(state, left)
             elif event == "c_call":
                 candidates = by_c_name.get(getattr(arg, "__name__", ""))

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.awaiting import is_coroutine_method, validate_subject
 from pytest_shutdown.helpers.cleanups import (
     exit_stack_callbacks,
     finalizer_registrations,
@@ -167,7 +168,14 @@ def assert_nonblocking_shutdown(
     helper itself never hangs, and it joins every pool thread it blocked before it returns.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
+    validate_subject(obj, method)
     _validate(obj, method, budget, grace)
+    if is_coroutine_method(obj, method):  # the event loop is watched: loop-blocked
+        from pytest_shutdown.helpers import async_shutdown as aio  # noqa: PLC0415
+
+        return aio.nonblocking_in_fresh_loop(
+            obj, method, budget=budget, grace=grace, executors=executors
+        )
     subject = describe(obj)
     found = _given_executors(executors) if executors is not None else discover_executors(obj)
     for label, ex in found:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.awaiting import Awaiting, awaiting, validate_object
 from pytest_shutdown.helpers.cleanups import (
     CleanupCounter,
     Watch,
@@ -81,6 +82,7 @@ def assert_finalizers_ok(obj: object) -> CheckReport:
     whose ``details["finalizers"]`` is the number of registrations checked.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
+    validate_object(obj)  # None or a class would pass, having no finalizer
     start = time.perf_counter()
     raise_if_any(check_finalizers(obj))
     return CheckReport(
@@ -155,14 +157,17 @@ def _build_drop_and_diagnose(
     twin = factory()
     if isinstance(method, str) and callable(getattr(twin, method, None)):
         twin_counter = CleanupCounter(discover_cleanups(twin, watch))
+        shutdown = awaiting(twin, method, "assert_finalizes_on_gc")  # a coroutine is awaited
         t0 = time.perf_counter()
         try:
             with twin_counter.charge("explicit"):
-                getattr(twin, method)()
+                shutdown()
         except Exception as exc:  # noqa: BLE001 - a raising shutdown is the finding
             subject = describe(twin)
+            shutdown.release()
             del twin
             raise_if_any([_shutdown_raised(subject, method, exc)])
+        shutdown.release()
         timings["explicit"] = time.perf_counter() - t0
         explicit = labels_performed(twin_counter, "explicit")
     for holder in atexit_calls.holders_of(twin):  # the helper built the twin: free it
@@ -230,7 +235,9 @@ def _dispose(ref: weakref.ref[Any], method: str) -> None:
     target = ref()
     if target is None:
         return
-    shutdown = getattr(target, method, None) if isinstance(method, str) else None
+    bound = getattr(target, method, None) if isinstance(method, str) else None
+    shutdown = Awaiting(bound, method) if callable(bound) else None  # a coroutine is awaited
+    del bound
     finalizers = pending_finalizers(target)
     holders = atexit_calls.holders_of(target)
     del target

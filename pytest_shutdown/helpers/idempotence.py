@@ -8,6 +8,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from pytest_shutdown.findings.finding import Finding, raise_if_any
+from pytest_shutdown.helpers.awaiting import (
+    awaiting,
+    check_in_fresh_loop,
+    dispatch_loop,
+    is_coroutine_method,
+    validate_subject,
+)
 from pytest_shutdown.helpers.cleanups import (
     CleanupCounter,
     CleanupSpec,
@@ -52,14 +59,18 @@ def assert_idempotent_shutdown(
     repeat from a no-op: it fails with :class:`NothingCountedError`, asking for ``watch=``.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
+    validate_subject(obj, method)
     _validate(obj, method, calls, threads)
+    if is_coroutine_method(obj, method) and dispatch_loop() is None:  # awaited on a fresh loop
+        options = {"calls": calls, "threads": threads, "watch": watch, "allow_repeat": allow_repeat}
+        return check_in_fresh_loop(assert_idempotent_shutdown, obj, method, **options)
     started = time.perf_counter()
     specs = discover_cleanups(obj, watch, allow_repeat)
     routes = _has_cleanup_routes(obj)
     if idempotent_by_contract(obj, method):  # a pool checked itself: its own call is counted
         specs.append(method_spec(obj, method, f"{type(obj).__qualname__}.{method}", "self"))
     counter = CleanupCounter(specs)
-    bound = getattr(obj, method)
+    bound = awaiting(obj, method, "assert_idempotent_shutdown")  # an awaitable result is awaited
     findings: list[Finding] = []
     timings: dict[str, float] = {}
     subject = describe(obj)

@@ -28,9 +28,6 @@ _LAZY: dict[str, str] = {
     "assert_finalizes_on_gc": "pytest_shutdown.helpers.finalization",
     "assert_finalizers_ok": "pytest_shutdown.helpers.finalization",
     "assert_nonblocking_shutdown": "pytest_shutdown.helpers.executors",
-    # the same contracts awaited on the caller's event loop (an async def test)
-    "assert_idempotent_shutdown_async": "pytest_shutdown.helpers.async_shutdown",
-    "assert_nonblocking_shutdown_async": "pytest_shutdown.helpers.async_shutdown",
     "no_leaks": "pytest_shutdown.helpers.leaks",
     "no_task_leaks": "pytest_shutdown.helpers.tasks",
     "assert_no_collateral": "pytest_shutdown.helpers.collateral",
@@ -140,10 +137,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.findings.finding import FINDING_CODES, Finding, ShutdownContractError
     from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
     from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
-    from pytest_shutdown.helpers.async_shutdown import (
-        assert_idempotent_shutdown_async,
-        assert_nonblocking_shutdown_async,
-    )
     from pytest_shutdown.helpers.collateral import assert_no_collateral
     from pytest_shutdown.helpers.executors import assert_nonblocking_shutdown
     from pytest_shutdown.helpers.exits import ExitRecord, assert_not_force_killed, probe_exit

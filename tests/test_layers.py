@@ -62,6 +62,7 @@ TOP_LEVEL: dict[str, str] = {
     "devices": "gpu",
     # helpers
     "harness": "helpers",
+    "aio": "helpers",
     "orphans": "helpers",
     # plugin
     "__init__": "plugin",

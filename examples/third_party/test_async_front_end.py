@@ -18,10 +18,9 @@ import pytest
 from pytest_shutdown import (
     ShutdownContractError,
     assert_idempotent_shutdown,
-    assert_idempotent_shutdown_async,
     assert_nonblocking_shutdown,
-    assert_nonblocking_shutdown_async,
 )
+from pytest_shutdown.aio import assert_idempotent_shutdown_async, assert_nonblocking_shutdown_async
 
 needs_pytest_asyncio = pytest.mark.skipif(
     importlib.util.find_spec("pytest_asyncio") is None, reason="needs pytest-asyncio"

@@ -18,11 +18,13 @@ from pytest_shutdown import (
     assert_finalizers_ok,
     assert_finalizes_on_gc,
     assert_idempotent_shutdown,
-    assert_idempotent_shutdown_async,
     assert_nonblocking_shutdown,
+)
+from pytest_shutdown.aio import (
+    assert_finalizes_on_gc_async,
+    assert_idempotent_shutdown_async,
     assert_nonblocking_shutdown_async,
 )
-from pytest_shutdown.helpers.async_shutdown import assert_finalizes_on_gc_async
 
 SLEEP_LINE = inspect.getsourcelines(a.SleepsInAclose.aclose)[1] + 2  # the time.sleep line
 JOIN_LINE = inspect.getsourcelines(a.JoinsInAclose.aclose)[1] + 2  # the join line

@@ -35,8 +35,6 @@ LEAK = textwrap.dedent(
 )
 
 
-NO_ASYNCIO = ("-p", "no:asyncio")
-
 
 @pytest.mark.parametrize("errors", ["none", "ini", "W"])
 def test_warn_mode_never_fails_a_test_under_filterwarnings_error(
@@ -46,9 +44,7 @@ def test_warn_mode_never_fails_a_test_under_filterwarnings_error(
     if errors == "ini":
         pytester.makeini("[pytest]\nfilterwarnings =\n    error\n")
     extra = ["-W", "error"] if errors == "W" else []
-    # -p no:asyncio: pytest-asyncio (dev extra) warns at configure time while its loop-scope
-    # option is unset, which filterwarnings=error turns into an INTERNALERROR of its own.
-    result = pytester.runpytest_subprocess(*ARGS, *NO_ASYNCIO, "--shutdown-guard=warn", *extra)
+    result = pytester.runpytest_subprocess(*ARGS, "--shutdown-guard=warn", *extra)
     result.assert_outcomes(passed=1, warnings=1)
     result.stdout.fnmatch_lines(["*ShutdownLeakWarning*thread-leak*leaky*"])
 
@@ -58,7 +54,7 @@ def test_fail_mode_still_fails_the_leak_under_filterwarnings_error(
 ) -> None:
     pytester.makepyfile(test_leak=LEAK)
     pytester.makeini("[pytest]\nfilterwarnings =\n    error\n")
-    result = pytester.runpytest_subprocess(*ARGS, *NO_ASYNCIO, "--shutdown-guard=fail")
+    result = pytester.runpytest_subprocess(*ARGS, "--shutdown-guard=fail")
     result.assert_outcomes(passed=1, errors=1)
 
 

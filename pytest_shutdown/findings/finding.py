@@ -45,6 +45,8 @@ FINDING_CODES: Mapping[str, str] = {
     "test created until the interpreter exits",
     "collateral-kill": "a process the test did not start (a wider-scope fixture's, one alive "
     "before it) died by a signal during the test",
+    "shutdown-logged-error": "a graceful shutdown logged an ERROR record or wrote a traceback "
+    "(in the process, or in a child process's stderr) though it succeeded",
 }
 
 

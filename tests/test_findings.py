@@ -38,6 +38,7 @@ def test_the_codes_of_the_design() -> None:
             "global-state",
             "atexit-holds-object",
             "collateral-kill",
+            "shutdown-logged-error",
         ]
     )
 

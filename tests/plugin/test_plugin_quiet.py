@@ -241,3 +241,29 @@ def test_an_engine_core_that_logs_an_exception_at_shutdown_is_found(
     assert details["exception"] == "RuntimeError"
     assert "injected fault: has_work() failed" in str(details["exception_line"])
     assert str(details["where"]).split(":")[0].endswith("core_proc.py"), details
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["-s"], ["--capture=sys"], ["-p", "xdist", "-n", "2"]],
+    ids=["capture-off", "capture-sys", "xdist"],
+)
+def test_found_however_stderr_is_captured_and_under_xdist(
+    pytester: pytest.Pytester, args: list[str]
+) -> None:
+    """``-s``: a tee on ``sys.stderr`` reads the teardown's traceback; ``--capture=sys``: pytest's
+    section; under xdist the findings travel to the controller's report like the guard's."""
+    _suite(pytester, on=True)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "shutdown",
+        "--shutdown-quiet",
+        "--shutdown-report=report.json",
+        "-k",
+        "logged or printed or warning",
+        *args,
+    )
+    result.assert_outcomes(passed=3, errors=2)
+    found = _findings(pytester)
+    assert sorted(found) == ["test_logged", "test_printed"]
+    assert found["test_printed"][0]["details"]["exception"] == "RuntimeError"  # type: ignore[index]

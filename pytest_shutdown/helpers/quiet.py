@@ -45,9 +45,10 @@ _CHAINED = (
 #: vLLM's child-process prefix: ``(EngineCore_DP0 pid=123) ``.
 _PREFIX = re.compile(r"^\([\w.\-]+ pid=\d+\)\s")
 #: A log line at ERROR or above: ``ERROR:root:msg`` (basicConfig), ``ERROR 12-05 10:00:00
-#: [file.py:12] msg`` (vLLM), ``2026-12-05 10:00:00,123 ERROR name: msg``, ``[ERROR] msg``.
+#: [file.py:12] msg`` (vLLM), ``2026-12-05 10:00:00,123 ERROR name: msg``, ``2026-12-05
+#: 10:00:00 | ERROR | name | msg``, ``[ERROR] msg``.
 _LOG_LINE = re.compile(
-    r"^(?:\d[\d\-/:.,T ]*\s+)?\[?(?P<level>ERROR|CRITICAL)\]?(?:[\s:]+|$)(?P<rest>.*)$"
+    r"^(?:\d[\d\-/:.,T ]*\s*\|?\s+)?\[?(?P<level>ERROR|CRITICAL)\]?(?:[\s:|]+|$)(?P<rest>.*)$"
 )
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*)(?::|$)")

@@ -220,6 +220,7 @@ def test_the_block_s_own_exception_propagates_and_the_hooks_are_removed() -> Non
         ("(EngineCore_DP0 pid=12) ERROR 12-05 10:00:00 [core.py:1] boom", True),
         ("2026-12-05 10:00:00,123 CRITICAL engine: boom", True),
         ("[ERROR] boom", True),
+        ("2023-12-27 11:25:36 | ERROR | stderr | boom", True),
         ("WARNING:root:boom", False),
         ("no ERROR here, a sentence that mentions ERROR", False),
         ("ERRORS are counted: 0", False),

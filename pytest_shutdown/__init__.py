@@ -32,6 +32,7 @@ _LAZY: dict[str, str] = {
     "no_task_leaks": "pytest_shutdown.helpers.tasks",
     "assert_no_collateral": "pytest_shutdown.helpers.collateral",
     "no_global_state_changes": "pytest_shutdown.helpers.state",
+    "no_logged_errors": "pytest_shutdown.helpers.quiet",
     "assert_device_memory_released": "pytest_shutdown.helpers.leaks",
     "no_os_leaks": "pytest_shutdown.resources.check",
     "timeout_matrix": "pytest_shutdown.helpers.timeouts",
@@ -147,6 +148,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.helpers.leaks import assert_device_memory_released, no_leaks
     from pytest_shutdown.helpers.orphans import TreeDeath, kill_tree_at
     from pytest_shutdown.helpers.process_groups import assert_process_group_destroyed
+    from pytest_shutdown.helpers.quiet import no_logged_errors
     from pytest_shutdown.helpers.ray_resources import assert_ray_released
     from pytest_shutdown.helpers.report import CheckReport
     from pytest_shutdown.helpers.second_engine import assert_second_engine_clean

@@ -28,6 +28,7 @@ from pytest_shutdown.guard_reports import GuardReports, _is_pytest_timeout
 from pytest_shutdown.guard_session_end import SessionEnd
 from pytest_shutdown.guard_state import Found, Snapshot, _Watch, line_of
 from pytest_shutdown.ownership import origins
+from pytest_shutdown.quiet import quiet_findings
 from pytest_shutdown.report import describe_guard_error
 from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.threads import TOOL_MODULES, is_tool_thread
@@ -167,6 +168,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         except Exception as exc:  # noqa: BLE001 - the guard's own failure is not the test's
             findings, guard_error = [], describe_guard_error(exc)
         origins.set_current_test(None)
+        findings = findings + quiet_findings(item)  # --shutdown-quiet's, when on
         guard_s = time.monotonic() - guard_start
         teardown_s = time.monotonic() - start  # the grace waited is part of the teardown
         if self._deferred is not None and self._deferred.due():  # earlier tests' verdicts

@@ -30,6 +30,7 @@ import pytest_shutdown  # noqa: E402 - after the rewrite list is changed
 from pytest_shutdown._fast.node_markers import CYCLES as CYCLES_MARKER  # noqa: E402
 from pytest_shutdown._fast.node_markers import CYCLES_HELP as CYCLES_MARKER_HELP  # noqa: E402
 from pytest_shutdown._fast.node_markers import marker_names, scanned_module_names  # noqa: E402
+from pytest_shutdown.quiet import quiet_enabled  # noqa: E402
 from pytest_shutdown.settings import (  # noqa: E402
     ALLOW_LEAKS_KINDS,
     SETTINGS_KEY,
@@ -69,6 +70,7 @@ def pytest_configure(config: pytest.Config) -> None:
     for line in MARKERS:
         config.addinivalue_line("markers", line)
     settings = load_settings(config)  # raises pytest.UsageError (exit code 4) on bad input
+    quiet_enabled(config)  # a bad shutdown_quiet is refused, guard on or off
     config.stash[SETTINGS_KEY] = settings
 
     from pytest_shutdown import fixtures
@@ -103,6 +105,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(report, "pytest-shutdown-report")
         if settings.enabled:
             from pytest_shutdown.guard import ShutdownGuard
+
+            if quiet_enabled(config):  # before the guard: its teardown wrapper is outside
+                from pytest_shutdown.quiet import QuietTeardowns, quiet_allow
+
+                quiet = QuietTeardowns(config, quiet_allow(config))
+                config.pluginmanager.register(quiet, "pytest-shutdown-quiet")
 
             guard = ShutdownGuard(config, settings, report)
             config.pluginmanager.register(guard, "pytest-shutdown-guard")

@@ -17,6 +17,7 @@ import pytest
 
 from pytest_shutdown._fast.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown._fast.node_markers import CYCLES, marker_names
+from pytest_shutdown.quiet import add_quiet_options
 from pytest_shutdown.resources import allow_keys, kind_names
 
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
@@ -444,6 +445,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("shutdown_containment", CONTAINMENT_DESC, default="")
     parser.addini("shutdown_grace", GRACE_DESC, default="")
     parser.addini("shutdown_budget", BUDGET_DESC, default="")
+    add_quiet_options(parser)  # --shutdown-quiet (pytest_shutdown.quiet)
 
 
 @lazy_dataclass(frozen=True)

@@ -88,6 +88,7 @@ TOP_LEVEL: dict[str, str] = {
     "budget": "plugin",
     "ray_cluster": "plugin",
     "workers": "plugin",
+    "quiet": "plugin",
 }
 
 #: What each layer may import besides itself.

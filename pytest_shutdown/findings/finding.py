@@ -54,6 +54,8 @@ FINDING_CODES: Mapping[str, str] = {
     "loop closed before its aclose() ran",
     "coroutine-never-awaited": "a coroutine created during the test was never awaited (CPython's "
     "RuntimeWarning, as a finding)",
+    "shutdown-logged-error": "a graceful shutdown logged an ERROR record or wrote a traceback "
+    "(in the process, or in a child process's stderr) though it succeeded",
 }
 
 

@@ -5,6 +5,7 @@ and the usage errors. Both sides for each finding."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import inspect
 import threading
 import time
@@ -29,6 +30,11 @@ from pytest_shutdown.aio import (
 SLEEP_LINE = inspect.getsourcelines(a.SleepsInAclose.aclose)[1] + 2  # the time.sleep line
 JOIN_LINE = inspect.getsourcelines(a.JoinsInAclose.aclose)[1] + 2  # the join line
 RECV_LINE = inspect.getsourcelines(a.RecvsInAclose.aclose)[1] + 2  # the recv line
+
+#: The tests awaited on pytest-asyncio's loop (the dev extra installs it).
+needs_pytest_asyncio = pytest.mark.skipif(
+    importlib.util.find_spec("pytest_asyncio") is None, reason="needs pytest-asyncio"
+)
 
 
 def _started() -> a.AsyncEngine:
@@ -88,6 +94,7 @@ def test_racing_first_round_runs_concurrent_calls_on_the_loop() -> None:
 # ---- idempotence, async use: awaited on the test's own loop ---------------------------------
 
 
+@needs_pytest_asyncio
 @pytest.mark.asyncio
 async def test_async_idempotent_aclose_on_the_tests_loop_cancels_the_handler() -> None:
     engine = a.AsyncEngine()
@@ -99,6 +106,7 @@ async def test_async_idempotent_aclose_on_the_tests_loop_cancels_the_handler() -
     assert report.cleanups["cache.close"] == {"call 1": 1, "call 2": 0, "call 3": 0, "gc": 0}
 
 
+@needs_pytest_asyncio
 @pytest.mark.asyncio
 async def test_async_second_aclose_raising_is_reported() -> None:
     engine = a.RaisesAsyncEngine()
@@ -179,6 +187,7 @@ def test_aclose_cleanup_missing_on_collection_is_caught() -> None:
     assert finding.details["cleanup"] == "cache.close"
 
 
+@needs_pytest_asyncio
 @pytest.mark.asyncio
 async def test_async_finalizes_on_gc_both_sides() -> None:
     report = await assert_finalizes_on_gc_async(a.AsyncEngine, timeout=2.0)
@@ -228,6 +237,7 @@ def test_awaiting_in_aclose_is_not_loop_blocked() -> None:
     assert report.timings["shutdown"] >= 0.5
 
 
+@needs_pytest_asyncio
 @pytest.mark.asyncio
 async def test_async_loop_blocked_both_sides_on_the_tests_loop() -> None:
     await assert_nonblocking_shutdown_async(a.AwaitsInAclose(0.3), budget=0.1)

@@ -361,18 +361,26 @@ def _wrap_asyncio(asyncio: Any) -> None:
     _patch("loop_create_task", base, "create_task", loop_create_task)
     _patch("agen_firstiter", base, "_asyncgen_firstiter_hook", agen_firstiter)
     _patch("agen_finalizer", base, "_asyncgen_finalizer_hook", agen_finalizer)
-    runners = sys.modules.get("asyncio.runners")
-    cancel_all = getattr(runners, "_cancel_all_tasks", None)
-    if cancel_all is not None:
+    # asyncio's runner, and the backport pytest-asyncio runs its loops with on Python 3.10
+    for key, module in (("cancel_all", "asyncio.runners"), ("cancel_all_3_10", _BACKPORT)):
+        cancel_all = getattr(sys.modules.get(module), "_cancel_all_tasks", None)
+        if cancel_all is not None:
+            _patch(key, sys.modules[module], "_cancel_all_tasks", _cancelling(asyncio, cancel_all))
 
-        def cancel_all_tasks(loop: Any) -> None:
-            try:
-                _left_for_the_runner(asyncio, loop)
-            except Exception:  # noqa: BLE001
-                pass
-            return cancel_all(loop)  # type: ignore[no-any-return]
 
-        _patch("cancel_all", runners, "_cancel_all_tasks", cancel_all_tasks)
+#: ``asyncio.Runner`` backported to Python 3.10 (pytest-asyncio's loops there).
+_BACKPORT = "backports.asyncio.runner.runner"
+
+
+def _cancelling(asyncio: Any, cancel_all: Any) -> Any:
+    def cancel_all_tasks(loop: Any) -> None:
+        try:
+            _left_for_the_runner(asyncio, loop)
+        except Exception:  # noqa: BLE001
+            pass
+        return cancel_all(loop)  # type: ignore[no-any-return]
+
+    return cancel_all_tasks
 
 
 def _destroyed_pending(context: Any) -> None:

@@ -214,6 +214,9 @@ PYTEST_ASYNCIO = textwrap.dedent(
     @pytest.mark.asyncio(loop_scope="session")
     async def test_session_loop(service):
         assert not service.done()
+        if not hasattr(asyncio, "TaskGroup"):  # Python 3.10
+            await asyncio.ensure_future(asyncio.sleep(0))
+            return
         async with asyncio.TaskGroup() as group:
             group.create_task(asyncio.sleep(0))
 

@@ -92,6 +92,7 @@ def _mark() -> Callable[[], None] | None:
 
 
 def _start_block(escaped: Any, env: str, subreaper_now: Callable[[], bool | None]) -> Any:
+    """:func:`_mark`'s work, under its lock (the modules come from its lazy imports)."""
     global _blocks, _undo_marker, _marker_pid
     if _blocks:  # another thread's block put the marker: it stays until the last one ends
         _blocks += 1

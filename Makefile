@@ -50,8 +50,9 @@ test: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m pytest -p shutdown examples/ -v $(PYTEST_ARGS)
 
+# NO_MKDOCS_2_WARNING: mkdocs-material's banner about its end of life, at every build.
 docs: $(STAMP)
-	$(BIN)/python -m mkdocs build --strict --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir site
 
 test-pythons:
 	CPU_TORCH="$(CPU_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test-pythons

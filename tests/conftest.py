@@ -1,6 +1,11 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +49,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return float(marker.args[0]) if marker is not None else 0.0
 
     items.sort(key=expected_seconds, reverse=True)  # stable: the rest keeps its order
+
+
+#: mkdocs-material 9.7+ prints a banner about its end of life at every build; as ``make docs``.
+DOCS_BUILD_ENV = {"NO_MKDOCS_2_WARNING": "1"}
+
+
+@pytest.fixture(scope="session")
+def docs_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site, built once as ``make docs`` builds it (``mkdocs build --strict``)
+    into a temporary folder; the build must also print no warning."""
+    reason = "comes with the 'docs' extra (make test has it)"
+    pytest.importorskip("mkdocs", reason=f"mkdocs {reason}")
+    pytest.importorskip("material", reason=f"mkdocs-material, the site's theme, {reason}")
+    pytest.importorskip("mkdocstrings_handlers.python", reason=f"mkdocstrings-python {reason}")
+    out = tmp_path_factory.mktemp("site")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=Path(__file__).resolve().parent.parent,
+        env={**os.environ, **DOCS_BUILD_ENV},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not re.search(r"^WARNING\b", result.stderr, re.M), result.stderr[-3000:]
+    return out

@@ -14,12 +14,11 @@ import importlib
 import importlib.util
 import inspect
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from site_nav import nav_pages
 
 from pytest_shutdown.findings.finding import FINDING_CODES
 
@@ -36,26 +35,6 @@ def _load_hooks() -> ModuleType:
 
 
 hooks = _load_hooks()
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("mkdocs", reason="mkdocs comes with the 'docs' extra (make test has it)")
-    pytest.importorskip(
-        "mkdocstrings_handlers.python",
-        reason="mkdocstrings-python comes with the 'docs' extra (make test has it)",
-    )
-    out = tmp_path_factory.mktemp("site")
-    result = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "WARNING" not in result.stderr, result.stderr[-3000:]
-    return out
 
 
 def _entries(page: str) -> dict[str, str]:
@@ -93,10 +72,10 @@ PUBLIC = [
 ]
 
 
-def test_the_docs_site_builds_in_strict_mode(site: Path) -> None:
+def test_the_docs_site_builds_in_strict_mode(docs_site: Path) -> None:
     """``make docs`` without make: broken links or pages missing from the nav fail the build
-    (``--strict``, no warning: the ``site`` fixture asserts both)."""
-    assert (site / "api" / "index.html").is_file()
+    (``--strict``, no warning: the ``docs_site`` fixture asserts both)."""
+    assert (docs_site / "api" / "index.html").is_file()
 
 
 def test_the_reference_covers_every_public_module_and_name() -> None:
@@ -109,9 +88,9 @@ def test_the_reference_covers_every_public_module_and_name() -> None:
 
 @pytest.mark.parametrize(("module", "name", "path"), PUBLIC, ids=[f"{m}.{n}" for m, n, _ in PUBLIC])
 def test_every_public_name_and_parameter_is_on_the_site(
-    site: Path, module: str, name: str, path: str
+    docs_site: Path, module: str, name: str, path: str
 ) -> None:
-    page = (site / "reference" / "index.html").read_text(encoding="utf-8")
+    page = (docs_site / "reference" / "index.html").read_text(encoding="utf-8")
     entries = _entries(page)
     assert path in entries, f"{module}.{name} ({path}) has no entry on the API reference page"
     text = entries[path]
@@ -125,8 +104,8 @@ def test_every_public_name_and_parameter_is_on_the_site(
     assert not missing, f"{module}.{name}: parameters {missing} are not on the site"
 
 
-def test_every_finding_code_is_on_the_codes_page(site: Path) -> None:
-    text = html.unescape((site / "codes" / "index.html").read_text(encoding="utf-8"))
+def test_every_finding_code_is_on_the_codes_page(docs_site: Path) -> None:
+    text = html.unescape((docs_site / "codes" / "index.html").read_text(encoding="utf-8"))
     rows = dict(re.findall(r"<td><code>([a-z-]+)</code></td>\s*<td>(.*?)</td>", text, re.S))
     for code, meaning in FINDING_CODES.items():
         assert code in rows, f"{code} is missing from the codes page"
@@ -154,7 +133,7 @@ def test_the_quick_start_is_short_second_and_self_contained() -> None:
     page = DOCS / "quickstart.md"
     text = page.read_text(encoding="utf-8")
     assert page.stat().st_size <= 8 * 1024
-    nav = re.findall(r"^  - [^:]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    nav = nav_pages(ROOT / "mkdocs.yml")
     assert nav[1] == "quickstart.md"
     visible = re.sub(r"<!-- quote: .*? -->", "", text)
     assert "examples/" not in visible, "the quick start must not send the reader to examples/"
@@ -225,7 +204,7 @@ def test_each_signature_in_helpers_md_is_the_codes(name: str, arguments: str) ->
     assert shown == _parameters(value), f"docs/helpers.md shows {name}({arguments})"
 
 
-def test_sphinx_roles_in_docstrings_render_as_code(site: Path) -> None:
-    page = (site / "reference" / "index.html").read_text(encoding="utf-8")
+def test_sphinx_roles_in_docstrings_render_as_code(docs_site: Path) -> None:
+    page = (docs_site / "reference" / "index.html").read_text(encoding="utf-8")
     assert not re.search(r":(class|func|data|mod|meth):", page)
     assert "<code>ShutdownContractError</code>" in page

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from inner_runs import LEAKY_FINALIZER
+from site_nav import nav_pages
 
 from pytest_shutdown import FINDING_CODES
 
@@ -208,7 +209,7 @@ def test_every_relative_link_reaches_a_file(page: Path) -> None:
 
 
 def test_every_docs_page_is_in_the_site_nav() -> None:
-    nav = re.findall(r"^  - [^:]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(), re.M)
+    nav = nav_pages(ROOT / "mkdocs.yml")
     assert sorted(nav) == sorted(p.name for p in DOCS.glob("*.md"))
 
 

@@ -6,9 +6,10 @@ saw them leave, took the engine for dead and logged ``"AsyncLLM output_handler f
 log thought the server had crashed. The reference engine puts the bug back with
 ``AsyncFaults(cancel_output_handler=False)``; ``no_logged_errors()`` around the close reports it
 as ``shutdown-logged-error`` naming the logger, the exception and the line that logged it (the
-guard does the same for every test under ``--shutdown-quiet``). Fixed (the engine's default, and
-vLLM PR #49000's idea): the engine is marked closing before anything is torn down, so the
-handler tells a requested stop from a death, and it is cancelled before the EngineCores stop.
+guard does the same under ``--shutdown-quiet`` when a fixture's teardown closes the engine).
+Fixed (the engine's default, and vLLM PR #49000's idea): the engine is marked closing before
+anything is torn down, so the handler tells a requested stop from a death, and it is cancelled
+before the EngineCores stop.
 """
 
 from __future__ import annotations

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import pytest
 
@@ -78,6 +82,50 @@ def test_sync_block_around_a_clean_asyncio_run_passes() -> None:
 
     with no_task_leaks():
         asyncio.run(main())
+
+
+@contextmanager
+def _loop_in_a_thread() -> Iterator[asyncio.AbstractEventLoop]:
+    """A loop made before the block, running in another thread (a server's)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="test-serving-loop", daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+def _start_on(
+    loop: asyncio.AbstractEventLoop, coro_fn: Callable[[], Coroutine[Any, Any, None]]
+) -> asyncio.Task[None]:
+    async def start() -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(coro_fn())
+
+    return asyncio.run_coroutine_threadsafe(start(), loop).result(5)
+
+
+def test_sync_block_fails_on_a_task_it_left_on_an_older_loop_in_another_thread() -> None:
+    with _loop_in_a_thread() as loop:
+        task = None
+        with pytest.raises(ShutdownContractError) as caught:
+            with no_task_leaks(grace=0.05):
+                task = _start_on(loop, _forever)
+        (finding,) = caught.value.findings
+        assert finding.code == "task-leak" and finding.details["name"].endswith("_forever")
+        assert task is not None
+        loop.call_soon_threadsafe(task.cancel)
+
+
+def test_sync_block_waits_for_a_task_ending_on_an_older_loop_in_another_thread() -> None:
+    async def short() -> None:
+        await asyncio.sleep(0.02)
+
+    with _loop_in_a_thread() as loop:
+        with no_task_leaks(grace=2.0):
+            _start_on(loop, short)
 
 
 def test_the_blocks_own_exception_propagates_unchecked() -> None:

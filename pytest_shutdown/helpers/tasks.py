@@ -9,7 +9,8 @@ One context manager, usable both ways::
         engine = AsyncEngine()
         await engine.aclose()        # must cancel and await its output handler
 
-At the end of the block, the tasks created inside it that are still pending (after a bounded
+At the end of the block, the tasks created inside it, on any loop (one made before the block
+and running in another thread too, a server's), that are still pending (after a bounded
 grace: ``async with`` sleeps in short steps, so that the loop can finish them; ``with`` polls only
 while the tasks' loops run in other threads, since sleeping would block a loop of this thread),
 and those still pending when their loop's runner shut down inside the block (``asyncio.run``
@@ -100,7 +101,7 @@ class no_task_leaks:  # noqa: N801 - used like a function: ``with no_task_leaks(
         current = _current_task()
         return [
             e
-            for e in left_since((self._start or 0, ()), in_tests_only=False)
+            for e in left_since((self._start or 0, ()), in_tests_only=False, on_any_loop=True)
             if e.what == "task" and (current is None or e.obj() is not current)
         ]
 

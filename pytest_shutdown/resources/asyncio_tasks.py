@@ -62,13 +62,13 @@ def _excluded(number: int, ranges: tuple[tuple[int, int], ...]) -> bool:
     return any(start < number <= end for start, end in ranges)
 
 
-def _pending_task(entry: record.Entry, start: int) -> bool:
-    """A task made after ``start`` still pending, on a loop made since or on the tests' thread
-    (not the tool's own runner task)."""
+def _pending_task(entry: record.Entry, start: int, on_any_loop: bool) -> bool:
+    """A task made after ``start`` still pending, on a loop made since or on the tests' thread,
+    or with ``on_any_loop`` on any loop (not the tool's own runner task)."""
     task = entry.obj()
     if task is None or task.done() or record._is_tool(entry):
         return False
-    return entry.loop_seq > start or entry.thread == record.main_thread_ident()
+    return on_any_loop or entry.loop_seq > start or entry.thread == record.main_thread_ident()
 
 
 def _open_loop(entry: record.Entry) -> bool:
@@ -86,10 +86,13 @@ def _stuck_agen(entry: record.Entry) -> bool:
     return loop is not None and loop.is_closed()
 
 
-def left_since(before: Baseline, *, in_tests_only: bool = True) -> list[record.Entry]:
+def left_since(
+    before: Baseline, *, in_tests_only: bool = True, on_any_loop: bool = False
+) -> list[record.Entry]:
     """What was made after ``before`` and is left now (see the module docstring), the
     wider-scope fixtures' ranges excluded; with ``in_tests_only``, what was made between tests
-    (no test running: a background thread's) is no test's."""
+    (no test running: a background thread's) is no test's; with ``on_any_loop``, a task is
+    counted whatever its loop (a block's check: it made the task, on an older loop too)."""
     start, ranges = before
     if record.seq() == start:
         return []
@@ -98,7 +101,7 @@ def left_since(before: Baseline, *, in_tests_only: bool = True) -> list[record.E
         if _excluded(entry.seq, ranges) or (in_tests_only and entry.test is None):
             continue
         if entry.what == "task":
-            keep = _pending_task(entry, start)
+            keep = _pending_task(entry, start, on_any_loop)
         elif entry.what == "loop":
             keep = _open_loop(entry)
         else:

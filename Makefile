@@ -1,6 +1,6 @@
 # Set-up and the two commands of the README. Each target builds .venv by itself when needed.
 #
-#   make test                     the whole test suite
+#   make test                     the whole test suite; prints its elapsed time last
 #   make demo                     the plugin on examples/
 #   make docs                     the documentation site (mkdocs, strict) into site/
 #   make test USE_SYSTEM_TORCH=1  reuse the torch of the Python that builds the venv
@@ -44,8 +44,14 @@ $(STAMP): pyproject.toml scripts/setup-venv
 # Bytecode caching on for the suite even where the environment turns it off
 # (PYTHONDONTWRITEBYTECODE): hundreds of the tests' pytest subprocesses would each compile the
 # plugin's modules (and pytest its assertion rewrites) afresh.
+# The elapsed time is printed last (the docs state none: it depends on the machine); the status
+# is pytest's.
 test: $(STAMP)
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(TEST_WORKERS) -o console_output_style=count $(PYTEST_ARGS)
+	@start=$$(date +%s); \
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -n $(TEST_WORKERS) -o console_output_style=count $(PYTEST_ARGS); \
+	status=$$?; elapsed=$$(( $$(date +%s) - start )); \
+	echo "make test: $$(( elapsed / 60 )) min $$(( elapsed % 60 )) s elapsed (pytest -n $(TEST_WORKERS), exit $$status)"; \
+	exit $$status
 
 demo: $(STAMP)
 	$(BIN)/python -m pytest -p shutdown examples/ -v $(PYTEST_ARGS)

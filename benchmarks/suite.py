@@ -1,8 +1,9 @@
-"""Wall time of the whole test suite under ``make test`` (``pytest -n 3``), with its slowest tests.
+"""Wall time of the whole test suite under ``make test``, with its slowest tests.
 
-Runs ``make test PYTEST_ARGS="--durations=N -q"`` in the repository root (``TEST_WORKERS``, 3 by
-default, xdist workers), prints the wall time, the slowest tests pytest reports and its summary
-line. Target: 3 minutes on 2 cores. Not a test.
+Runs ``make test PYTEST_ARGS="--durations=N -q"`` in the repository root (``TEST_WORKERS`` xdist
+workers: the environment's, else the Makefile's default; the label names it), prints the wall
+time, the slowest tests pytest reports and its summary line. Target: 3 minutes on 2 cores. Not a
+test.
 
     .venv/bin/python benchmarks/suite.py [--durations 15] [--root DIR] [--pytest-args ARGS]
                                          [--json PATH]
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import time
 from collections.abc import Sequence
@@ -27,6 +29,18 @@ ROOT = Path(__file__).resolve().parent.parent
 #: The suite must end within this; a run that does not is cut off (every wait has a deadline).
 DEADLINE_S = 1800.0
 TARGET_S = 180.0
+
+
+def make_test_workers(root: Path = ROOT) -> str:
+    """The ``-n`` that ``make test`` passes: ``TEST_WORKERS`` from the environment, else the
+    Makefile's ``TEST_WORKERS ?= N`` default."""
+    if os.environ.get("TEST_WORKERS"):
+        return os.environ["TEST_WORKERS"]
+    makefile = (root / "Makefile").read_text(encoding="utf-8")
+    match = re.search(r"^TEST_WORKERS \?= *(\S+)", makefile, re.M)
+    if match is None:
+        raise SystemExit(f"{root / 'Makefile'} sets no TEST_WORKERS default")
+    return match.group(1)
 
 
 def run_suite(durations: int, root: Path = ROOT, extra: str = "") -> tuple[float, int, str]:
@@ -62,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> list[Figure]:
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     wall, status, output = run_suite(args.durations, args.root, args.pytest_args)
-    workers = os.environ.get("TEST_WORKERS", "3")
+    workers = make_test_workers(args.root)
     print(f"make test (pytest -n {workers}) in {args.root}, {os.cpu_count()} CPUs: "
           f"{wall:.1f} s wall, exit {status}")
     for line in slowest(output):

@@ -9,8 +9,12 @@ one, or a module they share; every row of the page's table of latest figures nam
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -64,3 +68,29 @@ def test_every_latest_figure_names_the_benchmark_that_produced_it() -> None:
         assert re.match(r"20\d\d-\d\d-\d\d", row[3]), f"{row[0]}: a date (YYYY-MM-DD ...)"
         named.update(found)
     assert named == set(BENCHMARKS), set(BENCHMARKS) - named
+
+
+# -- benchmarks/suite.py labels its run with the -n that make test really passes ---------------
+
+
+@pytest.fixture
+def suite(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(BENCH))  # suite.py imports its sibling figures.py
+    spec = importlib.util.spec_from_file_location("bench_suite", BENCH / "suite.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_suite_benchmark_names_the_makefiles_workers(
+    suite: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("TEST_WORKERS", raising=False)
+    default = re.search(r"^TEST_WORKERS \?= (\d+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert default is not None, "the Makefile sets a TEST_WORKERS default"
+    assert suite.make_test_workers(ROOT) == default.group(1)
+    (tmp_path / "Makefile").write_text("TEST_WORKERS ?= 5\n")
+    assert suite.make_test_workers(tmp_path) == "5"
+    monkeypatch.setenv("TEST_WORKERS", "2")  # as `TEST_WORKERS=2 make test` would pass it on
+    assert suite.make_test_workers(tmp_path) == "2"

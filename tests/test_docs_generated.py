@@ -159,7 +159,8 @@ def test_the_readme_starts_with_the_users_path() -> None:
     first_make = min(i for i, line in enumerate(lines) if re.search(r"make (demo|test)", line))
     first_pip = min(i for i, line in enumerate(lines) if "pip install" in line)
     assert first_pip < first_make, "the user's path comes before the contributors' commands"
-    assert re.search(r"make test.*about \d+ min", "\n".join(lines), re.S | re.I)
+    # how long it takes depends on the machine: make test prints it, the README states none
+    assert re.search(r"make test .*prints its elapsed time", "\n".join(lines))
 
 
 # -- the hand-written signatures of helpers.md --------------------------------------------------

@@ -1,6 +1,7 @@
 """The samples, tables and links of README.md and docs/*.md stay true.
 
-* Every ``python`` sample is quoted from a file under ``examples/`` (which ``make demo`` runs): the
+* Every ``python`` sample but the quick start's (which tests/test_quickstart.py runs as it is) is
+  quoted from a file under ``examples/`` (which ``make demo`` runs): the
   ``<!-- quote: PATH::NAME[,NAME...] -->`` line above it names the top-level definitions it
   shows, and the sample must equal their source exactly (decorators included, one blank line
   between them). ``scripts/sync-doc-quotes`` rewrites them after an example changes.
@@ -14,50 +15,19 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from doc_pages import DOCS, PAGES, README, ROOT, Block, blocks
 from inner_runs import LEAKY_FINALIZER
 from site_nav import nav_pages
 
 from pytest_shutdown import FINDING_CODES
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
-DOCS = ROOT / "docs"
-PAGES = [README, *sorted(DOCS.glob("*.md"))]
-
-FENCE = re.compile(r"^```(\w*)\n(.*?)^```\n", re.S | re.M)
 QUOTE = re.compile(r"<!-- quote: (\S+?)::(\S+) -->\n\Z")
 CHECK = re.compile(r"<!-- check: (\w+) -->\n\Z")
-
-
-@dataclass(frozen=True)
-class Block:
-    lang: str
-    code: str
-    page: str
-    line: int
-    before: str  # the text between the previous block and this one
-
-    @property
-    def where(self) -> str:
-        return f"{self.page}:{self.line}"
-
-
-def blocks() -> list[Block]:
-    found: list[Block] = []
-    for page in PAGES:
-        text = page.read_text(encoding="utf-8")
-        name = str(page.relative_to(ROOT))
-        last = 0
-        for match in FENCE.finditer(text):
-            line = text.count("\n", 0, match.start()) + 1
-            before = text[last : match.start()]
-            found.append(Block(match.group(1), match.group(2), name, line, before))
-            last = match.end()
-    return found
+#: Its python blocks are the files of a project, run as they are by tests/test_quickstart.py.
+QUICK_START = "docs/quickstart.md"
 
 
 def definition_source(path: Path, name: str) -> str:
@@ -81,7 +51,7 @@ def definition_source(path: Path, name: str) -> str:
     raise AssertionError(f"{path.relative_to(ROOT)} has no top-level definition {name!r}")
 
 
-PYTHON_BLOCKS = [b for b in blocks() if b.lang == "python"]
+PYTHON_BLOCKS = [b for b in blocks() if b.lang == "python" and b.page != QUICK_START]
 
 
 def test_the_readme_and_docs_have_python_samples() -> None:

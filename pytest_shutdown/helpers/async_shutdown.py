@@ -24,17 +24,17 @@ import types
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from pytest_shutdown._base.arguments import require_callable, require_method, require_seconds
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.awaiting import (
     checked_on_worker,
     require_no_running_loop,
     run_on_worker,
-    validate_subject,
 )
 from pytest_shutdown.helpers.cleanups import Watch
-from pytest_shutdown.helpers.finalization import assert_finalizes_on_gc
+from pytest_shutdown.helpers.finalization import FACTORY, assert_finalizes_on_gc
 from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown
-from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds, raised
+from pytest_shutdown.helpers.report import CheckReport, describe, raised
 
 #: Seconds between two heartbeats on the watched loop (and two looks of the watchdog).
 HEARTBEAT_S = 0.005
@@ -72,7 +72,7 @@ async def assert_idempotent_shutdown_async(
     ``cleanup-repeated``) name the coroutine method (``details["shutdown"]``).
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    validate_subject(obj, method)
+    require_method("assert_idempotent_shutdown_async", "obj", obj, method)
     options = {"watch": tuple(watch), "allow_repeat": tuple(allow_repeat)}
     check = assert_idempotent_shutdown
     return await checked_on_worker(check, obj, method, calls=calls, threads=threads, **options)
@@ -90,6 +90,7 @@ async def assert_finalizes_on_gc_async(
     the caller's loop. ``factory`` runs on the helper's worker thread, where no loop runs: an
     object that starts its tasks lazily (on first use, as vLLM's ``AsyncLLM``) is built fine."""
     __tracebackhide__ = True  # a failure points at the caller's line
+    require_callable("assert_finalizes_on_gc_async", "factory", factory, FACTORY)
     options = {"watch": tuple(watch), "timeout": timeout, "graphs_dir": graphs_dir}
     return await run_on_worker(assert_finalizes_on_gc, factory, method=method, **options)
 
@@ -109,10 +110,10 @@ async def assert_nonblocking_shutdown_async(
     that raises is ``shutdown-raised``. Returns a ``CheckReport`` with the longest stall seen.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    validate_subject(obj, method)
+    helper = "assert_nonblocking_shutdown_async"
+    require_method(helper, "obj", obj, method)
     for name, value in (("budget", budget), ("grace", grace), ("interval", interval)):
-        if not is_seconds(value):
-            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        require_seconds(helper, name, value)
     return await _watched_close(obj, method, budget, grace, interval, [])
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import sysconfig
 import threading
 import time
 import traceback
@@ -33,6 +32,7 @@ from pytest_shutdown.helpers.awaiting import (
 )
 from pytest_shutdown.helpers.cleanups import Watch
 from pytest_shutdown.helpers.finalization import FACTORY, assert_finalizes_on_gc
+from pytest_shutdown.helpers.frames import is_library
 from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown
 from pytest_shutdown.helpers.report import CheckReport, describe, raised
 
@@ -44,14 +44,6 @@ STACK_LIMIT = 40
 WATCHDOG_JOIN_S = 5.0
 #: How long a fresh loop may take to finish after the close's grace (the check's own steps).
 LOOP_EXIT_S = 2.0
-
-#: The helpers' own folder: its frames are never the blocking site.
-_HELPERS_DIR = os.path.dirname(os.path.abspath(__file__))
-_STDLIB_DIRS = tuple(
-    os.path.abspath(path)
-    for path in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")}
-    if path
-)
 
 
 async def assert_idempotent_shutdown_async(
@@ -297,7 +289,7 @@ def _sample(frame: types.FrameType) -> dict[str, Any] | None:
     site = frame
     current: types.FrameType | None = frame
     while current is not None:
-        if not _is_library(current.f_code.co_filename):
+        if not is_library(current.f_code.co_filename):
             site = current
             break
         current = current.f_back
@@ -311,13 +303,3 @@ def _sample(frame: types.FrameType) -> dict[str, Any] | None:
     }
     del site, current
     return sample
-
-
-def _is_library(filename: str) -> bool:
-    """Python's own modules (asyncio, threading, socket) and this package's: not a blocking site."""
-    path = os.path.abspath(filename)
-    if path.startswith(_HELPERS_DIR + os.sep):
-        return True
-    if "site-packages" in path or "dist-packages" in path:
-        return False
-    return filename.startswith("<") or path.startswith(_STDLIB_DIRS)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import sysconfig
 import tempfile
 import threading
 import time
@@ -25,6 +24,7 @@ from pytest_shutdown.helpers.cleanups import (
     instance_attributes,
     is_exit_stack,
 )
+from pytest_shutdown.helpers.frames import blocked_in
 from pytest_shutdown.helpers.report import CheckReport, describe, raised
 
 #: How long a blocking task waits for its release at most (every wait has a deadline).
@@ -321,7 +321,7 @@ def _blocking(
         for entry in occupied
         if any(frame.f_locals.get("self") is entry.executor for frame in frames)
     ]
-    blocked_in = blocked_frame(frames)
+    where = blocked_in(frames)
     del frames
     details: dict[str, Any] = {"budget_s": budget, "elapsed_s": runner.elapsed()}
     if waits_on:
@@ -329,64 +329,16 @@ def _blocking(
             f"{subject}: {method}() was still blocked on {', '.join(waits_on)} after {budget:g}s "
             "while its tasks were running"
         )
-        text += f" (in {blocked_in})." if blocked_in else "."
+        text += f" (in {where})." if where else "."
         details["executors"] = waits_on
     else:  # the budget counts every wait of the method, not the executors' alone
         text = f"{subject}: {method}() was still blocked after {budget:g}s"
-        text += f" in {blocked_in}: not an executor" if blocked_in else ", not on an executor"
+        text += f" in {where}: not an executor" if where else ", not on an executor"
         text += f" (the budget counts every wait of {method}(), not only its executors')."
         details["occupied"] = [entry.label for entry in occupied]
-    details["blocked_in"] = blocked_in
+    details["blocked_in"] = where
     details["stack"] = stack
     return Finding("blocking-close", text, details)
-
-
-def blocked_frame(frames: Sequence[Any]) -> str:
-    """Where a thread waits, from its frames (innermost first): the call the first frame of the
-    caller's code made, as ``Process.join called from Engine.shutdown at engine.py:40``, or that
-    frame alone when it is the innermost. Frames of this module (the watchdog) and below are not
-    the caller's; the standard library's are called, never the caller."""
-    own = [f for f in frames if f.f_code.co_filename != __file__]
-    if len(own) < len(frames):  # cut at the watchdog: what is outside it is the thread's start
-        own = own[: next(i for i, f in enumerate(frames) if f.f_code.co_filename == __file__)]
-    mine = next((i for i, f in enumerate(own) if not _in_stdlib(f.f_code.co_filename)), None)
-    if mine is None:
-        return _function(own[0]) if own else ""
-    where = f"{_function(own[mine])} at {_short_path(own[mine].f_code.co_filename)}"
-    where += f":{own[mine].f_lineno}"
-    return f"{_function(own[mine - 1])} called from {where}" if mine else where
-
-
-def _function(frame: Any) -> str:
-    """``Class.method`` (of the ``self`` it runs on: ``Process.join``, not ``BaseProcess.join``),
-    else the function's qualified name."""
-    code = frame.f_code
-    owner = frame.f_locals.get("self")
-    if owner is not None and not isinstance(owner, type):
-        return f"{type(owner).__qualname__}.{code.co_name}"
-    return getattr(code, "co_qualname", code.co_name)
-
-
-_STDLIB = tuple(
-    os.path.normcase(os.path.realpath(path)) + os.sep
-    for path in {sysconfig.get_path("stdlib"), sysconfig.get_path("platstdlib")}
-)
-
-
-def _in_stdlib(filename: str) -> bool:
-    if filename.startswith("<frozen "):
-        return True
-    path = os.path.normcase(os.path.realpath(filename))
-    return path.startswith(_STDLIB) and os.sep + "site-packages" + os.sep not in path
-
-
-def _short_path(filename: str) -> str:
-    """Relative to the working directory when under it, else as it is."""
-    try:
-        relative = os.path.relpath(filename)
-    except ValueError:  # another drive (Windows)
-        return filename
-    return filename if relative.startswith(os.pardir) else relative
 
 
 def _hung(subject: str, method: str, grace: float, runner: _Runner) -> Finding:

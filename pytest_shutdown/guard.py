@@ -140,6 +140,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         self, item: pytest.Item, nextitem: pytest.Item | None
     ) -> Generator[None, object, object]:
         """The teardown under the test's budget, then the check and the record."""
+        __tracebackhide__ = True  # a fixture's teardown error shows the user's frames alone
         watch = self._watch
         if watch is None or watch.item is not item:
             return (yield)

@@ -56,6 +56,7 @@ class FixtureLedger(GuardState):
     def pytest_fixture_setup(
         self, fixturedef: pytest.FixtureDef[Any], request: pytest.FixtureRequest
     ) -> Generator[None, object, object]:
+        __tracebackhide__ = True  # a fixture's set-up error shows the user's frames alone
         watch = self._watch
         if (
             watch is None

@@ -94,6 +94,7 @@ class QuietTeardowns:
 
     @pytest.hookimpl(wrapper=True, tryfirst=True)
     def pytest_runtest_teardown(self, item: pytest.Item) -> Generator[None, object, object]:
+        __tracebackhide__ = True  # a fixture's teardown error shows the user's frames alone
         from pytest_shutdown.helpers.quiet import ErrorWatch  # noqa: PLC0415 - on first use
 
         watch = ErrorWatch(allow=self.allow, tee_stderr=self.tee).start()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import sysconfig
 import threading
 import time
 import traceback
@@ -24,17 +23,18 @@ import types
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from pytest_shutdown._base.arguments import require_callable, require_method, require_seconds
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.awaiting import (
     checked_on_worker,
     require_no_running_loop,
     run_on_worker,
-    validate_subject,
 )
 from pytest_shutdown.helpers.cleanups import Watch
-from pytest_shutdown.helpers.finalization import assert_finalizes_on_gc
+from pytest_shutdown.helpers.finalization import FACTORY, assert_finalizes_on_gc
+from pytest_shutdown.helpers.frames import is_library
 from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown
-from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds, raised
+from pytest_shutdown.helpers.report import CheckReport, describe, raised
 
 #: Seconds between two heartbeats on the watched loop (and two looks of the watchdog).
 HEARTBEAT_S = 0.005
@@ -44,14 +44,6 @@ STACK_LIMIT = 40
 WATCHDOG_JOIN_S = 5.0
 #: How long a fresh loop may take to finish after the close's grace (the check's own steps).
 LOOP_EXIT_S = 2.0
-
-#: The helpers' own folder: its frames are never the blocking site.
-_HELPERS_DIR = os.path.dirname(os.path.abspath(__file__))
-_STDLIB_DIRS = tuple(
-    os.path.abspath(path)
-    for path in {sysconfig.get_paths().get("stdlib"), sysconfig.get_paths().get("platstdlib")}
-    if path
-)
 
 
 async def assert_idempotent_shutdown_async(
@@ -72,7 +64,7 @@ async def assert_idempotent_shutdown_async(
     ``cleanup-repeated``) name the coroutine method (``details["shutdown"]``).
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    validate_subject(obj, method)
+    require_method("assert_idempotent_shutdown_async", "obj", obj, method)
     options = {"watch": tuple(watch), "allow_repeat": tuple(allow_repeat)}
     check = assert_idempotent_shutdown
     return await checked_on_worker(check, obj, method, calls=calls, threads=threads, **options)
@@ -90,6 +82,7 @@ async def assert_finalizes_on_gc_async(
     the caller's loop. ``factory`` runs on the helper's worker thread, where no loop runs: an
     object that starts its tasks lazily (on first use, as vLLM's ``AsyncLLM``) is built fine."""
     __tracebackhide__ = True  # a failure points at the caller's line
+    require_callable("assert_finalizes_on_gc_async", "factory", factory, FACTORY)
     options = {"watch": tuple(watch), "timeout": timeout, "graphs_dir": graphs_dir}
     return await run_on_worker(assert_finalizes_on_gc, factory, method=method, **options)
 
@@ -109,10 +102,10 @@ async def assert_nonblocking_shutdown_async(
     that raises is ``shutdown-raised``. Returns a ``CheckReport`` with the longest stall seen.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    validate_subject(obj, method)
+    helper = "assert_nonblocking_shutdown_async"
+    require_method(helper, "obj", obj, method)
     for name, value in (("budget", budget), ("grace", grace), ("interval", interval)):
-        if not is_seconds(value):
-            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
+        require_seconds(helper, name, value)
     return await _watched_close(obj, method, budget, grace, interval, [])
 
 
@@ -296,7 +289,7 @@ def _sample(frame: types.FrameType) -> dict[str, Any] | None:
     site = frame
     current: types.FrameType | None = frame
     while current is not None:
-        if not _is_library(current.f_code.co_filename):
+        if not is_library(current.f_code.co_filename):
             site = current
             break
         current = current.f_back
@@ -310,13 +303,3 @@ def _sample(frame: types.FrameType) -> dict[str, Any] | None:
     }
     del site, current
     return sample
-
-
-def _is_library(filename: str) -> bool:
-    """Python's own modules (asyncio, threading, socket) and this package's: not a blocking site."""
-    path = os.path.abspath(filename)
-    if path.startswith(_HELPERS_DIR + os.sep):
-        return True
-    if "site-packages" in path or "dist-packages" in path:
-        return False
-    return filename.startswith("<") or path.startswith(_STDLIB_DIRS)

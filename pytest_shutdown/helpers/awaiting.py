@@ -47,29 +47,6 @@ _DISPATCH: contextvars.ContextVar[asyncio.AbstractEventLoop | None] = contextvar
 )
 
 
-def validate_subject(obj: object, method: object, argument: str = "obj") -> None:
-    """Usage errors, raised at once: no object, a class instead of an instance, no such method."""
-    validate_object(obj, argument)
-    if not isinstance(method, str) or not method:
-        raise TypeError(f"method: must be the name of a method (a str), got {method!r}")
-    if not callable(getattr(obj, method, None)):
-        raise ValueError(
-            f"method: {type(obj).__qualname__} has no callable {method!r}; pass the name of its "
-            "shutdown method, e.g. method='aclose'"
-        )
-
-
-def validate_object(obj: object, argument: str = "obj") -> None:
-    """Usage errors, raised at once: no object, or a class instead of an instance."""
-    if obj is None:
-        raise TypeError(f"{argument}: got None; pass the object to shut down (an instance)")
-    if isinstance(obj, type):
-        raise TypeError(
-            f"{argument}: got the class {obj.__qualname__}, not an instance of it; pass the "
-            f"object to shut down, e.g. {obj.__qualname__}(...)"
-        )
-
-
 def is_coroutine_method(obj: object, method: str) -> bool:
     """``obj.<method>`` is an ``async def`` (a coroutine function, possibly wrapped)."""
     bound = getattr(obj, method, None)

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from pytest_shutdown._base.arguments import require_callable
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
 from pytest_shutdown.resources.collateral import signal_name
 from pytest_shutdown.resources.primitives import process_running
@@ -142,8 +143,7 @@ def assert_no_collateral(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         assert_no_collateral(engine.shutdown)
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    if not callable(fn):
-        raise TypeError(f"assert_no_collateral: fn must be callable, got {fn!r}")
+    require_callable("assert_no_collateral", "fn", fn, "the function to run: engine.shutdown")
     sentinels = _Sentinels()
     try:
         sentinels.start()

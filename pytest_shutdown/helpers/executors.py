@@ -15,15 +15,17 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from pytest_shutdown._base.arguments import require_method, require_seconds
 from pytest_shutdown.findings.finding import Finding, raise_if_any
-from pytest_shutdown.helpers.awaiting import is_coroutine_method, validate_subject
+from pytest_shutdown.helpers.awaiting import is_coroutine_method
 from pytest_shutdown.helpers.cleanups import (
     exit_stack_callbacks,
     finalizer_registrations,
     instance_attributes,
     is_exit_stack,
 )
-from pytest_shutdown.helpers.report import CheckReport, describe, is_seconds, raised
+from pytest_shutdown.helpers.frames import blocked_in
+from pytest_shutdown.helpers.report import CheckReport, describe, raised
 
 #: How long a blocking task waits for its release at most (every wait has a deadline).
 TASK_DEADLINE_S = 120.0
@@ -32,6 +34,7 @@ STARTUP_DEADLINE_S = 30.0
 #: Polls start at _FIRST_POLL_S and back off to _POLL_S: a clean check stays in milliseconds.
 _FIRST_POLL_S = 0.0005
 _POLL_S = 0.01
+_NAME = "assert_nonblocking_shutdown"
 #: How deep the helper looks into executors that wrap executors.
 _MAX_WRAPPER_DEPTH = 4
 
@@ -168,8 +171,9 @@ def assert_nonblocking_shutdown(
     helper itself never hangs, and it joins every pool thread it blocked before it returns.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    validate_subject(obj, method)
-    _validate(obj, method, budget, grace)
+    require_method(_NAME, "obj", obj, method)
+    require_seconds(_NAME, "budget", budget)
+    require_seconds(_NAME, "grace", grace)
     if is_coroutine_method(obj, method):  # the event loop is watched: loop-blocked
         from pytest_shutdown.helpers import async_shutdown as aio  # noqa: PLC0415
 
@@ -317,14 +321,24 @@ def _blocking(
         for entry in occupied
         if any(frame.f_locals.get("self") is entry.executor for frame in frames)
     ]
+    where = blocked_in(frames)
     del frames
-    culprit = ", ".join(waits_on) or "a busy executor"
-    return Finding(
-        "blocking-close",
-        f"{subject}: {method}() was still blocked on {culprit} after {budget:g}s while its "
-        "tasks were running.",
-        {"budget_s": budget, "elapsed_s": runner.elapsed(), "executors": waits_on, "stack": stack},
-    )
+    details: dict[str, Any] = {"budget_s": budget, "elapsed_s": runner.elapsed()}
+    if waits_on:
+        text = (
+            f"{subject}: {method}() was still blocked on {', '.join(waits_on)} after {budget:g}s "
+            "while its tasks were running"
+        )
+        text += f" (in {where})." if where else "."
+        details["executors"] = waits_on
+    else:  # the budget counts every wait of the method, not the executors' alone
+        text = f"{subject}: {method}() was still blocked after {budget:g}s"
+        text += f" in {where}: not an executor" if where else ", not on an executor"
+        text += f" (the budget counts every wait of {method}(), not only its executors')."
+        details["occupied"] = [entry.label for entry in occupied]
+    details["blocked_in"] = where
+    details["stack"] = stack
+    return Finding("blocking-close", text, details)
 
 
 def _hung(subject: str, method: str, grace: float, runner: _Runner) -> Finding:
@@ -358,14 +372,3 @@ def _leaks(subject: str, occupied: Iterable[_Occupied], grace: float) -> list[Fi
             facts = {"executor": entry.label, "pids": procs, "grace_s": grace}
             findings.append(Finding("process-leak", text, facts))
     return findings
-
-
-def _validate(obj: object, method: str, budget: float, grace: float) -> None:
-    if not isinstance(method, str) or not callable(getattr(obj, method, None)):
-        raise ValueError(
-            f"method: {type(obj).__qualname__} has no callable {method!r}; pass the name of its "
-            "shutdown method, e.g. method='close'"
-        )
-    for name, value in (("budget", budget), ("grace", grace)):
-        if not is_seconds(value):
-            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")

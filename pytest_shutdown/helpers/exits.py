@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import psutil
 
+from pytest_shutdown._base.arguments import require_callable, require_instance
 from pytest_shutdown._os.killer import kill_trees
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.report import CheckReport, is_seconds
@@ -117,13 +118,12 @@ def probe_exit(
     running after ``timeout`` seconds is killed with its whole process tree and reported with
     ``timed_out=True``; the child is never left behind.
     """
+    require_callable("probe_exit", "target", target, "the function to run in the child")
     methods = multiprocessing.get_all_start_methods()
     if start_method is not None and start_method not in methods:
         raise ValueError(f"start_method: {start_method!r} unknown; accepted: {', '.join(methods)}")
     if not is_seconds(timeout):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
-    if not callable(target):
-        raise ValueError(f"target must be callable, got {target!r}")
     context = multiprocessing.get_context(start_method)
     workdir = tempfile.mkdtemp(prefix="pytest-shutdown-probe-")
     proc = context.Process(  # type: ignore[attr-defined]
@@ -201,15 +201,17 @@ def assert_not_force_killed(outcome: ShutdownOutcomeLike, *, expected: bool = Fa
     """
     __tracebackhide__ = True  # a failure points at the caller's line
     started = time.perf_counter()
+    helper = "assert_not_force_killed"
+    require_instance(helper, "outcome", outcome, "the outcome a shutdown returned")
     missing = [
         name
         for name in ("force_killed", "timeout", "exitcodes", "duration_s")
         if not hasattr(outcome, name)
     ]
     if missing:
-        raise ValueError(
-            f"outcome: {type(outcome).__qualname__} lacks {', '.join(missing)}; accepted: an "
-            "object with force_killed, timeout, exitcodes and duration_s"
+        raise TypeError(
+            f"{helper}: `outcome` ({type(outcome).__qualname__}) lacks {', '.join(missing)}; "
+            "expected an object with force_killed, timeout, exitcodes and duration_s"
         )
     _check_outcome_shape(outcome)
     killed = list(outcome.force_killed)

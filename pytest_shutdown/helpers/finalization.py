@@ -12,8 +12,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
+from pytest_shutdown._base.arguments import require_callable, require_instance
 from pytest_shutdown.findings.finding import Finding, raise_if_any
-from pytest_shutdown.helpers.awaiting import Awaiting, awaiting, validate_object
+from pytest_shutdown.helpers.awaiting import Awaiting, awaiting
 from pytest_shutdown.helpers.cleanups import (
     CleanupCounter,
     Watch,
@@ -35,6 +36,8 @@ from pytest_shutdown.ownership.origins import render_origin
 
 #: Seconds between two collections while waiting for a dropped object to go.
 POLL_INTERVAL_S = 0.05
+#: What ``factory`` must be, in its usage error.
+FACTORY = "a function that builds a fresh object: the class itself, or lambda: Engine(...)"
 
 
 def _qualname(func: Any) -> str:
@@ -82,7 +85,7 @@ def assert_finalizers_ok(obj: object) -> CheckReport:
     whose ``details["finalizers"]`` is the number of registrations checked.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    validate_object(obj)  # None or a class would pass, having no finalizer
+    require_instance("assert_finalizers_ok", "obj", obj, "the object whose finalizers to check")
     start = time.perf_counter()
     raise_if_any(check_finalizers(obj))
     return CheckReport(
@@ -118,8 +121,7 @@ def assert_finalizes_on_gc(
     ``--shutdown-graphs=DIR``), else no picture.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    if not callable(factory):
-        raise ValueError(f"factory must be a callable returning a fresh object, got {factory!r}")
+    require_callable("assert_finalizes_on_gc", "factory", factory, FACTORY)
     if not is_seconds(timeout):
         raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
     watch = tuple(watch)

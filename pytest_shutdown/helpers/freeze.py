@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pytest_shutdown._base.arguments import require_callable
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.exits import ExitRecord, probe_exit
 from pytest_shutdown.helpers.report import CheckReport, is_seconds
@@ -96,8 +97,7 @@ def assert_freeze_policy(
     ``os._exit``, timed out). All scenarios are run and reported.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    if not callable(target):
-        raise ValueError(f"target must be callable(scenario), got {target!r}")
+    require_callable("assert_freeze_policy", "target", target, "a function target(scenario)")
     chosen = tuple(freeze_scenarios() if scenarios is None else scenarios)
     if not chosen:
         raise ValueError("scenarios: needs at least one FreezeScenario")

@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from pytest_shutdown._base.arguments import require_callable
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.census import (
     AUTO,
@@ -250,8 +251,7 @@ def _validate(
     settle_s: float,
     diagnose: int,
 ) -> dict[str, float]:
-    if not callable(cycle):
-        raise TypeError(f"cycle: expected a callable (build, use, shut down), got {cycle!r}")
+    require_callable("assert_no_growth", "cycle", cycle, "a function: build, use, shut down")
     _count("cycles", cycles, 1)
     _count("warmup", warmup, 0)
     _count("rss_tolerance", rss_tolerance, 1)

@@ -7,13 +7,13 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from pytest_shutdown._base.arguments import require_method
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.awaiting import (
     awaiting,
     check_in_fresh_loop,
     dispatch_loop,
     is_coroutine_method,
-    validate_subject,
 )
 from pytest_shutdown.helpers.cleanups import (
     CleanupCounter,
@@ -59,8 +59,8 @@ def assert_idempotent_shutdown(
     repeat from a no-op: it fails with :class:`NothingCountedError`, asking for ``watch=``.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    validate_subject(obj, method)
-    _validate(obj, method, calls, threads)
+    require_method("assert_idempotent_shutdown", "obj", obj, method)
+    _validate(calls, threads)
     if is_coroutine_method(obj, method) and dispatch_loop() is None:  # awaited on a fresh loop
         options = {"calls": calls, "threads": threads, "watch": watch, "allow_repeat": allow_repeat}
         return check_in_fresh_loop(assert_idempotent_shutdown, obj, method, **options)
@@ -221,12 +221,7 @@ def _raised(subject: str, method: str, number: int, thread: str, exc: BaseExcept
     )
 
 
-def _validate(obj: object, method: str, calls: int, threads: int) -> None:
-    if not isinstance(method, str) or not callable(getattr(obj, method, None)):
-        raise ValueError(
-            f"method: {type(obj).__qualname__} has no callable {method!r}; pass the name of its "
-            "shutdown method, e.g. method='close'"
-        )
+def _validate(calls: int, threads: int) -> None:
     if isinstance(calls, bool) or not isinstance(calls, int) or calls < 2:
         raise ValueError(f"calls must be an int >= 2 (a first call and a repeat), got {calls!r}")
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:

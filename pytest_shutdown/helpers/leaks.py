@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from pytest_shutdown._base.arguments import require_instance
 from pytest_shutdown._base.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown._fast.lazy_exports import lazy_exports
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
@@ -221,6 +222,10 @@ def assert_device_memory_released(
     did not come back.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
+    reads = "a memory reader (with used_bytes()): pytest_shutdown.devices.memory_reader()"
+    require_instance("assert_device_memory_released", "reader", reader, reads)
+    if not callable(getattr(reader, "used_bytes", None)):
+        raise TypeError(f"assert_device_memory_released: `reader` is {reader!r}, expected {reads}")
     _check_seconds("timeout", timeout)
     _check_seconds("interval", interval)
     if interval == 0:

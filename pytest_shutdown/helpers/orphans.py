@@ -122,6 +122,11 @@ def kill_tree_at(
     ``report_phase(phase)`` writes. The root gets ``PYTEST_SHUTDOWN_PHASE=<phase>``.
     ``launcher``: a started ``TreeLauncher`` to reuse (warm); else one is started and closed.
     """
+    if target is None or isinstance(target, (str, bytes)):
+        raise TypeError(
+            f"kill_tree_at: `target` is {target!r}, expected a picklable function or a command "
+            "line as a list of str: ['python', 'serve.py']"
+        )
     signum = parse_signal(signal)
     selector = _resolve_level(level, levels)
     marker = _resolve_phase(phase, phases)

@@ -16,6 +16,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from pytest_shutdown._base.arguments import require_callable
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.census import (
     AUTO,
@@ -91,8 +92,12 @@ def assert_second_engine_clean(
     :class:`~pytest_shutdown.ShutdownContractError`; returns a :class:`CheckReport`.
     """
     __tracebackhide__ = True  # a failure points at the caller's line
-    if not callable(build) or not callable(use) or not callable(shutdown):
-        raise TypeError("build, use and shutdown must be callables")
+    for argument, value, expected in (
+        ("build", build, "a function that builds an engine: the class itself, or lambda: ..."),
+        ("use", use, "a function that uses the engine it is given"),
+        ("shutdown", shutdown, "a function that shuts the engine it is given down"),
+    ):
+        require_callable("assert_second_engine_clean", argument, value, expected)
     if (
         isinstance(deadline_s, bool)
         or not isinstance(deadline_s, (int, float))

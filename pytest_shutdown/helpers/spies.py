@@ -13,6 +13,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from pytest_shutdown._base.arguments import require_callable
+
 #: Where the spy goes: ``"package.module:function"`` or ``(namespace, "function")``.
 SpyTarget = str | tuple[object, str]
 
@@ -67,8 +69,7 @@ def timeout_passed_to(
     original = getattr(namespace, attribute, None)
     if not callable(original):
         raise ValueError(f"target: {_describe(namespace, attribute)} is not a function")
-    if not callable(call):
-        raise ValueError(f"call must be callable(request, process), got {call!r}")
+    require_callable("timeout_passed_to", "call", call, "a function call(request, process)")
     try:
         signature: inspect.Signature | None = inspect.signature(original)
     except (TypeError, ValueError):

@@ -25,6 +25,7 @@ import time
 from types import TracebackType
 from typing import Any
 
+from pytest_shutdown._base.arguments import CalledBeforeWith
 from pytest_shutdown.findings.finding import ShutdownContractError
 from pytest_shutdown.resources import _asyncio_record as record
 from pytest_shutdown.resources.asyncio_tasks import left_since, task_findings
@@ -35,7 +36,7 @@ __all__ = ["no_task_leaks"]
 DEFAULT_GRACE_S = 1.0
 
 
-class no_task_leaks:  # noqa: N801 - used like a function: ``with no_task_leaks():``
+class no_task_leaks(metaclass=CalledBeforeWith):  # noqa: N801 - used like a function
     """Fail with ``task-leak`` when an asyncio task created in the block is still pending at its
     end, after ``grace`` seconds (see the module docstring); ``async with`` and ``with``."""
 

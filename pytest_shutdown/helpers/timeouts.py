@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from pytest_shutdown._base.arguments import require_callable
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.finding import Finding, raise_if_any
 from pytest_shutdown.helpers.report import CheckReport, is_seconds
@@ -223,11 +224,12 @@ def _caller(
     policy: Callable[..., Any], platform: PlatformHook | None
 ) -> Callable[[TimeoutCell], Any]:
     """How to ask ``policy`` for one cell: with the platform as an argument, or inside the hook."""
-    if not callable(policy):
-        raise ValueError(
-            f"policy must be callable(request, process, platform) or callable(request, process) "
-            f"with platform=, got {policy!r}"
-        )
+    require_callable(
+        "assert_timeout_decoupling",
+        "policy",
+        policy,
+        "policy(request, process, platform), or policy(request, process) with platform=",
+    )
     if platform is not None:
         if not callable(platform):
             raise ValueError(

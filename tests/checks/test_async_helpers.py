@@ -16,7 +16,6 @@ import pytest
 
 from pytest_shutdown import (
     ShutdownContractError,
-    assert_finalizers_ok,
     assert_finalizes_on_gc,
     assert_idempotent_shutdown,
     assert_nonblocking_shutdown,
@@ -286,33 +285,7 @@ def test_a_loop_blocked_for_good_is_reported_without_waiting_for_it(
     assert not loop_thread.is_alive()
 
 
-# ---- usage errors, at once ------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("obj", "method", "error", "words"),
-    [
-        (a.AsyncEngine, "aclose", TypeError, "obj: got the class AsyncEngine"),
-        (None, "aclose", TypeError, "obj: got None"),
-        ("engine", "aclose", ValueError, "method: str has no callable 'aclose'"),
-        (a.AsyncEngine(), "close", ValueError, "method: AsyncEngine has no callable 'close'"),
-    ],
-)
-def test_usage_errors_name_the_argument(obj: Any, method: str, error: type, words: str) -> None:
-    for helper in (assert_idempotent_shutdown, assert_nonblocking_shutdown):
-        with pytest.raises(error, match=words):
-            helper(obj, method)
-    for async_helper in (assert_idempotent_shutdown_async, assert_nonblocking_shutdown_async):
-        with pytest.raises(error, match=words):
-            asyncio.run(async_helper(obj, method))
-
-
-@pytest.mark.parametrize(
-    ("obj", "words"), [(None, "obj: got None"), (a.AsyncEngine, "obj: got the class AsyncEngine")]
-)
-def test_finalizers_ok_of_no_object_or_a_class_is_a_usage_error(obj: Any, words: str) -> None:
-    with pytest.raises(TypeError, match=words):
-        assert_finalizers_ok(obj)
+# ---- usage errors, at once (the object's, the method's and the budget's: test_usage_errors.py) --
 
 
 def test_executors_with_a_coroutine_method_is_a_usage_error() -> None:

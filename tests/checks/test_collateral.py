@@ -98,5 +98,5 @@ def test_arguments_are_passed_and_an_exception_propagates_after_cleanup() -> Non
 
 
 def test_fn_must_be_callable() -> None:
-    with pytest.raises(TypeError, match="fn must be callable"):
+    with pytest.raises(TypeError, match="`fn` is 'engine.shutdown' \\(a str\\), not callable"):
         assert_no_collateral("engine.shutdown")  # type: ignore[arg-type]

@@ -95,3 +95,24 @@ def test_generators_that_do_not_yield_exactly_once_are_errors() -> None:
     with pytest.raises(RuntimeError, match="didn't stop"):
         with twice():
             pass
+
+
+def test_the_helper_itself_in_a_with_statement_says_to_call_it() -> None:
+    @contextmanager
+    def block() -> Iterator[None]:
+        yield
+
+    with pytest.raises(TypeError, match=r"block is a function: write `with block\(\):`"):
+        with block:  # type: ignore[attr-defined]
+            pass
+
+
+def test_a_method_is_bound_like_a_function() -> None:
+    class Owner:
+        @contextmanager
+        def block(self, name: str) -> Iterator[tuple[object, str]]:
+            yield self, name
+
+    owner = Owner()
+    with owner.block("x") as value:
+        assert value == (owner, "x")

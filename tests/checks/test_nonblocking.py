@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
+import multiprocessing
+import os
 import time
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
@@ -27,6 +30,51 @@ def test_enter_context_executor_is_a_blocking_close_naming_the_executor() -> Non
     assert finding.code == "blocking-close"
     assert finding.details["executors"] == ["_executor"]
     assert "shutdown" in finding.details["stack"]
+
+
+class _JoinsItsWorker:
+    """Its pool is shut down without waiting; its worker process is joined (still running)."""
+
+    def __init__(self) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=1)
+        self.worker = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(1.0,))
+        self.worker.start()
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False)
+        self.worker.join(30)
+
+
+def test_a_wait_that_is_not_an_executor_is_named_with_its_caller() -> None:
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_nonblocking_shutdown(_JoinsItsWorker(), budget=0.2, grace=30)
+    (finding,) = exc.value.findings
+    assert finding.code == "blocking-close"
+    join_line = _line_of(_JoinsItsWorker.shutdown, "self.worker.join")
+    where = f"SpawnProcess.join called from _JoinsItsWorker.shutdown at {__file__}:{join_line}"
+    assert finding.details["blocked_in"] == where.replace(__file__, _relative(__file__))
+    assert f"in {finding.details['blocked_in']}: not an executor" in finding.message
+    assert "budget counts every wait of shutdown()" in finding.message
+    assert "executors" not in finding.details and finding.details["occupied"] == ["pool"]
+
+
+def test_an_executor_wait_is_named_as_the_executor_and_the_call() -> None:
+    with pytest.raises(ShutdownContractError) as exc:
+        assert_nonblocking_shutdown(s.EnterContextExecutor(), budget=0.2)
+    (finding,) = exc.value.findings
+    assert "blocked on _executor after 0.2s" in finding.message
+    assert "(in ExitStack.close called from EnterContextExecutor.shutdown at " in finding.message
+    assert "not an executor" not in finding.message
+
+
+def _line_of(function: object, needle: str) -> int:
+    lines, first = inspect.getsourcelines(function)  # type: ignore[arg-type]
+    return first + next(i for i, line in enumerate(lines) if needle in line)
+
+
+def _relative(path: str) -> str:
+    relative = os.path.relpath(path)
+    return path if relative.startswith(os.pardir) else relative
 
 
 def test_a_forgotten_executor_is_a_thread_leak() -> None:

@@ -137,5 +137,5 @@ def test_force_killed_is_reported_and_a_clean_exit_is_not() -> None:
 
 
 def test_outcome_without_the_fields_is_rejected() -> None:
-    with pytest.raises(ValueError, match="force_killed"):
+    with pytest.raises(TypeError, match="`outcome` \\(object\\) lacks force_killed"):
         assert_not_force_killed(object())  # type: ignore[arg-type]

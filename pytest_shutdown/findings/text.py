@@ -129,6 +129,11 @@ DETAILS_HINT = (
 _COUNTED = r"^\d+ [^:]*: (?P<objects>.+?)\.?$"
 
 
+def times_suffix(times: int) -> str:
+    """`` (5 times)`` after a line that stands for identical findings; nothing for one."""
+    return f" ({times} times)" if times > 1 else ""
+
+
 def merged(findings: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], int]]:
     """Each distinct finding (same code, same message) once, in first-seen order, with how many
     times it was found."""

@@ -426,7 +426,7 @@ def test_a_failed_test_is_one_report(pytester: pytest.Pytester, extra: list[str]
         [
             "*- Captured shutdown guard teardown -*",
             "[[]thread-leak] 1 thread started in test_fails_with_a_thread_alive still running "
-            "(no grace was given): 'alive-at-failure'.",
+            "(no grace was given): 'alive-at-failure' (target *).",
         ]
     )
     (record,) = _report(pytester)["tests"]

@@ -77,6 +77,9 @@ SUITE = textwrap.dedent(
 )
 
 
+RUN = ("-p", "shutdown", "-p", "no:randomly", "--shutdown-grace=0.3")
+
+
 def _line_of(source: str, text: str) -> int:
     """The line number of ``text`` in the file pytester writes (``source`` stripped)."""
     return 1 + source.strip().splitlines().index(text)
@@ -105,15 +108,7 @@ def where_suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> p
 def test_each_finding_names_its_object_and_where_it_was_made(
     where_suite: pytest.Pytester,
 ) -> None:
-    result = where_suite.runpytest_subprocess(
-        "-p",
-        "shutdown",
-        "-p",
-        "no:randomly",
-        "--shutdown-grace=0.3",
-        "--color=no",
-        "--shutdown-report=r.json",
-    )
+    result = where_suite.runpytest_subprocess(*RUN, "--color=no", "--shutdown-report=r.json")
     result.assert_outcomes(passed=6, errors=5)
     out = result.stdout.str()
     section = "\n".join(_section(out))
@@ -205,16 +200,7 @@ def test_the_code_and_the_verdict_are_coloured_as_pytest_colours_its_own(
 
 
 def test_details_keep_each_finding_and_need_no_hint(where_suite: pytest.Pytester) -> None:
-    result = where_suite.runpytest_subprocess(
-        "-p",
-        "shutdown",
-        "-p",
-        "no:randomly",
-        "--shutdown-grace=0.3",
-        "--shutdown-details",
-        "-k",
-        "test_atexit",
-    )
+    result = where_suite.runpytest_subprocess(*RUN, "--shutdown-details", "-k", "test_atexit")
     result.assert_outcomes(passed=1, errors=1)
     section = _section(result.stdout.str())
     assert sum("[atexit-holds-object]" in line for line in section) == 5, section

@@ -13,6 +13,7 @@ import pytest
 from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that mypy sees a class
 
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
+from pytest_shutdown.findings.text import error_headline
 from pytest_shutdown.guard_state import GuardState, _Watch, line_of
 from pytest_shutdown.pending import warn_at
 from pytest_shutdown.report import TestRecord, render_budget
@@ -91,8 +92,7 @@ class GuardReports(GuardState):
             watch.timed_out = True
         plain = getattr(error, _GUARD_ATTR, None)
         if when == "teardown" and plain is not None:
-            codes = ", ".join(dict.fromkeys(f["code"] for f in plain))
-            report.longrepr = f"shutdown guard: {codes}\n{self._render(plain)}"
+            report.longrepr = f"{error_headline(plain)}\n{self._render(plain)}"
 
     def _take_report(self, report: pytest.TestReport) -> None:
         """Accept the records a teardown report carries; attach the guard's section of a

@@ -29,7 +29,8 @@ from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._fast.node_markers import scanned_names_are_hooks
 from pytest_shutdown._os.forks import this_pid
 from pytest_shutdown.findings.finding import Finding
-from pytest_shutdown.findings.text import finding_lines
+from pytest_shutdown.findings.markup import coloured
+from pytest_shutdown.findings.text import DETAILS_HINT, finding_lines, merged
 from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
 from pytest_shutdown.interrupts import SigtermEndsSessionInOrder
 from pytest_shutdown.records import (
@@ -168,8 +169,10 @@ def render_findings(findings: Iterable[Mapping[str, Any]], details: bool = False
     line and level, a hang's first user frame), then thread stacks and process command lines;
     with ``details`` (``-vv``, ``--shutdown-details``), every fact of the finding instead."""
     lines: list[str] = []
-    for finding in findings:
-        lines.extend(finding_lines(finding, details=details))
+    # Identical findings are one line with a count; with details each keeps its own facts.
+    shown = [(f, 1) for f in findings] if details else merged(findings)
+    for finding, times in shown:
+        lines.extend(finding_lines(finding, details=details, times=times))
         if details:
             continue  # every fact is listed, stacks and command lines included
         facts = finding.get("details", {})
@@ -636,8 +639,17 @@ class ShutdownReport(_Accepted):
         errors = terminalreporter.stats.get("error", [])
         collection_errors = sum(1 for r in errors if isinstance(r, pytest.CollectReport))
         details = shows_details(self.config)
+        markup = self.section_markup(exitstatus)
+        writer = terminalreporter._tw
+
+        def paint(text: str) -> str:
+            return str(writer.markup(text, **markup))
+
+        codes = frozenset(self.counts())
         for line in self.summary_lines(verbose, collection_errors, details):
-            terminalreporter.line(line)
+            terminalreporter.line(coloured(line, paint, codes))
+        if codes and not details:
+            terminalreporter.line(DETAILS_HINT)
         path = self.settings.report_path
         if path is None:
             return
@@ -784,8 +796,9 @@ def _record_lines(records: Iterable[TestRecord], details: bool) -> list[str]:
     lines: list[str] = []
     for record in records:
         where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
-        for finding in record.findings:
-            first, *rest = finding_lines(finding, details=details)
+        shown = [(f, 1) for f in record.findings] if details else merged(record.findings)
+        for finding, times in shown:
+            first, *rest = finding_lines(finding, details=details, times=times)
             lines.append(f"{where}: {first}")
             lines.extend(rest)
         if record.guard_error is not None:

@@ -1,5 +1,7 @@
-"""Findings as text: :func:`key_fact_lines`, the few facts that say *where* (always shown), and
-:func:`all_fact_lines`, every fact of ``details`` (``-vv`` or ``--shutdown-details``).
+"""Findings as text: :func:`key_fact_lines`, the few facts that say *where* (always shown),
+:func:`all_fact_lines`, every fact of ``details`` (``-vv`` or ``--shutdown-details``),
+:func:`merged`, identical findings of a test as one with a count, and :func:`error_headline`,
+the codes and objects of a test's findings on one line (pytest's short summary shows it).
 """
 
 from __future__ import annotations
@@ -8,7 +10,7 @@ import functools
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 TREE_CODES = frozenset({"orphan-process", "exit-hang"})
@@ -102,12 +104,64 @@ def all_fact_lines(details: Mapping[str, Any], indent: str = "    ") -> list[str
     return lines
 
 
-def finding_lines(finding: Mapping[str, Any], *, details: bool = False) -> list[str]:
-    """``[code] message``, the facts that locate the finding and, with ``details``, every fact."""
+def finding_lines(
+    finding: Mapping[str, Any], *, details: bool = False, times: int = 1
+) -> list[str]:
+    """``[code] message``, the facts that locate the finding and, with ``details``, every fact;
+    ``times``: how many identical findings this line stands for."""
     facts = finding.get("details") or {}
-    lines = [f"[{finding['code']}] {finding['message']}"]
+    lines = [
+        f"[{finding['code']}] {finding['message']}" + (f" ({times} times)" if times > 1 else "")
+    ]
     lines.extend(key_fact_lines(str(finding["code"]), facts))
     if details and facts:
         lines.append("  details:")
         lines.extend(all_fact_lines(facts))
     return lines
+
+
+#: Under a summary with findings: where the rest is (shown unless the details already are).
+DETAILS_HINT = (
+    "stacks and every fact of each finding: --shutdown-details or -vv; what each code means: "
+    "docs/codes.md"
+)
+#: A message that counts what it found names the objects after its first colon.
+_COUNTED = r"^\d+ [^:]*: (?P<objects>.+?)\.?$"
+
+
+def times_suffix(times: int) -> str:
+    """`` (5 times)`` after a line that stands for identical findings; nothing for one."""
+    return f" ({times} times)" if times > 1 else ""
+
+
+def merged(findings: Iterable[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], int]]:
+    """Each distinct finding (same code, same message) once, in first-seen order, with how many
+    times it was found."""
+    seen: dict[tuple[str, str], list[Any]] = {}
+    for finding in findings:
+        key = (str(finding.get("code")), str(finding.get("message")))
+        entry = seen.get(key)
+        if entry is None:
+            seen[key] = [finding, 1]
+        else:
+            entry[1] += 1
+    return [(finding, times) for finding, times in seen.values()]
+
+
+def finding_object(finding: Mapping[str, Any]) -> str:
+    """What a finding is about, as its message names it: the objects a counting message lists
+    after its colon (``'pool' (target app.work, started by ...)``), else the whole message."""
+    message = str(finding.get("message", ""))
+    match = re.match(_COUNTED, message, re.DOTALL)
+    return match.group("objects") if match else message.rstrip(".")
+
+
+def error_headline(findings: Iterable[Mapping[str, Any]]) -> str:
+    """``shutdown guard: [code] object; [code] object (2 times)``: the first line of the guard's
+    error, which pytest's short test summary shows after ``ERROR nodeid -``."""
+    parts = [
+        f"[{finding['code']}] {finding_object(finding)}"
+        + (f" ({times} times)" if times > 1 else "")
+        for finding, times in merged(findings)
+    ]
+    return "shutdown guard: " + "; ".join(parts)

@@ -41,6 +41,8 @@ __all__ = [
     "current_test",
     "imported_by",
     "set_current_test",
+    "short_path",
+    "start_site",
     "started_between_tests",
     "starter_of",
     "uninstall",
@@ -78,7 +80,12 @@ class Origin:
     imported: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"started_at": render_origin(self), "started_in": self.test, "what": self.what}
+        return {
+            "started_at": render_origin(self),
+            "started_in": self.test,
+            "what": self.what,
+            "site": start_site(self),
+        }
 
 
 _current_test: str | None = None
@@ -266,6 +273,26 @@ def render_origin(origin: Origin) -> str:
             when = f"in {origin.starter_test}: the test did not start it"
         lines.append(f"(from thread {origin.starter!r}, itself started {when})")
     return "\n".join(lines)
+
+
+def start_site(origin: Origin) -> str | None:
+    """The call that started or created it, as a user reads it: ``Engine.__init__ at
+    engine.py:16`` (the innermost user frame, else the innermost one; a path under the current
+    folder relative to it)."""
+    frame = next((f for f in origin.frames if f[3]), origin.frames[0] if origin.frames else None)
+    if frame is None:
+        return None
+    filename, lineno, name, _ = frame
+    return f"{name} at {short_path(filename)}:{lineno}"
+
+
+def short_path(filename: str) -> str:
+    """``filename`` relative to the current folder when it lies under it."""
+    try:
+        here = os.getcwd() + os.sep
+    except OSError:  # the current folder was removed
+        return filename
+    return filename[len(here) :] if filename.startswith(here) else filename
 
 
 def _describe_process(process: Any) -> str:

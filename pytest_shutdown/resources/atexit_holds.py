@@ -90,17 +90,21 @@ class AtexitKind(ObjectKind):
         for registration in items:
             held = atexit_calls.reached_objects(registration)
             what = ", ".join(sorted({_type_name(o) for o in held}))
-            site = origins.render_origin(registration.origin) if registration.origin else ""
+            origin = registration.origin
+            site = origins.render_origin(origin) if origin else ""
+            called = origins.start_site(origin) if origin else None
+            by = f" (by {called})" if called else ""
             found.append(
                 Finding(
                     "atexit-holds-object",
-                    f"atexit.register({registration.describe()}) in {subject} keeps "
+                    f"atexit.register({registration.describe()}) in {subject}{by} keeps "
                     f"{what} alive until the interpreter exits (still registered at the end "
                     "of the test; atexit's hold is invisible to gc.get_referrers).",
                     {
                         "callback": registration.describe(),
                         "held": [_type_name(o) for o in held],
                         "registered_at": site,
+                        "site": called,
                         "started_in": registration.test,
                         **dict(extra or {}),
                     },

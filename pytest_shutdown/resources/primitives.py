@@ -39,6 +39,7 @@ from pytest_shutdown._os.proc_stat import stat_fields
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources.base import after_grace
+from pytest_shutdown.resources.labels import callable_name, process_label, thread_label
 
 #: A predicate that returns True for a thread that must not be reported.
 ThreadFilter = Callable[[threading.Thread], bool]
@@ -518,11 +519,15 @@ def _thread_record(thread: threading.Thread, frames: dict[int, Any]) -> dict[str
     frame = frames.get(thread.ident) if thread.ident is not None else None
     stack = "".join(traceback.format_stack(frame)[-STACK_LIMIT:]) if frame is not None else ""
     origin = origins.origin_of_thread(thread)
+    target = getattr(thread, "_target", None)
     return {
         "name": thread_name(thread),
         "ident": thread.ident,
         "daemon": _thread_daemon(thread),
         "stack": stack,
+        "target": callable_name(target)
+        if target is not None or type(thread) is threading.Thread
+        else callable_name(type(thread)),
         **(origin.to_dict() if origin is not None else {}),
     }
 
@@ -561,8 +566,7 @@ def leak_findings(
     if left.threads:
         frames = sys._current_frames()
         records = [_thread_record(t, frames) for t in left.threads]
-        blocks = " (non-daemon: it blocks the interpreter's exit)"
-        names = ", ".join(repr(r["name"]) + ("" if r["daemon"] else blocks) for r in records)
+        names = ", ".join(thread_label(r) for r in records)
         count = len(records)
         message = (
             f"{count} thread{'s' if count != 1 else ''} started in {subject} still "
@@ -573,7 +577,7 @@ def leak_findings(
         )
     if left.pids:
         records = [_process_record(pid) for pid in left.pids]
-        described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in records)
+        described = ", ".join(process_label(r) for r in records)
         count = len(records)
         message = (
             f"{count} child process{'es' if count != 1 else ''} started in {subject} still "

@@ -20,6 +20,7 @@ from pytest_shutdown.ownership.containment import (
     started_in_test,
 )
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind, SessionEndContext
+from pytest_shutdown.resources.labels import process_label
 from pytest_shutdown.resources.primitives import (
     Started,
     _walk_descendants,
@@ -172,7 +173,7 @@ class ProcessKind(ObjectKind):
         plain = [f.to_dict() for f in self.findings(left, "the session's tests", grace=0.0)]
         for finding in plain:
             procs = finding["details"].get("processes", [])
-            described = ", ".join(f"{r['pid']} ({r['name'] or '?'})" for r in procs)
+            described = ", ".join(process_label(r) for r in procs)
             count = len(procs)
             finding["message"] = (
                 f"{count} process{'es' if count != 1 else ''} started by the session's tests "

@@ -353,10 +353,11 @@ def describe(item: ShmItem, holders: Sequence[int]) -> dict[str, Any]:
     record = origins.recorded_segment(item.name)
     match = _CREATOR.match(item.name)
     creator: dict[str, Any] | None = None  # the process that created it, responsible for it
-    created_at = site = None
+    created_at = site = created_by = None
     if record is not None:
         origin, pid = record[1], record[2]
         created_at = origins.render_origin(origin)
+        created_by = origins.start_site(origin)
         if origin.frames:
             filename, lineno = origin.frames[0][0], origin.frames[0][1]
             site = f"{filename}:{lineno}"
@@ -380,7 +381,7 @@ def describe(item: ShmItem, holders: Sequence[int]) -> dict[str, Any]:
     else:
         who = "no process holds it (its creator exited or closed it without unlinking it)"
     sized = f", {size} bytes" if size is not None else ""
-    where = f", created at {site}" if site is not None else ""
+    where = f", created by {created_by}" if created_by is not None else ""
     return {
         "name": item.name,
         "kind": kind,

@@ -168,7 +168,7 @@ def test_the_guards_error_is_reported_by_its_text_not_a_formatted_traceback(
     )
     result = pytester.runpytest_inprocess("-p", "shutdown", "--tb=long", "-p", "no:randomly")
     result.assert_outcomes(passed=1, errors=1)
-    result.stdout.fnmatch_lines(["*shutdown guard: atexit-holds-object*"])
+    result.stdout.fnmatch_lines(["*shutdown guard: [[]atexit-holds-object]*"])
     assert styles == ["value"]
 
 
@@ -480,7 +480,7 @@ def test_a_pid_taken_and_given_back_lists_no_ports_and_a_childs_port_is_still_fo
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_a_child_left_holding_a_port*",
-            "shutdown guard: process-leak, port-leak",
+            "shutdown guard: [[]process-leak] *; [[]port-leak] *",
         ]
     )
     out = result.stdout.str()
@@ -618,9 +618,9 @@ def test_pids_another_process_allocates_are_looked_up_not_walked_and_a_leak_is_s
     result.stdout.fnmatch_lines(
         [
             "*ERROR at teardown of test_leaks_a_process_beside_one_started_elsewhere*",
-            "shutdown guard: process-leak*",
+            "shutdown guard: [[]process-leak]*",
             "*ERROR at teardown of test_leaks_a_native_thread_beside_one_started_elsewhere*",
-            "shutdown guard: thread-leak*",
+            "shutdown guard: [[]thread-leak]*",
         ]
     )
     out = result.stdout.str()

@@ -120,7 +120,7 @@ def test_the_guard_block_of_a_failed_test_is_printed_once(
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     assert out.count("Captured shutdown guard teardown") == 1, out
-    assert out.count("'alive-at-failure'.") >= 1
+    assert out.count("'alive-at-failure' (target threading.Event.wait, started by") >= 1
 
 
 def test_a_phase_that_can_never_match_fails_collection(pytester: pytest.Pytester) -> None:

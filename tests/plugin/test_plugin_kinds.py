@@ -186,10 +186,11 @@ def test_atexit_holding_a_tests_object_is_reported(pytester: pytest.Pytester) ->
         [
             "*test_bound_method_of_the_tests_engine: ?atexit-holds-object? "
             "atexit.register(test_atexit.Engine.shutdown) in "
-            "test_bound_method_of_the_tests_engine keeps test_atexit.Engine alive until the "
-            "interpreter exits*",
+            "test_bound_method_of_the_tests_engine (by Engine.__init__ "
+            "at test_atexit.py:*) keeps test_atexit.Engine alive until the interpreter exits*",
             "*test_last: ?atexit-holds-object? atexit.register(test_atexit.Engine.shutdown) in "
-            "fixture 'engine' (module scope) keeps test_atexit.Engine alive*",
+            "fixture 'engine' (module scope) (by Engine.__init__ at test_atexit.py:*) keeps "
+            "test_atexit.Engine alive*",
         ]
     )
     out = result.stdout.str()

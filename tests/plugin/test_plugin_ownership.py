@@ -364,10 +364,10 @@ def test_the_tests_own_leaks_are_still_caught(pytester: pytest.Pytester, mode: l
         [
             "ERROR test_mine.py::test_real_leak_beside_a_session_pool - *",
             "ERROR test_mine.py::test_function_fixture_scheduler_never_stopped - *",
-            "ERROR test_mine.py::test_thread_in_a_local - shutdown guard: thread-leak",
+            "ERROR test_mine.py::test_thread_in_a_local - shutdown guard: [[]thread-leak]*",
             # The session fixture's pool is blamed on the fixture, at its teardown (the last
             # test of the session), not on the test that used it.
-            "ERROR test_mine.py::test_last - shutdown guard: thread-leak",
+            "ERROR test_mine.py::test_last - shutdown guard: [[]thread-leak]*",
         ]
     )
 
@@ -426,7 +426,7 @@ def test_a_failed_test_is_one_report(pytester: pytest.Pytester, extra: list[str]
         [
             "*- Captured shutdown guard teardown -*",
             "[[]thread-leak] 1 thread started in test_fails_with_a_thread_alive still running "
-            "(no grace was given): 'alive-at-failure'.",
+            "(no grace was given): 'alive-at-failure' (target *).",
         ]
     )
     (record,) = _report(pytester)["tests"]

@@ -123,7 +123,7 @@ def test_errors_in_a_teardown_are_findings_of_the_test_and_warnings_are_not(
     (child,) = found["test_child"]  # the child's stderr is the inherited, captured fd 2
     assert child["details"]["exception"] == "ConnectionError"  # type: ignore[index]
     output = result.stdout.str()
-    assert "shutdown guard: shutdown-logged-error" in output
+    assert "shutdown guard: [shutdown-logged-error] " in output
     assert "logger 'engine.async_llm' logged ERROR 'AsyncLLM output_handler failed.'" in output
     # pytest's own capture is unchanged: the record is in its teardown log section
     assert "Captured log teardown" in output

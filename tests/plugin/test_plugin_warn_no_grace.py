@@ -156,7 +156,8 @@ def test_warn_mode_waits_for_nothing_at_session_end(pytester: pytest.Pytester) -
     result.stdout.fnmatch_lines(
         [
             "*ShutdownLeakWarning: [[]thread-leak] 1 thread started in test_leaks_last still"
-            " running when the session ended, * s into its 30 s grace: 'slow-end'.",
+            " running when the session ended, * s into its 30 s grace: 'slow-end' (target "
+            "time.sleep, started by *).",
             "*(leaked by test_last.py::test_leaks_last: still running when the session ended,"
             " before its grace ran out)",
         ]
@@ -218,6 +219,6 @@ def test_fail_mode_still_errors_the_leaking_test(pytester: pytest.Pytester, pids
     )
     result.assert_outcomes(passed=6, errors=1)
     result.stdout.fnmatch_lines(
-        ["ERROR test_mixed.py::test_forever_process - shutdown guard: process-leak"]
+        ["ERROR test_mixed.py::test_forever_process - shutdown guard: [[]process-leak]*"]
     )
     assert "short-lived" not in result.stdout.str()  # it ended within the grace

@@ -87,7 +87,9 @@ def test_a_segment_closed_but_never_unlinked_is_found_with_its_site(recording: N
         assert record["site"] == f"{__file__}:{line}"
         assert record["creator"]["pid"] == os.getpid() and record["holders"] == []
         (finding,) = kind.findings(items, "test_x", grace=0.0)
-        assert finding.code == "shm-leak" and f"created at {__file__}:{line}" in finding.message
+        assert finding.code == "shm-leak"
+        where = os.path.relpath(__file__) if __file__.startswith(os.getcwd()) else __file__
+        assert f"created by {sys._getframe().f_code.co_name} at {where}:{line}" in finding.message
     finally:
         _forget(seg)
 
@@ -410,7 +412,7 @@ def test_a_real_run_finds_each_leak_by_creation_and_owns_the_pools(
     assert "thread-leak" in errors["test_thread_on_a_mock"]
     source = (suite.path / "test_suite.py").read_text().splitlines()
     line = 1 + source.index("    seg = shared_memory.SharedMemory(create=True, size=4096)")
-    assert f"created at {suite.path / 'test_suite.py'}:{line}" in errors_text(out), out
+    assert f"created by test_closed_never_unlinked at test_suite.py:{line}" in errors_text(out), out
     assert "MagicMock" not in out
     assert "sem.mp-" in out and "owned by module-global test_suite.POOL" in out  # listed only
     result.assert_outcomes(passed=8, errors=4)

@@ -8,11 +8,17 @@
   multimodal processor caches with ``processor_cache_from_config`` (vLLM's
   ``LruKeyReplicatedSenderCache`` and ``MultiModalProcessorOnlyCache``) and registers their
   ``close`` on the renderer's ExitStack: what the seed's ``shutdown()`` closed twice.
+* :class:`NoModelEngineCore`: what ``EngineCore.__init__`` builds from a model (executor, KV
+  caches, scheduler), replaced by an empty scheduler and no executor.
 * :class:`ModelFreeEngineCore`: vLLM's ``EngineCoreProc`` with its constructor replaced (no
   model, no executor, no ZMQ sockets) and an empty scheduler. Its busy loop, shutdown-state
   handling, client-request dispatch, and above all ``EngineCoreProc.run_engine_core`` (signal
   handlers, the wakeup callback, the clean-exit decision and the ROCm ``gc.freeze()``) are
   vLLM's. :func:`model_free_engines` makes vLLM's ``CoreEngineProcManager`` start it.
+* :class:`ConnectedEngineCore`: vLLM's whole ``EngineCoreProc.__init__`` (the startup handshake,
+  the input and output socket threads) on a :class:`NoModelEngineCore`: a real EngineCore
+  process that vLLM's own ``AsyncMPClient`` talks to (:func:`make_async_client`,
+  :func:`serve_until_killed`).
 * :func:`on_platform`: makes vLLM's ``current_platform`` report CUDA or ROCm (its own
   ``is_rocm()`` / ``is_cuda()`` read the patched platform enum).
 """
@@ -33,6 +39,7 @@ from unittest import mock
 
 import vllm.renderers.base as renderer_module
 import vllm.v1.engine.core as engine_core_module
+import vllm.v1.engine.core_client as core_client_module
 from vllm.config import (
     DeviceConfig,
     MultiModalConfig,
@@ -43,8 +50,8 @@ from vllm.config import (
 from vllm.platforms import current_platform
 from vllm.platforms.interface import PlatformEnum
 from vllm.renderers.base import BaseRenderer
-from vllm.v1.engine.core_client import AsyncMPClient
 from vllm.v1.engine.core import EngineCore, EngineCoreProc, EngineShutdownState
+from vllm.v1.engine.core_client import AsyncMPClient, BackgroundResources
 from vllm.v1.engine.utils import CoreEngineProcManager
 from vllm.v1.executor import UniProcExecutor
 
@@ -329,14 +336,21 @@ def supervisor_args(shutdown_timeout: float) -> argparse.Namespace:
 # -- the async client -----------------------------------------------------------------------------
 
 
-def make_async_client() -> AsyncMPClient:
+def make_async_client(
+    resources: type[BackgroundResources] = BackgroundResources,
+) -> AsyncMPClient:
     """vLLM's ``AsyncMPClient`` as ``AsyncLLM`` builds it for one engine: it binds its ZMQ
     sockets, starts a real :class:`ConnectedEngineCore` process through vLLM's
     ``launch_core_engines`` and ``CoreEngineProcManager``, completes vLLM's startup handshake and
     waits for the engine's ready message. Called on a running loop, it also starts its output
-    queue task there (else on its first awaited call).
+    queue task there (else on its first awaited call). ``resources``: the class of its
+    finalizer (a seed bug's subclass of vLLM's ``BackgroundResources``).
     """
-    with model_free_engines(ConnectedEngineCore), on_platform("cpu"):
+    with (
+        model_free_engines(ConnectedEngineCore),
+        on_platform("cpu"),
+        mock.patch.object(core_client_module, "BackgroundResources", resources),
+    ):
         return AsyncMPClient(
             vllm_config=vllm_config(), executor_class=UniProcExecutor, log_stats=False
         )

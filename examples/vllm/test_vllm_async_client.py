@@ -22,8 +22,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib.util
-import threading
-from typing import Any
 
 import pytest
 
@@ -34,8 +32,13 @@ if _VLLM is None or _VLLM.origin in (None, "namespace"):  # this folder is not v
         allow_module_level=True,
     )
 
-import zmq  # noqa: E402 - after the skip: installed with vllm
-from model_free import make_async_client, serve_until_killed  # noqa: E402
+from client_probes import (  # noqa: E402 - after the skip: they import vllm
+    open_sockets,
+    shut_down_client,
+    started_client,
+    term_within,
+)
+from model_free import serve_until_killed  # noqa: E402
 from vllm.v1.engine.exceptions import EngineDeadError  # noqa: E402
 
 from pytest_shutdown import (  # noqa: E402
@@ -57,35 +60,6 @@ LEAK_GRACE_S = 5.0
 ORPHAN_DEADLINE_S = 5.0
 
 CLIENT = "vllm.v1.engine.core_client"
-
-
-async def started_client() -> Any:
-    """An ``AsyncMPClient`` built on the running loop (its output queue task starts there), which
-    has answered a utility call through the EngineCore's sockets and its own output task."""
-    client = make_async_client()
-    await client.set_weight_version_async("model-free")
-    assert await client.get_weight_version_async() == "model-free"
-    return client
-
-
-def open_sockets(client: Any) -> list[str]:
-    """The sockets made on the client's context that are still open (type and endpoint)."""
-    # pyzmq keeps a weak set of the sockets each context made; it has no public accessor
-    sockets = [s for s in getattr(client.ctx, "_sockets", ()) if not s.closed]
-    return [f"{s.type.name} {s.getsockopt(zmq.LAST_ENDPOINT).decode()}" for s in sockets]
-
-
-def term_within(ctx: zmq.Context, deadline_s: float) -> bool:
-    """Terminate ``ctx`` on a daemon thread; True when ``term()`` returned within the deadline
-    (it blocks for as long as a socket of the context is open)."""
-    done = threading.Event()
-
-    def term() -> None:
-        ctx.term()
-        done.set()
-
-    threading.Thread(target=term, name="zmq-term-probe", daemon=True).start()
-    return done.wait(deadline_s)
 
 
 # -- MPClient.shutdown and BackgroundResources ----------------------------------------------------
@@ -135,12 +109,6 @@ def test_async_client_leaves_its_context_terminable() -> None:
     )
 
 
-async def shut_down_client() -> Any:
-    client = await started_client()
-    client.shutdown()
-    return client
-
-
 @pytest.mark.exercises(f"{CLIENT}.MPClient (shut down, then collected)")
 def test_async_client_leaves_nothing_once_collected() -> None:
     with no_leaks(grace=LEAK_GRACE_S), no_os_leaks(grace=LEAK_GRACE_S):
@@ -182,3 +150,18 @@ def test_a_sigkilled_async_client_leaves_no_engine_core() -> None:
         serve_until_killed, signal="SIGKILL", phase="ready", deadline_s=ORPHAN_DEADLINE_S
     )
     assert record.died, [finding.message for finding in record.findings]
+
+
+@pytest.mark.allow_leaks(
+    asyncio=True,
+    reason="the scenario: the client's loop ends before its shutdown, so asyncio.run cancels "
+    "the output queue task the client left pending (the guard's task-leak)",
+)
+@pytest.mark.exercises(f"{CLIENT}.BackgroundResources (its loop already closed)")
+def test_async_client_shut_down_after_its_loop_closed_leaves_its_context_terminable() -> None:
+    client = asyncio.run(started_client())
+    assert_idempotent_shutdown(client)
+    assert not open_sockets(client), f"open after shutdown: {open_sockets(client)}"
+    assert term_within(client.resources.ctx, TERM_DEADLINE_S), (
+        f"zmq.Context.term() still blocked after {TERM_DEADLINE_S} s"
+    )

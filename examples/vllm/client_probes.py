@@ -37,6 +37,11 @@ def open_sockets(client: Any) -> list[str]:
     return [f"{s.type.name} {s.getsockopt(zmq.LAST_ENDPOINT).decode()}" for s in sockets]
 
 
+def open_socket_types(client: Any) -> list[str]:
+    """The types of the client's open sockets, sorted (``["PULL", "ROUTER"]``)."""
+    return sorted(socket.split()[0] for socket in open_sockets(client))
+
+
 def close_open_sockets(client: Any) -> None:
     """Close what the client left open (linger 0), so that its context can terminate."""
     for socket in list(getattr(client.ctx, "_sockets", ())):

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import importlib.util
+from typing import Any
 
 import pytest
 
@@ -60,6 +61,14 @@ LEAK_GRACE_S = 5.0
 ORPHAN_DEADLINE_S = 5.0
 
 CLIENT = "vllm.v1.engine.core_client"
+
+
+def assert_context_terminable(client: Any) -> None:
+    """Every socket of the client is closed and its context's ``term()`` returns in time."""
+    assert not open_sockets(client), f"open after shutdown: {open_sockets(client)}"
+    assert term_within(client.resources.ctx, TERM_DEADLINE_S), (
+        f"zmq.Context.term() still blocked after {TERM_DEADLINE_S} s"
+    )
 
 
 # -- MPClient.shutdown and BackgroundResources ----------------------------------------------------
@@ -102,11 +111,19 @@ def test_async_client_output_task_ends_with_engine_dead() -> None:
 
 @pytest.mark.exercises("vllm.utils.network_utils.close_sockets (linger 0)")
 def test_async_client_leaves_its_context_terminable() -> None:
-    client = asyncio.run(shut_down_client())
-    assert not open_sockets(client), f"open after shutdown: {open_sockets(client)}"
-    assert term_within(client.resources.ctx, TERM_DEADLINE_S), (
-        f"zmq.Context.term() still blocked after {TERM_DEADLINE_S} s"
-    )
+    assert_context_terminable(asyncio.run(shut_down_client()))
+
+
+@pytest.mark.allow_leaks(
+    asyncio=True,
+    reason="the scenario: the client's loop ends before its shutdown, so asyncio.run cancels "
+    "the output queue task the client left pending (the guard's task-leak)",
+)
+@pytest.mark.exercises(f"{CLIENT}.BackgroundResources (its loop already closed)")
+def test_async_client_shutdown_after_its_loop_closed() -> None:
+    client = asyncio.run(started_client())
+    assert_idempotent_shutdown(client)
+    assert_context_terminable(client)
 
 
 @pytest.mark.exercises(f"{CLIENT}.MPClient (shut down, then collected)")
@@ -150,18 +167,3 @@ def test_a_sigkilled_async_client_leaves_no_engine_core() -> None:
         serve_until_killed, signal="SIGKILL", phase="ready", deadline_s=ORPHAN_DEADLINE_S
     )
     assert record.died, [finding.message for finding in record.findings]
-
-
-@pytest.mark.allow_leaks(
-    asyncio=True,
-    reason="the scenario: the client's loop ends before its shutdown, so asyncio.run cancels "
-    "the output queue task the client left pending (the guard's task-leak)",
-)
-@pytest.mark.exercises(f"{CLIENT}.BackgroundResources (its loop already closed)")
-def test_async_client_shut_down_after_its_loop_closed_leaves_its_context_terminable() -> None:
-    client = asyncio.run(started_client())
-    assert_idempotent_shutdown(client)
-    assert not open_sockets(client), f"open after shutdown: {open_sockets(client)}"
-    assert term_within(client.resources.ctx, TERM_DEADLINE_S), (
-        f"zmq.Context.term() still blocked after {TERM_DEADLINE_S} s"
-    )

@@ -25,7 +25,7 @@ if _VLLM is None or _VLLM.origin in (None, "namespace"):  # this folder is not v
 import vllm.v1.engine.core_client as core_client_module  # noqa: E402 - after the skip
 from client_probes import (  # noqa: E402
     close_open_sockets,
-    open_sockets,
+    open_socket_types,
     shut_down_client,
     started_client,
     term_within,
@@ -209,7 +209,7 @@ TERM_PROBE_S = 1.0
 def test_a_client_leaving_its_sockets_open_cannot_terminate_its_context() -> None:
     client = asyncio.run(shut_down_client(ResourcesLeavingTheSocketsOpen))
     try:
-        assert sorted(socket.split()[0] for socket in open_sockets(client)) == ["PULL", "ROUTER"]
+        assert open_socket_types(client) == ["PULL", "ROUTER"]
         assert not term_within(client.resources.ctx, TERM_PROBE_S)
     finally:
         close_open_sockets(client)  # the blocked term() returns, its thread ends
@@ -225,6 +225,6 @@ def test_a_client_skipping_cleanup_on_a_closed_loop_leaves_its_sockets_open() ->
     client = asyncio.run(started_client(ResourcesSkippingTheSocketsOnAClosedLoop))
     client.shutdown()
     try:
-        assert sorted(socket.split()[0] for socket in open_sockets(client)) == ["PULL", "ROUTER"]
+        assert open_socket_types(client) == ["PULL", "ROUTER"]
     finally:
         close_open_sockets(client)

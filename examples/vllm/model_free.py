@@ -8,11 +8,17 @@
   multimodal processor caches with ``processor_cache_from_config`` (vLLM's
   ``LruKeyReplicatedSenderCache`` and ``MultiModalProcessorOnlyCache``) and registers their
   ``close`` on the renderer's ExitStack: what the seed's ``shutdown()`` closed twice.
+* :class:`NoModelEngineCore`: what ``EngineCore.__init__`` builds from a model (executor, KV
+  caches, scheduler), replaced by an empty scheduler and no executor.
 * :class:`ModelFreeEngineCore`: vLLM's ``EngineCoreProc`` with its constructor replaced (no
   model, no executor, no ZMQ sockets) and an empty scheduler. Its busy loop, shutdown-state
   handling, client-request dispatch, and above all ``EngineCoreProc.run_engine_core`` (signal
   handlers, the wakeup callback, the clean-exit decision and the ROCm ``gc.freeze()``) are
   vLLM's. :func:`model_free_engines` makes vLLM's ``CoreEngineProcManager`` start it.
+* :class:`ConnectedEngineCore`: vLLM's whole ``EngineCoreProc.__init__`` (the startup handshake,
+  the input and output socket threads) on a :class:`NoModelEngineCore`: a real EngineCore
+  process that vLLM's own ``AsyncMPClient`` talks to (:func:`make_async_client`,
+  :func:`serve_until_killed`).
 * :func:`on_platform`: makes vLLM's ``current_platform`` report CUDA or ROCm (its own
   ``is_rocm()`` / ``is_cuda()`` read the patched platform enum).
 """
@@ -20,6 +26,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import gc
 import multiprocessing
@@ -32,6 +39,7 @@ from unittest import mock
 
 import vllm.renderers.base as renderer_module
 import vllm.v1.engine.core as engine_core_module
+import vllm.v1.engine.core_client as core_client_module
 from vllm.config import (
     DeviceConfig,
     MultiModalConfig,
@@ -42,10 +50,17 @@ from vllm.config import (
 from vllm.platforms import current_platform
 from vllm.platforms.interface import PlatformEnum
 from vllm.renderers.base import BaseRenderer
-from vllm.v1.engine.core import EngineCoreProc, EngineShutdownState
+from vllm.v1.engine.core import EngineCore, EngineCoreProc, EngineShutdownState
+from vllm.v1.engine.core_client import AsyncMPClient, BackgroundResources
 from vllm.v1.engine.utils import CoreEngineProcManager
 from vllm.v1.executor import UniProcExecutor
 
+from pytest_shutdown.orphans import report_phase
+
+#: How long a front end killed by a test waits on its loop (it is killed long before).
+SERVE_S = 600.0
+#: The context length the stand-in model config declares.
+MAX_MODEL_LEN = 2048
 #: How long a model-free engine may take to reach its busy loop.
 START_DEADLINE_S = 60.0
 #: Released by each forked engine once vLLM's signal handlers are installed.
@@ -64,11 +79,19 @@ def on_platform(name: str) -> Iterator[None]:
 def vllm_config(shutdown_timeout: float = 0) -> VllmConfig:
     """A real ``VllmConfig`` for the CPU, with the request-drain budget under test.
 
-    Its model config is a stand-in saying "not a mixture of experts" (what a DP rank asks).
+    Its model config is a stand-in with what the engine processes and their client read of it:
+    "not a mixture of experts" (what a DP rank asks), text only, and the figures of the engine's
+    ready message (its context length, dtype, no sleep mode).
     """
     device = DeviceConfig(device="cpu")
     config = VllmConfig(device_config=device, shutdown_timeout=shutdown_timeout)
-    config.model_config = types.SimpleNamespace(is_moe=False)  # type: ignore[assignment]
+    config.model_config = types.SimpleNamespace(  # type: ignore[assignment]
+        is_moe=False,
+        multimodal_config=None,
+        max_model_len=MAX_MODEL_LEN,
+        dtype="float32",
+        enable_sleep_mode=False,
+    )
     return config
 
 
@@ -150,11 +173,45 @@ class EmptyScheduler:
     def get_request_counts(self) -> tuple[int, int]:
         return (0, 0)
 
+    def get_kv_event_publisher_config(self) -> None:
+        return None
+
     def shutdown(self) -> None:
         pass
 
 
-class ModelFreeEngineCore(EngineCoreProc):
+class NoModelEngineCore(EngineCore):
+    """What ``EngineCore.__init__`` builds from a model (the executor, the KV caches, the
+    scheduler), replaced by an empty scheduler and no executor; the engine's own state
+    (queues, idle callbacks, weight version) is set as vLLM sets it. ``EngineCoreProc.__init__``
+    calls this as its ``super().__init__`` when it comes after ``EngineCoreProc`` in the MRO.
+    """
+
+    def __init__(self, vllm_config: VllmConfig, *args: Any, **kwargs: Any) -> None:
+        self.vllm_config = vllm_config
+        self.log_stats = False
+        self._weight_version = "default"
+        self.scheduler = EmptyScheduler()
+        self.model_executor = None
+        self.structured_output_manager = types.SimpleNamespace(clear_backend=lambda: None)
+        self.batch_queue = None
+        self.aborts_queue: queue.Queue[Any] = queue.Queue()
+        self._idle_state_callbacks: list[Any] = []
+
+    def step_fn(self) -> tuple[dict[int, Any], bool]:  # type: ignore[override]
+        return {}, False
+
+    def post_step(self, model_executed: bool) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        # EngineCore.shutdown tears down the model executor, the scheduler and torch.distributed;
+        # none exist here. Its unfreeze of the startup heap is kept.
+        self.scheduler.shutdown()
+        gc.unfreeze()
+
+
+class ModelFreeEngineCore(EngineCoreProc, NoModelEngineCore):
     """``EngineCoreProc`` without a model: vLLM's busy loop and shutdown handling on no work.
 
     ``scenario_exit="error"`` makes the first engine step raise (an engine crash);
@@ -171,19 +228,13 @@ class ModelFreeEngineCore(EngineCoreProc):
         request_shutdown: bool = False,
         **kwargs: Any,
     ) -> None:
-        self.vllm_config = vllm_config
+        NoModelEngineCore.__init__(self, vllm_config)
         self.engine_index = engine_index
         self.shutdown_state = EngineShutdownState.RUNNING
-        self.scheduler = EmptyScheduler()
-        self.model_executor = None
-        self.structured_output_manager = types.SimpleNamespace(clear_backend=lambda: None)
         self.engines_running = False
-        self.batch_queue = None
         self.input_queue: queue.Queue[Any] = queue.Queue()
-        self.aborts_queue: queue.Queue[Any] = queue.Queue()
         self.output_queue: queue.Queue[Any] = queue.Queue()
         self.process_input_queue_block = True
-        self._idle_state_callbacks: list[Any] = []
         self.publish_dp_lb_stats = False
         self._scenario_exit = scenario_exit
         self._request_shutdown = request_shutdown
@@ -199,26 +250,28 @@ class ModelFreeEngineCore(EngineCoreProc):
             os.kill(os.getpid(), signal.SIGTERM)
         super().run_busy_loop()
 
-    def step_fn(self) -> tuple[dict[int, Any], bool]:  # type: ignore[override]
-        return {}, False
-
-    def post_step(self, model_executed: bool) -> None:
-        pass
-
     def _send_engine_dead(self) -> None:
         pass
 
-    def shutdown(self) -> None:
-        # EngineCore.shutdown tears down the model executor, the scheduler and torch.distributed;
-        # none exist here. Its unfreeze of the startup heap is kept.
-        self.scheduler.shutdown()
-        gc.unfreeze()
+
+class ConnectedEngineCore(EngineCoreProc, NoModelEngineCore):
+    """vLLM's whole ``EngineCoreProc.__init__`` without a model: the startup handshake with the
+    client, the input and output socket threads on real ZMQ sockets, the ready message; then
+    vLLM's busy loop, which answers utility calls (``get_weight_version``...) on no work.
+
+    The one step skipped: ``VllmConfig.__post_init__`` after the handshake re-validates the
+    model's config (its architecture, its parallel layout) and there is no model to validate.
+    """
+
+    def __init__(self, vllm_config: VllmConfig, *args: Any, **kwargs: Any) -> None:
+        with mock.patch.object(VllmConfig, "__post_init__", lambda config: None):
+            super().__init__(vllm_config, *args, **kwargs)
 
 
 @contextlib.contextmanager
-def model_free_engines() -> Iterator[None]:
-    """``run_engine_core`` (also in managers started inside) builds :class:`ModelFreeEngineCore`."""
-    with mock.patch.object(engine_core_module, "EngineCoreProc", ModelFreeEngineCore):
+def model_free_engines(kind: type[EngineCoreProc] = ModelFreeEngineCore) -> Iterator[None]:
+    """``run_engine_core`` (also in managers started inside) builds ``kind``."""
+    with mock.patch.object(engine_core_module, "EngineCoreProc", kind):
         yield
 
 
@@ -278,3 +331,40 @@ def supervisor_args(shutdown_timeout: float) -> argparse.Namespace:
         port=8000,
         shutdown_timeout=shutdown_timeout,
     )
+
+
+# -- the async client -----------------------------------------------------------------------------
+
+
+def make_async_client(
+    resources: type[BackgroundResources] = BackgroundResources,
+) -> AsyncMPClient:
+    """vLLM's ``AsyncMPClient`` as ``AsyncLLM`` builds it for one engine: it binds its ZMQ
+    sockets, starts a real :class:`ConnectedEngineCore` process through vLLM's
+    ``launch_core_engines`` and ``CoreEngineProcManager``, completes vLLM's startup handshake and
+    waits for the engine's ready message. Called on a running loop, it also starts its output
+    queue task there (else on its first awaited call). ``resources``: the class of its
+    finalizer (a seed bug's subclass of vLLM's ``BackgroundResources``).
+    """
+    with (
+        model_free_engines(ConnectedEngineCore),
+        on_platform("cpu"),
+        mock.patch.object(core_client_module, "BackgroundResources", resources),
+    ):
+        return AsyncMPClient(
+            vllm_config=vllm_config(), executor_class=UniProcExecutor, log_stats=False
+        )
+
+
+def serve_until_killed() -> None:
+    """A front end's process: an ``AsyncMPClient`` on its loop with one model-free EngineCore,
+    one utility call answered, then phase ``ready`` reported and the loop kept waiting (for
+    :func:`pytest_shutdown.kill_tree_at`)."""
+
+    async def serve() -> None:
+        client = make_async_client()
+        await client.get_weight_version_async()
+        report_phase("ready")
+        await asyncio.sleep(SERVE_S)
+
+    asyncio.run(serve())

@@ -1,14 +1,17 @@
 """The seed bugs of the two vLLM reviews, put back into vLLM's own classes: each is caught.
 
-Each subclass undoes one fix the reviews asked for; everything else is vLLM 0.33.0's code. The
-checks are the one-liners of ``test_vllm_shutdown.py``, unchanged.
+Each subclass undoes one fix the reviews asked for (or, for the async client, one fix vLLM
+made); everything else is vLLM 0.33.0's code. The checks are the one-liners of
+``test_vllm_shutdown.py`` and the probes of ``test_vllm_async_client.py``, unchanged.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import weakref
 from contextlib import ExitStack
+from unittest import mock
 
 import pytest
 
@@ -19,6 +22,14 @@ if _VLLM is None or _VLLM.origin in (None, "namespace"):  # this folder is not v
         allow_module_level=True,
     )
 
+import vllm.v1.engine.core_client as core_client_module  # noqa: E402 - after the skip
+from client_probes import (  # noqa: E402
+    close_open_sockets,
+    open_socket_types,
+    shut_down_client,
+    started_client,
+    term_within,
+)
 from model_free import (  # noqa: E402 - after the skip: model_free imports vllm
     TextRenderer,
     make_mm_renderer,
@@ -28,6 +39,7 @@ from model_free import (  # noqa: E402 - after the skip: model_free imports vllm
     vllm_config,
 )
 from vllm.v1.engine import utils as engine_utils  # noqa: E402
+from vllm.v1.engine.core_client import BackgroundResources  # noqa: E402
 from vllm.v1.engine.utils import CoreEngineProcManager  # noqa: E402
 from vllm.v1.executor import UniProcExecutor  # noqa: E402
 
@@ -165,3 +177,54 @@ def test_a_renderer_closing_its_processor_cache_on_every_call_is_cleanup_repeate
         assert_idempotent_shutdown(renderer, calls=2, threads=4)
     assert set(exc.value.codes) == {"cleanup-repeated"}
     assert all("cache" in f.details["cleanup"] for f in exc.value.findings)
+
+
+class ResourcesLeavingTheSocketsOpen(BackgroundResources):
+    """Shutdown cancels the output task but closes no socket: ``zmq.Context.term()`` then blocks
+    for as long as they are open (vLLM PR #13298 closes them, with linger 0, before)."""
+
+    def __call__(self) -> None:
+        with mock.patch.object(core_client_module, "close_sockets", lambda sockets: None):
+            super().__call__()
+
+
+class ResourcesSkippingTheSocketsOnAClosedLoop(BackgroundResources):
+    """Once the output task's loop is closed, the sockets are left open (vLLM PR #57757 closes
+    them directly then)."""
+
+    def __call__(self) -> None:
+        task = self.output_queue_task
+        if task is None or not task.get_loop().is_closed():
+            super().__call__()
+            return
+        with mock.patch.object(core_client_module, "close_sockets", lambda sockets: None):
+            super().__call__()
+
+
+#: How long the probe waits for a ``term()`` that must block.
+TERM_PROBE_S = 1.0
+
+
+@pytest.mark.exercises("vllm.v1.engine.core_client.BackgroundResources (sockets left open)")
+def test_a_client_leaving_its_sockets_open_cannot_terminate_its_context() -> None:
+    client = asyncio.run(shut_down_client(ResourcesLeavingTheSocketsOpen))
+    try:
+        assert open_socket_types(client) == ["PULL", "ROUTER"]
+        assert not term_within(client.resources.ctx, TERM_PROBE_S)
+    finally:
+        close_open_sockets(client)  # the blocked term() returns, its thread ends
+
+
+@pytest.mark.allow_leaks(
+    asyncio=True,
+    reason="the scenario: the client's loop ends before its shutdown, so asyncio.run cancels "
+    "the output queue task the client left pending (the guard's task-leak)",
+)
+@pytest.mark.exercises("vllm.v1.engine.core_client.BackgroundResources (closed loop skipped)")
+def test_a_client_skipping_cleanup_on_a_closed_loop_leaves_its_sockets_open() -> None:
+    client = asyncio.run(started_client(ResourcesSkippingTheSocketsOnAClosedLoop))
+    client.shutdown()
+    try:
+        assert open_socket_types(client) == ["PULL", "ROUTER"]
+    finally:
+        close_open_sockets(client)

@@ -57,6 +57,18 @@ def _test_files(path: str) -> list[str]:
     return [str(p.relative_to(ROOT)) for p in found]
 
 
+def _demo(*paths: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``make demo`` on ``paths``: the plugin, verbose, in a fresh pytest process."""
+    command = ["-p", "shutdown", "-p", "no:randomly", "-p", "no:cacheprovider", "-v", *paths]
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_the_groups_run_every_example_file_once() -> None:
     grouped = [f for group in GROUPS.values() for path in group for f in _test_files(path)]
     assert sorted(grouped) == _test_files("examples")
@@ -73,26 +85,7 @@ def test_the_examples_pass_under_the_guard_and_run_every_quoted_test(group: str)
     quoted = {q for q in quoted_tests() if any(q.startswith(f"{f}/") for f in folders)}
     assert len(quoted_tests()) >= 10
 
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-p",
-            "shutdown",
-            "-p",
-            "no:randomly",
-            "-p",
-            "no:cacheprovider",
-            "-v",
-            *folders,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-
+    result = _demo(*folders, timeout=600)
     out = result.stdout
     assert result.returncode == 0, out[-5000:] + result.stderr[-2000:]
     # the strict xfails (the regressions, a buggy launcher) are the only tests with findings:
@@ -111,3 +104,21 @@ def test_the_examples_pass_under_the_guard_and_run_every_quoted_test(group: str)
         if re.search(r" (PASSED|XFAIL)\b", line)
     }
     assert quoted <= ran, f"quoted but not run: {sorted(quoted - ran)}"
+
+
+def test_the_demo_shows_merged_findings_and_a_start_site_without_verbosity() -> None:
+    """Issue 49: what ``make demo`` prints of the regressions, at its own verbosity."""
+    files = [
+        "examples/regressions/test_regression_shutdown_raises.py",
+        "examples/regressions/test_regression_daemonising_launcher.py",
+    ]
+    result = _demo(*files, timeout=300)
+    out = result.stdout
+    assert result.returncode == 0, out[-5000:] + result.stderr[-2000:]
+    assert re.search(
+        r"\[shutdown-raised\] .* call 1 raised AttributeError.* \(\d times\)$", out, re.M
+    )
+    leak = re.search(r"\[process-leak\] .*: \d+ \(python -c (.*)\)\.$", out, re.M)
+    assert leak, out[-3000:]
+    assert "started by BuggyLauncher.__init__ at examples/regressions/" in leak.group(1)
+    assert "--shutdown-details or -vv" in out

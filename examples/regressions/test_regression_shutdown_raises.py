@@ -64,3 +64,13 @@ def test_buggy_renderer_raises_on_the_second_shutdown() -> None:
 
 def test_fixed_renderer_can_be_shut_down_any_number_of_times() -> None:
     assert_idempotent_shutdown(FixedRenderer(), calls=3)
+
+
+@pytest.mark.xfail(strict=True, raises=ShutdownContractError, reason="racing shutdowns raise")
+def test_buggy_renderer_raises_when_shut_down_from_several_threads_at_once() -> None:
+    """A signal handler, an atexit hook and a finalizer may call ``shutdown()`` at once: every
+    call after the first raises the same error, reported once with its count."""
+    try:
+        assert_idempotent_shutdown(BuggyRenderer(), calls=2, threads=4)
+    except ShutdownContractError as error:
+        expect("shutdown-raised", error)

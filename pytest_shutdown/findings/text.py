@@ -110,9 +110,7 @@ def finding_lines(
     """``[code] message``, the facts that locate the finding and, with ``details``, every fact;
     ``times``: how many identical findings this line stands for."""
     facts = finding.get("details") or {}
-    lines = [
-        f"[{finding['code']}] {finding['message']}" + (f" ({times} times)" if times > 1 else "")
-    ]
+    lines = [f"[{finding['code']}] {finding['message']}{times_suffix(times)}"]
     lines.extend(key_fact_lines(str(finding["code"]), facts))
     if details and facts:
         lines.append("  details:")
@@ -160,8 +158,7 @@ def error_headline(findings: Iterable[Mapping[str, Any]]) -> str:
     """``shutdown guard: [code] object; [code] object (2 times)``: the first line of the guard's
     error, which pytest's short test summary shows after ``ERROR nodeid -``."""
     parts = [
-        f"[{finding['code']}] {finding_object(finding)}"
-        + (f" ({times} times)" if times > 1 else "")
+        f"[{finding['code']}] {finding_object(finding)}{times_suffix(times)}"
         for finding, times in merged(findings)
     ]
     return "shutdown guard: " + "; ".join(parts)

@@ -547,7 +547,25 @@ def _process_record(pid: int) -> dict[str, Any]:
             record["cmdline"] = proc.cmdline()
     except psutil.Error:
         pass
+    if origin is None:
+        _describe_by_ancestor(record)
     return record
+
+
+def _describe_by_ancestor(record: dict[str, Any]) -> None:
+    """A process no ``Popen``/``Process`` here started (a daemon, a grandchild): its command
+    line, and the start call of the recorded process it most likely descends from."""
+    from pytest_shutdown.ownership.containment import first_ancestor  # noqa: PLC0415
+
+    argv = record["cmdline"]
+    command = " ".join(" ".join([os.path.basename(argv[0]), *argv[1:]]).split()) if argv else ""
+    if command:
+        record["what"] = command if len(command) <= 60 else command[:57] + "..."
+    ancestor = first_ancestor(record["pid"])
+    origin = origins.origin_of_process(ancestor[0]) if ancestor is not None else None
+    site = origins.start_site(origin) if origin is not None else None
+    if ancestor is not None and site is not None:
+        record["site"] = f"{site} (through its ancestor {ancestor[0]}, {ancestor[1]})"
 
 
 def leak_findings(

@@ -158,7 +158,8 @@ def test_an_escaped_process_is_found_named_and_killed(
     result.assert_outcomes(passed=2, errors=1)
     result.stdout.fnmatch_lines(
         [
-            f"*started in test_{route} still running after the 0.2 s grace: {pid} (sleep).",
+            f"*started in test_{route} still running after the 0.2 s grace: {pid} (sleep 60, "
+            f"started by test_{route} at test_escape.py:* (through its ancestor *)).",
             f"  process {pid} (sleep): sleep 60 {REPARENTED[containment]}",
             f"    started at (user frames first), during test_escape.py::test_{route}:",
             "      (its first recorded ancestor, pid *",
@@ -187,7 +188,7 @@ def test_warn_mode_lists_the_survivor_at_session_end_and_leaves_it(
     result.stdout.fnmatch_lines(
         [
             "test_escape.py::test_shell_background_job: ?process-leak? *still running when the"
-            f" session ended, * s into its 10 s grace: {pid} (sleep)."
+            f" session ended, * s into its 10 s grace: {pid} (sleep 60*)."
         ]
     )
     result.stdout.no_fnmatch_line("<session end>: ?process-leak?*")
@@ -208,7 +209,7 @@ def test_a_process_allowed_by_its_test_is_still_killed_at_session_end_in_fail_mo
     escaped.append(pid)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(
-        [f"<session end>: ?process-leak? *still running at session end: {pid} (sleep); killed."]
+        [f"<session end>: ?process-leak? *still running at session end: {pid} (sleep 60*); killed."]
     )
     assert _gone_within(pid, 15)
 

@@ -134,13 +134,15 @@ class SocketEntry:
 class Event:
     """One thing the record saw happen (a ``term()`` the probe found blocked)."""
 
-    __slots__ = ("seq", "what", "test", "detail")
+    __slots__ = ("seq", "what", "test", "detail", "claimed")
 
     def __init__(self, seq: int, what: str, test: str | None, detail: dict[str, Any]) -> None:
         self.seq = seq
         self.what = what
         self.test = test
         self.detail = detail
+        #: Reported by a helper (``no_os_leaks``) already: the guard does not report it again.
+        self.claimed = False
 
     def __repr__(self) -> str:
         return f"<zmq {self.what} in {self.test} #{self.seq}>"

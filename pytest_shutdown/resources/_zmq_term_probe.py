@@ -29,7 +29,7 @@ from pytest_shutdown._os.own_threads import start_own_thread
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources import _zmq_record as record
 
-__all__ = ["PROBE_FLOOR_S", "configure", "unconfigure"]
+__all__ = ["PROBE_FLOOR_S", "configure", "restore"]
 
 #: The shortest deadline the probe waits, whatever the grace (a ``term()`` that flushes a last
 #: message takes a few milliseconds: that is no hang).
@@ -39,17 +39,25 @@ _deadline_s = 2.0
 _release = False
 
 
-def configure(deadline_s: float, *, release: bool) -> None:
+#: What :func:`configure` replaced: (deadline, release, watcher), given back to :func:`restore`.
+Previous = tuple[float, bool, Any]
+
+
+def configure(deadline_s: float, *, release: bool) -> Previous:
     """Watch every ``term()`` whose sockets may keep it waiting, for ``deadline_s`` (at least
-    :data:`PROBE_FLOOR_S`); ``release``: fail mode's release of the test's open sockets."""
+    :data:`PROBE_FLOOR_S`); ``release``: fail mode's release of the test's open sockets.
+    Returns what it replaced (a helper's block nested in a guarded test puts it back)."""
     global _deadline_s, _release
+    previous = (_deadline_s, _release, record.term_watcher)
     _deadline_s = max(deadline_s, PROBE_FLOOR_S)
     _release = release
     record.term_watcher = _watch_term
+    return previous
 
 
-def unconfigure() -> None:
-    record.term_watcher = None
+def restore(previous: Previous) -> None:
+    global _deadline_s, _release
+    _deadline_s, _release, record.term_watcher = previous
 
 
 class _Probe:

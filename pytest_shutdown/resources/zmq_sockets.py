@@ -39,13 +39,23 @@ class ZmqKind(ObjectKind):
     #: The fingerprint is one integer read, shared with no other kind.
     reads_alone = True
 
-    def __init__(self, settings: Any = None) -> None:
-        record.install()  # for the guard's session; pyzmq itself is not imported
-        grace = getattr(settings, "grace_s", probe.PROBE_FLOOR_S)
-        probe.configure(grace, release=getattr(settings, "mode", "warn") == "fail")
+    def __init__(self, settings: Any = None, *, deadline: float | None = None) -> None:
+        """The guard's (``settings``: the probe waits the grace, fail mode releases), or a
+        helper's (``deadline``: the probe waits that long and only observes; what it reports
+        is the helper's, never reported again by the guard)."""
+        record.install()  # pyzmq itself is not imported
+        self._helper = settings is None
+        self._previous: probe.Previous | None = None
+        if settings is not None:
+            release = settings.mode == "fail"
+            self._previous = probe.configure(settings.grace_s, release=release)
+        elif deadline is not None:
+            self._previous = probe.configure(deadline, release=False)
 
     def close(self) -> None:
-        probe.unconfigure()
+        if self._previous is not None:
+            probe.restore(self._previous)
+            self._previous = None
         record.uninstall()
 
     def fingerprint(self) -> int:
@@ -70,8 +80,12 @@ class ZmqKind(ObjectKind):
         found = [
             event
             for event in record.events_since(start)
-            if event.test is not None and not any(a < event.seq <= b for a, b in ranges)
+            if (self._helper or (event.test is not None and not event.claimed))
+            and not any(a < event.seq <= b for a, b in ranges)
         ]
+        if self._helper:
+            for event in found:
+                event.claimed = True
         if isinstance(allow, tuple):
             from fnmatch import fnmatchcase  # noqa: PLC0415 - only with patterns
 

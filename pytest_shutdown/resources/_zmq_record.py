@@ -36,8 +36,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from pytest_shutdown._os.forks import forget_in_child, undo_in_forked_child
 from pytest_shutdown.ownership import origins
+from pytest_shutdown.ownership.lazy_wrappers import LazyWrappers
 
 __all__ = [
     "Event",
@@ -149,12 +149,9 @@ class Event:
 
 
 _seq = 0
-_installs = 0
 _live: dict[int, SocketEntry] = {}
 _sockets: weakref.WeakKeyDictionary[Any, SocketEntry] = weakref.WeakKeyDictionary()
 _events: deque[Event] = deque(maxlen=EVENT_LIMIT)
-_originals: dict[str, tuple[Any, str, Any, Any, bool]] = {}
-_pending_import: list[Any] = []
 _lock = threading.Lock()
 _ZMQ_DIR = ""
 #: ``term_watcher(context, entries, term)``: how ``Context.term`` runs while sockets of its
@@ -168,7 +165,7 @@ def seq() -> int:
 
 
 def installed() -> bool:
-    return bool(_installs)
+    return bool(_wrappers.installs)
 
 
 def _next() -> int:
@@ -261,7 +258,9 @@ def _wrap_zmq(zmq: Any) -> None:
     global _ZMQ_DIR
     socket_class = getattr(getattr(zmq, "sugar", None), "socket", None)
     context_class = getattr(getattr(zmq, "sugar", None), "context", None)
-    if not _installs or "init" in _originals or socket_class is None or context_class is None:
+    if not _wrappers.installs or _wrappers.wrapped("init"):
+        return
+    if socket_class is None or context_class is None:  # pragma: no cover - another pyzmq
         return
     import os  # noqa: PLC0415 - loaded
 
@@ -323,62 +322,26 @@ def _wrap_zmq(zmq: Any) -> None:
             return term(self)  # type: ignore[no-any-return]
         return watcher(self, suspects, lambda: term(self))  # type: ignore[misc]
 
-    _patch("init", base, "__init__", socket_init)
-    _patch("bind", base, "bind", socket_bind)
-    _patch("connect", base, "connect", socket_connect)
-    _patch("close", base, "close", socket_close)
-    _patch("term", context_base, "term", context_term)
+    _wrappers.patch("init", base, "__init__", socket_init)
+    _wrappers.patch("bind", base, "bind", socket_bind)
+    _wrappers.patch("connect", base, "connect", socket_connect)
+    _wrappers.patch("close", base, "close", socket_close)
+    _wrappers.patch("term", context_base, "term", context_term)
 
 
-def _patch(key: str, owner: Any, attr: str, wrapper: Any) -> None:
-    own = attr in owner.__dict__
-    original = getattr(owner, attr)
-    wrapper.__doc__ = getattr(original, "__doc__", None)
-    wrapper.__name__ = getattr(original, "__name__", attr)
-    wrapper.__qualname__ = getattr(original, "__qualname__", attr)
-    _originals[key] = (owner, attr, original, wrapper, own)
-    setattr(owner, attr, wrapper)
+def _forget() -> None:
+    _live.clear()
+    _events.clear()
+
+
+_wrappers = LazyWrappers("zmq", _wrap_zmq, _forget)
 
 
 def install() -> None:
     """Start recording (nested calls are counted)."""
-    global _installs
-    _installs += 1
-    if _installs > 1:
-        return
-    zmq = sys.modules.get("zmq")
-    if zmq is not None and hasattr(zmq, "Socket"):
-        _wrap_zmq(zmq)
-    else:
-        waiting = origins._AfterImport("zmq", _wrap_zmq)
-        _pending_import.append(waiting)
-        sys.meta_path.insert(0, waiting)
-    undo_in_forked_child("zmq_record", _uninstall_in_forked_child)
-
-
-def _uninstall_in_forked_child() -> None:
-    global _installs
-    _installs = 1
-    _live.clear()
-    _events.clear()
-    uninstall()
+    _wrappers.install()
 
 
 def uninstall() -> None:
     """Put the originals back with the last nested call (only where nobody replaced ours)."""
-    global _installs
-    _installs = max(_installs - 1, 0)
-    if _installs:
-        return
-    for waiting in _pending_import:
-        if waiting in sys.meta_path:
-            sys.meta_path.remove(waiting)
-    _pending_import.clear()
-    for owner, attr, original, wrapper, own in _originals.values():
-        if owner.__dict__.get(attr) is wrapper:
-            if own:
-                setattr(owner, attr, original)
-            else:
-                delattr(owner, attr)
-    _originals.clear()
-    forget_in_child("zmq_record")
+    _wrappers.uninstall()

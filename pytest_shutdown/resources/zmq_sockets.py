@@ -26,10 +26,6 @@ from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 
 __all__ = ["ZmqKind", "name_descriptors"]
 
-#: A snapshot: the record's counter, and the ranges ``(start, end]`` of it that wider-scope
-#: fixtures' set-ups made (theirs, not the test's).
-Baseline = tuple[int, tuple[tuple[int, int], ...]]
-
 
 class ZmqKind(ObjectKind):
     """pyzmq's contexts whose ``term()`` blocked on a socket (see the module)."""
@@ -61,27 +57,24 @@ class ZmqKind(ObjectKind):
     def fingerprint(self) -> int:
         return record._seq
 
-    def snapshot(self) -> Baseline:
-        return (record._seq, ())
+    def snapshot(self) -> int:
+        return record._seq
 
-    def absorb(self, before: Baseline, start: Baseline, end: Baseline | None) -> Baseline:
-        """What a wider-scope fixture's set-up did (between ``start`` and ``end``) is its own."""
-        last = record.seq() if end is None else end[0]
-        if start is None or last <= start[0]:
+    def absorb(self, before: int, start: int | None, end: int | None) -> int:
+        """What a wider-scope fixture's set-up did is its own: the baseline moves past it
+        (pytest sets wider-scope fixtures up before the test's own, so nothing of the test's
+        comes before them)."""
+        if start is None:
             return before
-        return (before[0], (*before[1], (start[0], last)))
+        return max(before, record.seq() if end is None else end)
 
-    def new_since(self, before: Baseline, allow: Allowance = None) -> Sequence[record.Event]:
-        if allow is True:
-            return ()
-        start, ranges = before
-        if record.seq() == start:
+    def new_since(self, before: int, allow: Allowance = None) -> Sequence[record.Event]:
+        if allow is True or record.seq() == before:
             return ()
         found = [
             event
-            for event in record.events_since(start)
-            if (self._helper or (event.test is not None and not event.claimed))
-            and not any(a < event.seq <= b for a, b in ranges)
+            for event in record.events_since(before)
+            if self._helper or (event.test is not None and not event.claimed)
         ]
         if self._helper:
             for event in found:

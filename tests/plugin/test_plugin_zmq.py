@@ -37,29 +37,45 @@ def _run(pytester: pytest.Pytester, *args: str, timeout: float = 120) -> pytest.
     )  # fmt: skip
 
 
+#: The inner suites' connected pair: a PULL bound to a port, a PUSH connected to it, one
+#: message delivered.
+CONNECTED_PAIR = """
+import zmq
+
+def connected_pair(ctx):
+    pull = ctx.socket(zmq.PULL)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    push.send(b"x")
+    assert pull.recv() == b"x"
+    return pull, push
+"""
+
+
+def _line_of(source: str, text: str) -> int:
+    return next(n for n, line in enumerate(source.strip().splitlines(), 1) if text in line)
+
+
 def test_a_zmq_socket_left_open_is_an_fd_leak_named_by_its_type_and_endpoint(
     pytester: pytest.Pytester,
 ) -> None:
     pytester.makepyfile(
-        test_left="""
-        import ctypes
-        import zmq
+        test_left=CONNECTED_PAIR
+        + """
+import ctypes
 
-        def _keep(sock):  # held where no owner reaches: the test's own leak
-            ctypes.pythonapi.Py_IncRef(ctypes.py_object(sock))
+def _keep(sock):  # held where no owner reaches: the test's own leak
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(sock))
 
-        def test_push_and_pull_left_open():
-            ctx = zmq.Context()
-            pull = ctx.socket(zmq.PULL)
-            port = pull.bind_to_random_port("tcp://127.0.0.1")
-            push = ctx.socket(zmq.PUSH)
-            push.connect(f"tcp://127.0.0.1:{port}")
-            push.send(b"x")
-            assert pull.recv() == b"x"
-            _keep(pull)
-            _keep(push)
-        """
+def test_push_and_pull_left_open():
+    pull, push = connected_pair(zmq.Context())
+    _keep(pull)
+    _keep(push)
+"""
     )
+    pull_line = _line_of(CONNECTED_PAIR, "ctx.socket(zmq.PULL)")
+    push_line = _line_of(CONNECTED_PAIR, "ctx.socket(zmq.PUSH)")
     result = _run(pytester)
     result.assert_outcomes(passed=1, errors=1)
     found = _findings(pytester)["test_push_and_pull_left_open"]
@@ -69,7 +85,7 @@ def test_a_zmq_socket_left_open_is_an_fd_leak_named_by_its_type_and_endpoint(
     site = str(pytester.path / "test_left.py")
     # the sockets' names lead the message, not "socket (inode ...)"
     assert "zmq socket PULL tcp://127.0.0.1:" in fds["message"]
-    assert f"created at {site}:9 (its mailbox, an eventfd)" in fds["message"]
+    assert f"created at {site}:{pull_line} (its mailbox, an eventfd)" in fds["message"]
     named = [r for r in fds["details"]["fds"] if "zmq_socket" in r]
     port = next(r for r in named if r["zmq_socket"]["type"] == "PULL")["zmq_socket"]["endpoints"]
     port = port[0].rpartition(":")[2]
@@ -83,14 +99,17 @@ def test_a_zmq_socket_left_open_is_an_fd_leak_named_by_its_type_and_endpoint(
         ("PUSH", "socket", False),  # its connection to the PULL's port
     ], named
     push = [r for r in named if r["zmq_socket"]["type"] == "PUSH"]
-    assert {r["zmq_socket"]["created_at"] for r in push} == {f"{site}:11"}
+    assert {r["zmq_socket"]["created_at"] for r in push} == {f"{site}:{push_line}"}
     assert push[0]["zmq_socket"]["endpoints"] == [f"tcp://127.0.0.1:{port}"]
     (connection,) = [r for r in push if r["kind"] == "socket"]
     assert connection["remote"] == f"127.0.0.1:{port}"
     assert "held by libzmq's I/O thread" in connection["what"]
     assert "socket (inode" not in fds["message"]
     ports = by_code["port-leak"]
-    assert f"zmq socket PULL tcp://127.0.0.1:{port} created at {site}:9" in ports["message"]
+    assert (
+        f"zmq socket PULL tcp://127.0.0.1:{port} created at {site}:{pull_line}"
+        in (ports["message"])
+    )
     assert "TCP socket listening on" in ports["message"]
 
 
@@ -114,12 +133,7 @@ def test_destroy_with_linger_zero():
 
 def test_default_linger_with_nothing_left_to_send():
     ctx = zmq.Context()
-    pull = ctx.socket(zmq.PULL)
-    port = pull.bind_to_random_port("tcp://127.0.0.1")
-    push = ctx.socket(zmq.PUSH)
-    push.connect(f"tcp://127.0.0.1:{{port}}")
-    push.send(b"x")
-    assert pull.recv() == b"x"
+    pull, push = connected_pair(ctx)
     push.close()
     pull.close()
     ctx.term()
@@ -141,7 +155,7 @@ def test_asyncio_sockets():
 
 
 def test_sockets_closed_and_contexts_terminated_give_nothing(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_clean=CLEAN.format(port=_free_port()))
+    pytester.makepyfile(test_clean=CONNECTED_PAIR + CLEAN.format(port=_free_port()))
     started = time.monotonic()
     result = _run(pytester)
     result.assert_outcomes(passed=4)
@@ -150,21 +164,34 @@ def test_sockets_closed_and_contexts_terminated_give_nothing(pytester: pytest.Py
     assert time.monotonic() - started < 60
 
 
-HANGS = """
+#: The inner suites' shared start: a PUSH socket with a message queued for a peer that never
+#: comes (nobody listens on the port), with its default linger.
+PUSH_TO_NOBODY = """
 import threading
 import time
 import zmq
 
-def test_term_with_a_socket_left_open():
+def push_to_nobody():
     ctx = zmq.Context()
     push = ctx.socket(zmq.PUSH)
     push.connect("tcp://127.0.0.1:{port}")
-    push.send(b"pending")  # nobody listens, default linger
+    push.send(b"pending")
+    return ctx, push
+"""
+#: The line of ``push_to_nobody``'s ``ctx.socket``: every inner suite's creation site.
+SOCKET_LINE = _line_of(PUSH_TO_NOBODY, "ctx.socket(zmq.PUSH)")
+
+HANGS = (
+    PUSH_TO_NOBODY
+    + """
+def test_term_with_a_socket_left_open():
+    ctx, push = push_to_nobody()
     ctx.term()  # blocks for as long as the socket is open
 
 def test_after():
     pass
 """
+)
 
 
 def test_a_term_that_would_hang_is_reported_in_a_bounded_time_and_the_run_ends(
@@ -172,7 +199,8 @@ def test_a_term_that_would_hang_is_reported_in_a_bounded_time_and_the_run_ends(
 ) -> None:
     """Fail mode: after the grace the finding is recorded and the test's own open socket is
     closed with linger 0, so that ``term()`` returns and the test errors."""
-    pytester.makepyfile(test_hangs=HANGS.format(port=_free_port()))
+    source = HANGS.format(port=_free_port())
+    pytester.makepyfile(test_hangs=source)
     started = time.monotonic()
     result = _run(pytester, timeout=60)
     assert time.monotonic() - started < 60
@@ -185,25 +213,24 @@ def test_a_term_that_would_hang_is_reported_in_a_bounded_time_and_the_run_ends(
     site = str(pytester.path / "test_hangs.py")
     (sock,) = finding["details"]["sockets"]
     assert sock["type"] == "PUSH" and sock["endpoints"][0].startswith("tcp://127.0.0.1:")
-    assert sock["created_at"] == f"{site}:7" and sock["state"] == "still open"
-    assert finding["details"]["called_at"] == f"{site}:10 in test_term_with_a_socket_left_open"
+    assert sock["created_at"] == f"{site}:{SOCKET_LINE}" and sock["state"] == "still open"
+    term = _line_of(source, "ctx.term()")
+    assert finding["details"]["called_at"] == f"{site}:{term} in test_term_with_a_socket_left_open"
     assert finding["details"]["released"] and finding["details"]["returned"] is True
-    assert f"zmq socket PUSH {sock['endpoints'][0]} created at {site}:7" in finding["message"]
+    assert (
+        f"zmq socket PUSH {sock['endpoints'][0]} created at {site}:{SOCKET_LINE}"
+        in (finding["message"])
+    )
     assert "did not return within 0.5 s" in finding["message"]
-    # written at once to stderr too (the test's captured stderr here; live with -s)
-    assert "has not returned after 0.5 s" in result.stdout.str()
+    # written at once to stderr too (captured with the test, or not: the watcher's own thread)
+    assert "has not returned after 0.5 s" in result.stdout.str() + result.stderr.str()
 
 
-RELEASED_LATER = """
-import threading
-import time
-import zmq
-
+RELEASED_LATER = (
+    PUSH_TO_NOBODY
+    + """
 def test_term_waits_for_a_thread_to_close_its_socket():
-    ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.connect("tcp://127.0.0.1:{port}")
-    push.send(b"pending")
+    ctx, push = push_to_nobody()
 
     def close_later():
         time.sleep(1.5)
@@ -217,6 +244,7 @@ def test_term_waits_for_a_thread_to_close_its_socket():
     closer.join()
     assert blocked >= 1.4, blocked  # warn mode observes only: term() blocked as it would
 """
+)
 
 
 def test_warn_mode_reports_a_blocked_term_and_lets_it_block(pytester: pytest.Pytester) -> None:
@@ -230,15 +258,11 @@ def test_warn_mode_reports_a_blocked_term_and_lets_it_block(pytester: pytest.Pyt
     assert "it returned after" in finding["message"]
 
 
-LINGERING = """
-import threading
-import zmq
-
+LINGERING = (
+    PUSH_TO_NOBODY
+    + """
 def test_term_waits_for_a_message_a_closed_socket_lingers_on():
-    ctx = zmq.Context()
-    push = ctx.socket(zmq.PUSH)
-    push.connect("tcp://127.0.0.1:{port}")
-    push.send(b"pending")
+    ctx, push = push_to_nobody()
     push.close()  # default linger: forever
     term = threading.Thread(target=ctx.term, daemon=True)
     term.start()
@@ -253,6 +277,7 @@ def test_term_waits_for_a_message_a_closed_socket_lingers_on():
     term.join(10)
     assert not term.is_alive()
 """
+)
 
 
 def test_a_socket_closed_with_its_default_linger_and_a_pending_message_is_named(
@@ -264,7 +289,7 @@ def test_a_socket_closed_with_its_default_linger_and_a_pending_message_is_named(
     (finding,) = _findings(pytester)["test_term_waits_for_a_message_a_closed_socket_lingers_on"]
     assert finding["code"] == "zmq-term-blocked"
     (sock,) = finding["details"]["sockets"]  # the receiver's PULL is no suspect
-    assert sock["type"] == "PUSH"
+    assert sock["type"] == "PUSH" and sock["created_at"].endswith(f"test_linger.py:{SOCKET_LINE}")
     assert sock["state"] == "closed with linger -1: it waits forever for its unsent messages"
     assert finding["details"]["released"] == []  # a lingering socket cannot be released
 
@@ -345,6 +370,7 @@ def test_a_suite_that_never_imports_zmq_does_not_import_it(pytester: pytest.Pyte
 
 
 def test_the_fingerprint_is_a_counter_only_a_zmq_socket_moves() -> None:
+    installed = _zmq_record.installed()  # by this run's own guard, or not
     (kind,) = default_kinds(["zmq"])
     try:
         before = kind.fingerprint()
@@ -360,4 +386,4 @@ def test_the_fingerprint_is_a_counter_only_a_zmq_socket_moves() -> None:
         assert kind.new_since(kind.snapshot()) == ()
     finally:
         kind.close()
-    assert not _zmq_record.installed()
+    assert _zmq_record.installed() is installed

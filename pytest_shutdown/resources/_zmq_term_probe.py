@@ -7,7 +7,7 @@ context that can keep it waiting (one not closed; one closed with a linger other
 can send) does a watcher (one of the plugin's own short-lived threads) wait for the call to
 return, at most the probe's deadline. When the deadline passes first, the watcher records a
 ``term-blocked`` event (the kind reports it as ``zmq-term-blocked``, naming each socket: type,
-endpoints, creation site, state), writes one line to the real stderr (the run may be stuck
+endpoints, creation site, state), writes one line to stderr at once (the run may be stuck
 here), and then:
 
 * warn mode: nothing more. ``term()`` keeps blocking as it would without the plugin (until

@@ -43,6 +43,7 @@ __all__ = [
     "Event",
     "SocketEntry",
     "call_site",
+    "close_with_linger_zero",
     "events_since",
     "install",
     "installed",
@@ -216,6 +217,12 @@ def sockets_of(context: Any) -> list[SocketEntry]:
         and entry.context() is context
         and (entry.is_open() or entry.may_linger())
     ]
+
+
+def close_with_linger_zero(sock: Any) -> None:
+    """Close ``sock`` with linger 0 as a plain ``zmq.Socket`` (an asyncio socket's own close
+    would touch its event loop from this thread)."""
+    sys.modules["zmq.sugar.socket"].Socket.close(sock, linger=0)
 
 
 def open_sockets() -> Iterator[SocketEntry]:

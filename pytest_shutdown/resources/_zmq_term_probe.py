@@ -146,7 +146,7 @@ def _release_own_sockets(entries: list[record.SocketEntry], test: str | None) ->
         if test is None or entry.test != test or sock is None or not entry.is_open():
             continue
         try:
-            sock.close(linger=0)
+            record.close_with_linger_zero(sock)
         except Exception:  # noqa: BLE001, S112 - closed meanwhile
             continue
         released.append(entry.describe())

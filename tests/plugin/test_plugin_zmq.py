@@ -169,6 +169,7 @@ def test_sockets_closed_and_contexts_terminated_give_nothing(pytester: pytest.Py
 PUSH_TO_NOBODY = """
 import threading
 import time
+import pytest
 import zmq
 
 def push_to_nobody():
@@ -188,6 +189,20 @@ def test_term_with_a_socket_left_open():
     ctx, push = push_to_nobody()
     ctx.term()  # blocks for as long as the socket is open
 
+def test_term_on_the_loop_with_an_asyncio_socket_left_open():
+    import asyncio
+    import zmq.asyncio
+
+    async def main():
+        ctx = zmq.asyncio.Context()
+        push = ctx.socket(zmq.PUSH)
+        push.connect("tcp://127.0.0.1:{port}")
+        await push.send(b"pending")
+        ctx.term()  # blocks the loop too
+        assert push.closed  # closed by fail mode's release
+
+    asyncio.run(main())
+
 def test_after():
     pass
 """
@@ -204,17 +219,20 @@ def test_a_term_that_would_hang_is_reported_in_a_bounded_time_and_the_run_ends(
     started = time.monotonic()
     result = _run(pytester, timeout=60)
     assert time.monotonic() - started < 60
-    result.assert_outcomes(passed=2, errors=1)
+    result.assert_outcomes(passed=3, errors=2)
     result.stdout.fnmatch_lines(
         ["*ERROR at teardown of test_term_with_a_socket_left_open*", "*zmq-term-blocked*"]
     )
-    (finding,) = _findings(pytester)["test_term_with_a_socket_left_open"]
+    found = _findings(pytester)
+    (on_loop,) = found["test_term_on_the_loop_with_an_asyncio_socket_left_open"]
+    assert on_loop["code"] == "zmq-term-blocked" and on_loop["details"]["released"]
+    (finding,) = found["test_term_with_a_socket_left_open"]
     assert finding["code"] == "zmq-term-blocked"
     site = str(pytester.path / "test_hangs.py")
     (sock,) = finding["details"]["sockets"]
     assert sock["type"] == "PUSH" and sock["endpoints"][0].startswith("tcp://127.0.0.1:")
     assert sock["created_at"] == f"{site}:{SOCKET_LINE}" and sock["state"] == "still open"
-    term = _line_of(source, "ctx.term()")
+    term = _line_of(source, "ctx.term()  # blocks for")
     assert finding["details"]["called_at"] == f"{site}:{term} in test_term_with_a_socket_left_open"
     assert finding["details"]["released"] and finding["details"]["returned"] is True
     assert (
@@ -261,6 +279,7 @@ def test_warn_mode_reports_a_blocked_term_and_lets_it_block(pytester: pytest.Pyt
 LINGERING = (
     PUSH_TO_NOBODY
     + """
+{mark}
 def test_term_waits_for_a_message_a_closed_socket_lingers_on():
     ctx, push = push_to_nobody()
     push.close()  # default linger: forever
@@ -283,7 +302,7 @@ def test_term_waits_for_a_message_a_closed_socket_lingers_on():
 def test_a_socket_closed_with_its_default_linger_and_a_pending_message_is_named(
     pytester: pytest.Pytester,
 ) -> None:
-    pytester.makepyfile(test_linger=LINGERING.format(port=_free_port()))
+    pytester.makepyfile(test_linger=LINGERING.format(port=_free_port(), mark=""))
     result = _run(pytester)
     result.assert_outcomes(passed=1, errors=1)
     (finding,) = _findings(pytester)["test_term_waits_for_a_message_a_closed_socket_lingers_on"]
@@ -292,6 +311,14 @@ def test_a_socket_closed_with_its_default_linger_and_a_pending_message_is_named(
     assert sock["type"] == "PUSH" and sock["created_at"].endswith(f"test_linger.py:{SOCKET_LINE}")
     assert sock["state"] == "closed with linger -1: it waits forever for its unsent messages"
     assert finding["details"]["released"] == []  # a lingering socket cannot be released
+
+
+def test_allow_leaks_zmq_silences_the_kind(pytester: pytest.Pytester) -> None:
+    mark = '@pytest.mark.allow_leaks(zmq=True, reason="the test bounds its own term()")'
+    pytester.makepyfile(test_linger=LINGERING.format(port=_free_port(), mark=mark))
+    result = _run(pytester)
+    result.assert_outcomes(passed=1)
+    assert _findings(pytester) == {}
 
 
 ENGINE = """

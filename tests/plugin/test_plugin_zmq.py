@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 
 import pytest
@@ -414,3 +415,34 @@ def test_the_fingerprint_is_a_counter_only_a_zmq_socket_moves() -> None:
     finally:
         kind.close()
     assert _zmq_record.installed() is installed
+
+
+def test_no_os_leaks_reports_a_blocked_term_in_its_block_and_puts_the_probe_back() -> None:
+    from pytest_shutdown import ShutdownContractError, no_os_leaks
+    from pytest_shutdown.resources import _zmq_term_probe
+
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    watcher = _zmq_record.term_watcher  # the guard's probe when this run has one, else None
+    ctx = zmq.Context()
+    term = threading.Thread()
+    try:
+        with pytest.raises(ShutdownContractError) as caught, no_os_leaks(grace=0.2):
+            push = ctx.socket(zmq.PUSH)  # recorded: made while the block records
+            push.connect(endpoint)
+            push.send(b"pending")
+            push.close()
+            term = threading.Thread(target=ctx.term, daemon=True)  # the wrapped term()
+            term.start()
+            term.join(0.2 + _zmq_term_probe.PROBE_FLOOR_S + 1.0)
+    finally:
+        receiver = zmq.Context()  # deliver the message: term() returns
+        pull = receiver.socket(zmq.PULL)
+        pull.bind(endpoint)
+        assert pull.recv() == b"pending"
+        pull.close(linger=0)
+        receiver.term()
+        if term.is_alive():
+            term.join(10)
+    assert not term.is_alive()
+    assert "zmq-term-blocked" in caught.value.codes
+    assert _zmq_record.term_watcher is watcher

@@ -43,6 +43,7 @@ def test_the_codes_of_the_design() -> None:
             "loop-left",
             "asyncgen-left",
             "coroutine-never-awaited",
+            "zmq-term-blocked",
             "shutdown-logged-error",
         ]
     )

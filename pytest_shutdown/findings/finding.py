@@ -54,6 +54,8 @@ FINDING_CODES: Mapping[str, str] = {
     "loop closed before its aclose() ran",
     "coroutine-never-awaited": "a coroutine created during the test was never awaited (CPython's "
     "RuntimeWarning, as a finding)",
+    "zmq-term-blocked": "a zmq Context.term() did not return within the grace: a socket of its "
+    "context was still open, or closed with a linger other than 0 and unsent messages",
     "shutdown-logged-error": "a graceful shutdown logged an ERROR record or wrote a traceback "
     "(in the process, or in a child process's stderr) though it succeeded",
 }

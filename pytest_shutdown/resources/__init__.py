@@ -31,6 +31,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "processes": ("processes", "pytest_shutdown.resources.processes:ProcessKind"),
     "collateral": ("collateral", "pytest_shutdown.resources.collateral:CollateralKind"),
     "asyncio": ("asyncio", "pytest_shutdown.resources.asyncio_tasks:AsyncioKind"),
+    "zmq": ("zmq", "pytest_shutdown.resources.zmq_sockets:ZmqKind"),
     "gc-freeze": ("gc_freeze", "pytest_shutdown.resources.gc_freeze:FreezeKind"),
     "fds": ("fds", "pytest_shutdown.resources.fds:FdKind"),
     "ports": ("ports", "pytest_shutdown.resources.ports:PortKind"),

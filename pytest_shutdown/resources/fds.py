@@ -863,6 +863,11 @@ class FdKind(ObjectKind):
                 if libraries and record["kind"] in _NATIVE_HELPER_KINDS:
                     record["likely_library"] = libraries[0]
             records.append(record)
+        if "zmq" in sys.modules:
+            from pytest_shutdown.resources.zmq_sockets import name_descriptors  # noqa: PLC0415
+
+            name_descriptors(records)
+            records.sort(key=lambda r: "zmq_socket" not in r)  # the sockets' names lead
         return records
 
     def findings(

@@ -9,6 +9,7 @@ existed before the test (a session fixture's server) are not looked at.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
@@ -209,7 +210,12 @@ class PortKind(ObjectKind):
         return _cheap.settle_listed(items, still_bound, deadline, thorough=thorough)
 
     def describe(self, items: Sequence[PortItem]) -> list[dict[str, Any]]:
-        return [item.record() for item in items]
+        records = [item.record() for item in items]
+        if "zmq" in sys.modules:  # a ZMQ socket's bound endpoint: named by the socket
+            from pytest_shutdown.resources.zmq_sockets import name_descriptors  # noqa: PLC0415
+
+            name_descriptors([r for r in records if r["pid"] == os.getpid()])
+        return records
 
     def findings(
         self, items: Sequence[PortItem], subject: str, *, grace: float, extra: Extra = None

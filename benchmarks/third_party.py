@@ -3,11 +3,12 @@
 Not part of ``make test``. The suites are subsets of projects' own test suites, pinned to one
 release each: issue 26's four (pebble, loky, tqdm, joblib; the default, and the guard budget's)
 and issue 44's, whose tests start processes and signal them (execnet, pexpect, sh; run them with
-``--suites execnet,pexpect,sh``). Each sdist is downloaded from PyPI (``pip download
---no-binary``) and unpacked into a side folder this script manages (``.venv-third-party/`` in
-the repository, git-ignored), with a side venv holding pytest, the suites' test dependencies and
-this checkout of pytest-shutdown (editable). ``--setup-only`` builds it; every run builds what
-is missing.
+``--suites execnet,pexpect,sh``); issue 48's, whose tests run asyncio loops, tasks and executors
+and pyzmq sockets (pyzmq, asgiref, janus; ``--suites pyzmq,asgiref,janus``). Each sdist is
+downloaded from PyPI (``pip download --no-binary``) and unpacked into a side folder this script
+manages (``.venv-third-party/`` in the repository, git-ignored), with a side venv holding
+pytest, the suites' test dependencies and this checkout of pytest-shutdown (editable).
+``--setup-only`` builds it; every run builds what is missing.
 
 Each suite runs plain (``-p no:shutdown``), guarded in warn mode and guarded in fail mode
 (``-p shutdown --shutdown-guard=warn|fail``), the order turning each round, with bytecode
@@ -22,6 +23,7 @@ deadline; a run past it is SIGKILLed with its whole process group and counted as
 
     .venv/bin/python benchmarks/third_party.py [--suites tqdm,joblib] [--rounds 3] [--json P]
     .venv/bin/python benchmarks/third_party.py --suites execnet,pexpect,sh --rounds 1
+    .venv/bin/python benchmarks/third_party.py --suites pyzmq,asgiref,janus --rounds 1
     .venv/bin/python benchmarks/third_party.py --setup-only
 """
 
@@ -66,6 +68,9 @@ class Suite:
     why: str = ""
     #: A suite whose run takes tens of seconds (its tests wait out timeouts): fewer rounds.
     slow: bool = False
+    #: The interpreter's own flags, before ``-m pytest`` (``-P``: an sdist whose package folder
+    #: needs building must not shadow the installed wheel from the working directory).
+    python_flags: tuple[str, ...] = ()
 
     @property
     def folder(self) -> str:
@@ -188,7 +193,51 @@ PROCESS_SUITES = {
         ),
     )
 }
-ALL_SUITES = {**SUITES, **PROCESS_SUITES}
+#: Suites whose tests run asyncio loops, tasks, executors and pyzmq sockets (issue 48's
+#: ``asyncio`` and ``zmq`` kinds wrap their methods): run when named, like the process suites.
+ASYNC_SUITES = {
+    suite.name: suite
+    for suite in (
+        Suite(
+            "pyzmq",
+            "27.3.0",
+            tuple(
+                f"tests/test_{name}.py"
+                for name in (
+                    "socket", "context", "asyncio", "future", "poll", "monitor", "pubsub",
+                    "reqrep", "pair", "multipart", "device", "proxy_steerable", "monqueue",
+                    "retry_eintr", "message", "etc",
+                )
+            ),  # fmt: skip
+            # test_large_send sends 2 GiB (20 s of copying): the socket code it runs is the
+            # other tests' too.
+            ("-m", "not large"),
+            why="sockets bound, connected, closed with and without linger, Context.term() and "
+            "destroy() (in a thread of the suite's own with a deadline), zmq.asyncio and "
+            "Future sockets on pytest-asyncio loops, pollers, monitors, devices in threads",
+            # The zmq/ of the sdist is the unbuilt source: the tests must import the wheel.
+            python_flags=("-P",),
+        ),
+        Suite(
+            "asgiref",
+            "3.13.0",
+            ("tests",),
+            ("--ignore", "tests/test_benchmark_local.py"),  # needs pytest-benchmark
+            why="async_to_sync (a new loop in an executor thread per call), sync_to_async's "
+            "thread-sensitive executors, CurrentThreadExecutor, Local across threads and tasks, "
+            "timeouts that cancel tasks, the ASGI test server (tasks left to the loop fixture)",
+        ),
+        Suite(
+            "janus",
+            "2.0.0",
+            ("tests/test_async.py", "tests/test_mixed.py", "tests/test_sync.py"),
+            ("-o", "addopts="),  # its addopts need pytest-cov
+            why="a queue between threads and a loop: call_soon_threadsafe from executor "
+            "threads, loops closed in tests, unfinished-task waits; -W error",
+        ),
+    )
+}
+ALL_SUITES = {**SUITES, **PROCESS_SUITES, **ASYNC_SUITES}
 
 #: The side venv's packages: pytest and psutil as in this venv; the suites' test dependencies.
 SIDE_PACKAGES = (
@@ -197,6 +246,7 @@ SIDE_PACKAGES = (
     "cloudpickle==3.1.3",  # loky
     "numpy==2.4.6",  # joblib's memmapping tests
     "ptyprocess==0.7.0",  # pexpect
+    "pyzmq==27.3.0",  # pyzmq's own tests import the wheel
 )
 
 
@@ -285,7 +335,7 @@ def run_suite(side: Path, suite: Suite, mode: str, extra: Sequence[str]) -> Resu
     else:
         mode_args = ["-p", "shutdown", f"--shutdown-guard={mode}"]
     command = [
-        str(side_python(side)), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        str(side_python(side)), *suite.python_flags, "-m", "pytest", "-q", "-p", "no:cacheprovider",
         *mode_args, f"--junitxml={junit}", "-o", "junit_family=xunit2",
         *suite.args, *extra, *suite.targets,
     ]

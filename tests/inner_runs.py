@@ -160,3 +160,33 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 60) -> tuple[int, str
 def load_report(pytester: pytest.Pytester, name: str = "r.json") -> dict:
     """The JSON report the inner run wrote (``--shutdown-report=r.json``)."""
     return json.loads((pytester.path / name).read_text())
+
+
+def outcomes(result: pytest.RunResult) -> dict[str, str]:
+    """test id -> PASSED/FAILED/ERROR (an error at teardown after a pass counts as ERROR)."""
+    found: dict[str, str] = {}
+    for line in result.outlines:
+        word, _, rest = line.partition(" ")
+        if word in ("PASSED", "FAILED", "ERROR") and "::" in rest:
+            nodeid = rest.split(" - ")[0].strip()
+            if found.get(nodeid) != "ERROR":
+                found[nodeid] = word
+    return found
+
+
+def run_modes(
+    pytester: pytest.Pytester, *args: str, guarded: tuple[str, ...] = ()
+) -> dict[str, dict[str, str]]:
+    """Per-test outcomes plain, warn and fail (the do-no-harm checks: warn must give plain's
+    outcome on every test, fail adds errors only on tests that leak); ``guarded``: options of
+    the guarded runs only. Each run has a deadline: a hang at exit fails the test."""
+    common = ("-p", "no:randomly", "-p", "no:cacheprovider", "-rA", *args)
+
+    def run(*mode: str) -> dict[str, str]:
+        return outcomes(pytester.runpytest_subprocess(*mode, *common, timeout=90))
+
+    return {
+        "plain": run("-p", "no:shutdown"),
+        "warn": run("-p", "shutdown", "--shutdown-guard=warn", *guarded),
+        "fail": run("-p", "shutdown", "--shutdown-guard=fail", *guarded),
+    }

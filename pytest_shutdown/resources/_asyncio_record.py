@@ -21,7 +21,8 @@ under test sees (return values, exceptions, the warnings it gets) is unchanged:
   pytest-asyncio and anyio loop fixtures) is about to cancel the tasks still pending on its
   loop: those tasks were left for the runner to cancel;
 * ``warnings._warn_unawaited_coroutine``: CPython's "coroutine ... was never awaited" (the
-  warning itself is then issued by the original, under the user's filters, as always).
+  warning itself is then issued by the original's code, under the user's filters, at the
+  location it always has: see :func:`_wrap_warnings`).
 
 **Creation sites.** A task's site is the call site of ``create_task`` (the first frames outside
 asyncio itself), read from ``sys._getframe`` when the task is made: a walk over a few frames,
@@ -448,30 +449,58 @@ def _patch(key: str, owner: Any, attr: str, wrapper: Any) -> None:
 
 
 def _wrap_warnings() -> None:
+    """Record CPython's "coroutine ... was never awaited" as it is warned.
+
+    Not by a wrapper around ``warnings._warn_unawaited_coroutine``: the original warns with
+    ``stacklevel=2``, and a wrapper's frame would then be the warning's location (its file,
+    line and module: what the user's filters match, where pytest's summary points). Instead
+    ``warnings._warn_unawaited_coroutine`` becomes a copy of the original function whose global
+    ``warn`` is :func:`_warn_recording`, which records and warns one level further up."""
+    import types  # noqa: PLC0415 - loaded
     import warnings  # noqa: PLC0415 - loaded
 
-    original = getattr(warnings, "_warn_unawaited_coroutine", None)
-    if original is None or "unawaited" in _originals:
-        return
+    original: Any = getattr(warnings, "_warn_unawaited_coroutine", None)
+    code = getattr(original, "__code__", None)
+    if code is None or "warn" not in code.co_names or "unawaited" in _originals:
+        return  # (not the stdlib's Python function: not recorded, never wrapped)
+    copy = types.FunctionType(
+        original.__code__,
+        {**original.__globals__, "warn": _warn_recording},
+        original.__name__,
+        original.__defaults__,
+        original.__closure__,
+    )
+    copy.__kwdefaults__ = original.__kwdefaults__
+    copy.__module__ = original.__module__
+    _patch("unawaited", warnings, "_warn_unawaited_coroutine", copy)
 
-    def warn_unawaited_coroutine(coro: Any) -> None:
-        try:
-            code = getattr(coro, "cr_code", None)
-            entry = Entry(
-                "coroutine", 0, None, coroutine_name(coro), _site(2), origins.current_test(), 0
-            )
-            origin = getattr(coro, "cr_origin", None)
-            _event(
-                entry,
-                "never-awaited",
-                defined_at=f"{code.co_filename}:{code.co_firstlineno}" if code else None,
-                created_at=[f"{f}:{line} in {fn}" for f, line, fn in origin] if origin else None,
-            )
-        except Exception:  # noqa: BLE001
-            pass
-        return original(coro)  # type: ignore[no-any-return]
 
-    _patch("unawaited", warnings, "_warn_unawaited_coroutine", warn_unawaited_coroutine)
+def _warn_recording(
+    message: Any, category: Any = None, stacklevel: int = 1, source: Any = None
+) -> None:
+    """``warnings.warn`` as the copy of ``_warn_unawaited_coroutine`` calls it: records the
+    coroutine (its ``source``), then warns with one more level for this frame, so that the
+    warning points where the original's would."""
+    try:
+        _record_never_awaited(source)
+    except Exception:  # noqa: BLE001 - recording never breaks the code under test
+        pass
+    sys.modules["warnings"].warn(
+        message, category=category, stacklevel=stacklevel + 1, source=source
+    )
+
+
+def _record_never_awaited(coro: Any) -> None:
+    code = getattr(coro, "cr_code", None)
+    # frames: _site, this one, _warn_recording, the copy of _warn_unawaited_coroutine, its caller
+    entry = Entry("coroutine", 0, None, coroutine_name(coro), _site(4), origins.current_test(), 0)
+    origin = getattr(coro, "cr_origin", None)
+    _event(
+        entry,
+        "never-awaited",
+        defined_at=f"{code.co_filename}:{code.co_firstlineno}" if code else None,
+        created_at=[f"{f}:{line} in {fn}" for f, line, fn in origin] if origin else None,
+    )
 
 
 def install() -> None:

@@ -15,40 +15,11 @@ import time
 
 import psutil
 import pytest
-from inner_runs import server_fixture
+from inner_runs import run_modes, server_fixture
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="process checks read /proc (Linux)"
 )
-
-
-def outcomes(result: pytest.RunResult) -> dict[str, str]:
-    """test id -> PASSED/FAILED/ERROR (an error at teardown after a pass counts as ERROR)."""
-    found: dict[str, str] = {}
-    for line in result.outlines:
-        word, _, rest = line.partition(" ")
-        if word in ("PASSED", "FAILED", "ERROR") and "::" in rest:
-            nodeid = rest.split(" - ")[0].strip()
-            if found.get(nodeid) != "ERROR":
-                found[nodeid] = word
-    return found
-
-
-def run_modes(
-    pytester: pytest.Pytester, *args: str, guarded: tuple[str, ...] = ()
-) -> dict[str, dict[str, str]]:
-    """Per-test outcomes plain, warn and fail; ``guarded``: options of the guarded runs only.
-    Each run has a deadline: a hang at exit fails the test."""
-    common = ("-p", "no:randomly", "-p", "no:cacheprovider", "-rA", *args)
-
-    def run(*mode: str) -> dict[str, str]:
-        return outcomes(pytester.runpytest_subprocess(*mode, *common, timeout=90))
-
-    return {
-        "plain": run("-p", "no:shutdown"),
-        "warn": run("-p", "shutdown", "--shutdown-guard=warn", *guarded),
-        "fail": run("-p", "shutdown", "--shutdown-guard=fail", *guarded),
-    }
 
 
 # --- a fixture that stops its own process is never accused -----------------------------------

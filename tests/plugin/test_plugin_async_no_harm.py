@@ -1,0 +1,61 @@
+"""Do no harm on asyncio and pyzmq code (issue 48's recording wrappers, tried on real suites):
+each shape a real suite showed or could show runs plain, warn and fail in real pytest processes.
+Warn gives plain's outcome on every test; fail adds errors only on tests that leak, and the leak
+is still found."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+from inner_runs import run_modes
+
+#: A coroutine dropped unawaited: CPython's warning must point at the line that dropped it, and
+#: a filter by module (the dropping module's name) must match it, as without the plugin.
+NEVER_AWAITED = textwrap.dedent(
+    """
+    import warnings
+
+    async def work():
+        return 1
+
+    def test_the_warning_points_at_the_line_that_dropped_the_coroutine():
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            work()
+        [warning] = [w for w in got if "never awaited" in str(w.message)]
+        assert (warning.filename, warning.lineno) == (__file__, 9)
+
+    def test_a_filter_by_module_still_matches():
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            warnings.filterwarnings("ignore", "coroutine", RuntimeWarning, module=__name__)
+            work()
+        assert not [w for w in got if "never awaited" in str(w.message)]
+    """
+)
+
+
+def test_a_never_awaited_warning_keeps_its_location_and_is_still_found(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_dropped=NEVER_AWAITED)
+    by_mode = run_modes(pytester)
+    names = ("test_the_warning_points_at_the_line_that_dropped_the_coroutine",
+             "test_a_filter_by_module_still_matches")  # fmt: skip
+    ids = [f"test_dropped.py::{name}" for name in names]
+    assert by_mode["plain"] == dict.fromkeys(ids, "PASSED")
+    assert by_mode["warn"] == by_mode["plain"]
+    assert by_mode["fail"] == dict.fromkeys(ids, "ERROR")  # each dropped one: a real leak
+    pytester.runpytest_subprocess(
+        "-p", "shutdown", "-p", "no:randomly", "--shutdown-guard=fail",
+        "--shutdown-report=r.json",
+    )  # fmt: skip
+    report = json.loads((pytester.path / "r.json").read_text())
+    found = {t["nodeid"].split("::")[-1]: t["findings"] for t in report["tests"]}
+    for name, line in zip(names, (9, 17), strict=True):
+        [finding] = found[name]
+        assert finding["code"] == "coroutine-never-awaited"
+        where = f"{pytester.path / 'test_dropped.py'}:{line} in {name}"
+        assert finding["details"]["created_at"] == where

@@ -37,6 +37,8 @@ class _Owned:
     state_before_setup: Snapshot
     state_after_setup: Snapshot = field(default_factory=dict)
     state_at_teardown: Snapshot | None = None
+    #: ``(id of the fixture's value, whether a module holds it as a global)``, read once.
+    value_held_globally: tuple[int, bool] | None = None
 
     def owner(self) -> dict[str, str]:
         return {"fixture": self.fixture, "scope": self.scope, "baseid": self.baseid}
@@ -47,6 +49,18 @@ class _Owned:
     def adopt(self, kind: str, items: tuple[Any, ...]) -> None:
         """Items a test started that this fixture's value reaches."""
         self.started[kind] = self.started.get(kind, ()) + items
+
+    def value_is_a_global(self, value: object) -> bool:
+        """Whether a module holds the fixture's value itself as a global (pytest-asyncio's
+        session fixture ``event_loop_policy`` returns asyncio's process-wide policy, which
+        reaches the loop a test set with ``asyncio.set_event_loop``): what it reaches is that
+        global's (long-lived, listed), not the fixture's to be blamed for at its teardown."""
+        known = self.value_held_globally
+        if known is None or known[0] != id(value):
+            from pytest_shutdown.ownership.owners import module_holding  # noqa: PLC0415
+
+            known = self.value_held_globally = (id(value), module_holding(value) is not None)
+        return known[1]
 
 
 class FixtureLedger(GuardState):
@@ -221,12 +235,18 @@ class FixtureLedger(GuardState):
         return live_owned
 
     def _fixture_roots(self) -> dict[int, tuple[Any, str, object]]:
-        """``id`` of each live wider-scope fixture's value (and suspended generator) -> owner."""
+        """``id`` of each live wider-scope fixture's value (and suspended generator) -> owner;
+        not a value that is a module's global (the owner search finds the global instead)."""
         roots: dict[int, tuple[Any, str, object]] = {}
         for fixturedef, owned in self._owned.items():
             name = f"{owned.fixture!r} ({owned.scope} scope)"
             cached = getattr(fixturedef, "cached_result", None)
-            if cached is not None and cached[2] is None and gc.is_tracked(cached[0]):
+            if (
+                cached is not None
+                and cached[2] is None
+                and gc.is_tracked(cached[0])
+                and not owned.value_is_a_global(cached[0])
+            ):
                 roots[id(cached[0])] = (fixturedef, name, cached[0])
             for finalizer in list(getattr(fixturedef, "_finalizers", ())):
                 if isinstance(finalizer, functools.partial):

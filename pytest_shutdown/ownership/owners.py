@@ -26,7 +26,7 @@ from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._fast.moments import reading
 from pytest_shutdown.ownership import origins
 
-__all__ = ["Owner", "find_owners", "singleton_slot", "stdlib_helper_threads"]
+__all__ = ["Owner", "find_owners", "module_holding", "singleton_slot", "stdlib_helper_threads"]
 
 #: Levels walked backwards at most (an engine's pool is about ten references deep).
 MAX_DEPTH = 14
@@ -507,6 +507,17 @@ def _read_namespaces() -> tuple[dict[int, str], set[int]]:
             else:
                 modules[id(namespace)] = name
     return modules, skip
+
+
+def module_holding(value: object) -> str | None:
+    """The name of a loaded module (not a test tool's) that holds ``value`` itself as one of its
+    globals, or None: one pass over the modules' namespaces, no heap pass."""
+    for name, module in list(sys.modules.items()):
+        namespace = getattr(module, "__dict__", None)
+        if isinstance(namespace, dict) and not _is_tool_module(name):
+            if any(held is value for held in list(namespace.values())):
+                return name
+    return None
 
 
 def reached_by_recent_owners(pick: Callable[[object], bool]) -> list[object]:

@@ -59,3 +59,46 @@ def test_a_never_awaited_warning_keeps_its_location_and_is_still_found(
         assert finding["code"] == "coroutine-never-awaited"
         where = f"{pytester.path / 'test_dropped.py'}:{line} in {name}"
         assert finding["details"]["created_at"] == where
+
+
+#: A test sets a new loop as the current one and leaves it open; the next test runs on it.
+#: pytest-asyncio's autouse session fixture ``event_loop_policy`` returns asyncio's global
+#: policy, which reaches that loop: the loop is the global's (long-lived), not the fixture's,
+#: and fail mode never errors (nor closes the loop under) the test that only used it.
+SET_EVENT_LOOP = textwrap.dedent(
+    """
+    import asyncio
+
+    def test_sets_a_loop():
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(asyncio.sleep(0))
+
+    def test_uses_the_current_loop():
+        loop = asyncio.get_event_loop()
+        assert loop.run_until_complete(asyncio.sleep(0, result=3)) == 3
+    """
+)
+
+
+def test_a_loop_the_global_policy_holds_is_not_blamed_on_the_test_that_tears_its_fixture_down(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("pytest_asyncio", reason="the dev extra installs pytest-asyncio")
+    pytester.makepyfile(test_current_loop=SET_EVENT_LOOP)
+    by_mode = run_modes(pytester, "-W", "ignore::DeprecationWarning")
+    first, second = (f"test_current_loop.py::{name}" for name in
+                     ("test_sets_a_loop", "test_uses_the_current_loop"))  # fmt: skip
+    assert by_mode["plain"] == {first: "PASSED", second: "PASSED"}
+    assert by_mode["warn"] == by_mode["plain"]
+    # the loop's selector and self-pipe, never closed: the first test's real leak
+    assert by_mode["fail"] == {first: "ERROR", second: "PASSED"}
+    pytester.runpytest_subprocess(
+        "-p", "shutdown", "-p", "no:randomly", "--shutdown-guard=fail",
+        "-W", "ignore::DeprecationWarning", "--shutdown-report=r.json",
+    )  # fmt: skip
+    report = json.loads((pytester.path / "r.json").read_text())
+    found = {t["nodeid"]: [f["code"] for f in t["findings"]] for t in report["tests"]}
+    assert found[first] == ["fd-leak"] and not found.get(second)
+    [loop] = [r for r in report["long_lived"] if r["kind"] == "asyncio"]
+    assert loop["owner"]["kind"] == "module-global" and loop["first_test"] == first

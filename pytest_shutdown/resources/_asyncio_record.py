@@ -302,6 +302,7 @@ def _wrap_asyncio(asyncio: Any) -> None:
     firstiter, finalizer = base._asyncgen_firstiter_hook, base._asyncgen_finalizer_hook
 
     def loop_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        __tracebackhide__ = True  # (each wrapper's: the user's traceback is as without it)
         init(self, *args, **kwargs)
         try:
             _loops[self] = _remember("loop", self, type(self).__qualname__, 2)
@@ -309,6 +310,7 @@ def _wrap_asyncio(asyncio: Any) -> None:
             pass
 
     def loop_close(self: Any) -> None:
+        __tracebackhide__ = True
         try:
             entry = _loops.get(self)
             if entry is not None and not _closed_by_del():
@@ -318,6 +320,7 @@ def _wrap_asyncio(asyncio: Any) -> None:
         close(self)
 
     def loop_create_task(self: Any, coro: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
         task = create_task(self, coro, *args, **kwargs)
         try:
             loop = _loops.get(self)
@@ -327,6 +330,7 @@ def _wrap_asyncio(asyncio: Any) -> None:
         return task
 
     def agen_firstiter(self: Any, agen: Any) -> None:
+        __tracebackhide__ = True
         try:
             loop = _loops.get(self)
             _agens[agen] = _remember(
@@ -337,6 +341,7 @@ def _wrap_asyncio(asyncio: Any) -> None:
         return firstiter(self, agen)  # type: ignore[no-any-return]
 
     def agen_finalizer(self: Any, agen: Any) -> None:
+        __tracebackhide__ = True
         try:
             if self.is_closed():
                 entry = _agens.get(agen) or _dying.pop(id(agen), None)
@@ -350,6 +355,7 @@ def _wrap_asyncio(asyncio: Any) -> None:
     handler = base.call_exception_handler
 
     def call_exception_handler(self: Any, context: Any) -> None:
+        __tracebackhide__ = True
         try:
             _destroyed_pending(context)
         except Exception:  # noqa: BLE001
@@ -375,6 +381,7 @@ _BACKPORT = "backports.asyncio.runner.runner"
 
 def _cancelling(asyncio: Any, cancel_all: Any) -> Any:
     def cancel_all_tasks(loop: Any) -> None:
+        __tracebackhide__ = True
         try:
             _left_for_the_runner(asyncio, loop)
         except Exception:  # noqa: BLE001
@@ -481,6 +488,7 @@ def _warn_recording(
     """``warnings.warn`` as the copy of ``_warn_unawaited_coroutine`` calls it: records the
     coroutine (its ``source``), then warns with one more level for this frame, so that the
     warning points where the original's would."""
+    __tracebackhide__ = True  # (raised by -W error)
     try:
         _record_never_awaited(source)
     except Exception:  # noqa: BLE001 - recording never breaks the code under test

@@ -29,6 +29,7 @@ socket's owner: they are left out).
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -278,6 +279,7 @@ def _wrap_zmq(zmq: Any) -> None:
     last_endpoint, linger_option = zmq.LAST_ENDPOINT, zmq.LINGER
 
     def socket_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        __tracebackhide__ = True  # (each wrapper's: the user's traceback is as without it)
         init(self, *args, **kwargs)
         try:
             _made(self)
@@ -285,6 +287,7 @@ def _wrap_zmq(zmq: Any) -> None:
             pass
 
     def socket_bind(self: Any, addr: Any) -> Any:
+        __tracebackhide__ = True
         result = bind(self, addr)
         try:
             entry = _entry(self)
@@ -298,6 +301,7 @@ def _wrap_zmq(zmq: Any) -> None:
         return result
 
     def socket_connect(self: Any, addr: Any) -> Any:
+        __tracebackhide__ = True
         result = connect(self, addr)
         try:
             entry = _entry(self)
@@ -308,6 +312,7 @@ def _wrap_zmq(zmq: Any) -> None:
         return result
 
     def socket_close(self: Any, linger: int | None = None) -> None:
+        __tracebackhide__ = True
         try:
             entry = _entry(self)
             if entry is not None and not entry.closed and not self.closed:
@@ -318,6 +323,7 @@ def _wrap_zmq(zmq: Any) -> None:
         close(self, linger=linger)
 
     def context_term(self: Any) -> None:
+        __tracebackhide__ = True
         watcher = term_watcher
         suspects: list[SocketEntry] = []
         if watcher is not None:
@@ -327,7 +333,7 @@ def _wrap_zmq(zmq: Any) -> None:
                 suspects = []
         if not suspects:
             return term(self)  # type: ignore[no-any-return]
-        return watcher(self, suspects, lambda: term(self))  # type: ignore[misc]
+        return watcher(self, suspects, functools.partial(term, self))  # type: ignore[misc]
 
     _wrappers.patch("init", base, "__init__", socket_init)
     _wrappers.patch("bind", base, "bind", socket_bind)

@@ -83,6 +83,7 @@ def _thread_name() -> str:
 
 
 def _watch_term(context: Any, suspects: list[record.SocketEntry], term: Any) -> Any:
+    __tracebackhide__ = True  # the user's traceback of a failed term() is as without the probe
     probe = _Probe(suspects, _deadline_s)
     started = time.monotonic()
     try:

@@ -6,6 +6,7 @@ is still found."""
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 
 import pytest
@@ -102,3 +103,68 @@ def test_a_loop_the_global_policy_holds_is_not_blamed_on_the_test_that_tears_its
     assert found[first] == ["fd-leak"] and not found.get(second)
     [loop] = [r for r in report["long_lived"] if r["kind"] == "asyncio"]
     assert loop["owner"]["kind"] == "module-global" and loop["first_test"] == first
+
+
+#: Errors raised through the recording wrappers: a bind to a port in use, a task on a closed
+#: loop. The user's traceback must show the frames it shows without the plugin; and a loop
+#: left open is still found.
+RAISED_THROUGH_WRAPPERS = textwrap.dedent(
+    """
+    import asyncio
+    import zmq
+
+    def test_bind_twice():
+        ctx = zmq.Context()
+        a, b = ctx.socket(zmq.PUSH), ctx.socket(zmq.PUSH)
+        try:
+            port = a.bind_to_random_port("tcp://127.0.0.1")
+            b.bind(f"tcp://127.0.0.1:{port}")
+        finally:
+            a.close(0)
+            b.close(0)
+            ctx.term()
+
+    async def work():
+        pass
+
+    def test_task_on_a_closed_loop():
+        loop = asyncio.new_event_loop()
+        loop.close()
+        coro = work()
+        try:
+            loop.create_task(coro)
+        finally:
+            coro.close()
+
+    def test_zz_leaves_a_loop_open():
+        asyncio.new_event_loop().run_until_complete(asyncio.sleep(0))
+    """
+)
+
+
+def _traceback_frames(result: pytest.RunResult) -> list[str]:
+    """The location lines of the failures' tracebacks (``file.py:12: in name``)."""
+    return [line for line in result.outlines if re.match(r"^\S+\.py:\d+: ", line)]
+
+
+def test_a_traceback_through_a_recording_wrapper_shows_the_frames_it_shows_plain(
+    pytester: pytest.Pytester,
+) -> None:
+    pytest.importorskip("zmq", reason="the dev extra installs pyzmq")
+    pytester.makepyfile(test_raised=RAISED_THROUGH_WRAPPERS)
+    common = ("-p", "no:randomly", "-p", "no:cacheprovider", "-W", "ignore::DeprecationWarning")
+    plain = pytester.runpytest_subprocess("-p", "no:shutdown", *common, timeout=90)
+    plain.assert_outcomes(passed=1, failed=2)
+    frames = _traceback_frames(plain)
+    assert any("zmq" in line for line in frames) and any("asyncio" in line for line in frames)
+    for mode in ("warn", "fail"):
+        guarded = pytester.runpytest_subprocess(
+            "-p", "shutdown", f"--shutdown-guard={mode}", "--shutdown-report=r.json", *common,
+            timeout=90,
+        )  # fmt: skip
+        assert _traceback_frames(guarded) == frames
+        assert "pytest_shutdown" not in "\n".join(frames)
+        report = json.loads((pytester.path / "r.json").read_text())
+        [leaky] = [t for t in report["tests"] if t["findings"]]
+        assert leaky["nodeid"].endswith("test_zz_leaves_a_loop_open")
+        assert "loop-left" in {finding["code"] for finding in leaky["findings"]}

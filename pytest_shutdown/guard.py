@@ -326,8 +326,14 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
             else:
                 items = tuple(i for i in found.get(kind.name, ()) if i in alive[kind.name])
             if items and self._deferred is not None and not kind.stateful and grace > 0:
-                where = line_of(watch.item)
-                self._deferred.defer(watch.nodeid, watch.item.name, where, kind, items, now)
+                over = set(kind.already_over(items))
+                if len(over) < len(items):
+                    where = line_of(watch.item)
+                    waiting = tuple(i for i in items if i not in over)
+                    self._deferred.defer(watch.nodeid, watch.item.name, where, kind, waiting, now)
+                if over:  # reported now (warn mode: nothing to restore)
+                    ended = tuple(i for i in items if i in over)
+                    findings.extend(self._test_findings(kind, ended, watch.item.name, grace)[0])
             elif items:
                 found_now, certain = self._test_findings(kind, items, watch.item.name, grace)
                 findings.extend(found_now)

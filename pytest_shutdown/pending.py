@@ -8,8 +8,10 @@ has passed, after a later test's check, the items still there are confirmed with
 record for the test and a warning at its line; items that ended in time are dropped. At session
 end the last candidates get :data:`ON_ITS_WAY_OUT_S` more and what is left is reported as still
 running, how far into its grace. A deferred leak is in neither ``user_properties`` nor junitxml
-(written before the grace runs out). Not deferred: a test that already failed, state kinds, and
-what fixtures torn down with the test left.
+(written before the grace runs out). Not deferred: a test that already failed, state kinds,
+what fixtures torn down with the test left, and what a kind says no grace can change any more
+(``already_over``: events that happened, such as a task a runner cancelled or a coroutine never
+awaited): those are the test's findings at once.
 """
 
 from __future__ import annotations

@@ -177,6 +177,12 @@ class AsyncioKind(ObjectKind):
             time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
             delay = min(delay * 2, 0.05)
 
+    def already_over(self, items: Sequence[record.Entry]) -> Sequence[record.Entry]:
+        """The events (a task a runner cancelled or collected pending, a loop collected
+        unclosed, a generator finalized after its loop closed, a coroutine never awaited) and
+        the tasks that ended so since the test: nothing can undo them."""
+        return [e for e in items if e.event is not None or e.seq in record.ended_by]
+
     def findings(
         self, items: Sequence[record.Entry], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:

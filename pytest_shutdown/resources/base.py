@@ -27,7 +27,8 @@ state ...) answers the same questions, so the guard has no branch per kind:
   (kill a process tree, undo a freeze, put back a signal handler). Warn mode changes nothing.
 
 The optional parts (the fingerprint's sharing: ``mark``, ``reads_alone``, ``fingerprinted_by``,
-``unmoved_since``; ``ends_by_itself`` with ``still_there``; ``started_outside_tests``,
+``unmoved_since``; ``ends_by_itself`` with ``still_there``; ``already_over``;
+``started_outside_tests``,
 ``known_referrers``, ``kept_by_libraries``, ``settle_long_lived``;
 ``finds_late``/``track_late``/``late_items``; ``close``, called at ``pytest_unconfigure``; and
 the session-end hooks ``sweep_session_end`` and ``blocking_exit``, given a
@@ -117,6 +118,8 @@ class ResourceKind(Protocol):
     def unmoved_since(self, before: Any, moved: AbstractSet[str]) -> bool: ...
 
     def still_there(self, items: Sequence[Any]) -> Sequence[Any]: ...
+
+    def already_over(self, items: Sequence[Any]) -> Sequence[Any]: ...
 
     def started_outside_tests(self, items: Sequence[Any]) -> AbstractSet[Any]: ...
 
@@ -225,6 +228,14 @@ class KindDefaults:
         """With :attr:`ends_by_itself`: what of ``items`` is still there now, without waiting
         or collecting. Default: all of them."""
         return items
+
+    def already_over(self, items: Sequence[Any]) -> Sequence[Any]:
+        """Of ``items``, those that no grace can change any more: events that happened (a task
+        a runner cancelled, a coroutine never awaited, a ``term()`` that blocked). Warn mode
+        reports them with their test at once, instead of deferring their verdict to the end of
+        the grace (then "still running when the session ended" was wrong of them). Default:
+        none."""
+        return ()
 
     def started_outside_tests(self, items: Sequence[Any]) -> AbstractSet[Any]:
         """Of new ``items``, those whose recorded start was outside any test (in the gap

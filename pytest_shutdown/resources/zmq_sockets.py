@@ -92,6 +92,9 @@ class ZmqKind(ObjectKind):
     def settle(self, items: Sequence[record.Event], deadline: float) -> Sequence[record.Event]:
         return list(items)  # what happened stays happened
 
+    def already_over(self, items: Sequence[record.Event]) -> Sequence[record.Event]:
+        return list(items)  # each a term() that blocked: reported with its test in warn mode too
+
     def findings(
         self, items: Sequence[record.Event], subject: str, *, grace: float, extra: Extra = None
     ) -> list[Finding]:

@@ -168,3 +168,64 @@ def test_a_traceback_through_a_recording_wrapper_shows_the_frames_it_shows_plain
         [leaky] = [t for t in report["tests"] if t["findings"]]
         assert leaky["nodeid"].endswith("test_zz_leaves_a_loop_open")
         assert "loop-left" in {finding["code"] for finding in leaky["findings"]}
+
+
+#: asgiref's test_server shape: gather() left a sibling task running, its loop's runner (the
+#: pytest-asyncio loop fixture) cancelled it; and a coroutine dropped unawaited. Both are over
+#: when the test ends: nothing a grace can change.
+OVER_WHEN_THE_TEST_ENDS = textwrap.dedent(
+    """
+    import asyncio
+    import pytest
+
+    class Done(Exception):
+        pass
+
+    async def checker():
+        while True:
+            await asyncio.sleep(0.01)
+
+    async def handle():
+        await asyncio.sleep(0)
+        raise Done
+
+    @pytest.mark.asyncio
+    async def test_gather_leaves_a_sibling_to_the_runner():
+        try:
+            await asyncio.gather(checker(), handle())
+        except Done:
+            pass
+
+    def test_a_coroutine_never_awaited():
+        handle()
+
+    def test_after():
+        pass
+    """
+)
+
+
+def test_warn_mode_reports_what_is_already_over_with_its_test(pytester: pytest.Pytester) -> None:
+    """Warn mode defers a verdict only for what may still end within the grace: an event is
+    reported with its test (a warning at its line, its junit property), never as "still running
+    when the session ended"; outcomes as plain; fail mode errors both tests."""
+    pytest.importorskip("pytest_asyncio", reason="the dev extra installs pytest-asyncio")
+    pytester.makepyfile(test_over=OVER_WHEN_THE_TEST_ENDS)
+    by_mode = run_modes(pytester, "-o", "asyncio_default_fixture_loop_scope=function")
+    names = ("test_gather_leaves_a_sibling_to_the_runner", "test_a_coroutine_never_awaited")
+    leaky = {f"test_over.py::{name}" for name in names}
+    assert set(by_mode["plain"].values()) == {"PASSED"} and len(by_mode["plain"]) == 3
+    assert by_mode["warn"] == by_mode["plain"]
+    assert {k for k, v in by_mode["fail"].items() if v != "PASSED"} == leaky
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "-p", "no:randomly", "--shutdown-guard=warn", "--junitxml=j.xml",
+        "-o", "asyncio_default_fixture_loop_scope=function",
+    )  # fmt: skip
+    result.assert_outcomes(passed=3)
+    assert "still running when the session ended" not in result.stdout.str()
+    assert "confirmed once its" not in result.stdout.str()
+    junit = (pytester.path / "j.xml").read_text()
+    for name, code in zip(names, ("task-leak", "coroutine-never-awaited"), strict=True):
+        case = junit[junit.index(f'name="{name}"') :]
+        case = case[: case.index("</testcase>")]
+        assert f'name="shutdown:{code}"' in case

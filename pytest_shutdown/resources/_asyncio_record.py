@@ -323,6 +323,7 @@ def _wrap_asyncio(asyncio: Any) -> None:
         __tracebackhide__ = True
         task = create_task(self, coro, *args, **kwargs)
         try:
+            _without_our_frames(task)
             loop = _loops.get(self)
             _tasks[task] = _remember("task", task, coroutine_name(coro), 2, loop.seq if loop else 0)
         except Exception:  # noqa: BLE001
@@ -389,6 +390,15 @@ def _cancelling(asyncio: Any, cancel_all: Any) -> Any:
         return cancel_all(loop)  # type: ignore[no-any-return]
 
     return cancel_all_tasks
+
+
+def _without_our_frames(task: Any) -> None:
+    """In asyncio's debug mode a task keeps the stack it was created from
+    (``_source_traceback``, shown in "Task was destroyed but it is pending!" and in unretrieved
+    exceptions' logs): the wrappers' frames are taken out of it, as if there were none."""
+    stack = getattr(task, "_source_traceback", None)
+    if stack and any(frame.filename == __file__ for frame in stack):
+        stack[:] = [frame for frame in stack if frame.filename != __file__]
 
 
 def _destroyed_pending(context: Any) -> None:

@@ -229,3 +229,37 @@ def test_warn_mode_reports_what_is_already_over_with_its_test(pytester: pytest.P
         case = junit[junit.index(f'name="{name}"') :]
         case = case[: case.index("</testcase>")]
         assert f'name="shutdown:{code}"' in case
+
+
+#: asyncio's debug mode (anyio's plugin runs its loops so): a task keeps the stack it was
+#: created from, shown in asyncio's logs. It must end at the caller, as without the plugin; the
+#: task, left pending for asyncio.run to cancel, is still found.
+DEBUG_MODE_TASK = textwrap.dedent(
+    """
+    import asyncio
+
+    async def forever():
+        await asyncio.sleep(100)
+
+    def test_the_task_was_created_from_its_caller():
+        async def main():
+            task = asyncio.get_running_loop().create_task(forever())
+            await asyncio.sleep(0)
+            return task
+        task = asyncio.run(main(), debug=True)
+        stack = task._source_traceback
+        assert stack[-1].name == "main", stack
+        assert not [frame for frame in stack if "pytest_shutdown" in frame.filename], stack
+    """
+)
+
+
+def test_a_debug_mode_tasks_creation_stack_has_no_frame_of_the_recorder(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makepyfile(test_debug=DEBUG_MODE_TASK)
+    by_mode = run_modes(pytester, "-p", "no:asyncio")
+    name = "test_debug.py::test_the_task_was_created_from_its_caller"
+    assert by_mode["plain"] == {name: "PASSED"}
+    assert by_mode["warn"] == by_mode["plain"]
+    assert by_mode["fail"] == {name: "ERROR"}  # the task left for asyncio.run to cancel

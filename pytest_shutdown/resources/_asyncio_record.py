@@ -384,12 +384,27 @@ def _cancelling(asyncio: Any, cancel_all: Any) -> Any:
     def cancel_all_tasks(loop: Any) -> None:
         __tracebackhide__ = True
         try:
-            _left_for_the_runner(asyncio, loop)
+            if not _interrupted(asyncio, sys.exc_info()[1]):
+                _left_for_the_runner(asyncio, loop)
         except Exception:  # noqa: BLE001
             pass
         return cancel_all(loop)  # type: ignore[no-any-return]
 
     return cancel_all_tasks
+
+
+def _interrupted(asyncio: Any, propagating: BaseException | None) -> bool:
+    """Whether the runner closes because its run was interrupted: a ``BaseException`` that is
+    not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``, pytest's ``skip``/``fail``)
+    raised out of the loop and propagates through the runner's close (``asyncio.run`` and
+    ``Runner.__exit__``). What is pending then (the main task, the task groups' children) was
+    cut short by it, not left by the code for the runner to cancel. A ``CancelledError`` is no
+    interruption: the main task was cancelled, and what it started and left pending is left."""
+    return (
+        propagating is not None
+        and not isinstance(propagating, Exception)
+        and not isinstance(propagating, asyncio.CancelledError)
+    )
 
 
 def _without_our_frames(task: Any) -> None:

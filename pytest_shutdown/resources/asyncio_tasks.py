@@ -11,9 +11,10 @@ teardown; what a wider-scope fixture's set-up made is that fixture's, as for thr
   thread the tests run in (a loop the test ran: pytest-asyncio's module or session loop); or a
   task still pending when its loop's runner shut down (``asyncio.run``, ``Runner.close``, the
   pytest-asyncio and anyio loop fixtures), which then cancelled it: nothing that started it
-  awaited or cancelled it; or a task collected while pending ("Task was destroyed but it is
-  pending!"). Named by its coroutine, with the call site of ``create_task`` and
-  where it waits now.
+  awaited or cancelled it (not when a ``KeyboardInterrupt``, ``SystemExit`` or the like
+  interrupted the run: what was pending was cut short); or a task collected while pending
+  ("Task was destroyed but it is pending!"). Named by its coroutine, with the call site of
+  ``create_task`` and where it waits now.
 * ``loop-left``: a loop the test created and never closed with ``close()``: still open after
   the test, or collected unclosed (its ``__del__`` closed it, with a ``ResourceWarning``).
 * ``asyncgen-left``: an async generator first iterated on a loop during the test that can never

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import textwrap
 
 import pytest
@@ -263,3 +264,50 @@ def test_a_debug_mode_tasks_creation_stack_has_no_frame_of_the_recorder(
     assert by_mode["plain"] == {name: "PASSED"}
     assert by_mode["warn"] == by_mode["plain"]
     assert by_mode["fail"] == {name: "ERROR"}  # the task left for asyncio.run to cancel
+
+
+#: anyio's test_base_exception / test_unhandled_exception_group shape: a SystemExit (or a
+#: KeyboardInterrupt) out of a task interrupts the run; asyncio.run's close then cancels what
+#: was pending (the main task, its task group's children): cut short, not left. Beside it, an
+#: ordinary exception out of main leaves main's unawaited task for the runner: a real leak.
+INTERRUPTED_RUN = textwrap.dedent(
+    """
+    import asyncio
+    import pytest
+
+    async def sleeper():
+        await asyncio.sleep(100)
+
+    async def exits():
+        await asyncio.sleep(0)
+        raise SystemExit(5)
+
+    def test_a_run_interrupted_by_system_exit():
+        async def main():
+            async with asyncio.TaskGroup() as group:
+                group.create_task(sleeper())
+                group.create_task(exits())
+        with pytest.raises(SystemExit):
+            asyncio.run(main())
+
+    def test_a_run_that_raises_leaves_its_task():
+        async def main():
+            asyncio.get_running_loop().create_task(sleeper())  # never awaited
+            await asyncio.sleep(0)
+            raise ValueError("main failed")
+        with pytest.raises(ValueError):
+            asyncio.run(main())
+    """
+)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="asyncio.TaskGroup is 3.11's")
+def test_what_an_interrupted_run_cut_short_is_no_task_leak(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_interrupted=INTERRUPTED_RUN)
+    by_mode = run_modes(pytester, "-p", "no:asyncio")
+    interrupted, raises = (f"test_interrupted.py::{name}" for name in
+                           ("test_a_run_interrupted_by_system_exit",
+                            "test_a_run_that_raises_leaves_its_task"))  # fmt: skip
+    assert by_mode["plain"] == {interrupted: "PASSED", raises: "PASSED"}
+    assert by_mode["warn"] == by_mode["plain"]
+    assert by_mode["fail"] == {interrupted: "PASSED", raises: "ERROR"}

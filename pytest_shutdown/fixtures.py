@@ -511,8 +511,8 @@ class ShutdownCheck:
         from pytest_shutdown._base.hidden import contextmanager
         from pytest_shutdown.findings.finding import ShutdownContractError
 
+        @contextmanager  # outermost: wraps() onto it would copy in the helper's own function
         @functools.wraps(helper)
-        @contextmanager
         def bound(*args: Any, **kwargs: Any) -> Iterator[Any]:
             __tracebackhide__ = True
             try:

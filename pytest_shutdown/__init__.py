@@ -13,7 +13,7 @@ import importlib
 import warnings
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 #: ``gc.get_freeze_count()`` at first import (before any conftest): what the interpreter froze
 #: by itself, not 0 everywhere (a bare CPython 3.12.1 starts with 375 tuples frozen).

@@ -123,9 +123,17 @@ def new_ports(before: PortSnapshot) -> list[PortItem]:
         if (inode := socket_inode(item.target)) is not None
     }
     fresh = descendant_pids() - before.pids
-    if fresh:
-        fresh -= multiprocessing_helper_pids()
-    return _bound({os.getpid(): own, **{pid: socket_fds_of(pid) for pid in sorted(fresh)}})
+    if not fresh:
+        return _bound({os.getpid(): own})
+    fresh -= multiprocessing_helper_pids()
+    # A fork inherits our sockets: one we held before the test (a wider fixture's listener) is
+    # not the child's new port while we still hold it.
+    ours_before = {i for i, fd in socket_fds_of(os.getpid()).items() if fd in before.fds.fds}
+    children = {pid: socket_fds_of(pid) for pid in sorted(fresh)}
+    for held in children.values():
+        for inode in ours_before & held.keys():
+            del held[inode]
+    return _bound({os.getpid(): own, **children})
 
 
 def still_bound(items: Iterable[PortItem]) -> list[PortItem]:

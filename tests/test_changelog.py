@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest_shutdown
 from pytest_shutdown import FINDING_CODES
+from pytest_shutdown.plugin.settings import _OPTIONS
 from pytest_shutdown.resources import allow_keys, kind_names
-from pytest_shutdown.settings import _OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 CHANGELOG = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")

@@ -129,7 +129,7 @@ BARE_FORK_SCRIPT = textwrap.dedent(
     """
     import os, signal, time
     from pytest_shutdown.ownership import origins
-    from pytest_shutdown.report import render_findings
+    from pytest_shutdown.plugin.report import render_findings
     from pytest_shutdown.resources.processes import ProcessKind
 
     origins.install()

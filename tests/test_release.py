@@ -96,7 +96,7 @@ def test_the_wheel_is_the_typed_plugin(dist: dict[str, Path]) -> None:
         entry_text = wheel.read(entry_points).decode()
     assert "pytest_shutdown/py.typed" in names
     assert [n for n in names if n.endswith(".dist-info/licenses/LICENSE")], "no LICENSE"
-    assert "pytest_shutdown/plugin.py" in names
+    assert "pytest_shutdown/plugin/__init__.py" in names
     assert re.search(r"^\[pytest11\]\nshutdown = pytest_shutdown\.plugin$", entry_text, re.M)
     assert not [n for n in names if not n.startswith("pytest_shutdown")]  # no tests/, examples/
 

@@ -79,3 +79,11 @@ def test_every_deprecated_name_is_listed_as_deprecated() -> None:
     assert top_level == []
     assert [m for m in moved_below_helpers() if f"`checks.{m}`" not in deprecated] == []
     assert "`pytest_shutdown.checks.<module>`" in deprecated
+    # the plugin's modules that left the package root (issue 47), by their old names
+    old_paths = [old.removeprefix("pytest_shutdown.") for old in pytest_shutdown._MOVED_MODULES]
+    unlisted = [
+        p
+        for p in old_paths
+        if f"`{p}`" not in deprecated and f"`pytest_shutdown.{p}`" not in deprecated
+    ]
+    assert unlisted == []

@@ -48,7 +48,7 @@ def clean_shapes() -> list[tuple[str, Callable[[], None]]]:
     """Every clean engine shape of the examples, as one build → use → shut down cycle each."""
     from pytest_shutdown.engine import EngineCore, EngineProcManager, ReferenceLLM
     from pytest_shutdown.engine.renderer import ReferenceRenderer
-    from pytest_shutdown.fixtures import scaled_down_config
+    from pytest_shutdown.plugin.fixtures import scaled_down_config
 
     config = scaled_down_config("cpu")
     shapes: list[tuple[str, Callable[[], None]]] = []
@@ -116,8 +116,8 @@ def clean_shapes() -> list[tuple[str, Callable[[], None]]]:
 
 def llm_check(out: list[Figure]) -> None:
     from pytest_shutdown.engine import ReferenceLLM
-    from pytest_shutdown.fixtures import scaled_down_config
     from pytest_shutdown.helpers.growth import measure_growth
+    from pytest_shutdown.plugin.fixtures import scaled_down_config
 
     config = scaled_down_config("cpu")
 

@@ -139,8 +139,9 @@ import pytest
 with contextlib.redirect_stdout(io.StringIO()):
     pytest.main(["-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-p", "no:shutdown"])
 start = time.perf_counter()
-import pytest_shutdown.plugin, pytest_shutdown.fixtures, pytest_shutdown.contract_errors
-import pytest_shutdown.report, pytest_shutdown.interrupts, pytest_shutdown.guard
+import pytest_shutdown.plugin, pytest_shutdown.plugin.fixtures
+import pytest_shutdown.plugin.contract_errors, pytest_shutdown.plugin.report
+import pytest_shutdown.plugin.interrupts, pytest_shutdown.plugin.guard
 from pytest_shutdown.resources import default_kinds
 default_kinds()
 print((time.perf_counter() - start) * 1000)

@@ -8,16 +8,35 @@ naming their replacement (``_DEPRECATED``).
 
 from __future__ import annotations
 
-import gc
 import importlib
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
 
-#: ``gc.get_freeze_count()`` at first import (before any conftest): what the interpreter froze
-#: by itself, not 0 everywhere (a bare CPython 3.12.1 starts with 375 tuples frozen).
-_FROZEN_AT_IMPORT = gc.get_freeze_count()
+def _not_rewritten(package: str = "pytest_shutdown") -> None:
+    """Take this package off the list of modules pytest rewrites the asserts of: its import
+    hook costs about 0.25 ms a module, 10 ms of a guarded session, and no assert of this package
+    is one a user reads. Where pytest's list is not what this expects, nothing changes. Done
+    here, before this package imports any module of its own (the plugin loads this first)."""
+    for finder in sys.meta_path:
+        names = getattr(finder, "_must_rewrite", None)
+        if isinstance(names, set) and package in names:
+            names.discard(package)
+            cache = getattr(finder, "_marked_for_rewrite_cache", None)
+            if isinstance(cache, dict):
+                cache.clear()
+
+
+_not_rewritten()
+
+# The package's own modules, imported once they are off pytest's rewrite list.
+from pytest_shutdown._base.frozen_at_import import (  # noqa: E402
+    FROZEN_AT_IMPORT as _FROZEN_AT_IMPORT,
+)
+from pytest_shutdown._base.moved import alias_moved_modules  # noqa: E402
+
+__version__ = "0.3.0"
 
 _LAZY: dict[str, str] = {
     "FINDING_CODES": "pytest_shutdown.findings.finding",
@@ -55,11 +74,11 @@ _LAZY: dict[str, str] = {
     "GrowthRecord": "pytest_shutdown.helpers.growth",
     "assert_second_engine_clean": "pytest_shutdown.helpers.second_engine",
     "ShutdownLeakWarning": "pytest_shutdown.findings.leak_warning",
-    "ShutdownBudgetExceeded": "pytest_shutdown.budget",
+    "ShutdownBudgetExceeded": "pytest_shutdown.plugin.budget",
     # the values of the plugin's fixtures, for type hints in a test or conftest
-    "ShutdownTimeouts": "pytest_shutdown.matrix",
-    "ForceKillExpectation": "pytest_shutdown.fixtures",
-    "ShutdownCheck": "pytest_shutdown.fixtures",
+    "ShutdownTimeouts": "pytest_shutdown.plugin.matrix",
+    "ForceKillExpectation": "pytest_shutdown.plugin.fixtures",
+    "ShutdownCheck": "pytest_shutdown.plugin.fixtures",
 }
 
 __all__ = ["__version__", *_LAZY]
@@ -110,6 +129,47 @@ _DEPRECATED: dict[str, tuple[str, str]] = {
 }
 
 
+_PLUGIN = "pytest_shutdown.plugin."
+#: 0.3.0's modules of the package root that moved into the plugin's folder (issue 47): each old
+#: path still imports for one release, as the same module, with a DeprecationWarning.
+_MOVED_MODULES: dict[str, str] = {
+    "pytest_shutdown.guard": _PLUGIN + "guard",
+    "pytest_shutdown.guard_state": _PLUGIN + "guard.state",
+    "pytest_shutdown.guard_ledger": _PLUGIN + "guard.ledger",
+    "pytest_shutdown.guard_owners": _PLUGIN + "guard.owners",
+    "pytest_shutdown.guard_reports": _PLUGIN + "guard.reports",
+    "pytest_shutdown.guard_session_end": _PLUGIN + "guard.session_end",
+    **{
+        f"pytest_shutdown.{name}": _PLUGIN + name
+        for name in (
+            "budget",
+            "contract_errors",
+            "cycles",
+            "exit_bound",
+            "fixtures",
+            "hang",
+            "interrupts",
+            "matrix",
+            "orphan_matrix",
+            "pending",
+            "quiet",
+            "ray_cluster",
+            "records",
+            "report",
+            "settings",
+            "workers",
+        )
+    },
+}
+
+
+def _moved_module(old: str) -> str | None:
+    return _MOVED_MODULES.get(old)
+
+
+alias_moved_modules(_moved_module)
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is not None:
@@ -134,10 +194,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.budget import ShutdownBudgetExceeded
     from pytest_shutdown.findings.finding import FINDING_CODES, Finding, ShutdownContractError
     from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
-    from pytest_shutdown.fixtures import ForceKillExpectation, ShutdownCheck
     from pytest_shutdown.helpers.collateral import assert_no_collateral
     from pytest_shutdown.helpers.executors import assert_nonblocking_shutdown
     from pytest_shutdown.helpers.exits import ExitRecord, assert_not_force_killed, probe_exit
@@ -161,5 +219,7 @@ if TYPE_CHECKING:  # pragma: no cover
         assert_timeout_decoupling,
         timeout_matrix,
     )
-    from pytest_shutdown.matrix import ShutdownTimeouts
+    from pytest_shutdown.plugin.budget import ShutdownBudgetExceeded
+    from pytest_shutdown.plugin.fixtures import ForceKillExpectation, ShutdownCheck
+    from pytest_shutdown.plugin.matrix import ShutdownTimeouts
     from pytest_shutdown.resources.check import no_os_leaks

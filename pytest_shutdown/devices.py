@@ -1,29 +1,38 @@
-"""Platform detection (cuda / rocm / cpu) and device-memory readers: the public face.
+"""Platform detection (cuda / rocm / cpu) and device-memory readers: the public face of
+:mod:`pytest_shutdown.gpu`, where they live.
 
 Detection never initialises CUDA in the calling process; readers map torch's device index
 through the visibility variables and read either the whole device or only the test's own
-processes. torch, NVML and amdsmi are imported only when a function here is called.
+processes. Names are resolved lazily; torch, NVML and amdsmi are imported only when a function
+here is called.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from pytest_shutdown.gpu.detect import Platform, detect_platform
-from pytest_shutdown.gpu.placement import establish_device_context
-from pytest_shutdown.gpu.readers import (
-    AmdSmiProcessReader,
-    AmdSmiReader,
-    MemoryReader,
-    NvmlProcessReader,
-    NvmlReader,
-    OwnProcesses,
-    ProcessRssReader,
-    ReaderFactory,
-    ReadingUnavailable,
-    TorchMemGetInfoReader,
-    default_factories,
-)
+from pytest_shutdown._fast.lazy_exports import lazy_exports
+
+_DETECT = "pytest_shutdown.gpu.detect"
+_READERS = "pytest_shutdown.gpu.readers"
+
+_LAZY: dict[str, str] = {
+    "PLATFORMS": _DETECT,
+    "AmdSmiProcessReader": _READERS,
+    "AmdSmiReader": _READERS,
+    "MemoryReader": _READERS,
+    "NvmlProcessReader": _READERS,
+    "NvmlReader": _READERS,
+    "OwnProcesses": _READERS,
+    "Platform": _DETECT,
+    "ProcessRssReader": _READERS,
+    "ReadingUnavailable": _READERS,
+    "TorchMemGetInfoReader": _READERS,
+    "detect_platform": _DETECT,
+    "establish_device_context": "pytest_shutdown.gpu.placement",
+    "memory_reader": "pytest_shutdown.gpu.memory",
+    "validate_platform": _DETECT,
+}
 
 __all__ = [
     "PLATFORMS",
@@ -43,45 +52,22 @@ __all__ = [
     "validate_platform",
 ]
 
-PLATFORMS: tuple[Platform, ...] = ("cuda", "rocm", "cpu")
+
+__getattr__, __dir__ = lazy_exports("pytest_shutdown.devices", _LAZY, globals())
 
 
-def validate_platform(value: str, *, option: str = "platform", allow_auto: bool = True) -> str:
-    """Return ``value`` if it names a platform, else raise ``ValueError`` naming ``option``."""
-    accepted = (("auto",) if allow_auto else ()) + PLATFORMS
-    if value not in accepted:
-        raise ValueError(f"{option}: unknown platform {value!r}; accepted: {', '.join(accepted)}")
-    return value
-
-
-def memory_reader(
-    platform: str | None = None,
-    device_index: int = 0,
-    *,
-    per_process: bool | None = None,
-    factories: dict[str, list[ReaderFactory]] | None = None,
-) -> MemoryReader:
-    """The best available reader for ``platform`` (detected when None) and torch's device index.
-
-    CUDA: NVML per-process, NVML whole-device, ``torch.cuda.mem_get_info``. ROCm: the same with
-    amdsmi. CPU: this process's RSS. ``per_process=None`` (the default) prefers the per-process
-    reader where the library can attribute memory to processes; ``True`` insists on it;
-    ``False`` reads the whole device. A reader whose library is missing or fails is skipped.
-    """
-    if platform is None:
-        platform = detect_platform()
-    validate_platform(platform, allow_auto=False)
-    if per_process not in (None, True, False):
-        raise ValueError(f"per_process: expected None, True or False, got {per_process!r}")
-    chains = factories if factories is not None else default_factories(per_process)
-    errors: list[str] = []
-    for factory in chains[platform]:
-        try:
-            return factory(device_index)
-        except Exception as exc:  # noqa: BLE001 - a missing library means: try the next one
-            errors.append(f"{_factory_name(factory)}: {exc}")
-    raise RuntimeError(f"no device-memory reader works on {platform}: {'; '.join(errors)}")
-
-
-def _factory_name(factory: Any) -> str:
-    return str(getattr(factory, "__name__", factory))
+if TYPE_CHECKING:  # pragma: no cover
+    from pytest_shutdown.gpu.detect import PLATFORMS, Platform, detect_platform, validate_platform
+    from pytest_shutdown.gpu.memory import memory_reader
+    from pytest_shutdown.gpu.placement import establish_device_context
+    from pytest_shutdown.gpu.readers import (
+        AmdSmiProcessReader,
+        AmdSmiReader,
+        MemoryReader,
+        NvmlProcessReader,
+        NvmlReader,
+        OwnProcesses,
+        ProcessRssReader,
+        ReadingUnavailable,
+        TorchMemGetInfoReader,
+    )

@@ -1,4 +1,4 @@
-"""The signal watch of the guard's session (:mod:`pytest_shutdown.interrupts`)."""
+"""The signal watch of the guard's session (:mod:`pytest_shutdown.plugin.interrupts`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from pytest_shutdown.interrupts import _SignalWatch
+from pytest_shutdown.plugin.interrupts import _SignalWatch
 
 # The guard starts the watch only where faulthandler.register exists (POSIX), as here.
 pytestmark = pytest.mark.skipif(
@@ -38,7 +38,7 @@ def test_a_watch_whose_thread_cannot_start_leaves_nothing_to_wait_for(
     def refuse(*args: object) -> int:
         raise RuntimeError("can't start new thread")
 
-    monkeypatch.setattr("pytest_shutdown.interrupts.start_own_thread", refuse)
+    monkeypatch.setattr("pytest_shutdown.plugin.interrupts.start_own_thread", refuse)
     with pytest.raises(RuntimeError):
         _SignalWatch([signal.SIGUSR2], lambda status: None)
     still_registered = faulthandler.unregister(signal.SIGUSR2)  # type: ignore[func-returns-value]

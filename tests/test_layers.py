@@ -5,18 +5,19 @@ statement counts, at module level and inside functions and classes alike (a func
 lazy import is a dependency all the same: it runs, only later). Imports under
 ``if TYPE_CHECKING:`` do **not** count: they never run, so they make no circle at run time, and
 they name types for annotations only (``gpu.placement`` annotates with ``engine.config``'s
-``EngineConfig``, ``pending`` with ``report``'s records). Imports by name in data
+``EngineConfig``, ``plugin.pending`` with ``plugin.report``'s records). Imports by name in data
 (``importlib.import_module`` of a registry's strings: the kinds of ``resources``, the lazy
 re-exports of the public modules) are not statements and are not seen here.
 
 A module's layer is its folder's (:data:`FOLDERS`: ``_base/``, ``findings/``, ``_os/``,
-``ownership/``, ``resources/``, ``helpers/``, ``gpu/``, ``engine/``), or, for a module at the
-package root, its entry in :data:`TOP_LEVEL`: a new root module must be placed there, or this
-test fails. The layers, lowest first::
+``ownership/``, ``resources/``, ``helpers/``, ``gpu/``, ``engine/``, ``plugin/``), or, for a
+module at the package root, its entry in :data:`TOP_LEVEL`: a new root module must be placed
+there, or this test fails. The layers, lowest first::
 
-    base        utilities of no concern (``_base``: the hidden contextmanager) and the speed
-                machinery (``_fast``: moments, held-open files, cheap readings, the marks
-                pass, lazy dataclasses and re-exports, node markers)
+    base        utilities of no concern (``_base``: the hidden contextmanager, the moved-modules
+                finder, the gc freeze count at import) and the speed machinery (``_fast``:
+                moments, held-open files, cheap readings, the marks pass, lazy dataclasses and
+                re-exports, node markers)
     findings    Finding, ShutdownContractError, the text of findings, the warning
     _os         /proc, the tree killer, prctl, forks, held-open files, one moment's readings
     ownership   whose is it: creation sites, the owner search, atexit records, gc back-references
@@ -53,42 +54,17 @@ FOLDERS: dict[str, str] = {
     "checks": "helpers",  # 0.2.0's path of helpers/, deprecated: an import alias only
     "gpu": "gpu",
     "engine": "engine",
+    "plugin": "plugin",
 }
 
 #: The layer of each module at the package root ("__init__" is the package itself): the public
-#: modules (devices, harness, orphans) and the plugin layer, whose folder is still to come.
+#: modules (devices, harness, aio, orphans) and the package, whose lazy names reach every layer.
 TOP_LEVEL: dict[str, str] = {
-    # gpu
+    "__init__": "plugin",
     "devices": "gpu",
-    # helpers
     "harness": "helpers",
     "aio": "helpers",
     "orphans": "helpers",
-    # plugin
-    "__init__": "plugin",
-    "plugin": "plugin",
-    "guard": "plugin",
-    "guard_state": "plugin",
-    "guard_ledger": "plugin",
-    "guard_owners": "plugin",
-    "guard_reports": "plugin",
-    "guard_session_end": "plugin",
-    "pending": "plugin",
-    "report": "plugin",
-    "records": "plugin",
-    "settings": "plugin",
-    "fixtures": "plugin",
-    "cycles": "plugin",
-    "matrix": "plugin",
-    "orphan_matrix": "plugin",
-    "contract_errors": "plugin",
-    "exit_bound": "plugin",
-    "interrupts": "plugin",
-    "hang": "plugin",
-    "budget": "plugin",
-    "ray_cluster": "plugin",
-    "workers": "plugin",
-    "quiet": "plugin",
 }
 
 #: What each layer may import besides itself.
@@ -106,18 +82,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     ),
 }
 
-#: Imports that break the rules today, tolerated until they move (issue 47); each is named here,
-#: never silently: (importing module, imported module).
-KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset(
-    {
-        # ownership -> plugin: ``_FROZEN_AT_IMPORT``, the gc freeze count read by the package's
-        # ``__init__`` when it is imported. A lower module of its own would have to be imported
-        # by ``__init__``, which then goes through pytest's assert rewriter
-        # (tests/plugin/test_plugin_imports.py allows the package's __init__ and the entry point
-        # only); reading it later would change when it is read.
-        ("pytest_shutdown.ownership.owners", "pytest_shutdown"),
-    }
-)
+#: Imports that break the rules, tolerated until they move; each is named here, never silently:
+#: (importing module, imported module). None today: the last, ownership's read of the package's
+#: gc freeze count at import, now reads it from ``_base.frozen_at_import`` (issue 47).
+KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset()
 
 
 def _module_name(path: Path) -> str:
@@ -280,7 +248,8 @@ def test_no_circle_between_modules() -> None:
 def test_lazy_and_type_checking_imports_are_told_apart() -> None:
     """The parser itself: a function-level import counts, a TYPE_CHECKING one does not."""
     # pending imports report and resources.base under TYPE_CHECKING only; placement, engine.config.
-    assert "pytest_shutdown.report" not in {t for _line, t in imports_of("pytest_shutdown.pending")}
+    pending = {t for _line, t in imports_of("pytest_shutdown.plugin.pending")}
+    assert "pytest_shutdown.plugin.report" not in pending
     placement = {t for _line, t in imports_of("pytest_shutdown.gpu.placement")}
     assert "pytest_shutdown.engine.config" not in placement
     lazy = [

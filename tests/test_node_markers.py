@@ -90,7 +90,7 @@ def test_a_plugin_modules_dir_lists_its_hooks_and_fixtures_only() -> None:
 
 SCANNED = """
 import json
-import pytest_shutdown.fixtures as fixtures
+import pytest_shutdown.plugin.fixtures as fixtures
 import pytest_shutdown.plugin as plugin
 
 def pytest_sessionfinish(session):

@@ -121,7 +121,7 @@ def test_the_leak_warning_points_at_the_test(pytester: pytest.Pytester) -> None:
 
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines([f"*test_leaky.py:{line}: ShutdownLeakWarning: [[]thread-leak]*"])
-    assert "guard.py" not in result.stdout.str()
+    assert "plugin/guard" not in result.stdout.str()
 
 
 def test_the_summary_reads_as_a_result_first(pytester: pytest.Pytester) -> None:

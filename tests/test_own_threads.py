@@ -10,14 +10,14 @@ import threading
 import pytest
 
 from pytest_shutdown._os.own_threads import start_own_thread
-from pytest_shutdown.budget import STALE_ASYNC_EXC_LOOPS
+from pytest_shutdown.plugin.budget import STALE_ASYNC_EXC_LOOPS
 
 #: Starts threads and at once aims an async exception at the starting thread, 100 times; prints
 #: how many landed in a new thread instead (each one kills that thread, "ignored in thread").
 AIMED_AT_THE_CREATOR = textwrap.dedent(
     """
     import sys, time, _thread
-    from pytest_shutdown.budget import reset_async_exc_flag
+    from pytest_shutdown.plugin.budget import reset_async_exc_flag
     from pytest_shutdown._os.own_threads import start_own_thread
 
     landed = []

@@ -85,7 +85,7 @@ def test_the_ray_cluster_fixtures_value_owns_the_replacement_node_it_holds(short
     """The ``ray_cluster`` fixture's value is walked through like an engine's, not skipped as
     the plugin's own bookkeeping: the replacement node's process (``restore()``) is the
     fixture's, not the test's that called it."""
-    from pytest_shutdown.ray_cluster import NodeProcess, RayCluster  # noqa: PLC0415
+    from pytest_shutdown.plugin.ray_cluster import NodeProcess, RayCluster  # noqa: PLC0415
 
     process = subprocess.Popen(["sleep", "60"], stdin=subprocess.DEVNULL)
     try:

@@ -112,7 +112,8 @@ def first_cells(table_text: str, cells: int = 1) -> set[str]:
 @pytest.fixture(scope="module")
 def registered(pytestconfig: pytest.Config) -> dict[str, set[str]]:
     """What the plugin registers, read from this very session's plugin."""
-    from pytest_shutdown import fixtures, plugin
+    from pytest_shutdown import plugin
+    from pytest_shutdown.plugin import fixtures
 
     parser = pytestconfig._parser  # noqa: SLF001 - the only place options are listed
     group = parser.getgroup("shutdown")

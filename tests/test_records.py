@@ -7,7 +7,7 @@ import statistics
 import pytest
 from inner_runs import fresh_python
 
-from pytest_shutdown.records import durations_summary
+from pytest_shutdown.plugin.records import durations_summary
 
 
 @pytest.mark.parametrize(
@@ -32,7 +32,7 @@ def test_the_summary_imports_neither_statistics_nor_fractions() -> None:
     """Every session that writes a report or a summary makes one: ``statistics`` imports
     ``fractions``, which compiles a regular expression (some 4 ms)."""
     code = (
-        "import sys; from pytest_shutdown.records import durations_summary; "
+        "import sys; from pytest_shutdown.plugin.records import durations_summary; "
         "durations_summary([0.1, 0.2]); "
         "print(sorted(m for m in ('statistics', 'fractions') if m in sys.modules))"
     )

@@ -96,7 +96,7 @@ def test_the_wheel_is_the_typed_plugin(dist: dict[str, Path]) -> None:
         entry_text = wheel.read(entry_points).decode()
     assert "pytest_shutdown/py.typed" in names
     assert [n for n in names if n.endswith(".dist-info/licenses/LICENSE")], "no LICENSE"
-    assert "pytest_shutdown/plugin.py" in names
+    assert "pytest_shutdown/plugin/__init__.py" in names
     assert re.search(r"^\[pytest11\]\nshutdown = pytest_shutdown\.plugin$", entry_text, re.M)
     assert not [n for n in names if not n.startswith("pytest_shutdown")]  # no tests/, examples/
 
@@ -104,6 +104,12 @@ def test_the_wheel_is_the_typed_plugin(dist: dict[str, Path]) -> None:
 def test_the_sdist_has_the_sources_and_no_junk(dist: dict[str, Path]) -> None:
     with tarfile.open(dist["sdist"]) as sdist:
         names = [n.split("/", 1)[1] for n in sdist.getnames() if "/" in n]
-    for needed in ("pyproject.toml", "README.md", "LICENSE", "pytest_shutdown/py.typed", "tests/conftest.py"):
+    for needed in (
+        "pyproject.toml",
+        "README.md",
+        "LICENSE",
+        "pytest_shutdown/py.typed",
+        "tests/conftest.py",
+    ):
         assert needed in names
     assert not [n for n in names if JUNK_PART.search(n) or n in JUNK], "junk in the sdist"

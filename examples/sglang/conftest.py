@@ -22,7 +22,8 @@ HERE = Path(__file__).resolve().parent
 MARKER = "exercises"
 #: ``record_property(FOUND, text)``: what the check found, printed under its summary line
 FOUND = "found"
-#: the codes of a test's ShutdownContractError on its report (pytest_shutdown.contract_errors)
+#: the codes of a test's ShutdownContractError on its report
+#: (pytest_shutdown.plugin.contract_errors)
 CODES = "shutdown_codes"
 #: Each Engine start spawns workers that import sglang: seconds on a quiet box, minutes on a
 #: loaded 2-core one. The project's 120 s pytest-timeout would cut them off.

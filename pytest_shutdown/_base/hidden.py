@@ -71,8 +71,8 @@ class HiddenContextFunction(Generic[P, T]):
     itself in a ``with`` statement, a ``TypeError`` saying to call it."""
 
     def __init__(self, func: Callable[P, Iterator[T]]) -> None:
-        self._func = func
         functools.update_wrapper(self, func)
+        self._func = func  # after: a func wrapping another one has that one's _func to copy
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> HiddenGeneratorContext[T]:
         gen = cast(Generator[T, None, None], self._func(*args, **kwargs))

@@ -25,7 +25,7 @@ _Plugin = TypeVar("_Plugin", bound=type)
 #: The matrices' markers, named here so that the fixtures need not import their modules.
 SHUTDOWN_MATRIX = "shutdown_matrix"
 ORPHAN_MATRIX = "orphan_matrix"
-#: The growth marker (:mod:`pytest_shutdown.cycles`, imported only where a test uses it).
+#: The growth marker (:mod:`pytest_shutdown.plugin.cycles`, imported only where a test uses it).
 CYCLES = "shutdown_cycles"
 CYCLES_HELP = (
     "shutdown_cycles(n, warmup=2): run this test's call phase warmup + n times in one process "

@@ -1,5 +1,5 @@
 """CPython 3.11's stuck async-exception flag, and the exception a teardown budget delivers
-(:mod:`pytest_shutdown.budget` re-exports every name)."""
+(:mod:`pytest_shutdown.plugin.budget` re-exports every name)."""
 
 from __future__ import annotations
 

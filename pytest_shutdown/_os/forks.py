@@ -4,7 +4,7 @@
 files: a child keeping the handler no longer dies on ``terminate()`` (a pool's workers hang).
 So each piece registers an undo here, and one ``register_at_fork`` hook runs them in the child
 before its own code. A child forked in C runs none: what it inherits must check its pid itself
-(:mod:`pytest_shutdown.interrupts` does).
+(:mod:`pytest_shutdown.plugin.interrupts` does).
 
 A Python handler runs only at the child's first bytecode boundary, maybe inside the undo: so
 the signals whose handlers are undone stay blocked across the fork, and the child unblocks them

@@ -130,7 +130,7 @@ class EngineConfig:
         """The platform whose decisions the engine takes (``auto`` → detected)."""
         if self.platform != "auto":
             return self.platform
-        from pytest_shutdown.devices import detect_platform  # noqa: PLC0415
+        from pytest_shutdown.gpu.detect import detect_platform  # noqa: PLC0415
 
         return detect_platform()
 
@@ -158,7 +158,7 @@ def _check_non_negative(name: str, value: object) -> None:
 def _device_for(platform: str) -> str:
     """The torch device for ``platform`` on this machine: the GPU only if one is really there."""
     if platform in ("cuda", "rocm"):
-        from pytest_shutdown.devices import detect_platform  # noqa: PLC0415
+        from pytest_shutdown.gpu.detect import detect_platform  # noqa: PLC0415
 
         if detect_platform() == platform:
             return "cuda"  # ROCm builds of torch address HIP devices as "cuda" too

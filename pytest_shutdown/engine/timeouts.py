@@ -24,7 +24,7 @@ def get_engine_process_shutdown_timeout(
     """
     if request_timeout == 0 and process_timeout == 0:
         if platform is None:
-            from pytest_shutdown.devices import detect_platform  # noqa: PLC0415
+            from pytest_shutdown.gpu.detect import detect_platform  # noqa: PLC0415
 
             platform = detect_platform()
         if platform == "rocm":

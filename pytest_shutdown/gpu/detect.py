@@ -19,10 +19,19 @@ from pytest_shutdown.gpu import visibility
 from pytest_shutdown.gpu.readers import _shut_down as _quietly
 
 Platform = Literal["cuda", "rocm", "cpu"]
+PLATFORMS: tuple[Platform, ...] = ("cuda", "rocm", "cpu")
 
 PROBE_TIMEOUT_S = 120.0
 
 _cache: dict[tuple[str, ...], int] = {}
+
+
+def validate_platform(value: str, *, option: str = "platform", allow_auto: bool = True) -> str:
+    """Return ``value`` if it names a platform, else raise ``ValueError`` naming ``option``."""
+    accepted = (("auto",) if allow_auto else ()) + PLATFORMS
+    if value not in accepted:
+        raise ValueError(f"{option}: unknown platform {value!r}; accepted: {', '.join(accepted)}")
+    return value
 
 
 def torch_build(torch: Any) -> Platform:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from pytest_shutdown import _FROZEN_AT_IMPORT
+from pytest_shutdown._base.frozen_at_import import FROZEN_AT_IMPORT as _FROZEN_AT_IMPORT
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._fast.moments import reading
 from pytest_shutdown.ownership import origins
@@ -45,7 +45,7 @@ _recent: collections.OrderedDict[tuple[str, Any, str], None] = collections.Order
 #: value: it holds the replacement node's tree (a walk stopped at it blamed that tree on the test
 #: that called ``restore()``).
 _TOOL_PACKAGES = origins._TOOL_PACKAGES
-_CODE_UNDER_TEST = ("pytest_shutdown.engine", "pytest_shutdown.ray_cluster")
+_CODE_UNDER_TEST = ("pytest_shutdown.engine", "pytest_shutdown.plugin.ray_cluster")
 #: ... and execnet's master side: only a test suite makes a ``Group`` or ``Gateway`` here, and a
 #: session fixture's group owns the gateways a function fixture makes (skipping them made fail
 #: mode kill the gateway under every later test).

@@ -701,12 +701,31 @@ def _native_note(records: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+def fd_holders(fds: Iterable[int]) -> dict[int, str]:
+    """fd -> the attribute that holds its Python object as its user names it (``Client._sock``),
+    where one does: a heap pass and a referrer pass, made only when a finding is reported."""
+    from pytest_shutdown.ownership.holder_names import holder_names  # noqa: PLC0415
+
+    wrapped = wrappers_of(fds)
+    names = holder_names([obj for objects in wrapped.values() for obj in objects])
+    held = {}
+    for fd, objects in wrapped.items():  # a file's text wrapper, its buffer or its raw file
+        name = next((names[id(obj)] for obj in objects if id(obj) in names), None)
+        if name is not None:
+            held[fd] = name
+    return held
+
+
 def _innermost(objects: Sequence[object]) -> object:
     """The object every other wrapper of a descriptor reaches (the raw file or the socket)."""
     for obj in objects:
         if isinstance(obj, (io.FileIO, socket.socket)) or not isinstance(obj, io.IOBase):
             return obj
     return objects[0]
+
+
+def _held_by(record: Mapping[str, Any]) -> str:
+    return f" held by {record['holder']}" if record.get("holder") else ""
 
 
 class FdKind(ObjectKind):
@@ -849,11 +868,14 @@ class FdKind(ObjectKind):
 
     def describe(self, items: Sequence[FdItem]) -> list[dict[str, Any]]:
         table = _socket_table(items)
+        holders = fd_holders(item.fd for item in items if self._types.get(item.fd))
         records = []
         for item in items:
             record = describe_fd(item, table)
             held = self._types.get(item.fd) or []
             record["python_objects"] = held
+            if item.fd in holders:
+                record["holder"] = holders[item.fd]
             if held:
                 record["opened_by"] = f"held by {', '.join(held)}"
             else:
@@ -881,7 +903,7 @@ class FdKind(ObjectKind):
             "fd-leak",
             "fds",
             records,
-            [f"fd {r['fd']}: {r['what']}" for r in records],
+            [f"fd {r['fd']}: {r['what']}" + _held_by(r) for r in records],
             f"{count} file descriptor{'s' if count != 1 else ''} opened in {subject} still open",
             grace=grace,
             extra=extra,

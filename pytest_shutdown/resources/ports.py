@@ -123,9 +123,17 @@ def new_ports(before: PortSnapshot) -> list[PortItem]:
         if (inode := socket_inode(item.target)) is not None
     }
     fresh = descendant_pids() - before.pids
-    if fresh:
-        fresh -= multiprocessing_helper_pids()
-    return _bound({os.getpid(): own, **{pid: socket_fds_of(pid) for pid in sorted(fresh)}})
+    if not fresh:
+        return _bound({os.getpid(): own})
+    fresh -= multiprocessing_helper_pids()
+    # A fork inherits our sockets: one we held before the test (a wider fixture's listener) is
+    # not the child's new port while we still hold it.
+    ours_before = {i for i, fd in socket_fds_of(os.getpid()).items() if fd in before.fds.fds}
+    children = {pid: socket_fds_of(pid) for pid in sorted(fresh)}
+    for held in children.values():
+        for inode in ours_before & held.keys():
+            del held[inode]
+    return _bound({os.getpid(): own, **children})
 
 
 def still_bound(items: Iterable[PortItem]) -> list[PortItem]:
@@ -241,19 +249,15 @@ class PortKind(ObjectKind):
 def _name_holders(items: Sequence[PortItem], records: list[dict[str, Any]]) -> None:
     """Each record's ``holder``: the attribute holding this process's socket object (``Server._sock
     in this process``), else this process; a descendant's process (its object and start call)."""
-    from pytest_shutdown.ownership.holder_names import holder_names  # noqa: PLC0415
-    from pytest_shutdown.resources.fds import _innermost, wrappers_of  # noqa: PLC0415
+    from pytest_shutdown.resources.fds import fd_holders  # noqa: PLC0415
     from pytest_shutdown.resources.labels import process_label  # noqa: PLC0415
     from pytest_shutdown.resources.primitives import _process_record  # noqa: PLC0415
 
     me = os.getpid()
-    wrapped = wrappers_of(item.fd for item in items if item.pid == me and item.fd is not None)
-    sockets = {fd: _innermost(objects) for fd, objects in wrapped.items() if objects}
-    names = holder_names(list(sockets.values()))
+    names = fd_holders(item.fd for item in items if item.pid == me and item.fd is not None)
     for item, record in zip(items, records, strict=True):
         if item.pid != me:
             record["holder"] = f"pid {process_label(_process_record(item.pid))}"
             continue
-        held = sockets.get(item.fd) if item.fd is not None else None
-        name = names.get(id(held)) if held is not None else None
+        name = names.get(item.fd) if item.fd is not None else None
         record["holder"] = f"{name} in this process" if name else "this process"

@@ -17,6 +17,7 @@ command lines are read only for what is reported.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import gc
 import os
 import sys
@@ -552,14 +553,25 @@ def _process_record(pid: int) -> dict[str, Any]:
     return record
 
 
+@functools.lru_cache(maxsize=1)
+def _own_command_line() -> list[str]:
+    import psutil  # noqa: PLC0415
+
+    try:
+        return list(psutil.Process().cmdline())
+    except psutil.Error:
+        return []
+
+
 def _describe_by_ancestor(record: dict[str, Any]) -> None:
     """A process no ``Popen``/``Process`` here started (a daemon, a grandchild): its command
     line, and the start call of the recorded process it most likely descends from."""
     from pytest_shutdown.ownership.containment import first_ancestor  # noqa: PLC0415
 
     argv = record["cmdline"]
+    forked = argv == _own_command_line()  # a fork without exec repeats ours: says nothing
     command = " ".join(" ".join([os.path.basename(argv[0]), *argv[1:]]).split()) if argv else ""
-    if command:
+    if command and not forked:
         record["what"] = command if len(command) <= 60 else command[:57] + "..."
     ancestor = first_ancestor(record["pid"])
     origin = origins.origin_of_process(ancestor[0]) if ancestor is not None else None

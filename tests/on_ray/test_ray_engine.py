@@ -33,7 +33,7 @@ DEADLINE_S = 30.0
 DRIVER = """
 import sys, time
 import ray
-from pytest_shutdown.ray_cluster import LOOPBACK_ENV
+from pytest_shutdown.plugin.ray_cluster import LOOPBACK_ENV
 from pytest_shutdown.engine import EngineConfig, RayEngine
 ray.init(address=sys.argv[1])
 engine = RayEngine(EngineConfig(platform="cpu", data_parallel_size=2, kv_cache_bytes=1 << 16))

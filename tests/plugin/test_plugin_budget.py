@@ -13,7 +13,7 @@ import time
 import pytest
 from inner_runs import A_LEAKS_A_THREAD
 
-from pytest_shutdown.budget import ShutdownBudgetExceeded, TeardownBudget
+from pytest_shutdown.plugin.budget import ShutdownBudgetExceeded, TeardownBudget
 
 HUNG = textwrap.dedent(
     """
@@ -184,7 +184,7 @@ def test_thread_method_interrupts_python_code() -> None:
 AFTER_A_THREAD_BUDGET = textwrap.dedent(
     """
     import sys, time
-    from pytest_shutdown.budget import ShutdownBudgetExceeded, TeardownBudget
+    from pytest_shutdown.plugin.budget import ShutdownBudgetExceeded, TeardownBudget
 
     try:
         with TeardownBudget(0.2, "loop", method="thread"):
@@ -258,7 +258,7 @@ def test_signal_method_restores_the_previous_handler_and_timer() -> None:
 
 
 def test_tool_threads_are_recognised_and_user_threads_are_not() -> None:
-    from pytest_shutdown.guard import is_tool_thread
+    from pytest_shutdown.plugin.guard import is_tool_thread
 
     timer = threading.Timer(30, lambda: None)
     timer.name = "pytest_timeout test_x.py::test_y"  # how pytest-timeout names its timer
@@ -348,7 +348,7 @@ HUNG_FOR_GOOD = A_LEAKS_A_THREAD + textwrap.dedent(
 def test_a_teardown_that_never_returns_ends_the_process_after_a_second_budget(
     pytester: pytest.Pytester, fixture: str
 ) -> None:
-    from pytest_shutdown.budget import HUNG_TEARDOWN_EXIT_CODE
+    from pytest_shutdown.plugin.budget import HUNG_TEARDOWN_EXIT_CODE
 
     pytester.makepyfile(test_hang=HUNG_FOR_GOOD.replace("FIXTURE", fixture))
     result = run_within(

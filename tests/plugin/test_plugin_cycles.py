@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pytest_shutdown.cycles import MAX_CYCLES, cycles_of
+from pytest_shutdown.plugin.cycles import MAX_CYCLES, cycles_of
 
 CYCLES = textwrap.dedent(
     """

@@ -173,4 +173,5 @@ def test_a_fixture_error_is_as_long_as_without_the_plugin(suite: pytest.Pytester
 
 def test_fulltrace_shows_the_plugin_frames(suite: pytest.Pytester) -> None:
     blocks = _run(suite, "--fulltrace")
-    assert "pytest_shutdown/guard.py" in "\n".join(blocks["ERROR at teardown of test_broken"])
+    teardown = "\n".join(blocks["ERROR at teardown of test_broken"])
+    assert "pytest_shutdown/plugin/guard/__init__.py" in teardown

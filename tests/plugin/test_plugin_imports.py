@@ -19,7 +19,7 @@ import pytest
 #: growth marker's hook (a test has the marker), the socket tables (a socket is described).
 LAZY = (
     "pytest_shutdown.devices",
-    "pytest_shutdown.cycles",
+    "pytest_shutdown.plugin.cycles",
     "pytest_shutdown.resources.sockets",
     "pytest_shutdown.ownership.owners",
     "multiprocessing",
@@ -95,13 +95,13 @@ def test_the_lazy_imports_still_happen_when_a_feature_needs_them(
     result.assert_outcomes(passed=3)
     imported = json.loads((pytester.path / "imported.json").read_text())
     assert "pytest_shutdown.helpers.orphans" in imported
-    assert "pytest_shutdown.cycles" in imported
+    assert "pytest_shutdown.plugin.cycles" in imported
     assert "sysconfig" not in imported
 
 
 def test_the_platform_choices_are_the_device_platforms() -> None:
     from pytest_shutdown.devices import PLATFORMS
-    from pytest_shutdown.settings import PLATFORM_CHOICES
+    from pytest_shutdown.plugin.settings import PLATFORM_CHOICES
 
     assert PLATFORM_CHOICES == ("auto", *PLATFORMS)
 
@@ -124,16 +124,17 @@ def test_the_package_is_loaded_by_python_not_by_the_assert_rewriter(
     pytester: pytest.Pytester,
 ) -> None:
     """pytest rewrites an installed plugin's modules on import (its hook is slower than
-    Python's); the plugin takes its package off that list before importing the rest of it: only
-    the entry point module (and the package's near-empty __init__) go through the rewriter."""
+    Python's); the package's __init__ takes the package off that list before importing any module
+    of its own: only that __init__ goes through the rewriter, not even the entry point."""
     pytester.makeconftest(LOADERS)
     pytester.makepyfile(test_trivial=TRIVIAL_TEST)
     result = pytester.runpytest_subprocess("-p", "shutdown")
     result.assert_outcomes(passed=1)
     loaders = json.loads((pytester.path / "loaders.json").read_text())
-    assert "pytest_shutdown.guard" in loaders and "pytest_shutdown.settings" in loaders
+    assert "pytest_shutdown.plugin.guard" in loaders
+    assert "pytest_shutdown.plugin.settings" in loaders
     rewritten = sorted(name for name, kind in loaders.items() if kind == "AssertionRewritingHook")
-    assert set(rewritten) <= {"pytest_shutdown", "pytest_shutdown.plugin"}, rewritten
+    assert set(rewritten) <= {"pytest_shutdown"}, rewritten
 
 
 HOOKS_SEEN = """

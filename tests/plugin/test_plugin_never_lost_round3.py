@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_shutdown.records import main, record_log_path
+from pytest_shutdown.plugin.records import main, record_log_path
 
 ARGS = ("-p", "shutdown", "-p", "no:randomly", "--shutdown-grace=0.2")
 
@@ -93,7 +93,7 @@ def test_a_killed_run_leaves_its_own_incomplete_report_not_the_previous_one(
 FINAL_WRITE_FAILS = textwrap.dedent(
     """
     import errno
-    import pytest_shutdown.report as report
+    import pytest_shutdown.plugin.report as report
 
     _write = report.write_report
 
@@ -110,7 +110,7 @@ FINAL_WRITE_FAILS = textwrap.dedent(
 EVERY_WRITE_FAILS = textwrap.dedent(
     """
     import errno
-    import pytest_shutdown.report as report
+    import pytest_shutdown.plugin.report as report
 
     def write_report(document, path):
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -103,7 +103,7 @@ def test_valid_options_are_stored_on_the_config(pytester: pytest.Pytester) -> No
     pytester.makeconftest(
         """
         import pytest
-        from pytest_shutdown.settings import SETTINGS_KEY
+        from pytest_shutdown.plugin.settings import SETTINGS_KEY
 
         @pytest.fixture
         def settings(pytestconfig):
@@ -131,7 +131,7 @@ def test_defaults_change_nothing(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(
         """
         def test_plugin_registered_but_no_guard(pytestconfig):
-            from pytest_shutdown.settings import SETTINGS_KEY
+            from pytest_shutdown.plugin.settings import SETTINGS_KEY
             settings = pytestconfig.stash[SETTINGS_KEY]
             assert settings.mode == "off" and settings.platform == "auto"
             assert settings.grace_s == 2.0 and settings.budget_s == 0.0

@@ -146,7 +146,7 @@ def test_shared_and_lazy_pools_are_not_the_tests_leak(
     result = pytester.runpytest_subprocess(
         *mode,
         "-W",
-        "error::pytest_shutdown.guard.ShutdownLeakWarning",
+        "error::pytest_shutdown.plugin.guard.ShutdownLeakWarning",
         LONG_GRACE,
         "--shutdown-report=r.json",
         "-p",
@@ -518,7 +518,7 @@ def test_a_session_reference_llm_starts_its_renderer_pool_in_the_first_test(
             f"--shutdown-guard={mode}",
             LONG_GRACE,
             "-W",
-            "error::pytest_shutdown.guard.ShutdownLeakWarning",
+            "error::pytest_shutdown.plugin.guard.ShutdownLeakWarning",
         )
         result.assert_outcomes(passed=2)
         result.stdout.fnmatch_lines([f"no findings in 2 tests (guard in {mode} mode, grace 60 s)"])
@@ -620,8 +620,8 @@ def test_a_thread_ending_just_after_the_test_costs_no_ownership_walk(
     # ends within them is let go before any walk, not how fast the machine is.
     pytester.makeconftest(
         COUNT_HEAP_PASSES
-        + "\nimport pytest_shutdown.guard as _g\n_g._BRIEF_S = 0.25\n"
-        + "import pytest_shutdown.guard_owners as _o\n_o._WALK_AFTER_S = 0.2\n"
+        + "\nimport pytest_shutdown.plugin.guard as _g\n_g._BRIEF_S = 0.25\n"
+        + "import pytest_shutdown.plugin.guard.owners as _o\n_o._WALK_AFTER_S = 0.2\n"
     )
     result = pytester.runpytest_subprocess(
         "-p", "shutdown", "--shutdown-grace=0.3", "--shutdown-report=r.json", "-p", "no:randomly"
@@ -662,9 +662,9 @@ HELD_OR_LOOSE = textwrap.dedent(
 #: The brief wait made longer than any run: waiting it out is seen, not timed to the ms.
 LONG_BRIEF_WAIT = textwrap.dedent(
     """
-    import pytest_shutdown.guard
+    import pytest_shutdown.plugin.guard
 
-    pytest_shutdown.guard._BRIEF_S = 40.0
+    pytest_shutdown.plugin.guard._BRIEF_S = 40.0
     """
 )
 

@@ -193,7 +193,7 @@ FAULTY_ENGINE_SUITE = """
 import pytest
 from pytest_shutdown.engine.core_proc import ChildFaults
 from pytest_shutdown.engine.processes import EngineProcManager
-from pytest_shutdown.fixtures import scaled_down_config
+from pytest_shutdown.plugin.fixtures import scaled_down_config
 
 
 @pytest.fixture

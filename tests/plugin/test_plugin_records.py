@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from inner_runs import A_LEAKS_A_THREAD, finish, popen_pytest, wait_for
 
-from pytest_shutdown.records import assemble, main, read_entries, record_log_path
+from pytest_shutdown.plugin.records import assemble, main, read_entries, record_log_path
 
 #: test_a leaks a thread (a finding); test_b blocks until the outer test ends the run.
 SUITE = A_LEAKS_A_THREAD + textwrap.dedent(
@@ -208,7 +208,7 @@ def test_a_line_cut_short_by_a_killed_writer_is_skipped(tmp_path: Path) -> None:
 
 def test_the_assembly_command_refuses_a_missing_log(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "pytest_shutdown.records", str(tmp_path / "nope.jsonl")],
+        [sys.executable, "-m", "pytest_shutdown.plugin.records", str(tmp_path / "nope.jsonl")],
         capture_output=True,
         text=True,
         timeout=60,

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from inner_runs import ARGS, finish, load_report, popen_pytest, start_reported_run
 
-from pytest_shutdown.records import main as assemble_main
-from pytest_shutdown.records import read_entries, record_log_path
+from pytest_shutdown.plugin.records import main as assemble_main
+from pytest_shutdown.plugin.records import read_entries, record_log_path
 
 # --- item 0: warn mode never fails a test, even under -W error ------------------------------
 

@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from pytest_shutdown import interrupts
-from pytest_shutdown.interrupts import _SignalWatch
+from pytest_shutdown.plugin import interrupts
+from pytest_shutdown.plugin.interrupts import _SignalWatch
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="reads /proc/PID/status; SO_PASSCRED"
@@ -189,9 +189,9 @@ SHORT_TAKE_SIGNAL = textwrap.dedent(
     """
     def pytest_configure(config):
         if config.pluginmanager.has_plugin("shutdown"):
-            import pytest_shutdown.interrupts
+            import pytest_shutdown.plugin.interrupts
 
-            pytest_shutdown.interrupts.TAKE_SIGNAL_S = 0.2
+            pytest_shutdown.plugin.interrupts.TAKE_SIGNAL_S = 0.2
     """
 )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import textwrap
 
 import pytest
@@ -40,6 +41,8 @@ SUITE = textwrap.dedent(
     class Server:
         def __init__(self):
             self._sock = socket.create_server(("127.0.0.1", 0))
+            self.peer = socket.create_connection(self._sock.getsockname())
+            self.log = open(__file__)
             self._thread = threading.Thread(target=self.serve, name="serving", daemon=True)
             self._thread.start()
 
@@ -128,6 +131,10 @@ def test_each_finding_names_its_object_and_where_it_was_made(
     assert "'serving' (target test_where.Server.serve, started by Server.__init__" in section
     assert "TCP socket listening on 127.0.0.1:" in section
     assert "held by Server._sock in this process." in section, section
+    assert re.search(
+        r"fd \d+: TCP socket 127\.0\.0\.1:\d+ -> 127\.0\.0\.1:\d+ held by Server\.peer", section
+    )
+    assert re.search(r"fd \d+: file \S+test_where\.py \(read\) held by Server\.log", section)
     created = _line_of(
         SUITE,
         f'        self.seg = shared_memory.SharedMemory(create=True, size=1024, name="{SEGMENT}")',
@@ -149,8 +156,7 @@ def test_each_finding_names_its_object_and_where_it_was_made(
             "ERROR test_where.py::test_process - shutdown guard: [[]process-leak] * (Process "
             "'engine-worker', target test_where.work, started by Engine.start at test_where.py:*)",
             "ERROR test_where.py::test_port - shutdown guard: [[]thread-leak] 'serving' *; "
-            "[[]port-leak] TCP socket listening on 127.0.0.1:* held by Server._sock in this "
-            "process",
+            "[[]fd-leak] fd *: TCP socket 127.0.0.1:* held by Server.peer; *",
             "ERROR test_where.py::test_atexit - shutdown guard: [[]atexit-holds-object] "
             "atexit.register(test_where.Held.close) in test_atexit (by test_atexit at "
             "test_where.py:*) keeps test_where.Held alive * (5 times)",

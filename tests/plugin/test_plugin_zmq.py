@@ -373,8 +373,11 @@ def test_the_reference_async_engine_without_linger_zero_is_caught(
     result.assert_outcomes(passed=2, errors=1)
     found = _findings(pytester)
     assert set(found) == {"test_sockets_without_linger_zero"}, found
-    (finding,) = found["test_sockets_without_linger_zero"]
-    assert finding["code"] == "zmq-term-blocked"
+    # Under load the spawn context's semaphores of the still-referenced engine may outlast
+    # the grace too (a real shm-leak of the buggy engine); the zmq finding is what is checked.
+    (finding,) = [
+        f for f in found["test_sockets_without_linger_zero"] if f["code"] == "zmq-term-blocked"
+    ]
     assert finding["details"]["thread"] == "zmq-context-term"
     (sock,) = finding["details"]["sockets"]  # the output PULL cannot linger: not named
     assert sock["type"] == "PUSH" and sock["endpoints"][0].endswith("/in0")

@@ -83,7 +83,8 @@ def test_the_threads_kind_reports_a_non_daemon_thread_that_blocks_the_exit() -> 
 
 
 def test_the_guard_names_no_kind_at_session_end() -> None:
-    source = (Path(pytest_shutdown.__file__).parent / "guard_session_end.py").read_text()
+    package = Path(pytest_shutdown.__file__).parent
+    source = (package / "plugin" / "guard" / "session_end.py").read_text()
     names = set(resources.KINDS)
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pytest_shutdown.settings import shows_details
+from pytest_shutdown.plugin.settings import shows_details
 
 #: The report section with every fact of a failure's findings (``-vv``, ``--shutdown-details``).
 DETAILS_SECTION = "shutdown finding details"

@@ -2,36 +2,25 @@
 on, the report header. Installed, it changes nothing in a run: the guard is on with an explicit
 ``-p shutdown``, ``--shutdown-guard=warn|fail`` or the ini key ``shutdown_guard``;
 ``--shutdown-guard=off`` wins over all. Loading it never imports torch.
+
+pytest registers this module object itself as the plugin: its hooks are here. The package holds
+the plugin's machinery (issue 47), each module imported when a session needs it: ``settings``,
+the ``guard`` and its parts, the teardown ``budget`` (``hang``, ``interrupts``, ``exit_bound``),
+``report``, ``records`` and ``pending``, ``quiet``, ``contract_errors``, the ``fixtures`` and the
+markers behind them (``matrix``, ``orphan_matrix``, ``cycles``, ``ray_cluster``), ``workers``.
+No module below this layer imports it (``tests/test_layers.py``).
 """
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 
-
-def _not_rewritten(package: str = "pytest_shutdown") -> None:
-    """Take this package off the list of modules pytest rewrites the asserts of: its import
-    hook costs about 0.25 ms a module, 10 ms of a guarded session, and no assert of this package
-    is one a user reads. Where pytest's list is not what this expects, nothing changes."""
-    for finder in sys.meta_path:
-        names = getattr(finder, "_must_rewrite", None)
-        if isinstance(names, set) and package in names:
-            names.discard(package)
-            cache = getattr(finder, "_marked_for_rewrite_cache", None)
-            if isinstance(cache, dict):
-                cache.clear()
-
-
-_not_rewritten()
-
-import pytest_shutdown  # noqa: E402 - after the rewrite list is changed
-from pytest_shutdown._fast.node_markers import CYCLES as CYCLES_MARKER  # noqa: E402
-from pytest_shutdown._fast.node_markers import CYCLES_HELP as CYCLES_MARKER_HELP  # noqa: E402
-from pytest_shutdown._fast.node_markers import marker_names, scanned_module_names  # noqa: E402
-from pytest_shutdown.quiet import quiet_enabled  # noqa: E402
-from pytest_shutdown.settings import (  # noqa: E402
+import pytest_shutdown
+from pytest_shutdown._fast.node_markers import CYCLES as CYCLES_MARKER
+from pytest_shutdown._fast.node_markers import CYCLES_HELP as CYCLES_MARKER_HELP
+from pytest_shutdown._fast.node_markers import marker_names, scanned_module_names
+from pytest_shutdown.plugin.quiet import quiet_enabled
+from pytest_shutdown.plugin.settings import (
     ALLOW_LEAKS_KINDS,
     SETTINGS_KEY,
     add_options,
@@ -59,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """``--shutdown-gpu-per-worker``: an xdist worker's GPU is set before any conftest runs."""
     if getattr(early_config.known_args_namespace, "shutdown_gpu_per_worker", False):
-        from pytest_shutdown.workers import assign_worker_gpu_early
+        from pytest_shutdown.plugin.workers import assign_worker_gpu_early
 
         assign_worker_gpu_early(early_config.known_args_namespace)
 
@@ -73,7 +62,7 @@ def pytest_configure(config: pytest.Config) -> None:
     quiet_enabled(config)  # a bad shutdown_quiet is refused, guard on or off
     config.stash[SETTINGS_KEY] = settings
 
-    from pytest_shutdown import fixtures
+    from pytest_shutdown.plugin import fixtures
 
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "pytest-shutdown-fixtures")
@@ -81,33 +70,33 @@ def pytest_configure(config: pytest.Config) -> None:
     # (with the guard on, its report wrapper notes them; the status-line hook comes with the
     # first code, or now on an xdist controller).
     if not settings.enabled:
-        from pytest_shutdown import contract_errors
+        from pytest_shutdown.plugin import contract_errors
 
         config.pluginmanager.register(
             contract_errors.ContractErrorsReported(), contract_errors.PLUGIN_NAME
         )
     elif not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no":
-        from pytest_shutdown.contract_errors import show_codes_on_status_line
+        from pytest_shutdown.plugin.contract_errors import show_codes_on_status_line
 
         show_codes_on_status_line(config)
 
     if settings.graphs_dir is not None:
-        from pytest_shutdown.report import GraphsRecorder
+        from pytest_shutdown.plugin.report import GraphsRecorder
 
         config.pluginmanager.register(
             GraphsRecorder(config, settings.graphs_dir), "pytest-shutdown-graphs"
         )
 
     if settings.enabled or settings.report_path is not None:
-        from pytest_shutdown.report import ShutdownReport
+        from pytest_shutdown.plugin.report import ShutdownReport
 
         report = ShutdownReport(config, settings)
         config.pluginmanager.register(report, "pytest-shutdown-report")
         if settings.enabled:
-            from pytest_shutdown.guard import ShutdownGuard
+            from pytest_shutdown.plugin.guard import ShutdownGuard
 
             if quiet_enabled(config):  # before the guard: its teardown wrapper is outside
-                from pytest_shutdown.quiet import QuietTeardowns, quiet_allow
+                from pytest_shutdown.plugin.quiet import QuietTeardowns, quiet_allow
 
                 quiet = QuietTeardowns(config, quiet_allow(config))
                 config.pluginmanager.register(quiet, "pytest-shutdown-quiet")
@@ -115,7 +104,7 @@ def pytest_configure(config: pytest.Config) -> None:
             guard = ShutdownGuard(config, settings, report)
             config.pluginmanager.register(guard, "pytest-shutdown-guard")
         else:
-            from pytest_shutdown.report import RecordsTravelWithReports
+            from pytest_shutdown.plugin.report import RecordsTravelWithReports
 
             carrier = RecordsTravelWithReports(report)
             config.pluginmanager.register(carrier, "pytest-shutdown-report-records")
@@ -123,10 +112,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``@pytest.mark.shutdown_cycles(n)``: its per-test hook (:mod:`pytest_shutdown.cycles`)
+    """``@pytest.mark.shutdown_cycles(n)``: its per-test hook (:mod:`pytest_shutdown.plugin.cycles`)
     is registered only when a collected test has the marker."""
     if any(CYCLES_MARKER in marker_names(item) for item in items):
-        from pytest_shutdown import cycles
+        from pytest_shutdown.plugin import cycles
 
         if not config.pluginmanager.is_registered(cycles):
             config.pluginmanager.register(cycles, "pytest-shutdown-cycles")

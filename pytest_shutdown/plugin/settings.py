@@ -17,7 +17,7 @@ import pytest
 
 from pytest_shutdown._fast.lazy_dataclass import FrozenRecord, lazy_dataclass
 from pytest_shutdown._fast.node_markers import CYCLES, marker_names
-from pytest_shutdown.quiet import add_quiet_options
+from pytest_shutdown.plugin.quiet import add_quiet_options
 from pytest_shutdown.resources import allow_keys, kind_names
 
 GUARD_MODES: tuple[str, ...] = ("off", "warn", "fail")
@@ -185,7 +185,7 @@ def resource_kinds(config: pytest.Config) -> tuple[str, ...] | None:
 
 def _check_report_path(report_path: Path, given: str) -> None:
     """Refuse a report path that cannot or must not be written; create nothing."""
-    from pytest_shutdown.records import (  # noqa: PLC0415 - with a report only
+    from pytest_shutdown.plugin.records import (  # noqa: PLC0415 - with a report only
         RECORD_LOG_SUFFIX,
         is_record_log_name,
         record_log_path,
@@ -217,7 +217,7 @@ def _check_report_path(report_path: Path, given: str) -> None:
 
 def _check_graphs_dir(graphs_dir: Path, given: str) -> None:
     """Refuse a graphs folder that cannot or must not be written; create nothing."""
-    from pytest_shutdown.records import refusal_of_target  # noqa: PLC0415 - with graphs only
+    from pytest_shutdown.plugin.records import refusal_of_target  # noqa: PLC0415 - with graphs only
 
     _refuse_long_names(graphs_dir, "--shutdown-graphs")
     try:
@@ -265,7 +265,7 @@ def _refuse_long_names(path: Path, option: str, whose: str = "") -> None:
 def _refuse_special_targets(report_path: Path, given: str) -> None:
     """Refuse a report or record log path that is not a regular file (or new) or is under /proc
     or /sys: special files are never replaced."""
-    from pytest_shutdown.records import record_log_path, refusal_of_target  # noqa: PLC0415
+    from pytest_shutdown.plugin.records import record_log_path, refusal_of_target  # noqa: PLC0415
 
     for target, what in (
         (report_path, "the report"),
@@ -362,7 +362,7 @@ done one more budget later ends the process with exit code 70 (stacks dumped, re
 REPORT_DESC = """
 Write the guard's findings and shutdown durations as JSON to this path (merged over xdist
 workers). Each test's record is appended to PATH's record log (<stem>.records.jsonl) as the
-test ends; after a killed run, 'python -m pytest_shutdown.records LOG -o PATH' assembles it.
+test ends; after a killed run, 'python -m pytest_shutdown.plugin.records LOG -o PATH' assembles it.
 """.strip().replace("\n", " ")
 GRAPHS_DESC = """
 Draw a backref picture (objgraph.show_backrefs) into this folder for every not-collected and
@@ -445,7 +445,7 @@ def add_options(parser: pytest.Parser) -> None:
     parser.addini("shutdown_containment", CONTAINMENT_DESC, default="")
     parser.addini("shutdown_grace", GRACE_DESC, default="")
     parser.addini("shutdown_budget", BUDGET_DESC, default="")
-    add_quiet_options(parser)  # --shutdown-quiet (pytest_shutdown.quiet)
+    add_quiet_options(parser)  # --shutdown-quiet (pytest_shutdown.plugin.quiet)
 
 
 @lazy_dataclass(frozen=True)
@@ -556,7 +556,7 @@ def validate_markers(item: pytest.Item) -> None:
     budget_of(item, DEFAULT_BUDGET_S)
     expect_force_kill_of(item)
     if CYCLES in marker_names(item):
-        from pytest_shutdown.cycles import cycles_of  # noqa: PLC0415 - only where it is used
+        from pytest_shutdown.plugin.cycles import cycles_of  # noqa: PLC0415 - only where it is used
 
         cycles_of(item)
 

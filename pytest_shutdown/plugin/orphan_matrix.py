@@ -88,7 +88,8 @@ KillTree = Callable[..., "TreeDeath"]
 
 
 def kill_tree_of(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> KillTree:
-    """The value of the ``kill_tree`` fixture (:mod:`pytest_shutdown.fixtures`) for one test."""
+    """The value of the ``kill_tree`` fixture (:mod:`pytest_shutdown.plugin.fixtures`) for one
+    test."""
     callspec = getattr(request.node, "callspec", None)
     cell = callspec.params.get("orphan_cell") if callspec is not None else None
 

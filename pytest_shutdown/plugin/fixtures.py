@@ -3,7 +3,7 @@ the orphan matrix's cells and tree launcher, a Ray cluster.
 
 Every engine fixture shuts its engine down in teardown and checks the engine's contracts there
 (idempotent shutdown, no force kill unless expected, nothing left running); each also takes a
-cycle count by indirect parametrization (:mod:`pytest_shutdown.cycles`). Nothing here imports
+cycle count by indirect parametrization (:mod:`pytest_shutdown.plugin.cycles`). Nothing here imports
 torch at import time.
 """
 
@@ -32,9 +32,9 @@ if TYPE_CHECKING:
     from pytest_shutdown.engine.supervisor import DPSupervisor
     from pytest_shutdown.findings.finding import Finding
     from pytest_shutdown.helpers.tree_launcher import TreeLauncher
-    from pytest_shutdown.matrix import ShutdownTimeouts
-    from pytest_shutdown.orphan_matrix import KillTree, OrphanCell
-    from pytest_shutdown.ray_cluster import RayCluster
+    from pytest_shutdown.plugin.matrix import ShutdownTimeouts
+    from pytest_shutdown.plugin.orphan_matrix import KillTree, OrphanCell
+    from pytest_shutdown.plugin.ray_cluster import RayCluster
 
 #: Graces in tests are this fraction of production (15 s → 1.5 s): the same decisions, cheaper.
 TEST_GRACE_SCALE = 0.1
@@ -67,7 +67,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     """With ``--shutdown-gpu-per-worker``: how the xdist workers spread over the GPUs."""
     if hasattr(config, "workerinput") or not config.getoption("shutdown_gpu_per_worker", False):
         return None
-    from pytest_shutdown import workers
+    from pytest_shutdown.plugin import workers
 
     return workers.sharing_header(config.option, config.getoption("numprocesses", default=None))
 
@@ -85,11 +85,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         _validate_engine_fields(mark.args, mark.kwargs)
     # a matrix's module is imported only where a test uses it
     if ORPHAN_MATRIX_MARKER in names:
-        from pytest_shutdown.orphan_matrix import cells_from_marker as orphan  # noqa: PLC0415
+        from pytest_shutdown.plugin.orphan_matrix import cells_from_marker as orphan  # noqa: PLC0415
 
         _parametrize(metafunc, ORPHAN_MATRIX_MARKER, "orphan_cell", orphan)
     if MATRIX_MARKER in names:
-        from pytest_shutdown.matrix import cells_from_marker  # noqa: PLC0415
+        from pytest_shutdown.plugin.matrix import cells_from_marker  # noqa: PLC0415
 
         _parametrize(metafunc, MATRIX_MARKER, "shutdown_timeouts", cells_from_marker)
 
@@ -174,7 +174,7 @@ def current_cell(request: pytest.FixtureRequest) -> ShutdownTimeouts | None:
     cell = callspec.params.get("shutdown_timeouts") if callspec is not None else None
     if cell is None:
         return None
-    from pytest_shutdown.matrix import ShutdownTimeouts  # noqa: PLC0415 - made by a matrix
+    from pytest_shutdown.plugin.matrix import ShutdownTimeouts  # noqa: PLC0415 - made by a matrix
 
     return cell if isinstance(cell, ShutdownTimeouts) else None
 
@@ -229,7 +229,7 @@ def kill_tree(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> Ki
     ``phase`` default to the test's ``orphan_cell``; pass them to use ``kill_tree`` without the
     marker.
     """
-    from pytest_shutdown.orphan_matrix import kill_tree_of  # noqa: PLC0415
+    from pytest_shutdown.plugin.orphan_matrix import kill_tree_of  # noqa: PLC0415
 
     return kill_tree_of(request, tree_launcher)
 
@@ -237,7 +237,7 @@ def kill_tree(request: pytest.FixtureRequest, tree_launcher: TreeLauncher) -> Ki
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[RayCluster]:
     """A local two-node Ray cluster (CPU only, dashboard off, 127.0.0.1), the session's driver."""
-    from pytest_shutdown.ray_cluster import running_cluster  # noqa: PLC0415
+    from pytest_shutdown.plugin.ray_cluster import running_cluster  # noqa: PLC0415
 
     yield from running_cluster()
 
@@ -283,9 +283,9 @@ def reference_renderer(
 ) -> Iterator[ReferenceRenderer]:
     """A ReferenceRenderer; teardown checks that its shutdown is idempotent and its threads end."""
     _require_torch("reference_renderer")
-    from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.renderer import ReferenceRenderer
     from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown
+    from pytest_shutdown.plugin.cycles import check_engine_cycles
 
     check_engine_cycles(
         request,
@@ -309,9 +309,9 @@ def engine_core(
     _require_torch("engine_core")
     import gc
 
-    from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.core import EngineCore
     from pytest_shutdown.helpers.idempotence import assert_idempotent_shutdown
+    from pytest_shutdown.plugin.cycles import check_engine_cycles
 
     check_engine_cycles(
         request,
@@ -351,8 +351,8 @@ def engine_manager(
     (``expect_force_kill``); no engine process is left.
     """
     _require_torch("engine_manager")
-    from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.processes import EngineProcManager
+    from pytest_shutdown.plugin.cycles import check_engine_cycles
 
     check_engine_cycles(request, "engine_manager", lambda: EngineProcManager(engine_config))
     manager = EngineProcManager(engine_config)
@@ -373,8 +373,8 @@ def reference_llm(
 ) -> Iterator[ReferenceLLM]:
     """A ReferenceLLM (renderer + engine processes); teardown checks as ``engine_manager``."""
     _require_torch("reference_llm")
-    from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.llm import ReferenceLLM
+    from pytest_shutdown.plugin.cycles import check_engine_cycles
 
     check_engine_cycles(
         request,
@@ -420,8 +420,8 @@ def dp_supervisor(
     request timeout or the config's); checks as ``engine_manager``, over the whole tree.
     """
     _require_torch("dp_supervisor")
-    from pytest_shutdown.cycles import check_engine_cycles
     from pytest_shutdown.engine.supervisor import DPSupervisor
+    from pytest_shutdown.plugin.cycles import check_engine_cycles
 
     check_engine_cycles(
         request,
@@ -511,8 +511,8 @@ class ShutdownCheck:
         from pytest_shutdown._base.hidden import contextmanager
         from pytest_shutdown.findings.finding import ShutdownContractError
 
+        @contextmanager  # outermost: wraps() onto it would copy in the helper's own function
         @functools.wraps(helper)
-        @contextmanager
         def bound(*args: Any, **kwargs: Any) -> Iterator[Any]:
             __tracebackhide__ = True
             try:
@@ -609,8 +609,8 @@ def _check_idempotent(
     budget interrupts is recorded as ``shutdown-budget``, and the interruption goes on."""
     import traceback
 
-    from pytest_shutdown.budget import ShutdownBudgetExceeded
     from pytest_shutdown.findings.finding import Finding
+    from pytest_shutdown.plugin.budget import ShutdownBudgetExceeded
 
     findings: list[Finding] = []
     for number in (1, 2):

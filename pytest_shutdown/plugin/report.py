@@ -1,7 +1,7 @@
 """The guard's report: per-test records, the terminal section ``shutdown``, JSON, and xdist glue.
 
 Records are plain data from the start; a test's travel on its teardown report (xdist serialises
-it), so the controller logs them (:mod:`pytest_shutdown.records`) as each test ends, and a
+it), so the controller logs them (:mod:`pytest_shutdown.plugin.records`) as each test ends, and a
 crashed worker loses only the test it was running.
 """
 
@@ -31,9 +31,9 @@ from pytest_shutdown._os.forks import this_pid
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.findings.markup import coloured
 from pytest_shutdown.findings.text import DETAILS_HINT, finding_lines, merged
-from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
-from pytest_shutdown.interrupts import SigtermEndsSessionInOrder
-from pytest_shutdown.records import (
+from pytest_shutdown.plugin.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
+from pytest_shutdown.plugin.interrupts import SigtermEndsSessionInOrder
+from pytest_shutdown.plugin.records import (
     SCHEMA_VERSION,
     SLOW_GUARD_S,
     LogInUse,
@@ -48,10 +48,10 @@ from pytest_shutdown.records import (
     refusal_of_target,
     write_report,
 )
-from pytest_shutdown.settings import GuardSettings, create_folder, shows_details
+from pytest_shutdown.plugin.settings import GuardSettings, create_folder, shows_details
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.budget import BudgetOutcome
+    from pytest_shutdown.plugin.budget import BudgetOutcome
 
 __all__ = ["SCHEMA_VERSION", "ShutdownReport", "TestRecord", "durations_summary"]
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
-from pytest_shutdown.guard_state import GuardState
 from pytest_shutdown.ownership import origins
+from pytest_shutdown.plugin.guard.state import GuardState
 from pytest_shutdown.resources import session_end_kinds
 from pytest_shutdown.resources.base import SessionEndContext
 
@@ -71,7 +71,7 @@ class SessionEnd(GuardState):
         for kind in self.kinds:  # a kind that installed something (a recorder) removes it
             kind.close()
         if self._blocking_exit and self.settings.mode == "fail":
-            from pytest_shutdown.exit_bound import bound_the_exit  # noqa: PLC0415
+            from pytest_shutdown.plugin.exit_bound import bound_the_exit  # noqa: PLC0415
 
             bound_the_exit(self._blocking_exit, self.settings.grace_s, self._exitstatus)
 

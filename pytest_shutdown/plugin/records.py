@@ -4,7 +4,7 @@
 ``record``, ``long_lived``, ``worker``, ``pending``/``decided``, ``end``, ``exit_unblocked``:
 docs/reports.md describes each), flushed as it happens, so a killed run keeps every finished
 test's findings. The JSON report is assembled from the log at session end, or after a killed run
-by ``python -m pytest_shutdown.records report.records.jsonl -o report.json``; it says
+by ``python -m pytest_shutdown.plugin.records report.records.jsonl -o report.json``; it says
 ``"complete": false`` (and why) when the run did not end in order. While a run is in progress,
 ``PATH`` says so (:func:`in_progress_report`), never describing an earlier run. Only regular
 files are written (:func:`refusal_of_target`).
@@ -55,7 +55,7 @@ def in_progress_report(
     document["incomplete"] = (
         f"the run has not finished, or it was killed or could not write its report (pid "
         f"{head.get('pid')}, started {started_at}); the tests it finished are in its record "
-        f"log: python -m pytest_shutdown.records {log} -o {report_path}"
+        f"log: python -m pytest_shutdown.plugin.records {log} -o {report_path}"
     )
     document["in_progress"] = {
         "pid": head.get("pid"),
@@ -492,9 +492,10 @@ def _temp_prefix(name: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m pytest_shutdown.records LOG [-o REPORT]``: assemble a report from a log."""
+    """``python -m pytest_shutdown.plugin.records LOG [-o REPORT]``: assemble a report from a
+    log."""
     parser = argparse.ArgumentParser(
-        prog="python -m pytest_shutdown.records",
+        prog="python -m pytest_shutdown.plugin.records",
         description="Assemble the --shutdown-report JSON from its record log (e.g. after a "
         "killed run). Without -o the JSON goes to standard output.",
     )

@@ -3,11 +3,12 @@
 For every test (setup, call and teardown together) the guard snapshots the kinds before setup
 and compares after teardown. What a wider-scope fixture's set-up started, or its value reaches,
 is that fixture's, checked when it is torn down; what a module global or class attribute
-reaches is long-lived, listed at session end (:mod:`pytest_shutdown.guard_owners`). Findings
-become a :class:`~pytest_shutdown.report.TestRecord`; in ``fail`` mode the test errors in
-teardown and order is restored for what is certainly the test's, in ``warn`` mode a
-:class:`ShutdownLeakWarning` is emitted once the grace ran out (:mod:`pytest_shutdown.pending`)
-and nothing in the run changes. A test that already failed gets them as a report section.
+reaches is long-lived, listed at session end (:mod:`pytest_shutdown.plugin.guard.owners`).
+Findings become a :class:`~pytest_shutdown.plugin.report.TestRecord`; in ``fail`` mode the test
+errors in teardown and order is restored for what is certainly the test's, in ``warn`` mode a
+:class:`ShutdownLeakWarning` is emitted once the grace ran out
+(:mod:`pytest_shutdown.plugin.pending`) and nothing in the run changes. A test that already
+failed gets them as a report section.
 """
 
 from __future__ import annotations
@@ -22,20 +23,20 @@ from pytest_shutdown._fast.moments import one_moment
 from pytest_shutdown._fast.node_markers import scanned_names_are_hooks
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
-from pytest_shutdown.guard_owners import WhoseIsIt
-from pytest_shutdown.guard_reports import GUARD_SECTION as GUARD_SECTION
-from pytest_shutdown.guard_reports import GuardReports, _is_pytest_timeout
-from pytest_shutdown.guard_session_end import SessionEnd
-from pytest_shutdown.guard_state import Found, Snapshot, _Watch, line_of
 from pytest_shutdown.ownership import origins
-from pytest_shutdown.quiet import quiet_findings
-from pytest_shutdown.report import describe_guard_error
+from pytest_shutdown.plugin.guard.owners import WhoseIsIt
+from pytest_shutdown.plugin.guard.reports import GUARD_SECTION as GUARD_SECTION
+from pytest_shutdown.plugin.guard.reports import GuardReports, _is_pytest_timeout
+from pytest_shutdown.plugin.guard.session_end import SessionEnd
+from pytest_shutdown.plugin.guard.state import Found, Snapshot, _Watch, line_of
+from pytest_shutdown.plugin.quiet import quiet_findings
+from pytest_shutdown.plugin.report import describe_guard_error
+from pytest_shutdown.plugin.settings import AllowLeaks, allow_leaks_of, budget_of, marker_names
 from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.threads import TOOL_MODULES, is_tool_thread
-from pytest_shutdown.settings import AllowLeaks, allow_leaks_of, budget_of, marker_names
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.budget import TeardownBudget
+    from pytest_shutdown.plugin.budget import TeardownBudget
 
 __all__ = ["TOOL_MODULES", "ShutdownGuard", "ShutdownLeakWarning", "is_tool_thread"]
 
@@ -66,7 +67,7 @@ def _same(marks: list[Any], others: list[Any]) -> bool:
 
 @scanned_names_are_hooks
 class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
-    """The pytest plugin object registered when the guard is on (parts: guard_state)."""
+    """The pytest plugin object registered when the guard is on (parts: guard.state)."""
 
     def pytest_plugin_registered(self) -> None:
         """A plugin registered during the run may act between tests: read the gaps again."""
@@ -187,7 +188,7 @@ class ShutdownGuard(WhoseIsIt, GuardReports, SessionEnd):
         return result
 
     def _budget(self, watch: _Watch) -> TeardownBudget:
-        from pytest_shutdown.budget import TeardownBudget  # noqa: PLC0415 - only with a budget
+        from pytest_shutdown.plugin.budget import TeardownBudget  # noqa: PLC0415 - only with a budget
 
         return TeardownBudget(
             watch.budget_s, watch.nodeid, on_expire=lambda: self._kill_children(watch)

@@ -1,5 +1,6 @@
 """The exit code of a process whose teardown hung past its second budget, and the handlers run
-just before it: apart from :mod:`pytest_shutdown.budget`, which only a test with a budget needs.
+just before it: apart from :mod:`pytest_shutdown.plugin.budget`, which only a test with a budget
+needs.
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.budget import BudgetOutcome
+    from pytest_shutdown.plugin.budget import BudgetOutcome
 
 __all__ = ["HANG_HANDLERS", "HUNG_TEARDOWN_EXIT_CODE"]
 

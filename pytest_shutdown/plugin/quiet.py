@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-#: The findings of one test's teardown, for the guard (:mod:`pytest_shutdown.guard`).
+#: The findings of one test's teardown, for the guard (:mod:`pytest_shutdown.plugin.guard`).
 QUIET_FINDINGS = pytest.StashKey[list[Any]]()
 
 QUIET_DESC = """

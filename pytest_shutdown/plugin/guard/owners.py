@@ -16,9 +16,9 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
-from pytest_shutdown.guard_ledger import FixtureLedger
-from pytest_shutdown.guard_state import Found, _Watch
 from pytest_shutdown.ownership import origins
+from pytest_shutdown.plugin.guard.ledger import FixtureLedger
+from pytest_shutdown.plugin.guard.state import Found, _Watch
 from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.primitives import thread_name
 

@@ -28,7 +28,7 @@ from pytest_shutdown.findings.leak_warning import ShutdownLeakWarning
 from pytest_shutdown.resources.base import after_grace
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.report import ShutdownReport
+    from pytest_shutdown.plugin.report import ShutdownReport
     from pytest_shutdown.resources.base import ResourceKind
 
 __all__ = ["Candidate", "DeferredLeaks"]

@@ -14,12 +14,12 @@ from _pytest.outcomes import Failed  # pytest.fail.Exception, spelled so that my
 
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
 from pytest_shutdown.findings.text import error_headline
-from pytest_shutdown.guard_state import GuardState, _Watch, line_of
-from pytest_shutdown.pending import warn_at
-from pytest_shutdown.report import TestRecord, render_budget
+from pytest_shutdown.plugin.guard.state import GuardState, _Watch, line_of
+from pytest_shutdown.plugin.pending import warn_at
+from pytest_shutdown.plugin.report import TestRecord, render_budget
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.budget import BudgetOutcome
+    from pytest_shutdown.plugin.budget import BudgetOutcome
 
 _GUARD_ATTR = "_pytest_shutdown_findings"
 #: The report section that carries the guard's findings of a test that already failed.
@@ -70,7 +70,7 @@ class GuardReports(GuardState):
         """A failure noted; the test's records attached to its teardown report."""
         report = yield
         if call.excinfo is not None:
-            from pytest_shutdown.contract_errors import note_contract_error  # noqa: PLC0415
+            from pytest_shutdown.plugin.contract_errors import note_contract_error  # noqa: PLC0415
 
             note_contract_error(item, call, report)
             self._note_failure(item, call.when, call.excinfo.value, report)
@@ -126,7 +126,7 @@ class GuardReports(GuardState):
         when it did not fail otherwise (``reported``), the error or the warning."""
         __tracebackhide__ = True
         if fired is not None:
-            from pytest_shutdown.report import budget_finding  # noqa: PLC0415
+            from pytest_shutdown.plugin.report import budget_finding  # noqa: PLC0415
 
             findings.insert(0, budget_finding(item.name, fired.to_dict()))
             if fired.killed:

@@ -19,8 +19,8 @@ from _pytest.scope import Scope
 
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown.findings.finding import Finding
-from pytest_shutdown.guard_state import Found, GuardState, Snapshot, _Watch
-from pytest_shutdown.report import TestRecord
+from pytest_shutdown.plugin.guard.state import Found, GuardState, Snapshot, _Watch
+from pytest_shutdown.plugin.report import TestRecord
 from pytest_shutdown.resources.base import ResourceKind
 
 _FUNCTION_SCOPE = Scope.Function

@@ -10,8 +10,8 @@ main thread stuck inside one C call never runs that handler: the watchdog then c
 
 A teardown still running half a budget later is interrupted once more; one that has not
 returned a whole budget after the first interrupt would hang the session: the watchdog runs
-the :data:`~pytest_shutdown.hang.HANG_HANDLERS` (the report is written), dumps every stack and
-exits with :data:`~pytest_shutdown.hang.HUNG_TEARDOWN_EXIT_CODE`.
+the :data:`~pytest_shutdown.plugin.hang.HANG_HANDLERS` (the report is written), dumps every
+stack and exits with :data:`~pytest_shutdown.plugin.hang.HUNG_TEARDOWN_EXIT_CODE`.
 
 pytest-timeout's signal timer, when due before the budget, governs (one hang is never reported
 twice); otherwise it is paused while the budget is armed and restored after. Any other
@@ -36,9 +36,9 @@ from pytest_shutdown._os.async_exc import STALE_ASYNC_EXC_LOOPS as STALE_ASYNC_E
 from pytest_shutdown._os.async_exc import ShutdownBudgetExceeded, discard_pending_async_exc
 from pytest_shutdown._os.async_exc import reset_async_exc_flag as reset_async_exc_flag
 from pytest_shutdown._os.own_threads import start_own_thread
-from pytest_shutdown.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
-from pytest_shutdown.interrupts import dump_stacks_and_exit
-from pytest_shutdown.interrupts import real_monotonic as _now
+from pytest_shutdown.plugin.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
+from pytest_shutdown.plugin.interrupts import dump_stacks_and_exit
+from pytest_shutdown.plugin.interrupts import real_monotonic as _now
 
 #: How often a teardown that keeps hanging is interrupted (at 1 and 1.5 budgets).
 MAX_FIRES = 2

@@ -1,9 +1,9 @@
 """The guard's state, made once per session, and what every part of the guard uses.
 
 ``ShutdownGuard`` is one pytest plugin object assembled from parts, each a class over
-:class:`GuardState` in a module of its own: ``guard`` (the test's life and its check),
-``guard_ledger`` (wider-scope fixtures), ``guard_owners`` (whose is it), ``guard_reports`` (what
-pytest is told) and ``guard_session_end`` (late leaks, the long-lived list, the sweep, the exit).
+:class:`GuardState` in a module of its own in this folder: the package itself (the test's life
+and its check), ``ledger`` (wider-scope fixtures), ``owners`` (whose is it), ``reports`` (what
+pytest is told) and ``session_end`` (late leaks, the long-lived list, the sweep, the exit).
 """
 
 from __future__ import annotations
@@ -18,15 +18,15 @@ from pytest_shutdown._fast.marks import FingerprintPass
 from pytest_shutdown._fast.moments import one_moment
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.ownership.containment import Containment
-from pytest_shutdown.pending import DeferredLeaks
-from pytest_shutdown.report import ShutdownReport, render_findings
+from pytest_shutdown.plugin.pending import DeferredLeaks
+from pytest_shutdown.plugin.report import ShutdownReport, render_findings
+from pytest_shutdown.plugin.settings import AllowLeaks, GuardSettings, shows_details
 from pytest_shutdown.resources import default_kinds
 from pytest_shutdown.resources.base import ResourceKind
 from pytest_shutdown.resources.primitives import descendant_pids
-from pytest_shutdown.settings import AllowLeaks, GuardSettings, shows_details
 
 if TYPE_CHECKING:  # pragma: no cover
-    from pytest_shutdown.guard_ledger import _Owned
+    from pytest_shutdown.plugin.guard.ledger import _Owned
 
 #: kind name -> a snapshot of that kind
 Snapshot = dict[str, Any]
@@ -125,7 +125,7 @@ class GuardState:
         #: See _QUIET_GAPS_TRUSTED.
         self._quiet_gaps = 0
         self._setups = 0
-        #: fixturedef -> its ledger, while it is live (:mod:`pytest_shutdown.guard_ledger`).
+        #: fixturedef -> its ledger, while it is live (:mod:`pytest_shutdown.plugin.guard.ledger`).
         self._owned: dict[Any, _Owned] = {}
         #: (kind, item) owned by a module global or class attribute -> what the report says.
         self._long_lived: dict[Any, dict[str, Any]] = {}
@@ -142,7 +142,7 @@ class GuardState:
         self._session_start_threads = set(threading.enumerate())
         #: Non-daemon threads tests left, alive at session end.
         self._blocking_exit: list[threading.Thread] = []
-        #: Warn mode's deferred verdicts (:mod:`pytest_shutdown.pending`); None in fail mode.
+        #: Warn mode's deferred verdicts (:mod:`pytest_shutdown.plugin.pending`); None in fail mode.
         self._deferred: DeferredLeaks | None = None
         if settings.mode == "warn":
             self._deferred = DeferredLeaks(settings.grace_s, report, self._render)

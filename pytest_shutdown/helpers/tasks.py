@@ -21,7 +21,9 @@ Recording is :mod:`pytest_shutdown.resources._asyncio_record` (it imports no asy
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from types import TracebackType
 from typing import Any
 
@@ -60,17 +62,11 @@ class no_task_leaks(metaclass=CalledBeforeWith):  # noqa: N801 - used like a fun
         traceback: TracebackType | None,
     ) -> None:
         __tracebackhide__ = True
-        try:
-            if typ is not None:
-                return
-            deadline = time.monotonic() + self.grace
-            left = self._left()
-            while left and _elsewhere(left) and time.monotonic() < deadline:
+        with self._ending(typ) as waiting:
+            for left in waiting:
+                if not _elsewhere(left):
+                    break  # sleeping here would block the loops of this thread
                 time.sleep(0.005)
-                left = self._left()
-            self._raise(left)
-        finally:
-            record.uninstall()
 
     # --- async ---
 
@@ -84,17 +80,32 @@ class no_task_leaks(metaclass=CalledBeforeWith):  # noqa: N801 - used like a fun
         traceback: TracebackType | None,
     ) -> None:
         __tracebackhide__ = True
-        try:
-            if typ is not None:
-                return
-            import asyncio  # noqa: PLC0415 - running in a loop: loaded
+        with self._ending(typ) as waiting:
+            if typ is None:
+                import asyncio  # noqa: PLC0415 - running in a loop: loaded
 
+            for _left in waiting:
+                await asyncio.sleep(0.005)
+
+    @contextlib.contextmanager
+    def _ending(self, typ: type[BaseException] | None) -> Iterator[Iterator[list[record.Entry]]]:
+        """The block's end: yields the waits (what is left, each time, until the grace ran out
+        or nothing is), then raises on what is left; nothing when the block raised."""
+        __tracebackhide__ = True
+        left: list[record.Entry] = []
+
+        def waits() -> Iterator[list[record.Entry]]:
+            nonlocal left
             deadline = time.monotonic() + self.grace
             left = self._left()
             while left and time.monotonic() < deadline:
-                await asyncio.sleep(0.005)
+                yield left
                 left = self._left()
-            self._raise(left)
+
+        try:
+            yield waits() if typ is None else iter(())
+            if typ is None:
+                self._raise(left)
         finally:
             record.uninstall()
 

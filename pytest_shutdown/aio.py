@@ -18,11 +18,7 @@ _LAZY: dict[str, str] = {
     "assert_finalizes_on_gc_async": "pytest_shutdown.helpers.async_shutdown",
 }
 
-__all__ = [
-    "assert_idempotent_shutdown_async",
-    "assert_nonblocking_shutdown_async",
-    "assert_finalizes_on_gc_async",
-]
+__all__ = list(_LAZY)
 
 
 __getattr__, __dir__ = lazy_exports("pytest_shutdown.aio", _LAZY, globals())

@@ -9,7 +9,6 @@ not seen; a forked child never inherits the wrappers.
 
 from __future__ import annotations
 
-import atexit
 import functools
 import sys
 import types
@@ -19,7 +18,7 @@ from dataclasses import field
 from typing import Any
 
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
-from pytest_shutdown._os.forks import forget_in_child, undo_in_forked_child
+from pytest_shutdown.ownership.lazy_wrappers import LazyWrappers
 
 __all__ = ["Registration", "holders_of", "install", "recording", "registrations", "uninstall"]
 
@@ -43,8 +42,6 @@ class Registration:
 
 
 _registrations: list[Registration] = []
-_originals: dict[str, Any] = {}
-_installs = 0
 _seq = 0
 
 
@@ -63,13 +60,9 @@ def since(seq: int) -> list[Registration]:
     return [r for r in _registrations if r.seq > seq]
 
 
-def install() -> None:
-    """Start recording (nested calls are counted)."""
-    global _installs
-    _installs += 1
-    if _originals:
-        return
-    register, unregister = atexit.register, atexit.unregister
+def _wrap(module: Any) -> None:
+    """Wrap ``atexit.register``/``unregister`` (``module`` is ``atexit``) to record."""
+    register, unregister = module.register, module.unregister
 
     def recording_register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         global _seq
@@ -93,14 +86,8 @@ def install() -> None:
         unregister(func)
         _registrations[:] = [r for r in _registrations if not _same(r.func, func)]
 
-    recording_register.__doc__ = register.__doc__
-    recording_unregister.__doc__ = unregister.__doc__
-    _originals.update(
-        register=(register, recording_register), unregister=(unregister, recording_unregister)
-    )
-    atexit.register = recording_register  # type: ignore[assignment]
-    atexit.unregister = recording_unregister  # type: ignore[assignment]
-    undo_in_forked_child("atexit_calls", _uninstall_in_forked_child)
+    _wrappers.patch("register", module, "register", recording_register)
+    _wrappers.patch("unregister", module, "unregister", recording_unregister)
 
 
 def _same(a: object, b: object) -> bool:
@@ -110,25 +97,23 @@ def _same(a: object, b: object) -> bool:
         return a is b
 
 
-def _uninstall_in_forked_child() -> None:
-    global _installs
-    _installs = 1
+def _forget() -> None:
     _registrations.clear()
-    uninstall()
+
+
+_wrappers = LazyWrappers("atexit", _wrap, _forget)
+
+
+def install() -> None:
+    """Start recording (nested calls are counted)."""
+    _wrappers.install()
 
 
 def uninstall() -> None:
     """Put the originals back with the last nested call (only where nobody replaced ours)."""
-    global _installs
-    _installs = max(_installs - 1, 0)
-    if _installs:
-        return
-    for name, (original, wrapper) in list(_originals.items()):
-        if getattr(atexit, name) is wrapper:
-            setattr(atexit, name, original)
-    _originals.clear()
-    _registrations.clear()
-    forget_in_child("atexit_calls")
+    _wrappers.uninstall()
+    if not _wrappers.installs:
+        _registrations.clear()
 
 
 @contextmanager

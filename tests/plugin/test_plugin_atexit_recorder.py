@@ -17,12 +17,13 @@ def _atexits_own_functions(monkeypatch: pytest.MonkeyPatch) -> None:
     """These tests need atexit's own functions in place. An in-process pytester run earlier in
     this worker can still hold a recording (seen under a shuffled order; which run is not yet
     known): set it aside for the test, and put it back after."""
-    if not atexit_calls._originals:
+    wrappers = atexit_calls._wrappers
+    if not wrappers.installs:
         return
-    for name, (original, _wrapper) in atexit_calls._originals.items():
-        monkeypatch.setattr(atexit, name, original)
-    monkeypatch.setattr(atexit_calls, "_originals", {})
-    monkeypatch.setattr(atexit_calls, "_installs", 0)
+    for owner, name, original, _wrapper, _own in wrappers._originals.values():
+        monkeypatch.setattr(owner, name, original)
+    monkeypatch.setattr(wrappers, "_originals", {})
+    monkeypatch.setattr(wrappers, "installs", 0)
     monkeypatch.setattr(atexit_calls, "_registrations", [])
 
 
@@ -58,7 +59,8 @@ def test_a_forked_child_gets_the_original_atexit_register() -> None:
 
 
 def test_the_guard_stops_recording_when_its_session_ends(pytester: pytest.Pytester) -> None:
-    original, installs = atexit.register, atexit_calls._installs  # an outer guard may record
+    # an outer guard may record
+    original, installs = atexit.register, atexit_calls._wrappers.installs
     pytester.makepyfile("import atexit\ndef test_x():\n    assert atexit.register is not ORIG")
     pytester.makeconftest("import atexit\nimport builtins\nbuiltins.ORIG = atexit.register")
     try:
@@ -67,4 +69,4 @@ def test_the_guard_stops_recording_when_its_session_ends(pytester: pytest.Pytest
         vars(builtins).pop("ORIG", None)
     result.assert_outcomes(passed=1)  # recorded during the inner session
     assert atexit.register is original
-    assert atexit_calls._installs == installs
+    assert atexit_calls._wrappers.installs == installs

@@ -6,13 +6,16 @@ lands in the new thread (it killed the budget's watchdog).
 
 from __future__ import annotations
 
-from _thread import allocate_lock, start_new_thread
+from _thread import allocate_lock, get_native_id, start_new_thread
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["START_TIMEOUT_S", "start_own_thread"]
+__all__ = ["NATIVE_IDS", "START_TIMEOUT_S", "start_own_thread"]
 
 START_TIMEOUT_S = 5.0
+#: The kernel tids of the running threads started here: ``threading`` does not list them, and
+#: they are never a test's native threads.
+NATIVE_IDS: set[int] = set()
 
 
 def start_own_thread(target: Callable[..., Any], args: tuple[Any, ...] = ()) -> int:
@@ -21,8 +24,13 @@ def start_own_thread(target: Callable[..., Any], args: tuple[Any, ...] = ()) -> 
     running.acquire()
 
     def bootstrap() -> None:
+        tid = get_native_id()
+        NATIVE_IDS.add(tid)
         running.release()  # the thread's state has its own ident from here on
-        target(*args)
+        try:
+            target(*args)
+        finally:
+            NATIVE_IDS.discard(tid)
 
     ident = start_new_thread(bootstrap, ())
     running.acquire(timeout=START_TIMEOUT_S)

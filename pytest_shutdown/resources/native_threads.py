@@ -22,6 +22,7 @@ from typing import Any
 
 from pytest_shutdown._fast.cheap import self_maps
 from pytest_shutdown._os.forks import this_pid
+from pytest_shutdown._os.own_threads import NATIVE_IDS
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.ownership.origins import python_thread_tid
@@ -174,7 +175,7 @@ class NativeThreadKind(ObjectKind):
         fresh = now - before[1]
         if not fresh:
             return ()
-        known = {t.native_id for t in threading.enumerate()}
+        known = {t.native_id for t in threading.enumerate()} | NATIVE_IDS
         known.add(threading.get_native_id())
         fresh = frozenset(t for t in fresh if t not in known and not python_thread_tid(t))
         if not fresh:

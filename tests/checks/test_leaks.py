@@ -441,6 +441,28 @@ def test_allow_and_threads_false_cover_native_threads(native_threads: list[Nativ
         native_threads.append(NativeThread(b"unchecked"))
 
 
+@linux_only
+def test_the_plugins_own_thread_started_in_a_block_is_none_of_its_leaks(
+    native_threads: list[NativeThread],
+) -> None:
+    """The guard starts its own ``_thread`` threads when it needs them (a signal watcher, a
+    budget's watchdog, a term() probe), maybe during a test: never that test's native thread
+    (CI caught the signal watcher reported as one). A C thread beside it still is."""
+    from pytest_shutdown._os.own_threads import start_own_thread
+
+    stop = threading.Event()
+    try:
+        with no_leaks(grace=0.1):
+            start_own_thread(stop.wait, (30,))
+        with pytest.raises(ShutdownContractError) as caught, no_leaks(grace=0.1):
+            start_own_thread(stop.wait, (30,))
+            native_threads.append(NativeThread(b"beside-ours"))
+    finally:
+        stop.set()
+    (finding,) = caught.value.findings
+    assert [r["name"] for r in finding.details["threads"]] == ["beside-ours"]
+
+
 # --- gc-frozen-leak --------------------------------------------------------------------------
 
 

@@ -193,10 +193,10 @@ def _capture(what: str | None = None, depth: int = 2) -> Origin:
                 break
         elif where == _LIBRARY:
             if not user and len(library) < LIBRARY_FRAMES:
-                name = getattr(code, "co_qualname", code.co_name)
+                name = _qualname(frame)
                 library.append((filename, frame.f_lineno, name, False))
         elif where == _USER:
-            name = getattr(code, "co_qualname", code.co_name)
+            name = _qualname(frame)
             user.append((filename, frame.f_lineno, name, True))
         if imported is None and code.co_name == "<module>":
             imported = _module_being_imported(frame)
@@ -253,6 +253,21 @@ def _importing(
         frame = frame.f_back
         limit -= 1
     return None
+
+
+def _qualname(frame: types.FrameType) -> str:
+    """The frame's function as ``Class.method`` (``co_qualname`` from Python 3.11; before, from
+    the class of its ``self`` or ``cls`` argument)."""
+    code = frame.f_code
+    qualname: str | None = getattr(code, "co_qualname", None)
+    if qualname is not None:
+        return qualname
+    if code.co_argcount and code.co_varnames[0] in ("self", "cls"):
+        first = frame.f_locals.get(code.co_varnames[0])
+        owner = first if isinstance(first, type) else type(first)
+        if first is not None:
+            return f"{owner.__qualname__}.{code.co_name}"
+    return code.co_name
 
 
 def render_origin(origin: Origin) -> str:

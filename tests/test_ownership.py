@@ -358,11 +358,8 @@ def test_creation_sites_put_user_frames_first(recording: None) -> None:
         user = [frame for frame in origin.frames if frame[3]]
         library = [frame for frame in origin.frames if not frame[3]]
         assert user[0][2] == "_workers" and user[1][2].startswith("test_creation_sites")
-        # Python 3.10 code objects have no co_qualname: the bare function name there.
-        qualified = sys.version_info >= (3, 11)
-        assert library[0][2] == (
-            "ThreadPoolExecutor._adjust_thread_count" if qualified else "_adjust_thread_count"
-        )
+        # Python 3.10 code objects have no co_qualname: the class comes from the frame's self.
+        assert library[0][2] == "ThreadPoolExecutor._adjust_thread_count"
         assert origin.frames.index(user[0]) == 0
         assert "pool.submit(abs, -1).result()" in origins.render_origin(origin)
     finally:

@@ -133,5 +133,58 @@ def test_a_process_with_no_environment_at_all_costs_one_wait_and_is_not_found() 
 
 
 def test_kernel_threads_are_never_waited_for() -> None:
-    assert escaped._is_kernel_thread(2)  # kthreadd
-    assert not escaped._is_kernel_thread(os.getpid())
+    assert escaped._outside_the_session(2, frozenset())  # kthreadd
+    assert not escaped._outside_the_session(os.getpid(), frozenset())
+
+
+#: A process outside the session (no marker in its environment) with a child of its own.
+FOREIGN_PARENT = (
+    "import subprocess, sys; "
+    "child = subprocess.Popen(['sleep', '30']); print(child.pid, flush=True); sys.stdin.read(); "
+    "child.kill(); child.wait()"
+)
+
+
+def test_a_child_of_a_process_outside_the_session_costs_one_read_of_its_stat(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A busy host's own processes (issue 48's churn benchmark: 200 new pids a second) are
+    told apart by their parent alone: nothing else of theirs is read, nothing is waited for."""
+    previous = escaped.watch_marker(MARKER, "tok-escaped")
+    before = _last_pid()
+    env = {key: value for key, value in os.environ.items() if key != MARKER}
+    parent = subprocess.Popen(
+        [sys.executable, "-c", FOREIGN_PARENT],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        read: list[int] = []
+        real = escaped._read_environ
+        monkeypatch.setattr(escaped, "_read_environ", lambda pid: read.append(pid) or real(pid))
+        escaped._looked_to = int(before)
+        # The parent is not in the tree given (as a process of another user's would not be).
+        assert child not in escaped.escaped_processes(frozenset(), _last_pid())
+        assert child not in read
+        assert not escaped.may_parent_escaped(parent.pid)
+        # Given as in the tree, its child is looked at (and, unmarked, not found).
+        escaped._looked_to = int(before)
+        assert child not in escaped.escaped_processes(frozenset({parent.pid}), _last_pid())
+        assert child in read
+    finally:
+        if parent.stdin is not None:
+            parent.stdin.close()
+        parent.wait(timeout=10)
+        if parent.stdout is not None:
+            parent.stdout.close()
+        escaped.restore_watch(previous)
+
+
+def test_pid_1_this_process_and_its_ancestors_may_parent_an_escaped_process() -> None:
+    assert escaped.may_parent_escaped(1)
+    assert escaped.may_parent_escaped(os.getpid())
+    assert escaped.may_parent_escaped(os.getppid())
+    assert escaped.may_parent_escaped(12345, frozenset({12345}))

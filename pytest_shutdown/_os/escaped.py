@@ -4,7 +4,9 @@ Every program a guarded session executes inherits ``PYTEST_SHUTDOWN_SESSION=<tok
 re-parented one (a double fork, a shell's background job) is no longer in pytest's tree, so the
 pids the kernel allocated since the last look (``ns_last_pid`` counts upwards) are looked up:
 those that run, lead their thread group, are not in the tree and carry the token escaped. The
-cost follows the pids allocated, never the host's process table.
+cost follows the pids allocated, never the host's process table; a pid whose parent could not
+have adopted a process of the session (:func:`may_parent_escaped`) costs one read of its
+``stat``, so a host busy with processes of its own costs little.
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ import time
 
 from pytest_shutdown._os.proc_stat import stat_fields
 
-__all__ = ["carries_marker", "escaped_processes", "restore_watch", "watch_marker", "watching"]
+__all__ = [
+    "carries_marker",
+    "escaped_processes",
+    "last_allocated_pid",
+    "may_parent_escaped",
+    "restore_watch",
+    "watch_marker",
+    "watching",
+]
 
 #: The entry an escaped process carries (``NAME=token\0``); None: not watched.
 _entry: bytes | None = None
@@ -27,6 +37,8 @@ _unread: set[int] = set()
 EXEC_PATIENCE_S = 0.25
 #: More pids than this since the last look (or wrapped): one pass over ``/proc`` instead.
 _RANGE_LIMIT = 4096
+#: ``(pid, ppid, ancestors)``: this process's ancestors, read again when either pid changes.
+_ancestry: tuple[int, int, frozenset[int]] | None = None
 
 
 def watch_marker(name: str | None, token: str | None = None, since: bytes | None = None) -> object:
@@ -40,6 +52,16 @@ def watch_marker(name: str | None, token: str | None = None, since: bytes | None
     _looked_to = int(since) if since is not None and since.strip().isdigit() else None
     _found, _unread, _last_tree = set(), set(), frozenset()
     return previous
+
+
+def last_allocated_pid() -> bytes | None:
+    """``ns_last_pid``: read before a new token goes into the environment, it is where the
+    first look can start (:func:`watch_marker`'s ``since``); None where it cannot be read."""
+    try:
+        with open("/proc/sys/kernel/ns_last_pid", "rb") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 def restore_watch(previous: object) -> None:
@@ -76,6 +98,51 @@ def _marker_of(pid: int, patience_s: float) -> bool | None:
             return None
         time.sleep(delay)
         delay = min(delay * 2, 0.02)
+
+
+def may_parent_escaped(parent: int, tree: frozenset[int] = frozenset()) -> bool:
+    """Whether a process whose parent is ``parent`` may be one of the session's that left its
+    tree. An orphan is adopted by the nearest child subreaper among the ancestors of the process
+    that ended, else by the namespace's init: for a descendant of this process, this process,
+    one of its ancestors or pid 1. A process created by one still in the ``tree`` (a race with
+    the walk) or by an escaped one (its workers) is the session's too. Any other parent is a
+    process outside the session, whose children are not the session's."""
+    return (
+        parent <= 1 or parent in tree or parent in _found or parent in _ancestors_of_this_process()
+    )
+
+
+def _ancestors_of_this_process() -> frozenset[int]:
+    """This process and its ancestors, up to pid 1 (read from ``/proc/PID/stat``)."""
+    global _ancestry
+    me, parent = os.getpid(), os.getppid()
+    if _ancestry is not None and _ancestry[:2] == (me, parent):
+        return _ancestry[2]
+    chain = {me}
+    pid = parent
+    while pid > 1 and pid not in chain and len(chain) < 256:
+        chain.add(pid)
+        try:
+            fields = stat_fields(pid)
+            pid = int(fields[1]) if fields else 0
+        except (OSError, IndexError, ValueError):
+            break
+    _ancestry = (me, parent, frozenset(chain))
+    return _ancestry[2]
+
+
+def _outside_the_session(pid: int, tree: frozenset[int]) -> bool:
+    """``pid`` is gone, has ended, is a kernel thread, or is the child of a process that could
+    not have adopted one of the session's (one read of its ``stat``)."""
+    try:
+        fields = stat_fields(pid)
+        if fields is None or fields[0] in ("Z", "X", "x"):
+            return True
+        if int(fields[6]) & _PF_KTHREAD:
+            return True  # no environment, ever
+        return not may_parent_escaped(int(fields[1]), tree)
+    except (OSError, IndexError, ValueError):
+        return False  # unreadable: looked at as before
 
 
 def _leads_and_runs(pid: int) -> bool:
@@ -116,7 +183,9 @@ def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset
     _last_tree = tree
     again, _unread = _unread, set()
     for pid in candidates:
-        if pid == me or pid in tree or not _leads_and_runs(pid) or _is_kernel_thread(pid):
+        if pid == me or pid in tree or _outside_the_session(pid, tree):
+            continue
+        if not _leads_and_runs(pid):
             continue
         marked = _marker_of(pid, EXEC_PATIENCE_S)
         if marked:
@@ -129,15 +198,6 @@ def escaped_processes(tree: frozenset[int], last_pid: bytes | None) -> frozenset
     if _found:
         _found.difference_update([p for p in _found if p in tree or not _leads_and_runs(p)])
     return frozenset(_found)
-
-
-def _is_kernel_thread(pid: int) -> bool:
-    """A kernel thread (``PF_KTHREAD``): no environment, ever."""
-    try:
-        fields = stat_fields(pid)
-        return fields is not None and bool(int(fields[6]) & _PF_KTHREAD)
-    except (OSError, IndexError, ValueError):
-        return False
 
 
 _PF_KTHREAD = 0x00200000

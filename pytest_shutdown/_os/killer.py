@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pytest_shutdown._os.proc_stat import process_running
+from pytest_shutdown._os.children import walk_descendants
+from pytest_shutdown._os.proc_stat import process_running, stat_fields
 
 __all__ = ["kill_trees", "ordered_end_of", "record_ordered_end", "tree_of"]
 
@@ -35,8 +36,16 @@ def ordered_end_of(pid: int) -> str | None:
 
 
 def tree_of(pid: int) -> list[int]:
-    """``pid`` and its descendants (parents first); empty when ``pid`` is gone."""
-    import psutil  # noqa: PLC0415 - only when something is killed
+    """``pid`` and its descendants (parents first); empty when ``pid`` is gone. Walked down the
+    children lists (:mod:`pytest_shutdown._os.children`); psutil, which reads the whole process
+    table, only where the kernel keeps none."""
+    walked = walk_descendants(pid)
+    if walked is not None:
+        try:
+            return [pid, *walked] if stat_fields(pid) is not None else []
+        except OSError:
+            return [pid, *walked]
+    import psutil  # noqa: PLC0415 - no children lists here
 
     try:
         root = psutil.Process(pid)

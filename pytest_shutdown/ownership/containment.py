@@ -70,9 +70,12 @@ class Containment:
         elif subreaper and sys.platform.startswith("linux"):
             self.subreaper = prctl(PR_SET_CHILD_SUBREAPER, 1)
         self._old_marker = os.environ.get(SESSION_MARKER_ENV)
+        # No process can carry the new token before it is in the environment: the first look
+        # starts at the pid allocated last, not with a pass over /proc.
+        since = escaped.last_allocated_pid()
         os.environ[SESSION_MARKER_ENV] = self.token
         if not self.subreaper and sys.platform.startswith("linux"):
-            self._old_watch = escaped.watch_marker(SESSION_MARKER_ENV, self.token)
+            self._old_watch = escaped.watch_marker(SESSION_MARKER_ENV, self.token, since)
         return self
 
     def release(self) -> None:

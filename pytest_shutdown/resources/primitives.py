@@ -34,6 +34,7 @@ from pytest_shutdown._fast.held_open import read_held
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._fast.moments import reading
 from pytest_shutdown._os import escaped
+from pytest_shutdown._os.children import walk_descendants
 from pytest_shutdown._os.forks import this_pid
 from pytest_shutdown._os.proc_stat import process_running as process_running
 from pytest_shutdown._os.proc_stat import stat_fields
@@ -146,55 +147,12 @@ def _list_own_tasks() -> list[str]:
         return []
 
 
-def _children_of(pid: int, own: bool = False) -> list[int] | None:
-    """The children of ``pid`` (this process's when ``own``) from ``/proc/PID/task/*/children``
-    (each thread lists the children it forked); None where the kernel has no such file."""
-    try:
-        tids = own_tasks() if own else os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return []  # gone
-    found: list[int] = []
-    for tid in tids:
-        try:
-            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
-        except FileNotFoundError:
-            if tid == str(pid) and os.path.isdir(f"/proc/{pid}/task/{tid}"):
-                return None  # the kernel was built without CONFIG_PROC_CHILDREN
-            continue
-        except OSError:
-            continue
-        try:
-            data = os.read(fd, 65536)
-            while len(data) % 65536 == 0 and data:  # a very wide tree: read on
-                more = os.read(fd, 65536)
-                if not more:
-                    break
-                data += more
-        except OSError:
-            data = b""
-        finally:
-            os.close(fd)
-        found.extend(int(p) for p in data.split())
-    return found
-
-
 def _walk_descendants(pid: int) -> frozenset[int] | None:
-    """Every descendant of ``pid``, walking the children lists down from it (the cost follows its
-    descendants, not the host's process table); None where the kernel does not list children."""
-    if not sys.platform.startswith("linux"):
-        return None
-    seen: set[int] = set()
-    stack = [pid]
-    while stack:
-        parent = stack.pop()
-        children = _children_of(parent, own=parent == pid and pid == this_pid())
-        if children is None:
-            return None
-        for child in children:
-            if child not in seen:
-                seen.add(child)
-                stack.append(child)
-    return frozenset(seen)
+    """Every descendant of ``pid`` (:func:`~pytest_shutdown._os.children.walk_descendants`; this
+    process's thread ids are this moment's); None where the kernel does not list children."""
+    own = own_tasks if pid == this_pid() else None
+    walked = walk_descendants(pid, own)
+    return None if walked is None else frozenset(walked)
 
 
 def descendant_pids() -> frozenset[int]:
@@ -244,7 +202,27 @@ def nothing_of_ours_since(
     nor one of ``descendants``, nor this process's parent (what a thread of ours names).
 
     An orphan a descendant left names its new parent: this process where it is a subreaper,
-    else a process no walk down from here would have reached either."""
+    else a process no walk down from here would have reached either.
+
+    The guard asks twice for the same pids (reading its marks, then comparing them): the last
+    answer is kept for the same question (a task found not ours stays not ours)."""
+    global _last_answer
+    question = (this_pid(), then, started, now, descendants)
+    answer = _last_answer
+    if answer is not None and answer[0] == question:
+        return answer[1]
+    verdict = _nothing_of_ours_since(then, started, now, descendants)
+    _last_answer = (question, verdict)
+    return verdict
+
+
+#: ``(question, answer)`` of the last :func:`nothing_of_ours_since`.
+_last_answer: tuple[tuple[Any, ...], bool] | None = None
+
+
+def _nothing_of_ours_since(
+    then: bytes, started: int, now: bytes, descendants: AbstractSet[int] | None
+) -> bool:
     try:
         start, end = int(then), int(now)
     except ValueError:
@@ -265,7 +243,9 @@ def nothing_of_ours_since(
     for pid in others:
         parent = _parent_of(pid)  # None: gone, whatever it was
         if parent is not None and (
-            parent in ours or parent in descendants or escaped.carries_marker(pid)
+            parent in ours
+            or parent in descendants
+            or (escaped.may_parent_escaped(parent) and escaped.carries_marker(pid))
         ):
             return False
     return True

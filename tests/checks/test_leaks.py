@@ -30,6 +30,15 @@ from pytest_shutdown.helpers.leaks import (
 )
 
 
+@pytest.fixture(autouse=True)
+def no_kept_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test asks ``nothing_of_ours_since`` afresh: the answer kept for the same question
+    (its markers) would be another test's, asked with other stand-ins."""
+    import pytest_shutdown.resources.primitives as leaks
+
+    monkeypatch.setattr(leaks, "_last_answer", None)
+
+
 @pytest.fixture
 def release() -> Iterator[threading.Event]:
     """An event that parked threads wait on; set at teardown so nothing outlives the test."""
@@ -805,6 +814,8 @@ def test_only_pids_of_this_process_threads_since_the_scan(
 
     monkeypatch.setattr(origins, "tids_started_since", lambda count: since)
     assert leaks.nothing_of_ours_since(b"100\n", 0, marker) is own
+    monkeypatch.setattr(origins, "tids_started_since", lambda count: None)
+    assert leaks.nothing_of_ours_since(b"100\n", 0, marker) is own  # the same question: kept
 
 
 @pytest.mark.parametrize(

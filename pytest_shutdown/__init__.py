@@ -180,7 +180,7 @@ def __getattr__(name: str) -> Any:
         home, replacement = _DEPRECATED[name]
         # not cached in globals(): every import of a deprecated name warns
         warnings.warn(
-            f"pytest_shutdown.{name} is deprecated and leaves the top level in the next release; "
+            f"pytest_shutdown.{name} is deprecated and leaves the top level in 0.4.0; "
             f"use {replacement}",
             DeprecationWarning,
             stacklevel=2,

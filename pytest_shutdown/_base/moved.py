@@ -61,7 +61,7 @@ class MovedModules:
         new = self.new_name(old)
         assert new is not None, old
         warnings.warn(
-            f"{old} moved to {new}; the old path goes in the next release",
+            f"{old} moved to {new}; the old path goes in 0.4.0",
             DeprecationWarning,
             stacklevel=3,
         )

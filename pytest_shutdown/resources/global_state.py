@@ -85,10 +85,7 @@ def _marked(handler: object) -> object:
 
 
 _SIGNAL_DEFAULTS: tuple[object, ...] = (signal.SIG_DFL, signal.default_int_handler, None)
-
-
-def _hook_defaults() -> tuple[object, ...]:
-    return (sys.__excepthook__, getattr(threading, "__excepthook__", None))
+_HOOK_DEFAULTS: tuple[object, ...] = (sys.__excepthook__, threading.__excepthook__)
 
 
 def _is_process_lifetime(value: object) -> bool:
@@ -239,7 +236,7 @@ class GlobalStateKind(StateKind):
             ("threading.excepthook", lambda v: setattr(threading, "excepthook", v)),
         ):
             old, new = before[hook], after[hook]
-            if old is not new and not _tools_own(old, new, _hook_defaults()):
+            if old is not new and not _tools_own(old, new, _HOOK_DEFAULTS):
                 changes.append(
                     Change(hook, _describe(old), _describe(new), undo=partial(setter, old))
                 )

@@ -61,7 +61,6 @@ def since(seq: int) -> list[Registration]:
 
 
 def _wrap(module: Any) -> None:
-    """Wrap ``atexit.register``/``unregister`` (``module`` is ``atexit``) to record."""
     register, unregister = module.register, module.unregister
 
     def recording_register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -111,7 +111,6 @@ class Containment:
 
 
 def _stat_fields(pid: int) -> list[str] | None:
-    """:func:`stat_fields`, None also where it cannot be read."""
     try:
         return stat_fields(pid)
     except OSError:

@@ -116,7 +116,6 @@ class NativeThreadKind(ObjectKind):
         return frozenset(int(t) for t in own_tasks())
 
     def _no_own_task_since_listing(self, marker: bytes) -> bool:
-        """No task created since the last listing is a native thread of this process."""
         listed_at = self._listed_marker
         if listed_at is None:
             return False

@@ -14,10 +14,10 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import field
 from typing import Any
 
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
+from pytest_shutdown.ownership import origins
 from pytest_shutdown.ownership.lazy_wrappers import LazyWrappers
 
 __all__ = ["Registration", "holders_of", "install", "recording", "registrations", "uninstall"]
@@ -32,7 +32,7 @@ class Registration:
     kwargs: dict[str, Any]
     test: str | None
     origin: Any = None  # pytest_shutdown.ownership.origins.Origin
-    seq: int = field(default=0)
+    seq: int = 0
 
     def describe(self) -> str:
         func = getattr(self.func, "__func__", self.func)
@@ -61,15 +61,12 @@ def since(seq: int) -> list[Registration]:
 
 
 def _wrap(module: Any) -> None:
-    """Wrap ``atexit.register``/``unregister`` (``module`` is ``atexit``) to record."""
     register, unregister = module.register, module.unregister
 
     def recording_register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         global _seq
         result = register(func, *args, **kwargs)
         try:
-            from pytest_shutdown.ownership import origins  # noqa: PLC0415
-
             if origins.is_tool_file(sys._getframe(1).f_code.co_filename):
                 return result  # pytest's own (tmp_path's cleanup) and the tools' are never a test's
             _seq += 1

@@ -10,6 +10,7 @@ of :func:`configure_graphs` (``--shutdown-graphs=DIR``).
 from __future__ import annotations
 
 import collections
+import gc
 import itertools
 import os
 import re
@@ -263,8 +264,6 @@ def _edge_name(parent: object, child: object) -> str:
     for name in ("__defaults__", "__kwdefaults__", "__closure__", "__globals__", "__dict__"):
         if getattr(parent, name, None) is child:
             return f".{name}"
-    if getattr(parent, "__dict__", None) is child:
-        return ".__dict__"
     return "(refers to)"
 
 
@@ -278,8 +277,6 @@ def render_chain(chain: list[Any], owner: dict[int, str] | None = None) -> str:
 
 
 def _render_referrers(target: object, ignore: set[int]) -> str:
-    import gc
-
     referrers = [r for r in gc.get_referrers(target) if id(r) not in ignore]
     names = [_node_name(r, {}) for r in referrers[:10]]
     del referrers

@@ -26,7 +26,7 @@ from pytest_shutdown._os.prctl import (
     prctl,
     prctl_get_int,
 )
-from pytest_shutdown._os.proc_stat import stat_fields
+from pytest_shutdown._os.proc_stat import read_stat, stat_fields
 
 __all__ = [
     "SESSION_MARKER_ENV",
@@ -111,7 +111,6 @@ class Containment:
 
 
 def _stat_fields(pid: int) -> list[str] | None:
-    """:func:`stat_fields`, None also where it cannot be read."""
     try:
         return stat_fields(pid)
     except OSError:
@@ -159,10 +158,11 @@ def reap_adopted(pids: Iterable[int]) -> list[int]:
 
 def started_in_test(pid: int) -> str | None:
     """The test a program was executed in (its inherited ``PYTEST_CURRENT_TEST``)."""
-    env = escaped._read_environ(pid)
-    if env is None:
-        return None
-    for entry in env.split(b"\0"):
+    return _test_named_in(escaped._read_environ(pid))
+
+
+def _test_named_in(environ: bytes | None) -> str | None:
+    for entry in (environ or b"").split(b"\0"):
         if entry.startswith(b"PYTEST_CURRENT_TEST="):
             return entry.partition(b"=")[2].decode(errors="replace")
     return None
@@ -193,13 +193,6 @@ def first_ancestor(pid: int, test: str | None = None) -> tuple[int, str] | None:
 
 
 def _started_at(pid: int) -> float | None:
-    fields = _stat_fields(pid)
-    if fields is None:
-        return None
-    try:
-        ticks = int(fields[19])
-        with open("/proc/uptime", encoding="ascii") as f:
-            uptime = float(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return time.time() - uptime + ticks / os.sysconf("SC_CLK_TCK")
+    process = read_stat(pid)
+    age = process.age_s() if process is not None else None
+    return None if age is None else time.time() - age

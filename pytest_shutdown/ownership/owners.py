@@ -539,26 +539,20 @@ def reached_by_recent_owners(pick: Callable[[object], bool]) -> list[object]:
 def _remember(kind: str, chain: list[object], owner_name: str) -> None:
     holder: Any = chain[0]
     below = {id(obj) for obj in chain[1:3]}
-    entry: tuple[str, Any, str] | None = None
+    where: Any
     try:
         if kind == "module-global" and isinstance(holder, dict):
-            module_name = owner_name
-            items = list(holder.items())
+            what, where, items = "module", owner_name, list(holder.items())
         elif kind == "class-attribute" and isinstance(holder, type):
-            module_name = ""
-            items = list(vars(holder).items())
+            what, where, items = "class", weakref.ref(holder), list(vars(holder).items())
         else:
             return
         name = next((k for k, v in items if id(v) in below and isinstance(k, str)), None)
-        if name is None:
-            return
-        entry = (
-            ("module", module_name, name)
-            if kind == "module-global"
-            else ("class", weakref.ref(holder), name)
-        )
     except Exception:  # noqa: BLE001 - a hostile class: nothing remembered
         return
+    if name is None:
+        return
+    entry = (what, where, name)
     _recent[entry] = None
     _recent.move_to_end(entry)
     while len(_recent) > RECENT_OWNERS:
@@ -887,12 +881,11 @@ def _forward_owners(
     roots: list[tuple[object, str, str, Any]] = [
         (value, "fixture", name, key) for key, name, value in fixture_roots.values()
     ]
-    by_id = {id(m.__dict__): m for m in list(sys.modules.values()) if hasattr(m, "__dict__")}
-    module_roots = []
-    for namespace_id, module_name in modules.items():
-        module = by_id.get(namespace_id)
-        if module is not None:
-            module_roots.append((module.__dict__, "module-global", module_name, None))
+    namespaces = [m.__dict__ for m in list(sys.modules.values()) if hasattr(m, "__dict__")]
+    loaded = {id(namespace): namespace for namespace in namespaces}
+    module_roots = [
+        (loaded[i], "module-global", name, None) for i, name in modules.items() if i in loaded
+    ]
     # The suite's own modules first, the standard library last: where owners usually are.
     module_roots.sort(key=lambda root: _module_rank(root[0]))
     roots.extend(module_roots)

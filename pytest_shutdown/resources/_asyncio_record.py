@@ -51,16 +51,14 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-from pytest_shutdown._os.forks import forget_in_child, undo_in_forked_child
 from pytest_shutdown.ownership import origins
+from pytest_shutdown.ownership.lazy_wrappers import LazyWrappers
 
 __all__ = [
     "Entry",
     "entries_since",
     "events_since",
     "install",
-    "installed",
-    "loop_entry",
     "main_thread_ident",
     "seq",
     "uninstall",
@@ -129,7 +127,6 @@ class Entry:
 
 
 _seq = 0
-_installs = 0
 #: seq -> entry of each live loop, task and async generator, in creation order.
 _live: dict[int, Entry] = {}
 #: The events, in the order they happened.
@@ -147,8 +144,6 @@ DYING_LIMIT = 256
 #: seq of a task -> how it ended without its own code ending it (a runner's cancellation, a
 #: collection while pending)
 ended_by: dict[int, str] = {}
-_originals: dict[str, tuple[Any, str, Any, Any]] = {}
-_pending_import: list[Any] = []
 #: The thread that started recording (pytest's): the thread tests run in.
 _main_ident = threading.main_thread().ident or 0
 _ASYNCIO_DIR = ""
@@ -157,10 +152,6 @@ _ASYNCIO_DIR = ""
 def seq() -> int:
     """The number of loops, tasks, async generators and events recorded so far: one read."""
     return _seq
-
-
-def installed() -> bool:
-    return bool(_installs)
 
 
 def main_thread_ident() -> int:
@@ -260,13 +251,6 @@ def events_since(start: int) -> list[Entry]:
     return found
 
 
-def loop_entry(loop: Any) -> Entry | None:
-    try:
-        return _loops.get(loop)
-    except TypeError:  # pragma: no cover
-        return None
-
-
 def coroutine_name(coro: Any) -> str:
     code = getattr(coro, "cr_code", None) or getattr(coro, "ag_code", None)
     name = getattr(coro, "__qualname__", None) or getattr(code, "co_qualname", None)
@@ -292,7 +276,8 @@ def _closed_by_del() -> bool:
 
 def _wrap_asyncio(asyncio: Any) -> None:
     global _ASYNCIO_DIR
-    if not _installs or "loop_init" in _originals:
+    ready = hasattr(asyncio, "runners")  # False: still being imported, in another thread
+    if not _wrappers.installs or _wrappers.wrapped("loop_init") or not ready:
         return
     import os  # noqa: PLC0415 - loaded
 
@@ -363,17 +348,18 @@ def _wrap_asyncio(asyncio: Any) -> None:
             pass
         return handler(self, context)  # type: ignore[no-any-return]
 
-    _patch("loop_init", base, "__init__", loop_init)
-    _patch("handler", base, "call_exception_handler", call_exception_handler)
-    _patch("loop_close", base, "close", loop_close)
-    _patch("loop_create_task", base, "create_task", loop_create_task)
-    _patch("agen_firstiter", base, "_asyncgen_firstiter_hook", agen_firstiter)
-    _patch("agen_finalizer", base, "_asyncgen_finalizer_hook", agen_finalizer)
+    _wrappers.patch("loop_init", base, "__init__", loop_init)
+    _wrappers.patch("handler", base, "call_exception_handler", call_exception_handler)
+    _wrappers.patch("loop_close", base, "close", loop_close)
+    _wrappers.patch("loop_create_task", base, "create_task", loop_create_task)
+    _wrappers.patch("agen_firstiter", base, "_asyncgen_firstiter_hook", agen_firstiter)
+    _wrappers.patch("agen_finalizer", base, "_asyncgen_finalizer_hook", agen_finalizer)
     # asyncio's runner, and the backport pytest-asyncio runs its loops with on Python 3.10
     for key, module in (("cancel_all", "asyncio.runners"), ("cancel_all_3_10", _BACKPORT)):
-        cancel_all = getattr(sys.modules.get(module), "_cancel_all_tasks", None)
+        runners = sys.modules.get(module)
+        cancel_all = getattr(runners, "_cancel_all_tasks", None)
         if cancel_all is not None:
-            _patch(key, sys.modules[module], "_cancel_all_tasks", _cancelling(asyncio, cancel_all))
+            _wrappers.patch(key, runners, "_cancel_all_tasks", _cancelling(asyncio, cancel_all))
 
 
 #: ``asyncio.Runner`` backported to Python 3.10 (pytest-asyncio's loops there).
@@ -471,15 +457,6 @@ def _entry_of_task(task: Any) -> Entry | None:
         return None
 
 
-def _patch(key: str, owner: Any, attr: str, wrapper: Any) -> None:
-    original = owner.__dict__[attr]
-    wrapper.__doc__ = getattr(original, "__doc__", None)
-    wrapper.__name__ = getattr(original, "__name__", attr)
-    wrapper.__qualname__ = getattr(original, "__qualname__", attr)
-    _originals[key] = (owner, attr, original, wrapper)
-    setattr(owner, attr, wrapper)
-
-
 def _wrap_warnings() -> None:
     """Record CPython's "coroutine ... was never awaited" as it is warned.
 
@@ -493,7 +470,7 @@ def _wrap_warnings() -> None:
 
     original: Any = getattr(warnings, "_warn_unawaited_coroutine", None)
     code = getattr(original, "__code__", None)
-    if code is None or "warn" not in code.co_names or "unawaited" in _originals:
+    if code is None or "warn" not in code.co_names or _wrappers.wrapped("unawaited"):
         return  # (not the stdlib's Python function: not recorded, never wrapped)
     copy = types.FunctionType(
         original.__code__,
@@ -504,7 +481,7 @@ def _wrap_warnings() -> None:
     )
     copy.__kwdefaults__ = original.__kwdefaults__
     copy.__module__ = original.__module__
-    _patch("unawaited", warnings, "_warn_unawaited_coroutine", copy)
+    _wrappers.patch("unawaited", warnings, "_warn_unawaited_coroutine", copy)
 
 
 def _warn_recording(
@@ -536,43 +513,21 @@ def _record_never_awaited(coro: Any) -> None:
     )
 
 
-def install() -> None:
-    """Start recording (nested calls are counted)."""
-    global _installs
-    _installs += 1
-    if _installs > 1:
-        return
-    _wrap_warnings()
-    asyncio = sys.modules.get("asyncio")
-    if asyncio is not None and hasattr(asyncio, "runners"):
-        _wrap_asyncio(asyncio)
-    else:
-        waiting = origins._AfterImport("asyncio", _wrap_asyncio)
-        _pending_import.append(waiting)
-        sys.meta_path.insert(0, waiting)
-    undo_in_forked_child("asyncio_record", _uninstall_in_forked_child)
-
-
-def _uninstall_in_forked_child() -> None:
-    global _installs
-    _installs = 1
+def _drop_records() -> None:
     _live.clear()
     _events.clear()
-    uninstall()
+
+
+_wrappers = LazyWrappers("asyncio", _wrap_asyncio, _drop_records)
+
+
+def install() -> None:
+    """Start recording (nested calls are counted)."""
+    _wrappers.install()
+    if _wrappers.installs == 1:
+        _wrap_warnings()
 
 
 def uninstall() -> None:
     """Put the originals back with the last nested call (only where nobody replaced ours)."""
-    global _installs
-    _installs = max(_installs - 1, 0)
-    if _installs:
-        return
-    for waiting in _pending_import:
-        if waiting in sys.meta_path:
-            sys.meta_path.remove(waiting)
-    _pending_import.clear()
-    for owner, attr, original, wrapper in _originals.values():
-        if owner.__dict__.get(attr) is wrapper:
-            setattr(owner, attr, original)
-    _originals.clear()
-    forget_in_child("asyncio_record")
+    _wrappers.uninstall()

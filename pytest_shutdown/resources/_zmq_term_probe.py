@@ -21,6 +21,7 @@ here), and then:
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from _thread import allocate_lock
 from typing import Any
@@ -70,16 +71,10 @@ class _Probe:
         self.test = origins.current_test()
         site = record.call_site()
         self.called_at = f"{site[0][0]}:{site[0][1]} in {site[0][2]}" if site else None
-        self.thread = _thread_name()
+        self.thread = threading.current_thread().name
         #: Shared with the event: whether and when ``term()`` returned.
         self.status: dict[str, Any] = {"returned": False}
         self.deadline_s = deadline_s
-
-
-def _thread_name() -> str:
-    import threading  # noqa: PLC0415 - loaded
-
-    return threading.current_thread().name
 
 
 def _watch_term(context: Any, suspects: list[record.SocketEntry], term: Any) -> Any:

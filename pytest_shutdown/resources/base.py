@@ -192,8 +192,9 @@ class SessionEndContext:
 
 class KindDefaults:
     """The optional parts of :class:`ResourceKind`, each declared once with its default (what
-    a kind that does not define it answers). :class:`ObjectKind` and :class:`StateKind` derive
-    from it; the guard calls these directly."""
+    a kind that does not define it answers), and the defaults :class:`ObjectKind` and
+    :class:`StateKind` share (the fingerprint is the snapshot; no targets); the guard calls
+    these directly."""
 
     #: The one shared reading that stands for the kind's fingerprint, which the guard takes for
     #: all kinds in one pass (:data:`pytest_shutdown._fast.marks.MARKS`); None: asked itself.
@@ -214,6 +215,15 @@ class KindDefaults:
     #: Set by the guard on a kind that :attr:`finds_late`: keep the current test, to tell late
     #: items apart.
     track_late: bool = False
+
+    def fingerprint(self) -> Any:
+        return self.snapshot()  # compared as it is: by identity, then equality
+
+    def snapshot(self) -> Any:
+        raise NotImplementedError
+
+    def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
+        return {}
 
     def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:
         raise NotImplementedError
@@ -295,12 +305,6 @@ class ObjectKind(KindDefaults):
 
     stateful = False
 
-    def fingerprint(self) -> Any:
-        return self.snapshot()
-
-    def snapshot(self) -> Any:
-        raise NotImplementedError
-
     def absorb(self, before: Any, start: Any, end: Any) -> Any:
         """Items a wider-scope fixture started between ``start`` and ``end`` are no test's."""
         new = set(self.new_since(start)) if start is not None else set()
@@ -312,9 +316,6 @@ class ObjectKind(KindDefaults):
     def diff(self, before: Any, after: Any) -> Sequence[Any]:
         return ()
 
-    def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
-        return {}
-
     def restore(self, items: Sequence[Any]) -> None:
         return None
 
@@ -324,12 +325,6 @@ class StateKind(KindDefaults):
     Subclasses define ``snapshot()``, ``diff(before, after)`` and ``absorb``."""
 
     stateful = True
-
-    def fingerprint(self) -> Any:
-        return self.snapshot()  # state is compared as it is: by identity, then equality
-
-    def snapshot(self) -> Any:
-        raise NotImplementedError
 
     def diff(self, before: Any, after: Any) -> Sequence[Any]:
         raise NotImplementedError
@@ -341,9 +336,6 @@ class StateKind(KindDefaults):
         if allow is True:
             return ()
         return self.diff(before, self.snapshot())
-
-    def targets(self, items: Sequence[Any]) -> Mapping[Any, object]:
-        return {}
 
     def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:
         return items  # state does not go away by waiting

@@ -598,12 +598,8 @@ def same_file_fds(fds: Iterable[int]) -> dict[int, list[int]]:
             wanted[fd] = (info.st_dev, info.st_ino)
     if not wanted:
         return {}
-    try:
-        listed = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        return {}
     targets = set(wanted.values())
-    for fd in listed:
+    for fd in sorted(open_fds()):
         try:
             info = os.fstat(fd)
         except OSError:

@@ -85,10 +85,7 @@ def _marked(handler: object) -> object:
 
 
 _SIGNAL_DEFAULTS: tuple[object, ...] = (signal.SIG_DFL, signal.default_int_handler, None)
-
-
-def _hook_defaults() -> tuple[object, ...]:
-    return (sys.__excepthook__, getattr(threading, "__excepthook__", None))
+_HOOK_DEFAULTS: tuple[object, ...] = (sys.__excepthook__, threading.__excepthook__)
 
 
 def _is_process_lifetime(value: object) -> bool:
@@ -239,18 +236,23 @@ class GlobalStateKind(StateKind):
             ("threading.excepthook", lambda v: setattr(threading, "excepthook", v)),
         ):
             old, new = before[hook], after[hook]
-            if old is not new and not _tools_own(old, new, _hook_defaults()):
+            if old is not new and not _tools_own(old, new, _HOOK_DEFAULTS):
                 changes.append(
                     Change(hook, _describe(old), _describe(new), undo=partial(setter, old))
                 )
-        if not _environment_equal(before["environ"], after["environ"]):
-            imported: dict[str, str] = {}
+        old_environ, new_environ = before["environ"], after["environ"]
+        if not _environment_equal(old_environ, new_environ):
+            names = _changed_names(old_environ, new_environ)
             mark = before.get("modules")
-            if isinstance(mark, _ModulesMark):
-                names = _changed_names(before["environ"], after["environ"])
-                imported = _set_by_imports(names, mark) if names else {}
-                self.set_by_imports.update(imported)
-            changes.extend(_environment_changes(before["environ"], after["environ"], imported))
+            imported = (
+                _set_by_imports(names, mark) if names and isinstance(mark, _ModulesMark) else {}
+            )
+            self.set_by_imports.update(imported)
+            changes.extend(
+                _environment_change(old_environ, new_environ, key)
+                for key in names
+                if key not in imported
+            )
         return changes
 
     def absorb(self, before: dict[str, Any], start: dict[str, Any], end: dict[str, Any]) -> Any:
@@ -371,19 +373,10 @@ def _changed_names(before: Mapping[str, str], after: Mapping[str, str]) -> list[
     ]
 
 
-def _environment_changes(
-    before: Mapping[str, str], after: Mapping[str, str], skip: Mapping[str, str] | None = None
-) -> list[Change]:
-    changes = []
-    for key in sorted(set(before) | set(after)):
-        if key.startswith(_TOOL_ENV_PREFIXES) or (skip is not None and key in skip):
-            continue
-        old, new = before.get(key, _MISSING), after.get(key, _MISSING)
-        if old == new:
-            continue
-        was, now = ("unset" if value is _MISSING else repr(value) for value in (old, new))
-        changes.append(Change(f"os.environ[{key!r}]", was, now, undo=_environ_undo(key, old)))
-    return changes
+def _environment_change(before: Mapping[str, str], after: Mapping[str, str], key: str) -> Change:
+    old, new = before.get(key, _MISSING), after.get(key, _MISSING)
+    was, now = ("unset" if value is _MISSING else repr(value) for value in (old, new))
+    return Change(f"os.environ[{key!r}]", was, now, undo=_environ_undo(key, old))
 
 
 def _environ_undo(key: str, old: object) -> Callable[[], None]:

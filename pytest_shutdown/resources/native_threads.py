@@ -93,12 +93,6 @@ def _openmp_loaded() -> bool:
     return loaded
 
 
-def _no_own_task_since(then: bytes, started: int, now: bytes) -> bool:
-    """No task created since ``then`` is this process's but a thread it started (a descendant's
-    task is no native thread of this process)."""
-    return nothing_of_ours_since(then, started, now, frozenset())
-
-
 class NativeThreadKind(ObjectKind):
     """Tasks of this process (tids) that ``threading`` does not know."""
 
@@ -122,12 +116,14 @@ class NativeThreadKind(ObjectKind):
         return frozenset(int(t) for t in own_tasks())
 
     def _no_own_task_since_listing(self, marker: bytes) -> bool:
-        """No task created since the last listing is a native thread of this process."""
         listed_at = self._listed_marker
         if listed_at is None:
             return False
         started = self._started_at.get(listed_at)
-        return started is not None and _no_own_task_since(listed_at, started, marker)
+        # No descendants given: a descendant's task is no native thread of this process.
+        return started is not None and nothing_of_ours_since(
+            listed_at, started, marker, frozenset()
+        )
 
     def fingerprint(self) -> bytes | frozenset[int] | None:
         if not self.enabled:
@@ -168,7 +164,7 @@ class NativeThreadKind(ObjectKind):
             return ()  # no task created anywhere since: the common case, no listing
         started = self._started_at.get(before[0]) if before[0] is not None else None
         if marker is not None and started is not None and this_pid() == self._pid:
-            if _no_own_task_since(before[0], started, marker):
+            if nothing_of_ours_since(before[0], started, marker, frozenset()):
                 return ()  # each task created since is a thread it started, or another's
         now = self._tids()
         self._listed, self._listed_marker, self._pid = now, marker, this_pid()

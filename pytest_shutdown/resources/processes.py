@@ -12,9 +12,11 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pytest_shutdown._os import escaped
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.ownership.containment import (
     _subreaper_now,
+    _test_named_in,
     first_ancestor,
     reap_adopted,
     started_in_test,
@@ -246,19 +248,13 @@ def _stop_pools_of(pids: Sequence[int], why: str) -> set[int]:
 def _test_of(pid: int, tries: int = 5) -> str | None:
     """:func:`started_in_test`, read again a few times while the environment reads empty: a
     process caught in the middle of an ``exec`` shows none for a moment."""
-    for attempt in range(tries):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            return None
-        if env or attempt == tries - 1:
+    env = escaped._read_environ(pid)
+    for _ in range(tries - 1):
+        if env != b"":
             break
         time.sleep(0.001)
-    for entry in env.split(b"\0"):
-        if entry.startswith(b"PYTEST_CURRENT_TEST="):
-            return entry.partition(b"=")[2].decode(errors="replace")
-    return None
+        env = escaped._read_environ(pid)
+    return _test_named_in(env)
 
 
 @functools.lru_cache(maxsize=1)

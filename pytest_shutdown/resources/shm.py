@@ -28,6 +28,7 @@ from typing import Any
 from pytest_shutdown._fast import cheap as _cheap
 from pytest_shutdown._fast.cheap import process_name
 from pytest_shutdown._fast.lazy_dataclass import FrozenRecord, lazy_dataclass
+from pytest_shutdown._os import escaped
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources.base import Extra, ObjectKind, left_findings
@@ -199,13 +200,6 @@ def holders_of(names: Iterable[str], pids: Iterable[int]) -> dict[str, list[int]
     return found
 
 
-def _all_pids() -> list[int]:
-    try:
-        return [int(n) for n in os.listdir("/proc") if n.isdigit()]
-    except OSError:
-        return []
-
-
 _NAME_PARTS = re.compile(r"[_.\-]")
 
 
@@ -270,7 +264,7 @@ def left_by_descendants(
             candidates.append(item)
     if not candidates:
         return []
-    outside = [pid for pid in _all_pids() if pid not in ours]
+    outside = [int(n) for n in escaped._listing() if n.isdigit() and int(n) not in ours]
     held = holders_of([item.name for item in candidates], outside)
     return [item for item in candidates if not held[item.name]]
 

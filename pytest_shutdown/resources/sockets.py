@@ -120,15 +120,13 @@ def _unix(path: str, wanted: set[int] | None) -> Iterable[SocketInfo]:
         yield SocketInfo(inode, "unix", name, "", bool(flags & _UNIX_ACCEPTCON), None)
 
 
-def read_socket_table(
-    inodes: Iterable[int] | None = None, pid: int | str = "self"
-) -> Mapping[int, SocketInfo]:
-    """inode → SocketInfo for the sockets of ``pid``'s network namespace (only ``inodes``
+def read_socket_table(inodes: Iterable[int] | None = None) -> Mapping[int, SocketInfo]:
+    """inode → SocketInfo for the sockets of this process's network namespace (only ``inodes``
     when given). Sockets the tables do not show (netlink, packet...) are left out."""
     wanted = None if inodes is None else set(inodes)
     if wanted is not None and not wanted:
         return {}
-    base = f"/proc/{pid}/net"
+    base = "/proc/self/net"
     found: dict[int, SocketInfo] = {}
     for protocol in ("tcp", "tcp6", "udp", "udp6"):
         for info in _inet(os.path.join(base, protocol), protocol, wanted):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -101,8 +102,6 @@ class ThreadKind(ObjectKind):
         return [thread for thread in items if _alive_or_starting(thread)]
 
     def settle(self, items: Sequence[threading.Thread], deadline: float) -> Sequence[Any]:
-        import time  # noqa: PLC0415
-
         return await_exit(Started(tuple(items)), deadline - time.monotonic()).threads
 
     def findings(

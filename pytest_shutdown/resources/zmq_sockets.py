@@ -107,11 +107,9 @@ def _finding(event: record.Event, subject: str, extra: dict[str, Any]) -> Findin
     count = len(detail["sockets"])
     where = f" at {detail['called_at']}" if detail.get("called_at") else ""
     if detail["released"]:
-        after = (
-            "fail mode closed the test's own open sockets with linger 0, and term() returned"
-            if status.get("returned")
-            else "fail mode closed the test's own open sockets with linger 0"
-        )
+        after = "fail mode closed the test's own open sockets with linger 0"
+        if status.get("returned"):
+            after += ", and term() returned"
     elif status.get("returned"):
         after = f"it returned after {status['returned_after_s']:g} s"
     else:

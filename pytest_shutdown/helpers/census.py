@@ -129,14 +129,9 @@ def os_thread_ids() -> list[int]:
 
 def describe_os_threads(tids: Iterable[int]) -> dict[str, str]:
     """``{tid: name}`` of OS threads (``/proc/self/task/<tid>/comm``)."""
-    names: dict[str, str] = {}
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as handle:
-                names[str(tid)] = handle.read().strip()
-        except OSError:
-            names[str(tid)] = "(ended)"
-    return names
+    from pytest_shutdown.resources.native_threads import _comm  # noqa: PLC0415 - failure path
+
+    return {str(tid): str(_comm(tid, "(ended)")) for tid in tids}
 
 
 def describe_threads(threads: Iterable[threading.Thread]) -> dict[str, str]:

@@ -130,7 +130,7 @@ async def _watched_close(
     try:
         result = getattr(obj, method)()
         if isinstance(result, Awaitable):
-            await asyncio.wait_for(_await(result), grace)
+            await asyncio.wait_for(result, grace)
     except (asyncio.TimeoutError, TimeoutError):
         text = f"{subject}: {method}() had not completed {grace:g}s after it was awaited"
         findings.append(Finding("blocking-close", f"{text}; it was cancelled.", {"grace_s": grace}))
@@ -190,10 +190,6 @@ def nonblocking_in_fresh_loop(
     findings.append(Finding("blocking-close", f"{text}; its event loop is still blocked.", facts))
     raise_if_any(findings)
     raise AssertionError("unreachable")  # pragma: no cover - raise_if_any raised
-
-
-async def _await(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
 
 
 def _blocked(subject: str, method: str, budget: float, stall: dict[str, Any]) -> Finding:

@@ -139,10 +139,6 @@ def awaiting(obj: object, method: str, helper: str) -> Awaiting:
     return Awaiting(getattr(obj, method), method)
 
 
-async def _await(awaitable: Awaitable[T]) -> T:
-    return await awaitable
-
-
 def await_here(awaitable: Awaitable[T], name: str, deadline: float = CALL_DEADLINE_S) -> T:
     """Await ``awaitable`` from sync code: on the dispatch loop, else on a new loop."""
     import asyncio  # noqa: PLC0415 - an awaitable exists, so asyncio is loaded already
@@ -157,7 +153,7 @@ def await_here(awaitable: Awaitable[T], name: str, deadline: float = CALL_DEADLI
                 f"{name}() returned an awaitable in a thread whose event loop is running; "
                 "use the *_async helper (pytest_shutdown.helpers.async_shutdown)"
             )
-        return asyncio.run(asyncio.wait_for(_await(awaitable), deadline))
+        return asyncio.run(asyncio.wait_for(awaitable, deadline))
     future = asyncio.run_coroutine_threadsafe(_charged(awaitable, sys.getprofile()), loop)
     try:
         return future.result(timeout=deadline)

@@ -282,20 +282,13 @@ def _sample(frame: types.FrameType) -> dict[str, Any] | None:
     """The blocking site of the loop thread's stack, or None when the loop is idle (selecting)."""
     if frame.f_code.co_name == "select" and frame.f_code.co_filename.endswith("selectors.py"):
         return None
-    site = frame
-    current: types.FrameType | None = frame
-    while current is not None:
-        if not is_library(current.f_code.co_filename):
-            site = current
-            break
-        current = current.f_back
+    mine = (f for f, _line in traceback.walk_stack(frame) if not is_library(f.f_code.co_filename))
+    site = next(mine, frame)
     sample = {
         "site": f"{site.f_code.co_filename}:{site.f_lineno}",
-        "function": site.f_code.co_qualname
-        if hasattr(site.f_code, "co_qualname")
-        else site.f_code.co_name,
+        "function": getattr(site.f_code, "co_qualname", site.f_code.co_name),
         "frame": f"{frame.f_code.co_filename}:{frame.f_lineno}",
         "stack": "".join(traceback.format_stack(frame, limit=STACK_LIMIT)),
     }
-    del site, current
+    del site, mine
     return sample

@@ -208,7 +208,6 @@ def _build_drop_and_diagnose(
 
 
 def _shutdown_raised(subject: str, method: str, exc: BaseException) -> Finding:
-    """The explicit shutdown of the twin raised: ``shutdown-raised``, as the other helpers say."""
     return Finding(
         "shutdown-raised",
         f"{subject}: explicit {method}() (of the twin built to learn its cleanups) raised "

@@ -156,7 +156,6 @@ def judge(
 def _noisy(
     reading: Mapping[str, int], previous: Mapping[str, int], allowances: Mapping[str, int]
 ) -> bool:
-    """Whether any metric of ``reading`` grew by more than its allowance since ``previous``."""
     return any(v - previous.get(k, 0) > allowances.get(k, 1) for k, v in reading.items())
 
 

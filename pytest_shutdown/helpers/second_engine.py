@@ -210,7 +210,6 @@ def _findings(
     memory_before: int | None,
     tolerance: int,
 ) -> list[Finding]:
-    """The findings for what was left of engine A at the deadline."""
     findings: list[Finding] = []
     if left.get("alive") or left.get("surviving"):
         findings.append(_not_collected(subject, engine_ref, left.get("surviving", {})))

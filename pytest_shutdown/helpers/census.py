@@ -156,27 +156,24 @@ def pick_device_reader(spec: object) -> tuple[MemoryReader | None, str]:
     """
     if spec is None:
         return None, "not measured (device_memory=None)"
-    if isinstance(spec, str):
-        if spec != AUTO:
-            raise ValueError(
-                f"device_memory: expected 'auto', None or a reader with used_bytes(), got {spec!r}"
-            )
-        if "torch" not in sys.modules:
-            return None, "not measured: torch is not imported"
-        from pytest_shutdown.devices import detect_platform, memory_reader  # noqa: PLC0415
-
-        platform = detect_platform()
-        if platform == "cpu":
-            return None, "not measured: no device (the CPU platform)"
-        try:
-            return memory_reader(platform), ""
-        except Exception as exc:  # noqa: BLE001 - no reader works: say so, measure the rest
-            return None, f"not measured: {exc}"
-    if not callable(getattr(spec, "used_bytes", None)):
+    auto = isinstance(spec, str) and spec == AUTO
+    if not auto and (isinstance(spec, str) or not callable(getattr(spec, "used_bytes", None))):
         raise ValueError(
             f"device_memory: expected 'auto', None or a reader with used_bytes(), got {spec!r}"
         )
-    return spec, ""  # type: ignore[return-value]
+    if not auto:
+        return spec, ""  # type: ignore[return-value]
+    if "torch" not in sys.modules:
+        return None, "not measured: torch is not imported"
+    from pytest_shutdown.devices import detect_platform, memory_reader  # noqa: PLC0415
+
+    platform = detect_platform()
+    if platform == "cpu":
+        return None, "not measured: no device (the CPU platform)"
+    try:
+        return memory_reader(platform), ""
+    except Exception as exc:  # noqa: BLE001 - no reader works: say so, measure the rest
+        return None, f"not measured: {exc}"
 
 
 class Census:

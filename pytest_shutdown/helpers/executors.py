@@ -339,8 +339,7 @@ def _blocking(
 
 
 def _hung(subject: str, method: str, grace: float, runner: _Runner) -> Finding:
-    stack, frames = runner.stack()
-    del frames
+    stack = runner.stack()[0]
     return Finding(
         "blocking-close",
         f"{subject}: {method}() had not returned {grace:g}s after its executors' tasks were "

@@ -63,11 +63,11 @@ def check_finalizers(obj: object) -> list[Finding]:
             facts = {"finalizer": index, "func": name, "path": "func.__self__"}
             findings.append(Finding("finalizer-bound-method", f"{text}the object {forever}", facts))
             continue
-        path = find_path(func, obj, "func")
-        if path is None:
-            path = find_path(tuple(args), obj, "args")
-        if path is None:
-            path = find_path(dict(kwargs), obj, "kwargs")
+        path = (
+            find_path(func, obj, "func")
+            or find_path(tuple(args), obj, "args")
+            or find_path(dict(kwargs), obj, "kwargs")
+        )
         if path is not None:
             text = f"{subject}: finalizer {index} ({name}) reaches the object through {path}"
             facts = {"finalizer": index, "func": name, "path": path}

@@ -379,30 +379,27 @@ def _judge_all(
     units: Mapping[str, int],
     stated: Mapping[str, float],
 ) -> list[Verdict]:
-    verdicts: list[Verdict] = []
-    for metric in SCALARS:
-        if metric not in scalars[0]:
-            continue
-        verdict = judge(
+    found = [
+        judge(
             metric,
             [r[metric] for r in warm_scalars],
             [r[metric] for r in scalars],
             unit=units.get(metric, 1),
             stated=_threshold_for(metric, metric, stated),
         )
-        if verdict is not None:
-            verdicts.append(verdict)
-    names = {name for reading in objects for name in reading}
-    for name in sorted(names):
-        verdict = judge(
+        for metric in SCALARS
+        if metric in scalars[0]
+    ]
+    found += [
+        judge(
             f"{OBJECTS}:{name}",
             [r.get(name, 0) for r in warm_objects],
             [r.get(name, 0) for r in objects],
             stated=_threshold_for(OBJECTS, name, stated),
         )
-        if verdict is not None:
-            verdicts.append(verdict)
-    return verdicts
+        for name in sorted({name for reading in objects for name in reading})
+    ]
+    return [verdict for verdict in found if verdict is not None]
 
 
 # --- findings ---------------------------------------------------------------------------------

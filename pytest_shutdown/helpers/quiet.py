@@ -269,21 +269,17 @@ def _patterns(allow: Iterable[str | re.Pattern[str]] | str | re.Pattern[str]) ->
         allow = [allow]
     compiled = []
     for pattern in allow:
-        if isinstance(pattern, re.Pattern):
-            compiled.append(pattern)
-        elif isinstance(pattern, str):
-            try:
-                compiled.append(re.compile(pattern))
-            except re.error as exc:
-                raise ValueError(
-                    f"no_logged_errors: allow= pattern {pattern!r} is not a regular "
-                    f"expression ({exc})"
-                ) from None
-        else:
+        if not isinstance(pattern, (str, re.Pattern)):
             raise TypeError(
                 "no_logged_errors: allow= takes regular expressions (str or re.Pattern) "
                 f"matched against the logger name, the message or the exception; got {pattern!r}"
             )
+        try:
+            compiled.append(re.compile(pattern))  # a compiled pattern comes back as it is
+        except re.error as exc:
+            raise ValueError(
+                f"no_logged_errors: allow= pattern {pattern!r} is not a regular expression ({exc})"
+            ) from None
     return compiled
 
 

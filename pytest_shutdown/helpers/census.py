@@ -84,15 +84,10 @@ def own_records() -> dict[str, int]:
     under test, so they are not counted. Read through ``sys.modules``: nothing is imported."""
     origins = sys.modules.get("pytest_shutdown.ownership.origins")
     registry = getattr(origins, "_processes", None)
-    counts: dict[str, int] = {}
     if not registry:
-        return counts
-    for entry in list(registry.values()):
-        for obj in (entry, *entry):
-            if gc.is_tracked(obj):
-                name = type_name(type(obj))
-                counts[name] = counts.get(name, 0) + 1
-    return counts
+        return {}
+    entries = list(registry.values())
+    return count_objects(obj for entry in entries for obj in (entry, *entry) if gc.is_tracked(obj))
 
 
 def fd_numbers() -> list[int]:

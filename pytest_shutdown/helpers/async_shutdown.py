@@ -130,7 +130,7 @@ async def _watched_close(
     try:
         result = getattr(obj, method)()
         if isinstance(result, Awaitable):
-            await asyncio.wait_for(_await(result), grace)
+            await asyncio.wait_for(result, grace)
     except (asyncio.TimeoutError, TimeoutError):
         text = f"{subject}: {method}() had not completed {grace:g}s after it was awaited"
         findings.append(Finding("blocking-close", f"{text}; it was cancelled.", {"grace_s": grace}))
@@ -190,10 +190,6 @@ def nonblocking_in_fresh_loop(
     findings.append(Finding("blocking-close", f"{text}; its event loop is still blocked.", facts))
     raise_if_any(findings)
     raise AssertionError("unreachable")  # pragma: no cover - raise_if_any raised
-
-
-async def _await(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
 
 
 def _blocked(subject: str, method: str, budget: float, stall: dict[str, Any]) -> Finding:
@@ -286,20 +282,13 @@ def _sample(frame: types.FrameType) -> dict[str, Any] | None:
     """The blocking site of the loop thread's stack, or None when the loop is idle (selecting)."""
     if frame.f_code.co_name == "select" and frame.f_code.co_filename.endswith("selectors.py"):
         return None
-    site = frame
-    current: types.FrameType | None = frame
-    while current is not None:
-        if not is_library(current.f_code.co_filename):
-            site = current
-            break
-        current = current.f_back
+    mine = (f for f, _line in traceback.walk_stack(frame) if not is_library(f.f_code.co_filename))
+    site = next(mine, frame)
     sample = {
         "site": f"{site.f_code.co_filename}:{site.f_lineno}",
-        "function": site.f_code.co_qualname
-        if hasattr(site.f_code, "co_qualname")
-        else site.f_code.co_name,
+        "function": getattr(site.f_code, "co_qualname", site.f_code.co_name),
         "frame": f"{frame.f_code.co_filename}:{frame.f_lineno}",
         "stack": "".join(traceback.format_stack(frame, limit=STACK_LIMIT)),
     }
-    del site, current
+    del site, mine
     return sample

@@ -10,9 +10,10 @@ A helper awaits a coroutine shutdown (``aclose``, an ``async def shutdown``) on 
   (:func:`run_on_worker`) and every awaitable a shutdown call returns is run on the caller's loop
   (:func:`awaiting`), charged to the round that made the call: the profile hook that counts
   cleanups is carried onto the loop thread for as long as the awaitable runs;
-* **fresh**, when a sync helper is called with no running loop (:func:`run_fresh`): the helper's
-  ``*_async`` variant is run by a new loop in the calling thread (``asyncio.run``'s steps), so that
-  every call of one check is awaited on the same loop.
+* **fresh**, when a sync helper is called with no running loop
+  (:func:`check_in_fresh_loop`): the helper's ``*_async`` variant is run by a new loop in the
+  calling thread (``asyncio.run``'s steps), so that every call of one check is awaited on the
+  same loop.
 
 A sync helper called from a thread whose loop is running cannot do either: that is a usage error
 (:func:`require_no_running_loop`), which names the ``await ..._async(...)`` to write instead.
@@ -25,7 +26,7 @@ import contextvars
 import inspect
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -83,22 +84,16 @@ def require_no_running_loop(helper: str, method: str) -> None:
         )
 
 
-def run_fresh(helper: str, method: str, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run the coroutine ``make()`` returns on a new loop in this thread, then close that loop:
-    ``asyncio.run``'s steps (cancel what is left, finalize async generators, close)."""
-    require_no_running_loop(helper, method)
-    import asyncio  # noqa: PLC0415 - a coroutine method: asyncio is needed now
-
-    return asyncio.run(make())
-
-
 def check_in_fresh_loop(check: Callable[..., T], obj: object, method: str, **options: Any) -> T:
     """The sync helper ``check`` on a coroutine method, with no loop running here: run on a
     worker thread (:func:`checked_on_worker`) whose calls are awaited on a new loop in this
-    thread, one loop for every call of the check."""
+    thread, one loop for every call of the check, closed after it with ``asyncio.run``'s steps
+    (cancel what is left, finalize async generators, close)."""
     __tracebackhide__ = True  # a failure points at the caller's line
-    name = getattr(check, "__name__", "the helper")
-    return run_fresh(name, method, lambda: checked_on_worker(check, obj, method, **options))
+    require_no_running_loop(getattr(check, "__name__", "the helper"), method)
+    import asyncio  # noqa: PLC0415 - a coroutine method: asyncio is needed now
+
+    return asyncio.run(checked_on_worker(check, obj, method, **options))
 
 
 class Awaiting:
@@ -139,10 +134,6 @@ def awaiting(obj: object, method: str, helper: str) -> Awaiting:
     return Awaiting(getattr(obj, method), method)
 
 
-async def _await(awaitable: Awaitable[T]) -> T:
-    return await awaitable
-
-
 def await_here(awaitable: Awaitable[T], name: str, deadline: float = CALL_DEADLINE_S) -> T:
     """Await ``awaitable`` from sync code: on the dispatch loop, else on a new loop."""
     import asyncio  # noqa: PLC0415 - an awaitable exists, so asyncio is loaded already
@@ -157,7 +148,7 @@ def await_here(awaitable: Awaitable[T], name: str, deadline: float = CALL_DEADLI
                 f"{name}() returned an awaitable in a thread whose event loop is running; "
                 "use the *_async helper (pytest_shutdown.helpers.async_shutdown)"
             )
-        return asyncio.run(asyncio.wait_for(_await(awaitable), deadline))
+        return asyncio.run(asyncio.wait_for(awaitable, deadline))
     future = asyncio.run_coroutine_threadsafe(_charged(awaitable, sys.getprofile()), loop)
     try:
         return future.result(timeout=deadline)

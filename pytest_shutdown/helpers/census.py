@@ -84,15 +84,10 @@ def own_records() -> dict[str, int]:
     under test, so they are not counted. Read through ``sys.modules``: nothing is imported."""
     origins = sys.modules.get("pytest_shutdown.ownership.origins")
     registry = getattr(origins, "_processes", None)
-    counts: dict[str, int] = {}
     if not registry:
-        return counts
-    for entry in list(registry.values()):
-        for obj in (entry, *entry):
-            if gc.is_tracked(obj):
-                name = type_name(type(obj))
-                counts[name] = counts.get(name, 0) + 1
-    return counts
+        return {}
+    entries = list(registry.values())
+    return count_objects(obj for entry in entries for obj in (entry, *entry) if gc.is_tracked(obj))
 
 
 def fd_numbers() -> list[int]:
@@ -129,14 +124,9 @@ def os_thread_ids() -> list[int]:
 
 def describe_os_threads(tids: Iterable[int]) -> dict[str, str]:
     """``{tid: name}`` of OS threads (``/proc/self/task/<tid>/comm``)."""
-    names: dict[str, str] = {}
-    for tid in tids:
-        try:
-            with open(f"/proc/self/task/{tid}/comm", encoding="utf-8") as handle:
-                names[str(tid)] = handle.read().strip()
-        except OSError:
-            names[str(tid)] = "(ended)"
-    return names
+    from pytest_shutdown.resources.native_threads import _comm  # noqa: PLC0415 - failure path
+
+    return {str(tid): str(_comm(tid, "(ended)")) for tid in tids}
 
 
 def describe_threads(threads: Iterable[threading.Thread]) -> dict[str, str]:
@@ -161,27 +151,24 @@ def pick_device_reader(spec: object) -> tuple[MemoryReader | None, str]:
     """
     if spec is None:
         return None, "not measured (device_memory=None)"
-    if isinstance(spec, str):
-        if spec != AUTO:
-            raise ValueError(
-                f"device_memory: expected 'auto', None or a reader with used_bytes(), got {spec!r}"
-            )
-        if "torch" not in sys.modules:
-            return None, "not measured: torch is not imported"
-        from pytest_shutdown.devices import detect_platform, memory_reader  # noqa: PLC0415
-
-        platform = detect_platform()
-        if platform == "cpu":
-            return None, "not measured: no device (the CPU platform)"
-        try:
-            return memory_reader(platform), ""
-        except Exception as exc:  # noqa: BLE001 - no reader works: say so, measure the rest
-            return None, f"not measured: {exc}"
-    if not callable(getattr(spec, "used_bytes", None)):
+    auto = isinstance(spec, str) and spec == AUTO
+    if not auto and (isinstance(spec, str) or not callable(getattr(spec, "used_bytes", None))):
         raise ValueError(
             f"device_memory: expected 'auto', None or a reader with used_bytes(), got {spec!r}"
         )
-    return spec, ""  # type: ignore[return-value]
+    if not auto:
+        return spec, ""  # type: ignore[return-value]
+    if "torch" not in sys.modules:
+        return None, "not measured: torch is not imported"
+    from pytest_shutdown.devices import detect_platform, memory_reader  # noqa: PLC0415
+
+    platform = detect_platform()
+    if platform == "cpu":
+        return None, "not measured: no device (the CPU platform)"
+    try:
+        return memory_reader(platform), ""
+    except Exception as exc:  # noqa: BLE001 - no reader works: say so, measure the rest
+        return None, f"not measured: {exc}"
 
 
 class Census:

@@ -308,8 +308,7 @@ class _Discovery:
             label = f"{self.names.get(id(owner), type(owner).__qualname__)}.{item.__name__}"
             self.add(method_spec(owner, item.__name__, label, label.rsplit(".", 1)[0]))
         elif isinstance(item, types.FunctionType):
-            existing = [spec for spec in self.specs if item.__code__ in spec.codes]
-            if existing:
+            if any(item.__code__ in spec.codes for spec in self.specs):
                 return  # already counted (as a finalizer's or an ExitStack's function)
             self.add(
                 CleanupSpec(
@@ -417,13 +416,9 @@ def discover_cleanups(
     Call it before the first shutdown: ExitStack callbacks are consumed when the stack closes.
     """
     found = _Discovery(obj)
-    attributes = list(instance_attributes(obj))
-    for name, value in attributes:  # resources first, so callbacks can name them
-        if not is_exit_stack(value):
-            found.consider(name, value)
-    for name, value in attributes:
-        if is_exit_stack(value):
-            found.consider(name, value)
+    # resources first, ExitStacks last (a stable sort): so that callbacks can name them
+    for name, value in sorted(instance_attributes(obj), key=lambda item: is_exit_stack(item[1])):
+        found.consider(name, value)
     for index, (func, args, kwargs) in enumerate(finalizer_registrations(obj)):
         label = f"finalizer {index}"
         owner = getattr(func, "__self__", None)

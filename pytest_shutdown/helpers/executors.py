@@ -60,7 +60,8 @@ def inner_pools(executor: Executor) -> list[tuple[str, Executor]]:
     seen: set[int] = {id(executor)}
 
     def walk(prefix: str, current: Executor, depth: int) -> None:
-        if depth > _MAX_WRAPPER_DEPTH or _owns_workers(current):
+        owns_workers = hasattr(current, "_threads") or hasattr(current, "_processes")
+        if depth > _MAX_WRAPPER_DEPTH or owns_workers:
             return
         for name, value in instance_attributes(current):
             if isinstance(value, Executor) and id(value) not in seen:
@@ -71,10 +72,6 @@ def inner_pools(executor: Executor) -> list[tuple[str, Executor]]:
 
     walk("", executor, 0)
     return found
-
-
-def _owns_workers(executor: Executor) -> bool:
-    return hasattr(executor, "_threads") or hasattr(executor, "_processes")
 
 
 def _pools(executor: Executor) -> list[Executor]:
@@ -342,8 +339,7 @@ def _blocking(
 
 
 def _hung(subject: str, method: str, grace: float, runner: _Runner) -> Finding:
-    stack, frames = runner.stack()
-    del frames
+    stack = runner.stack()[0]
     return Finding(
         "blocking-close",
         f"{subject}: {method}() had not returned {grace:g}s after its executors' tasks were "

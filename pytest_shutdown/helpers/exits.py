@@ -16,8 +16,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import psutil
-
 from pytest_shutdown._base.arguments import require_callable, require_instance
 from pytest_shutdown._os.killer import kill_trees
 from pytest_shutdown.findings.finding import Finding, raise_if_any
@@ -60,12 +58,9 @@ class ExitRecord:
     @property
     def signal_name(self) -> str | None:
         """``"SIGTERM"`` etc. when a signal ended the child, else ``None``."""
-        if self.exitcode is None or self.exitcode >= 0:
-            return None
-        try:
-            return signal.Signals(-self.exitcode).name
-        except ValueError:
-            return f"signal {-self.exitcode}"
+        from pytest_shutdown.resources.collateral import signal_name  # noqa: PLC0415
+
+        return None if self.exitcode is None or self.exitcode >= 0 else signal_name(-self.exitcode)
 
 
 def _probe_main(
@@ -93,15 +88,11 @@ def _write_atomically(path: str, text: str) -> None:
 
 
 def _kill_tree(proc: Any) -> None:
-    """SIGKILL the child and its descendants (found first: afterwards they are orphans); the
-    child is joined by multiprocessing, so that its ``exitcode`` stays readable."""
-    try:
-        descendants = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.Error:
-        descendants = []
-    kill_trees([proc.pid], why="probe_exit: the child outlived its deadline", timeout=0.0)
+    """SIGKILL the child and its descendants, waiting for them to end; the child is joined by
+    multiprocessing, so that its ``exitcode`` stays readable."""
+    why = "probe_exit: the child outlived its deadline"
+    kill_trees([proc.pid], why=why, timeout=KILL_DEADLINE_S)
     proc.join(KILL_DEADLINE_S)
-    psutil.wait_procs(descendants, timeout=KILL_DEADLINE_S)
 
 
 def probe_exit(

@@ -63,11 +63,11 @@ def check_finalizers(obj: object) -> list[Finding]:
             facts = {"finalizer": index, "func": name, "path": "func.__self__"}
             findings.append(Finding("finalizer-bound-method", f"{text}the object {forever}", facts))
             continue
-        path = find_path(func, obj, "func")
-        if path is None:
-            path = find_path(tuple(args), obj, "args")
-        if path is None:
-            path = find_path(dict(kwargs), obj, "kwargs")
+        path = (
+            find_path(func, obj, "func")
+            or find_path(tuple(args), obj, "args")
+            or find_path(dict(kwargs), obj, "kwargs")
+        )
         if path is not None:
             text = f"{subject}: finalizer {index} ({name}) reaches the object through {path}"
             facts = {"finalizer": index, "func": name, "path": path}
@@ -208,7 +208,6 @@ def _build_drop_and_diagnose(
 
 
 def _shutdown_raised(subject: str, method: str, exc: BaseException) -> Finding:
-    """The explicit shutdown of the twin raised: ``shutdown-raised``, as the other helpers say."""
     return Finding(
         "shutdown-raised",
         f"{subject}: explicit {method}() (of the twin built to learn its cleanups) raised "

@@ -8,6 +8,8 @@ import sysconfig
 from collections.abc import Sequence
 from typing import Any
 
+from pytest_shutdown.ownership.origins import short_path
+
 #: The helpers' own folder: its frames are never the blocking site.
 _HELPERS_DIR = os.path.dirname(os.path.abspath(__file__))
 _STDLIB_DIRS = tuple(
@@ -35,7 +37,7 @@ def blocked_in(frames: Sequence[Any]) -> str:
     if mine is None:
         return ""
     frame = frames[mine]
-    where = f"{function_of(frame)} at {_short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
+    where = f"{function_of(frame)} at {short_path(frame.f_code.co_filename)}:{frame.f_lineno}"
     return f"{function_of(frames[mine - 1])} called from {where}" if mine else where
 
 
@@ -47,12 +49,3 @@ def function_of(frame: Any) -> str:
     if owner is not None and not isinstance(owner, type):
         return f"{type(owner).__qualname__}.{code.co_name}"
     return getattr(code, "co_qualname", code.co_name)
-
-
-def _short_path(filename: str) -> str:
-    """Relative to the working directory when under it, else as it is."""
-    try:
-        relative = os.path.relpath(filename)
-    except ValueError:  # another drive (Windows)
-        return filename
-    return filename if relative.startswith(os.pardir) else relative

@@ -156,7 +156,6 @@ def judge(
 def _noisy(
     reading: Mapping[str, int], previous: Mapping[str, int], allowances: Mapping[str, int]
 ) -> bool:
-    """Whether any metric of ``reading`` grew by more than its allowance since ``previous``."""
     return any(v - previous.get(k, 0) > allowances.get(k, 1) for k, v in reading.items())
 
 
@@ -235,45 +234,21 @@ def assert_no_growth(
     return record
 
 
-def _count(name: str, value: object, minimum: int) -> int:
+def _count(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return value
 
 
-def _validate(
-    cycle: object,
-    cycles: int,
-    warmup: int,
-    max_growth: Mapping[str, float] | None,
-    rss_tolerance: int,
-    device_tolerance: int,
-    settle_s: float,
-    diagnose: int,
-) -> dict[str, float]:
-    require_callable("assert_no_growth", "cycle", cycle, "a function: build, use, shut down")
-    _count("cycles", cycles, 1)
-    _count("warmup", warmup, 0)
-    _count("rss_tolerance", rss_tolerance, 1)
-    _count("device_tolerance", device_tolerance, 1)
-    _count("diagnose", diagnose, 0)
-    if not is_seconds(settle_s, zero_ok=True):
-        raise ValueError(f"settle_s: expected a number of seconds >= 0, got {settle_s!r}")
-    stated: dict[str, float] = {}
-    for key, value in dict(max_growth or {}).items():
-        if not isinstance(key, str) or not key:
-            raise ValueError(
-                f"max_growth: keys are metric names ({', '.join(METRIC_KEYS)}) or type names, "
-                f"got {key!r}"
-            )
-        if not _is_number(value) or math.isnan(value) or value < 0:
-            raise ValueError(f"max_growth[{key!r}]: expected a number >= 0, got {value!r}")
-        stated[key] = float(value)
-    return stated
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def _threshold(key: str, value: float) -> float:
+    if not isinstance(key, str) or not key:
+        raise ValueError(
+            f"max_growth: keys are metric names ({', '.join(METRIC_KEYS)}) or type names, "
+            f"got {key!r}"
+        )
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or math.isnan(value) or value < 0:
+        raise ValueError(f"max_growth[{key!r}]: expected a number >= 0, got {value!r}")
+    return float(value)
 
 
 def measure_growth(
@@ -289,9 +264,15 @@ def measure_growth(
     diagnose: int = DEFAULT_DIAGNOSE,
 ) -> GrowthRecord:
     """:func:`assert_no_growth` without the raise: the record, its findings included."""
-    stated = _validate(
-        cycle, cycles, warmup, max_growth, rss_tolerance, device_tolerance, settle_s, diagnose
-    )
+    require_callable("assert_no_growth", "cycle", cycle, "a function: build, use, shut down")
+    _count("cycles", cycles, 1)
+    _count("warmup", warmup, 0)
+    _count("rss_tolerance", rss_tolerance, 1)
+    _count("device_tolerance", device_tolerance, 1)
+    _count("diagnose", diagnose, 0)
+    if not is_seconds(settle_s, zero_ok=True):
+        raise ValueError(f"settle_s: expected a number of seconds >= 0, got {settle_s!r}")
+    stated = {key: _threshold(key, value) for key, value in dict(max_growth or {}).items()}
     if isinstance(device_memory, str) and device_memory != AUTO:
         pick_device_reader(device_memory)  # the error names the accepted values
     started = time.perf_counter()
@@ -398,30 +379,27 @@ def _judge_all(
     units: Mapping[str, int],
     stated: Mapping[str, float],
 ) -> list[Verdict]:
-    verdicts: list[Verdict] = []
-    for metric in SCALARS:
-        if metric not in scalars[0]:
-            continue
-        verdict = judge(
+    found = [
+        judge(
             metric,
             [r[metric] for r in warm_scalars],
             [r[metric] for r in scalars],
             unit=units.get(metric, 1),
             stated=_threshold_for(metric, metric, stated),
         )
-        if verdict is not None:
-            verdicts.append(verdict)
-    names = {name for reading in objects for name in reading}
-    for name in sorted(names):
-        verdict = judge(
+        for metric in SCALARS
+        if metric in scalars[0]
+    ]
+    found += [
+        judge(
             f"{OBJECTS}:{name}",
             [r.get(name, 0) for r in warm_objects],
             [r.get(name, 0) for r in objects],
             stated=_threshold_for(OBJECTS, name, stated),
         )
-        if verdict is not None:
-            verdicts.append(verdict)
-    return verdicts
+        for name in sorted({name for reading in objects for name in reading})
+    ]
+    return [verdict for verdict in found if verdict is not None]
 
 
 # --- findings ---------------------------------------------------------------------------------

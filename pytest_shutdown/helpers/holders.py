@@ -30,12 +30,10 @@ def _is_root(obj: object) -> bool:
     return False
 
 
-def holder_chain(
-    target: object, *, max_depth: int = MAX_DEPTH, budget_s: float = BUDGET_S
-) -> tuple[list[Any], str]:
+def holder_chain(target: object) -> tuple[list[Any], str]:
     """A shortest chain ``[root, ..., target]`` and its text (``[target]`` and a note when no
-    root is found within ``max_depth`` levels or ``budget_s`` seconds)."""
-    deadline = time.monotonic() + budget_s
+    root is found within :data:`MAX_DEPTH` levels or :data:`BUDGET_S` seconds)."""
+    deadline = time.monotonic() + BUDGET_S
     frames, owner = _thread_frames()
     ignore: set[int] = {id(frames), id(owner)}
     walker: types.FrameType | None = sys._getframe()
@@ -49,7 +47,7 @@ def holder_chain(
     frontier: list[Any] = [target]
     chain: list[Any] = [target]
     try:
-        for _ in range(max_depth):
+        for _ in range(MAX_DEPTH):
             if not frontier or time.monotonic() > deadline:
                 break
             level = {id(node) for node in frontier}

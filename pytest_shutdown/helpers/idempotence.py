@@ -60,7 +60,10 @@ def assert_idempotent_shutdown(
     """
     __tracebackhide__ = True  # a failure points at the caller's line
     require_method("assert_idempotent_shutdown", "obj", obj, method)
-    _validate(calls, threads)
+    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 2:
+        raise ValueError(f"calls must be an int >= 2 (a first call and a repeat), got {calls!r}")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
+        raise ValueError(f"threads must be an int >= 0 (0: no racing first round), got {threads!r}")
     if is_coroutine_method(obj, method) and dispatch_loop() is None:  # awaited on a fresh loop
         options = {"calls": calls, "threads": threads, "watch": watch, "allow_repeat": allow_repeat}
         return check_in_fresh_loop(assert_idempotent_shutdown, obj, method, **options)
@@ -219,10 +222,3 @@ def _raised(subject: str, method: str, number: int, thread: str, exc: BaseExcept
         f"{subject}: {method}() call {number} raised {type(exc).__name__}: {exc}",
         {"call": number, "thread": thread, **raised(exc)},
     )
-
-
-def _validate(calls: int, threads: int) -> None:
-    if isinstance(calls, bool) or not isinstance(calls, int) or calls < 2:
-        raise ValueError(f"calls must be an int >= 2 (a first call and a repeat), got {calls!r}")
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 0:
-        raise ValueError(f"threads must be an int >= 0 (0: no racing first round), got {threads!r}")

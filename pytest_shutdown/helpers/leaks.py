@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pytest_shutdown._base.arguments import require_instance
 from pytest_shutdown._base.hidden import contextmanager  # no contextlib frame on failure
@@ -82,39 +82,35 @@ def _mark() -> Callable[[], None] | None:
     (a daemon's double fork) is found by it, not adopted. Nothing to do where a marker is
     watched already (a guarded session), where orphans come back to this process (a
     subreaper), or off Linux. Returns the undo, or None."""
+    global _blocks, _undo_marker, _marker_pid
     from pytest_shutdown._os import escaped  # noqa: PLC0415
     from pytest_shutdown.ownership.containment import (  # noqa: PLC0415
         SESSION_MARKER_ENV,
         _subreaper_now,
     )
 
+    env = SESSION_MARKER_ENV
     with _blocks_lock:
-        return _start_block(escaped, SESSION_MARKER_ENV, _subreaper_now)
+        if _blocks:  # another thread's block put the marker: it stays until the last one ends
+            _blocks += 1
+            return _end_block
+        if not sys.platform.startswith("linux") or escaped.watching() or _subreaper_now():
+            return None
+        since = last_pid()  # before the marker: a process that can carry it is numbered after
+        token, old = os.urandom(8).hex(), os.environ.get(env)
+        os.environ[env] = token
+        previous = escaped.watch_marker(env, token, since)
 
+        def undo() -> None:
+            escaped.restore_watch(previous)
+            if os.environ.get(env) == token:
+                if old is None:
+                    del os.environ[env]
+                else:
+                    os.environ[env] = old
 
-def _start_block(escaped: Any, env: str, subreaper_now: Callable[[], bool | None]) -> Any:
-    """:func:`_mark`'s work, under its lock (the modules come from its lazy imports)."""
-    global _blocks, _undo_marker, _marker_pid
-    if _blocks:  # another thread's block put the marker: it stays until the last one ends
-        _blocks += 1
+        _blocks, _undo_marker, _marker_pid = 1, undo, os.getpid()
         return _end_block
-    if not sys.platform.startswith("linux") or escaped.watching() or subreaper_now():
-        return None
-    since = last_pid()  # before the marker: a process that can carry it is numbered after
-    token, old = os.urandom(8).hex(), os.environ.get(env)
-    os.environ[env] = token
-    previous = escaped.watch_marker(env, token, since)
-
-    def undo() -> None:
-        escaped.restore_watch(previous)
-        if os.environ.get(env) == token:
-            if old is None:
-                del os.environ[env]
-            else:
-                os.environ[env] = old
-
-    _blocks, _undo_marker, _marker_pid = 1, undo, os.getpid()
-    return _end_block
 
 
 _blocks_lock = threading.Lock()

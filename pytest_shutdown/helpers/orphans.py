@@ -39,6 +39,7 @@ from pytest_shutdown.helpers.collectives import (
 )
 from pytest_shutdown.helpers.tree import TreeProcess, TreeResources, scan_tree, wait_gone
 from pytest_shutdown.helpers.tree_launcher import RunRequest, TreeLauncher
+from pytest_shutdown.resources.collateral import signal_name
 
 #: Selector of the root level.
 ROOT = "root"
@@ -161,10 +162,6 @@ def parse_signal(value: str | int) -> int:
             return int(found)
     accepted = f"{', '.join(SIGNALS)} or any signal name or number"
     raise ValueError(f"signal: unknown signal {value!r}; accepted: {accepted}")
-
-
-def signal_name(signum: int) -> str:
-    return signal_module.Signals(signum).name
 
 
 def _check_seconds(option: str, value: object) -> None:

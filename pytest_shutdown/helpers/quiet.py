@@ -30,6 +30,7 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable, Iterator
+from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
 from pytest_shutdown._base.hidden import contextmanager  # no contextlib frame on failure
@@ -58,46 +59,21 @@ _MAX_TRACEBACK = 4000
 _MAX_MESSAGE = 300
 
 
+@dataclass(slots=True, eq=False)
 class Logged:
     """One error seen during the block: a log record, or a traceback or log line in a stream."""
 
-    __slots__ = (
-        "source",
-        "logger",
-        "level",
-        "message",
-        "exception",
-        "exception_line",
-        "where",
-        "function",
-        "thread",
-        "traceback",
-    )
-
-    def __init__(
-        self,
-        source: str,
-        *,
-        logger: str = "",
-        level: str = "ERROR",
-        message: str = "",
-        exception: str = "",
-        exception_line: str = "",
-        where: str = "",
-        function: str = "",
-        thread: str = "",
-        traceback: str = "",
-    ) -> None:
-        self.source = source
-        self.logger = logger
-        self.level = level
-        self.message = message
-        self.exception = exception
-        self.exception_line = exception_line
-        self.where = where
-        self.function = function
-        self.thread = thread
-        self.traceback = traceback
+    source: str
+    _: KW_ONLY
+    logger: str = ""
+    level: str = "ERROR"
+    message: str = ""
+    exception: str = ""
+    exception_line: str = ""
+    where: str = ""
+    function: str = ""
+    thread: str = ""
+    traceback: str = ""
 
     def key(self) -> tuple[str, ...]:
         return (self.source, self.logger, self.level, self.message, self.exception_line, self.where)
@@ -293,21 +269,17 @@ def _patterns(allow: Iterable[str | re.Pattern[str]] | str | re.Pattern[str]) ->
         allow = [allow]
     compiled = []
     for pattern in allow:
-        if isinstance(pattern, re.Pattern):
-            compiled.append(pattern)
-        elif isinstance(pattern, str):
-            try:
-                compiled.append(re.compile(pattern))
-            except re.error as exc:
-                raise ValueError(
-                    f"no_logged_errors: allow= pattern {pattern!r} is not a regular "
-                    f"expression ({exc})"
-                ) from None
-        else:
+        if not isinstance(pattern, (str, re.Pattern)):
             raise TypeError(
                 "no_logged_errors: allow= takes regular expressions (str or re.Pattern) "
                 f"matched against the logger name, the message or the exception; got {pattern!r}"
             )
+        try:
+            compiled.append(re.compile(pattern))  # a compiled pattern comes back as it is
+        except re.error as exc:
+            raise ValueError(
+                f"no_logged_errors: allow= pattern {pattern!r} is not a regular expression ({exc})"
+            ) from None
     return compiled
 
 

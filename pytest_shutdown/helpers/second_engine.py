@@ -26,7 +26,7 @@ from pytest_shutdown.helpers.census import (
     short_name,
     type_name,
 )
-from pytest_shutdown.helpers.report import CheckReport
+from pytest_shutdown.helpers.report import CheckReport, is_seconds
 from pytest_shutdown.resources.fds import FdItem, new_fds, still_open, take_fd_snapshot
 from pytest_shutdown.resources.threads import ThreadKind
 
@@ -98,11 +98,7 @@ def assert_second_engine_clean(
         ("shutdown", shutdown, "a function that shuts the engine it is given down"),
     ):
         require_callable("assert_second_engine_clean", argument, value, expected)
-    if (
-        isinstance(deadline_s, bool)
-        or not isinstance(deadline_s, (int, float))
-        or not (0 <= deadline_s < float("inf"))
-    ):
+    if not is_seconds(deadline_s, zero_ok=True):
         raise ValueError(f"deadline_s: expected a number of seconds >= 0, got {deadline_s!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup: expected an integer >= 0, got {warmup!r}")
@@ -210,7 +206,6 @@ def _findings(
     memory_before: int | None,
     tolerance: int,
 ) -> list[Finding]:
-    """The findings for what was left of engine A at the deadline."""
     findings: list[Finding] = []
     if left.get("alive") or left.get("surviving"):
         findings.append(_not_collected(subject, engine_ref, left.get("surviving", {})))

@@ -41,11 +41,6 @@ def _resolve(target: SpyTarget) -> tuple[object, str]:
     )
 
 
-def _describe(namespace: object, attribute: str) -> str:
-    name = getattr(namespace, "__name__", None) or type(namespace).__qualname__
-    return f"{name}.{attribute}"
-
-
 def timeout_passed_to(
     target: SpyTarget,
     call: Callable[[float | None, float | None], object],
@@ -66,9 +61,11 @@ def timeout_passed_to(
     make_manager(request).shutdown(process)``.
     """
     namespace, attribute = _resolve(target)
+    name = getattr(namespace, "__name__", None) or type(namespace).__qualname__
+    where = f"{name}.{attribute}"
     original = getattr(namespace, attribute, None)
     if not callable(original):
-        raise ValueError(f"target: {_describe(namespace, attribute)} is not a function")
+        raise ValueError(f"target: {where} is not a function")
     require_callable("timeout_passed_to", "call", call, "a function call(request, process)")
     try:
         signature: inspect.Signature | None = inspect.signature(original)
@@ -76,10 +73,9 @@ def timeout_passed_to(
         signature = None
     if signature is not None and argument not in signature.parameters:
         raise ValueError(
-            f"argument: {_describe(namespace, attribute)} has no parameter {argument!r}; "
+            f"argument: {where} has no parameter {argument!r}; "
             f"accepted: {', '.join(signature.parameters)}"
         )
-    where = _describe(namespace, attribute)
 
     def policy(request: float | None, process: float | None) -> Any:
         __tracebackhide__ = True  # a NotCalledError points at the test's line

@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from types import TracebackType
 from typing import Any
 
 from pytest_shutdown._base.arguments import CalledBeforeWith
@@ -55,12 +54,7 @@ class no_task_leaks(metaclass=CalledBeforeWith):  # noqa: N801 - used like a fun
         self._start = record.seq()
         return self
 
-    def __exit__(
-        self,
-        typ: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, typ: type[BaseException] | None, *_: object) -> None:
         __tracebackhide__ = True
         with self._ending(typ) as waiting:
             for left in waiting:
@@ -73,12 +67,7 @@ class no_task_leaks(metaclass=CalledBeforeWith):  # noqa: N801 - used like a fun
     async def __aenter__(self) -> no_task_leaks:
         return self.__enter__()
 
-    async def __aexit__(
-        self,
-        typ: type[BaseException] | None,
-        value: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    async def __aexit__(self, typ: type[BaseException] | None, *_: object) -> None:
         __tracebackhide__ = True
         with self._ending(typ) as waiting:
             if typ is None:

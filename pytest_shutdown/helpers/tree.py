@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from pytest_shutdown._fast.cheap import process_name
 from pytest_shutdown._os.proc_stat import TreeProcess, read_stat
 
 #: Environment variable marking every process a launcher started (its value: the token).
@@ -131,7 +132,7 @@ class TreeResources:
                 {
                     "inode": item.inode,
                     "pid": item.pid,
-                    "process": _comm(item.pid),
+                    "process": process_name(item.pid),
                     "protocol": info.protocol,
                     "address": info.local,
                     "port": info.port,
@@ -167,7 +168,7 @@ class TreeResources:
                 continue
             holding = [pid for pid in all_pids() if info.inode in socket_fds_of(pid)]
             if not holding or not set(holding) <= tree:
-                held = ", ".join(f"pid {p} ({_comm(p)})" for p in holding) or "no process"
+                held = ", ".join(f"pid {p} ({process_name(p)})" for p in holding) or "no process"
                 ports.append(
                     {**port, "holders": holding, "what": f"{port['what']}, still held by {held}"}
                 )
@@ -190,8 +191,3 @@ class TreeResources:
             with contextlib.suppress(OSError):
                 if os.stat(path).st_ino == inode:
                     os.unlink(path)
-
-
-def _comm(pid: int) -> str:
-    proc = read_stat(pid)
-    return proc.name if proc is not None else "?"

@@ -139,6 +139,13 @@ def test_the_blocks_own_exception_propagates_unchecked() -> None:
             asyncio.run(main())
 
 
-def test_a_negative_grace_is_refused() -> None:
-    with pytest.raises(ValueError, match="grace"):
-        no_task_leaks(grace=-1)
+@pytest.mark.parametrize("grace", [-1, float("nan"), float("inf"), True, "2"])
+def test_a_grace_that_is_no_finite_number_of_seconds_is_refused(grace: object) -> None:
+    """A NaN or infinite grace would be a wait with no deadline, a bool a typo."""
+    with pytest.raises(ValueError, match=r"grace=\.\.\.\) must be a finite number of seconds"):
+        no_task_leaks(grace=grace)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("grace", [0, 0.5])
+def test_a_zero_or_finite_grace_is_taken(grace: float) -> None:
+    assert no_task_leaks(grace=grace).grace == grace

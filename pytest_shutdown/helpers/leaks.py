@@ -14,7 +14,6 @@ reader with ``name`` and ``used_bytes()`` (see :class:`pytest_shutdown.devices.M
 from __future__ import annotations
 
 import gc
-import math
 import os
 import sys
 import threading
@@ -26,6 +25,7 @@ from pytest_shutdown._base.arguments import require_instance
 from pytest_shutdown._base.hidden import contextmanager  # no contextlib frame on failure
 from pytest_shutdown._fast.lazy_exports import lazy_exports
 from pytest_shutdown.findings.finding import Finding, ShutdownContractError
+from pytest_shutdown.helpers.report import is_seconds
 from pytest_shutdown.resources.primitives import (
     AllowRule,
     LeakSnapshot,
@@ -130,8 +130,8 @@ def _end_block() -> None:
 
 
 def _check_seconds(name: str, value: float) -> None:
-    if not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
-        raise ValueError(f"{name}: expected a number of seconds >= 0, got {value!r}")
+    if not is_seconds(value, zero_ok=True):  # a bool, NaN or inf is no deadline
+        raise ValueError(f"{name}: expected a finite number of seconds >= 0, got {value!r}")
 
 
 @contextmanager

@@ -28,6 +28,7 @@ from typing import Any
 
 from pytest_shutdown._base.arguments import CalledBeforeWith
 from pytest_shutdown.findings.finding import ShutdownContractError
+from pytest_shutdown.helpers.report import is_seconds
 from pytest_shutdown.resources import _asyncio_record as record
 from pytest_shutdown.resources.asyncio_tasks import left_since, task_findings
 
@@ -42,8 +43,10 @@ class no_task_leaks(metaclass=CalledBeforeWith):  # noqa: N801 - used like a fun
     end, after ``grace`` seconds (see the module docstring); ``async with`` and ``with``."""
 
     def __init__(self, *, grace: float = DEFAULT_GRACE_S) -> None:
-        if grace < 0:
-            raise ValueError(f"no_task_leaks(grace=...) must be >= 0 seconds, got {grace!r}")
+        if not is_seconds(grace, zero_ok=True):  # a bool, NaN or inf is no deadline
+            raise ValueError(
+                f"no_task_leaks(grace=...) must be a finite number of seconds >= 0, got {grace!r}"
+            )
         self.grace = grace
         self._start: int | None = None
 

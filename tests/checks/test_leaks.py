@@ -536,7 +536,7 @@ def test_an_exception_from_the_block_propagates_unchanged(release: threading.Eve
             raise KeyError("from the block")
 
 
-@pytest.mark.parametrize("grace", [-1.0, float("nan"), "2"])
+@pytest.mark.parametrize("grace", [-1.0, float("nan"), float("inf"), True, "2"])
 def test_bad_grace_is_rejected_naming_the_argument(grace: object) -> None:
     with pytest.raises(ValueError, match="grace"):
         with no_leaks(grace=grace):  # type: ignore[arg-type]

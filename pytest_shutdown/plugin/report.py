@@ -697,9 +697,8 @@ def _mark_in_progress(head: dict[str, Any], path: Path | None) -> str | None:
         if refusal_of_target(path) is not None:
             return None  # not a regular file (swapped in since the check): never removed
         try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         except OSError as exc:
             return f"an earlier run's report is still there ({describe_os_error(exc)})"
     return None
@@ -752,11 +751,9 @@ def _spill(folder: str | None, worker: str | None, entries: list[dict[str, Any]]
         return
     path = Path(folder) / f"{worker}.json"
     partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
+    with contextlib.suppress(OSError):  # else the controller lists the worker as lost
         partial.write_text(json.dumps({"entries": entries}, default=str), encoding="utf-8")
         os.replace(partial, path)
-    except OSError:
-        pass  # the controller lists the worker as lost, as before
 
 
 def _summary_head(

@@ -467,14 +467,11 @@ class ShutdownReport(_Accepted):
         """A teardown hung past its second budget: write the hung test's record, then exit."""
         self._suspend_capture()
         budget = outcome.to_dict()
-        record = TestRecord(
-            nodeid=label,
-            worker=self.worker,
-            teardown_s=outcome.elapsed_s,
-            findings=[budget_finding(label.rpartition("::")[2], budget).to_dict()],
-            budget=budget,
+        finding = budget_finding(label.rpartition("::")[2], budget).to_dict()
+        record = plain_record(
+            label, self.worker, outcome.elapsed_s, findings=[finding], budget=budget
         )
-        entry = {"type": "record", "record": record.to_plain(), "timed": True}
+        entry = {"type": "record", "record": record, "timed": True}
         self.write_before_exit([entry], HUNG_TEARDOWN_EXIT_CODE)
 
     def attach_pending(self, report: pytest.TestReport) -> None:
@@ -634,12 +631,12 @@ class ShutdownReport(_Accepted):
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        terminalreporter.section("shutdown", **self.section_markup(exitstatus))
+        markup = self.section_markup(exitstatus)
+        terminalreporter.section("shutdown", **markup)
         verbose = self.config.get_verbosity() > 0
         errors = terminalreporter.stats.get("error", [])
         collection_errors = sum(1 for r in errors if isinstance(r, pytest.CollectReport))
         details = shows_details(self.config)
-        markup = self.section_markup(exitstatus)
         writer = terminalreporter._tw
 
         def paint(text: str) -> str:
@@ -650,28 +647,21 @@ class ShutdownReport(_Accepted):
             terminalreporter.line(coloured(line, paint, codes))
         if codes and not details:
             terminalreporter.line(DETAILS_HINT)
-        path = self.settings.report_path
-        if path is None:
-            return
-        for line, markup in self._report_file_lines(path):
-            terminalreporter.line(line, **markup)
+        if self.settings.report_path is not None:
+            self._say_what_became_of_the_report(terminalreporter, self.settings.report_path)
 
-    def _report_file_lines(self, path: Path) -> list[tuple[str, dict[str, bool]]]:
-        """The terminal lines (with their colour) that say what became of ``--shutdown-report``."""
-        lines: list[tuple[str, dict[str, bool]]] = []
+    def _say_what_became_of_the_report(self, terminalreporter: Any, path: Path) -> None:
         log = self.log
         problem = log.error if log is not None else None
         if log is not None and problem is not None:
-            lines.append(
-                (
-                    f"shutdown report incomplete: writing the record log {log.path} stopped "
-                    f"after {log.lines} lines: {problem}; the tests went on",
-                    {"yellow": True},
-                )
+            terminalreporter.line(
+                f"shutdown report incomplete: writing the record log {log.path} stopped "
+                f"after {log.lines} lines: {problem}; the tests went on",
+                yellow=True,
             )
         if self.report_error is not None:
-            lines.append(
-                (f"shutdown report not written to {path}: {self.report_error}", {"red": True})
+            terminalreporter.line(
+                f"shutdown report not written to {path}: {self.report_error}", red=True
             )
         elif self._report_written:
             state = " (marked incomplete)" if problem is not None else ""
@@ -680,8 +670,7 @@ class ShutdownReport(_Accepted):
                     " (it says the process has not exited until the non-daemon threads the "
                     "exit waits for have ended)"
                 )
-            lines.append((f"shutdown report written to {path}{state}", {}))
-        return lines
+            terminalreporter.line(f"shutdown report written to {path}{state}")
 
 
 def _mark_in_progress(head: dict[str, Any], path: Path | None) -> str | None:

@@ -520,13 +520,7 @@ def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:
         if kind != "threads" and not isinstance(given.get(kind, False), bool):
             raise pytest.UsageError(f"{where}: {kind}= takes True or False, got {given[kind]!r}")
     others = frozenset(k for k, v in given.items() if k != "threads" and v is True)
-    return AllowLeaks(
-        threads,
-        bool(given.get("processes", False)),
-        bool(given.get("gc_freeze", False)),
-        reason,
-        others,
-    )
+    return AllowLeaks(threads, "processes" in others, "gc_freeze" in others, reason, others)
 
 
 def expect_force_kill_of(item: pytest.Item) -> bool:

@@ -190,10 +190,8 @@ class SigtermEndsSessionInOrder:
         self._signals = signals
         self._watch = None
         if hasattr(faulthandler, "register"):  # not on Windows: the handler alone, as before
-            try:
+            with contextlib.suppress(OSError, RuntimeError, ValueError):  # no socket, no watch
                 self._watch = _SignalWatch(signals, self._on_abort)
-            except (OSError, RuntimeError, ValueError):  # pragma: no cover - no socket, no watch
-                self._watch = None
         undo_in_forked_child("sigterm", self._restore_default_in_child, hold=signals)
 
     def _restore_default_in_child(self) -> None:

@@ -738,11 +738,8 @@ def _spill(folder: str | None, worker: str | None, entries: list[dict[str, Any]]
     """xdist worker ending at once: its last records go to the controller's spill folder."""
     if not folder or not entries:
         return
-    path = Path(folder) / f"{worker}.json"
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(OSError):  # else the controller lists the worker as lost
-        partial.write_text(json.dumps({"entries": entries}, default=str), encoding="utf-8")
-        os.replace(partial, path)
+    with contextlib.suppress(OSError, TargetRefused):  # else the worker is listed as lost
+        write_report({"entries": entries}, Path(folder) / f"{worker}.json")
 
 
 def _summary_head(

@@ -331,14 +331,6 @@ class _Accepted:
         return list(self._folded()["durations"])
 
     @property
-    def lost_workers(self) -> list[dict[str, Any]]:
-        return list(self._folded()["lost_workers"])
-
-    @property
-    def guard_times(self) -> list[float]:
-        return list(self._folded()["guard_times"])
-
-    @property
     def long_lived(self) -> list[dict[str, Any]]:
         """Long-lived resources accepted so far and those of this process not yet sent."""
         return [
@@ -399,15 +391,16 @@ class ShutdownReport(_Accepted):
         self, verbose: bool, collection_errors: int = 0, details: bool = False
     ) -> list[str]:
         """The terminal section ``shutdown`` (``details``: every fact of each finding)."""
+        folded = self._folded()
         records = sorted(self.records, key=lambda r: r.nodeid)
-        tests = len(self.durations)
+        tests = len(folded["durations"])
         lines = [_summary_head(records, self.counts(), self.settings, tests, collection_errors)]
         lines += _record_lines(records, details)
         if self.long_lived:
             lines += _long_lived_lines(self.long_lived, self.settings.long_lived)
-        lines += _lost_worker_lines(self.lost_workers)
+        lines += _lost_worker_lines(folded["lost_workers"])
         if verbose:
-            lines += _duration_lines(self.durations, self.guard_times)
+            lines += _duration_lines(folded["durations"], folded["guard_times"])
         return lines
 
     @pytest.hookimpl(tryfirst=True, specname="pytest_sessionstart")

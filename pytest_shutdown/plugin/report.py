@@ -536,10 +536,8 @@ class ShutdownReport(_Accepted):
         ``complete: false``; so does a log that could not be written (it is then assembled from
         the records in memory).
         """
-        if self.log is None or self.settings.report_path is None:
-            return
-        if self._finished or os.getpid() != self._pid:
-            return
+        if self.log is None or self._finished or os.getpid() != self._pid:
+            return  # (a log is made only with a report path)
         self._finished = True
         end: dict[str, Any] = {"type": "end", "exitstatus": exitstatus, "aborted": aborted}
         if interrupted:

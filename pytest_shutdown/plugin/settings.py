@@ -430,14 +430,12 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("shutdown", "pytest-shutdown: leaks, frozen GC and hung teardowns")
     for name, metavar, help_text in _OPTIONS:
         dest = "shutdown_" + name.replace("-", "_")
-        if metavar is None:
-            group.addoption(
-                f"--shutdown-{name}", dest=dest, action="store_true", default=False, help=help_text
-            )
-        else:
-            group.addoption(
-                f"--shutdown-{name}", dest=dest, metavar=metavar, default=None, help=help_text
-            )
+        kind: dict[str, object] = (
+            {"action": "store_true", "default": False}
+            if metavar is None
+            else {"metavar": metavar, "default": None}
+        )
+        group.addoption(f"--shutdown-{name}", dest=dest, help=help_text, **kind)
     parser.addini("shutdown_guard", GUARD_DESC, default="")
     parser.addini("shutdown_resources", RESOURCES_DESC, default="")
     parser.addini("shutdown_native_threads_allow", NATIVE_ALLOW_DESC, type="linelist", default=[])

@@ -136,20 +136,6 @@ class TestRecord:
     def to_plain(self) -> dict[str, Any]:
         return plain_record(**vars(self))  # the fields are plain_record's parameters
 
-    @classmethod
-    def from_plain(cls, data: Mapping[str, Any]) -> TestRecord:
-        return cls(
-            nodeid=str(data["nodeid"]),
-            worker=data.get("worker"),
-            teardown_s=float(data.get("teardown_s", 0.0)),
-            findings=list(data.get("findings", [])),
-            budget=data.get("budget"),
-            reported=bool(data.get("reported", True)),
-            guard_s=float(data.get("guard_s", 0.0)),
-            guard_error=data.get("guard_error"),
-            cut_short=data.get("cut_short"),
-        )
-
 
 def describe_guard_error(exc: BaseException) -> str:
     """The guard's own error as one line, even when the exception's ``str`` raises too."""
@@ -323,10 +309,6 @@ class _Accepted:
         return self._folded_at[1]
 
     @property
-    def records(self) -> list[TestRecord]:
-        return [TestRecord.from_plain(r) for r in self._folded()["records"]]
-
-    @property
     def durations(self) -> list[float]:
         return list(self._folded()["durations"])
 
@@ -340,7 +322,7 @@ class _Accepted:
         ]
 
     def counts(self) -> dict[str, int]:
-        return dict(Counter(f["code"] for r in self.records for f in r.findings))
+        return dict(Counter(f["code"] for r in self._folded()["records"] for f in r["findings"]))
 
 
 @scanned_names_are_hooks
@@ -392,7 +374,7 @@ class ShutdownReport(_Accepted):
     ) -> list[str]:
         """The terminal section ``shutdown`` (``details``: every fact of each finding)."""
         folded = self._folded()
-        records = sorted(self.records, key=lambda r: r.nodeid)
+        records = folded["records"]  # sorted by node id
         tests = len(folded["durations"])
         lines = [_summary_head(records, self.counts(), self.settings, tests, collection_errors)]
         lines += _record_lines(records, details)
@@ -734,7 +716,7 @@ def _spill(folder: str | None, worker: str | None, entries: list[dict[str, Any]]
 
 
 def _summary_head(
-    records: list[TestRecord],
+    records: list[dict[str, Any]],
     counts: Mapping[str, int],
     settings: GuardSettings,
     tests: int,
@@ -742,8 +724,8 @@ def _summary_head(
 ) -> str:
     """The section's first line: what the guard found in how many tests, then its settings."""
     # Findings of no test (``<session end>``, ``<fixture NAME>``) are named, not counted.
-    flagged = sum(1 for r in records if r.findings and not r.nodeid.startswith("<"))
-    beyond = sorted({r.nodeid for r in records if r.findings and r.nodeid.startswith("<")})
+    flagged = sum(1 for r in records if r["findings"] and not r["nodeid"].startswith("<"))
+    beyond = sorted({r["nodeid"] for r in records if r["findings"] and r["nodeid"].startswith("<")})
     setting = f"guard in {settings.mode} mode, grace {settings.grace_s:g} s"
     if settings.budget_s:
         setting += f", budget {settings.budget_s:g} s"
@@ -765,20 +747,21 @@ def _summary_head(
     return f"{head} ({setting})"
 
 
-def _record_lines(records: Iterable[TestRecord], details: bool) -> list[str]:
+def _record_lines(records: Iterable[Mapping[str, Any]], details: bool) -> list[str]:
     """Each kept test's findings (``details``: every fact), a failed guard or a slow one."""
     lines: list[str] = []
     for record in records:
-        where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
-        shown = [(f, 1) for f in record.findings] if details else merged(record.findings)
+        worker, findings = record.get("worker"), record["findings"]
+        where = f"{record['nodeid']}" + (f" [{worker}]" if worker else "")
+        shown = [(f, 1) for f in findings] if details else merged(findings)
         for finding, times in shown:
             first, *rest = finding_lines(finding, details=details, times=times)
             lines.append(f"{where}: {first}")
             lines.extend(rest)
-        if record.guard_error is not None:
-            lines.append(f"{where}: not checked, the guard failed: {record.guard_error}")
-        elif not record.findings and record.guard_s >= SLOW_GUARD_S:
-            lines.append(f"{where}: the guard waited {record.guard_s:.2f} s")
+        if record.get("guard_error") is not None:
+            lines.append(f"{where}: not checked, the guard failed: {record['guard_error']}")
+        elif not findings and record.get("guard_s", 0.0) >= SLOW_GUARD_S:
+            lines.append(f"{where}: the guard waited {record['guard_s']:.2f} s")
     return lines
 
 

@@ -429,18 +429,10 @@ class ShutdownReport(_Accepted):
 
     def end_at_once(self, exitstatus: int) -> None:
         """The process ends now (a signal the main thread cannot take): the report is written."""
-        self._suspend_capture()
         self.write_before_exit([], exitstatus)
-
-    def _suspend_capture(self) -> None:
-        capture = self.config.pluginmanager.getplugin("capturemanager")
-        if capture is not None:
-            with contextlib.suppress(Exception):  # the process ends anyway
-                capture.suspend_global_capture(in_=False)
 
     def _on_hung_teardown(self, label: str, outcome: BudgetOutcome) -> None:
         """A teardown hung past its second budget: write the hung test's record, then exit."""
-        self._suspend_capture()
         budget = outcome.to_dict()
         finding = budget_finding(label.rpartition("::")[2], budget).to_dict()
         record = plain_record(
@@ -582,6 +574,10 @@ class ShutdownReport(_Accepted):
     def write_before_exit(self, entries: list[dict[str, Any]], exitstatus: int) -> None:
         """The process is about to end abruptly: log what is pending and write the report (an
         xdist worker spills them for the controller)."""
+        capture = self.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            with contextlib.suppress(Exception):  # the process ends anyway
+                capture.suspend_global_capture(in_=False)
         pending, self._pending = self._pending, []
         if self.worker is not None:
             folder = getattr(self.config, "workerinput", {}).get(SPILL_KEY)

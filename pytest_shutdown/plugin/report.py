@@ -516,7 +516,8 @@ class ShutdownReport(_Accepted):
         end: dict[str, Any] = {"type": "end", "exitstatus": exitstatus, "aborted": aborted}
         if interrupted:
             end["interrupted"] = True
-        blocked = [] if aborted else self._still_blocking()
+        pairs = zip(self._blocking, self._blocked_by, strict=False)
+        blocked = [] if aborted else [described for thread, described in pairs if thread.is_alive()]
         if blocked:
             end["exit_blocked_by"] = blocked
         self._accept(end)
@@ -536,13 +537,6 @@ class ShutdownReport(_Accepted):
         they end, the report says the process has not exited (``exit_blocked_by``)."""
         self._blocking = list(threads)
         self._blocked_by = list(described)
-
-    def _still_blocking(self) -> list[dict[str, Any]]:
-        return [
-            described
-            for thread, described in zip(self._blocking, self._blocked_by, strict=False)
-            if thread.is_alive()
-        ]
 
     def _exit_unblocked(self) -> None:
         """At exit (after the interpreter's join): the threads ended; the report says so."""

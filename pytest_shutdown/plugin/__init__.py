@@ -56,14 +56,13 @@ def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
 @pytest.hookimpl
 def pytest_configure(config: pytest.Config) -> None:
     """Register the markers, validate the options, and turn the guard on when asked."""
-    for line in MARKERS:
+    from pytest_shutdown.plugin import fixtures
+
+    for line in (*MARKERS, *fixtures.MARKERS):
         config.addinivalue_line("markers", line)
     settings = load_settings(config)  # raises pytest.UsageError (exit code 4) on bad input
     quiet_enabled(config)  # a bad shutdown_quiet is refused, guard on or off
     config.stash[SETTINGS_KEY] = settings
-
-    from pytest_shutdown.plugin import fixtures
-
     if not config.pluginmanager.is_registered(fixtures):
         config.pluginmanager.register(fixtures, "pytest-shutdown-fixtures")
     # Every ShutdownContractError of a test: codes on the status line, findings in the reports

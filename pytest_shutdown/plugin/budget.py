@@ -52,7 +52,6 @@ HAVE_SIGALRM = hasattr(signal, "SIGALRM") and hasattr(signal, "setitimer")
 
 
 def _is_pytest_timeout_handler(handler: object) -> bool:
-    """Whether a SIGALRM handler is pytest-timeout's."""
     module = getattr(getattr(handler, "__func__", handler), "__module__", None)
     return isinstance(module, str) and module.partition(".")[0] == "pytest_timeout"
 

@@ -11,6 +11,7 @@ possible a daemon watchdog ends the process with ``os._exit(status)`` one grace 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -81,10 +82,8 @@ def _start_last_resort_watchdog(delay: float, status: int) -> None:
     def watchdog() -> None:
         time.sleep(delay)
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-            except (OSError, ValueError):
-                pass
         os._exit(status)
 
     threading.Thread(target=watchdog, name="pytest-shutdown-exit-bound", daemon=True).start()

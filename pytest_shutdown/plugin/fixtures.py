@@ -57,12 +57,6 @@ MARKERS = (
 
 
 @pytest.hookimpl
-def pytest_configure(config: pytest.Config) -> None:
-    for line in MARKERS:
-        config.addinivalue_line("markers", line)
-
-
-@pytest.hookimpl
 def pytest_report_header(config: pytest.Config) -> str | None:
     """With ``--shutdown-gpu-per-worker``: how the xdist workers spread over the GPUs."""
     if hasattr(config, "workerinput") or not config.getoption("shutdown_gpu_per_worker", False):

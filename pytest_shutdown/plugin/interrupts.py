@@ -27,6 +27,7 @@ does the default action.
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import faulthandler
 import functools
@@ -71,7 +72,7 @@ def real_monotonic() -> float:
 def dump_stacks_and_exit(line: str, status: int) -> NoReturn:
     """Write ``line`` and every thread's stack to the real stderr, then end the process."""
     stream = sys.__stderr__ if sys.__stderr__ is not None else sys.stderr
-    try:
+    with contextlib.suppress(OSError, ValueError, AttributeError):
         stream.write(
             f"\n+++ pytest-shutdown: {line}; the stacks of all threads follow; "
             f"exit code {status} +++\n"
@@ -79,8 +80,6 @@ def dump_stacks_and_exit(line: str, status: int) -> NoReturn:
         stream.flush()
         faulthandler.dump_traceback(file=stream, all_threads=True)
         stream.flush()
-    except (OSError, ValueError, AttributeError):
-        pass
     os._exit(status)
 
 
@@ -191,10 +190,8 @@ class SigtermEndsSessionInOrder:
         self._signals = signals
         self._watch = None
         if hasattr(faulthandler, "register"):  # not on Windows: the handler alone, as before
-            try:
+            with contextlib.suppress(OSError, RuntimeError, ValueError):  # no socket, no watch
                 self._watch = _SignalWatch(signals, self._on_abort)
-            except (OSError, RuntimeError, ValueError):  # pragma: no cover - no socket, no watch
-                self._watch = None
         undo_in_forked_child("sigterm", self._restore_default_in_child, hold=signals)
 
     def _restore_default_in_child(self) -> None:
@@ -210,10 +207,8 @@ class SigtermEndsSessionInOrder:
                 handler = signal.SIG_DFL
             if handler is None:
                 continue  # installed outside Python: nothing to set it from
-            try:
+            with contextlib.suppress(OSError, RuntimeError, TypeError, ValueError):
                 signal.signal(signum, handler)
-            except (OSError, RuntimeError, TypeError, ValueError):  # pragma: no cover
-                pass
 
     def stop(self) -> None:
         if not self._installed:
@@ -381,10 +376,8 @@ class _SignalWatch:
         sockets = list(self._sockets.values())
         self._sockets = {}
         for receiver, sender in sockets:
-            try:
+            with contextlib.suppress(OSError):
                 receiver.shutdown(socket.SHUT_RD)  # the watcher reads the end and returns
-            except OSError:
-                pass
             sender.close()
         # Waited for here: a watcher still ending during the session's last collections asks
         # for the GIL every switch interval (5 ms), several milliseconds per session.
@@ -402,9 +395,7 @@ class _SignalWatch:
         self._registered = []
         for receiver, sender in self._sockets.values():
             for sock in (receiver, sender):
-                try:
+                with contextlib.suppress(OSError):
                     sock.close()
-                except OSError:
-                    pass
         self._sockets = {}
         self._ending = threading.Lock()  # the parent may have held it at the fork

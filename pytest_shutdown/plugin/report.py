@@ -136,20 +136,6 @@ class TestRecord:
     def to_plain(self) -> dict[str, Any]:
         return plain_record(**vars(self))  # the fields are plain_record's parameters
 
-    @classmethod
-    def from_plain(cls, data: Mapping[str, Any]) -> TestRecord:
-        return cls(
-            nodeid=str(data["nodeid"]),
-            worker=data.get("worker"),
-            teardown_s=float(data.get("teardown_s", 0.0)),
-            findings=list(data.get("findings", [])),
-            budget=data.get("budget"),
-            reported=bool(data.get("reported", True)),
-            guard_s=float(data.get("guard_s", 0.0)),
-            guard_error=data.get("guard_error"),
-            cut_short=data.get("cut_short"),
-        )
-
 
 def describe_guard_error(exc: BaseException) -> str:
     """The guard's own error as one line, even when the exception's ``str`` raises too."""
@@ -323,20 +309,8 @@ class _Accepted:
         return self._folded_at[1]
 
     @property
-    def records(self) -> list[TestRecord]:
-        return [TestRecord.from_plain(r) for r in self._folded()["records"]]
-
-    @property
     def durations(self) -> list[float]:
         return list(self._folded()["durations"])
-
-    @property
-    def lost_workers(self) -> list[dict[str, Any]]:
-        return list(self._folded()["lost_workers"])
-
-    @property
-    def guard_times(self) -> list[float]:
-        return list(self._folded()["guard_times"])
 
     @property
     def long_lived(self) -> list[dict[str, Any]]:
@@ -348,7 +322,7 @@ class _Accepted:
         ]
 
     def counts(self) -> dict[str, int]:
-        return dict(Counter(f["code"] for r in self.records for f in r.findings))
+        return dict(Counter(f["code"] for r in self._folded()["records"] for f in r["findings"]))
 
 
 @scanned_names_are_hooks
@@ -399,15 +373,16 @@ class ShutdownReport(_Accepted):
         self, verbose: bool, collection_errors: int = 0, details: bool = False
     ) -> list[str]:
         """The terminal section ``shutdown`` (``details``: every fact of each finding)."""
-        records = sorted(self.records, key=lambda r: r.nodeid)
-        tests = len(self.durations)
+        folded = self._folded()
+        records = folded["records"]  # sorted by node id
+        tests = len(folded["durations"])
         lines = [_summary_head(records, self.counts(), self.settings, tests, collection_errors)]
         lines += _record_lines(records, details)
         if self.long_lived:
             lines += _long_lived_lines(self.long_lived, self.settings.long_lived)
-        lines += _lost_worker_lines(self.lost_workers)
+        lines += _lost_worker_lines(folded["lost_workers"])
         if verbose:
-            lines += _duration_lines(self.durations, self.guard_times)
+            lines += _duration_lines(folded["durations"], folded["guard_times"])
         return lines
 
     @pytest.hookimpl(tryfirst=True, specname="pytest_sessionstart")
@@ -454,27 +429,16 @@ class ShutdownReport(_Accepted):
 
     def end_at_once(self, exitstatus: int) -> None:
         """The process ends now (a signal the main thread cannot take): the report is written."""
-        self._suspend_capture()
         self.write_before_exit([], exitstatus)
-
-    def _suspend_capture(self) -> None:
-        capture = self.config.pluginmanager.getplugin("capturemanager")
-        if capture is not None:
-            with contextlib.suppress(Exception):  # the process ends anyway
-                capture.suspend_global_capture(in_=False)
 
     def _on_hung_teardown(self, label: str, outcome: BudgetOutcome) -> None:
         """A teardown hung past its second budget: write the hung test's record, then exit."""
-        self._suspend_capture()
         budget = outcome.to_dict()
-        record = TestRecord(
-            nodeid=label,
-            worker=self.worker,
-            teardown_s=outcome.elapsed_s,
-            findings=[budget_finding(label.rpartition("::")[2], budget).to_dict()],
-            budget=budget,
+        finding = budget_finding(label.rpartition("::")[2], budget).to_dict()
+        record = plain_record(
+            label, self.worker, outcome.elapsed_s, findings=[finding], budget=budget
         )
-        entry = {"type": "record", "record": record.to_plain(), "timed": True}
+        entry = {"type": "record", "record": record, "timed": True}
         self.write_before_exit([entry], HUNG_TEARDOWN_EXIT_CODE)
 
     def attach_pending(self, report: pytest.TestReport) -> None:
@@ -546,15 +510,14 @@ class ShutdownReport(_Accepted):
         ``complete: false``; so does a log that could not be written (it is then assembled from
         the records in memory).
         """
-        if self.log is None or self.settings.report_path is None:
-            return
-        if self._finished or os.getpid() != self._pid:
-            return
+        if self.log is None or self._finished or os.getpid() != self._pid:
+            return  # (a log is made only with a report path)
         self._finished = True
         end: dict[str, Any] = {"type": "end", "exitstatus": exitstatus, "aborted": aborted}
         if interrupted:
             end["interrupted"] = True
-        blocked = [] if aborted else self._still_blocking()
+        pairs = zip(self._blocking, self._blocked_by, strict=False)
+        blocked = [] if aborted else [described for thread, described in pairs if thread.is_alive()]
         if blocked:
             end["exit_blocked_by"] = blocked
         self._accept(end)
@@ -574,13 +537,6 @@ class ShutdownReport(_Accepted):
         they end, the report says the process has not exited (``exit_blocked_by``)."""
         self._blocking = list(threads)
         self._blocked_by = list(described)
-
-    def _still_blocking(self) -> list[dict[str, Any]]:
-        return [
-            described
-            for thread, described in zip(self._blocking, self._blocked_by, strict=False)
-            if thread.is_alive()
-        ]
 
     def _exit_unblocked(self) -> None:
         """At exit (after the interpreter's join): the threads ended; the report says so."""
@@ -612,6 +568,10 @@ class ShutdownReport(_Accepted):
     def write_before_exit(self, entries: list[dict[str, Any]], exitstatus: int) -> None:
         """The process is about to end abruptly: log what is pending and write the report (an
         xdist worker spills them for the controller)."""
+        capture = self.config.pluginmanager.getplugin("capturemanager")
+        if capture is not None:
+            with contextlib.suppress(Exception):  # the process ends anyway
+                capture.suspend_global_capture(in_=False)
         pending, self._pending = self._pending, []
         if self.worker is not None:
             folder = getattr(self.config, "workerinput", {}).get(SPILL_KEY)
@@ -634,12 +594,12 @@ class ShutdownReport(_Accepted):
     def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int) -> None:
         if hasattr(self.config, "workerinput"):
             return
-        terminalreporter.section("shutdown", **self.section_markup(exitstatus))
+        markup = self.section_markup(exitstatus)
+        terminalreporter.section("shutdown", **markup)
         verbose = self.config.get_verbosity() > 0
         errors = terminalreporter.stats.get("error", [])
         collection_errors = sum(1 for r in errors if isinstance(r, pytest.CollectReport))
         details = shows_details(self.config)
-        markup = self.section_markup(exitstatus)
         writer = terminalreporter._tw
 
         def paint(text: str) -> str:
@@ -650,28 +610,21 @@ class ShutdownReport(_Accepted):
             terminalreporter.line(coloured(line, paint, codes))
         if codes and not details:
             terminalreporter.line(DETAILS_HINT)
-        path = self.settings.report_path
-        if path is None:
-            return
-        for line, markup in self._report_file_lines(path):
-            terminalreporter.line(line, **markup)
+        if self.settings.report_path is not None:
+            self._say_what_became_of_the_report(terminalreporter, self.settings.report_path)
 
-    def _report_file_lines(self, path: Path) -> list[tuple[str, dict[str, bool]]]:
-        """The terminal lines (with their colour) that say what became of ``--shutdown-report``."""
-        lines: list[tuple[str, dict[str, bool]]] = []
+    def _say_what_became_of_the_report(self, terminalreporter: Any, path: Path) -> None:
         log = self.log
         problem = log.error if log is not None else None
         if log is not None and problem is not None:
-            lines.append(
-                (
-                    f"shutdown report incomplete: writing the record log {log.path} stopped "
-                    f"after {log.lines} lines: {problem}; the tests went on",
-                    {"yellow": True},
-                )
+            terminalreporter.line(
+                f"shutdown report incomplete: writing the record log {log.path} stopped "
+                f"after {log.lines} lines: {problem}; the tests went on",
+                yellow=True,
             )
         if self.report_error is not None:
-            lines.append(
-                (f"shutdown report not written to {path}: {self.report_error}", {"red": True})
+            terminalreporter.line(
+                f"shutdown report not written to {path}: {self.report_error}", red=True
             )
         elif self._report_written:
             state = " (marked incomplete)" if problem is not None else ""
@@ -680,8 +633,7 @@ class ShutdownReport(_Accepted):
                     " (it says the process has not exited until the non-daemon threads the "
                     "exit waits for have ended)"
                 )
-            lines.append((f"shutdown report written to {path}{state}", {}))
-        return lines
+            terminalreporter.line(f"shutdown report written to {path}{state}")
 
 
 def _mark_in_progress(head: dict[str, Any], path: Path | None) -> str | None:
@@ -697,9 +649,8 @@ def _mark_in_progress(head: dict[str, Any], path: Path | None) -> str | None:
         if refusal_of_target(path) is not None:
             return None  # not a regular file (swapped in since the check): never removed
         try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         except OSError as exc:
             return f"an earlier run's report is still there ({describe_os_error(exc)})"
     return None
@@ -750,17 +701,12 @@ def _spill(folder: str | None, worker: str | None, entries: list[dict[str, Any]]
     """xdist worker ending at once: its last records go to the controller's spill folder."""
     if not folder or not entries:
         return
-    path = Path(folder) / f"{worker}.json"
-    partial = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
-        partial.write_text(json.dumps({"entries": entries}, default=str), encoding="utf-8")
-        os.replace(partial, path)
-    except OSError:
-        pass  # the controller lists the worker as lost, as before
+    with contextlib.suppress(OSError, TargetRefused):  # else the worker is listed as lost
+        write_report({"entries": entries}, Path(folder) / f"{worker}.json")
 
 
 def _summary_head(
-    records: list[TestRecord],
+    records: list[dict[str, Any]],
     counts: Mapping[str, int],
     settings: GuardSettings,
     tests: int,
@@ -768,8 +714,8 @@ def _summary_head(
 ) -> str:
     """The section's first line: what the guard found in how many tests, then its settings."""
     # Findings of no test (``<session end>``, ``<fixture NAME>``) are named, not counted.
-    flagged = sum(1 for r in records if r.findings and not r.nodeid.startswith("<"))
-    beyond = sorted({r.nodeid for r in records if r.findings and r.nodeid.startswith("<")})
+    flagged = sum(1 for r in records if r["findings"] and not r["nodeid"].startswith("<"))
+    beyond = sorted({r["nodeid"] for r in records if r["findings"] and r["nodeid"].startswith("<")})
     setting = f"guard in {settings.mode} mode, grace {settings.grace_s:g} s"
     if settings.budget_s:
         setting += f", budget {settings.budget_s:g} s"
@@ -791,20 +737,21 @@ def _summary_head(
     return f"{head} ({setting})"
 
 
-def _record_lines(records: Iterable[TestRecord], details: bool) -> list[str]:
+def _record_lines(records: Iterable[Mapping[str, Any]], details: bool) -> list[str]:
     """Each kept test's findings (``details``: every fact), a failed guard or a slow one."""
     lines: list[str] = []
     for record in records:
-        where = f"{record.nodeid}" + (f" [{record.worker}]" if record.worker else "")
-        shown = [(f, 1) for f in record.findings] if details else merged(record.findings)
+        worker, findings = record.get("worker"), record["findings"]
+        where = f"{record['nodeid']}" + (f" [{worker}]" if worker else "")
+        shown = [(f, 1) for f in findings] if details else merged(findings)
         for finding, times in shown:
             first, *rest = finding_lines(finding, details=details, times=times)
             lines.append(f"{where}: {first}")
             lines.extend(rest)
-        if record.guard_error is not None:
-            lines.append(f"{where}: not checked, the guard failed: {record.guard_error}")
-        elif not record.findings and record.guard_s >= SLOW_GUARD_S:
-            lines.append(f"{where}: the guard waited {record.guard_s:.2f} s")
+        if record.get("guard_error") is not None:
+            lines.append(f"{where}: not checked, the guard failed: {record['guard_error']}")
+        elif not findings and record.get("guard_s", 0.0) >= SLOW_GUARD_S:
+            lines.append(f"{where}: the guard waited {record['guard_s']:.2f} s")
     return lines
 
 

@@ -430,14 +430,12 @@ def add_options(parser: pytest.Parser) -> None:
     group = parser.getgroup("shutdown", "pytest-shutdown: leaks, frozen GC and hung teardowns")
     for name, metavar, help_text in _OPTIONS:
         dest = "shutdown_" + name.replace("-", "_")
-        if metavar is None:
-            group.addoption(
-                f"--shutdown-{name}", dest=dest, action="store_true", default=False, help=help_text
-            )
-        else:
-            group.addoption(
-                f"--shutdown-{name}", dest=dest, metavar=metavar, default=None, help=help_text
-            )
+        kind: dict[str, object] = (
+            {"action": "store_true", "default": False}
+            if metavar is None
+            else {"metavar": metavar, "default": None}
+        )
+        group.addoption(f"--shutdown-{name}", dest=dest, help=help_text, **kind)
     parser.addini("shutdown_guard", GUARD_DESC, default="")
     parser.addini("shutdown_resources", RESOURCES_DESC, default="")
     parser.addini("shutdown_native_threads_allow", NATIVE_ALLOW_DESC, type="linelist", default=[])
@@ -520,13 +518,7 @@ def allow_leaks_of(item: pytest.Item) -> AllowLeaks | None:
         if kind != "threads" and not isinstance(given.get(kind, False), bool):
             raise pytest.UsageError(f"{where}: {kind}= takes True or False, got {given[kind]!r}")
     others = frozenset(k for k, v in given.items() if k != "threads" and v is True)
-    return AllowLeaks(
-        threads,
-        bool(given.get("processes", False)),
-        bool(given.get("gc_freeze", False)),
-        reason,
-        others,
-    )
+    return AllowLeaks(threads, "processes" in others, "gc_freeze" in others, reason, others)
 
 
 def expect_force_kill_of(item: pytest.Item) -> bool:

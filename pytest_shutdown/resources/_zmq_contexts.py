@@ -32,7 +32,6 @@ from typing import Any
 from pytest_shutdown._fast import cheap as _cheap
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources import _zmq_record as record
-from pytest_shutdown.resources.fds import _fdinfo, _native_phrase, _python_name
 
 __all__ = ["CONTEXT_ROLE", "context_owning", "name_context_descriptors", "zmq_owners"]
 
@@ -140,7 +139,7 @@ def _threads_shape(rest: set[int], anon: Mapping[int, str | None]) -> tuple[int,
     polls = rest - eventfds
     paired: set[int] = set()
     for fd in polls:
-        watched = eventfds.intersection(_fdinfo(fd, "tfd:"))
+        watched = eventfds.intersection(_watched_by(fd))
         if len(watched) != 1 or watched & paired:
             return None
         paired |= watched
@@ -148,6 +147,15 @@ def _threads_shape(rest: set[int], anon: Mapping[int, str | None]) -> tuple[int,
     if left > 1 or not rest:
         return None
     return len(polls), left == 1
+
+
+def _watched_by(epoll_fd: int) -> list[int]:
+    """The descriptors the epoll instance ``epoll_fd`` watches (its fdinfo's ``tfd:`` lines)."""
+    try:
+        with open(f"/proc/self/fdinfo/{epoll_fd}", encoding="ascii") as f:
+            return [int(line.split()[1]) for line in f if line.startswith("tfd:")]
+    except (OSError, ValueError, IndexError):
+        return []
 
 
 def _could_own(
@@ -176,7 +184,8 @@ def name_context_descriptors(records: Sequence[dict[str, Any]]) -> None:
     """Name, in place, the descriptor records (:func:`~.fds.describe_fd`) that a live context,
     recorded and never terminated, holds (see the module): their ``what`` becomes ``zmq Context
     created at f.py:12, never terminated (its 7 descriptors: 4 eventfds, 3 epoll instances)``,
-    and ``zmq_context`` holds the context's facts. Records a socket named are left out."""
+    and ``zmq_context`` holds the context's facts (``type``: its class, as ``zmq.Context``).
+    Records a socket named are left out."""
     if not record.installed():
         return
     anon = {
@@ -194,12 +203,9 @@ def name_context_descriptors(records: Sequence[dict[str, Any]]) -> None:
     polls = sum(1 for fd in fds if anon[fd] == "eventpoll")
     what = f"{entry.describe()}, never terminated (its {_counted(len(fds), polls)})"
     facts = {**entry.facts(), "io_threads": _io_threads(context), "fds": sorted(fds)}
-    holder = f"{CONTEXT_ROLE} {_python_name(context)}"
     for fd_record in records:
         if fd_record.get("fd") in fds:
             fd_record.update(what=what, zmq_context=facts)
-            fd_record["opened_by"] = _native_phrase(fd_record, (), holder)
-            fd_record.pop("likely_library", None)
 
 
 def _io_threads(context: object) -> int | None:

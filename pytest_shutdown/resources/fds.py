@@ -823,9 +823,24 @@ class FdKind(ObjectKind):
             from pytest_shutdown.resources.zmq_sockets import name_descriptors  # noqa: PLC0415
 
             name_descriptors(records)
+            self._name_context_holders(records)
             # the sockets' names lead, then their contexts'
             records.sort(key=lambda r: ("zmq_socket" not in r, "zmq_context" not in r))
         return records
+
+    def _name_context_holders(self, records: Sequence[dict[str, Any]]) -> None:
+        """A descriptor a zmq context was named for is no longer a guess at a library (the owner
+        search, where it ran, named the context's Python class already)."""
+        from pytest_shutdown.resources._zmq_contexts import CONTEXT_ROLE  # noqa: PLC0415
+
+        for record in records:
+            context = record.get("zmq_context")
+            if context is None:
+                continue
+            record.pop("likely_library", None)
+            if record["fd"] not in self._native:
+                holder = f"{CONTEXT_ROLE} {context['type']}"
+                record["opened_by"] = _native_phrase(record, (), holder)
 
     def findings(
         self, items: Sequence[FdItem], subject: str, *, grace: float, extra: Extra = None

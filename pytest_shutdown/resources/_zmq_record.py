@@ -2,10 +2,14 @@
 
 While recording is on (:func:`install`, counted: the guard's ``zmq`` kind holds it), four methods
 of pyzmq's ``zmq.Socket`` (``zmq.sugar.socket.Socket``: every socket class, the ``zmq.asyncio``
-ones included, derives from it) and ``zmq.Context.term`` are wrapped. Each wrapper calls the
-original and only *records*: what the code under test sees (return values, exceptions, the
-blocking of ``term()``) is unchanged:
+ones included, derives from it) and ``zmq.Context.__init__`` and ``term`` are wrapped. Each
+wrapper calls the original and only *records*: what the code under test sees (return values,
+exceptions, the blocking of ``term()``) is unchanged:
 
+* ``Context.__init__``: a context was made: the test and its creation site (a shadow, such as
+  ``zmq.asyncio.Context(sync_ctx)``, is not: it stands for the context it shadows); its first
+  socket then records the test that started it (libzmq starts a context's threads with its
+  first socket);
 * ``Socket.__init__``: a socket was made: its type (``PUSH``), its context (weakly), the test,
   and its creation site (the first frames outside pyzmq);
 * ``Socket.bind`` / ``Socket.connect``: an endpoint (a bind's resolved one: ``tcp://*:0`` is
@@ -22,9 +26,9 @@ is made or a probe reports. pyzmq is never imported here: when it is not loaded 
 wrappers are installed right after its first import (a ``sys.meta_path`` entry waits for it).
 The record holds sockets and contexts weakly. A forked child gets the originals back.
 
-Not seen: sockets made before recording started, sockets of other bindings than pyzmq's
-``zmq.Socket`` (a C extension's own libzmq sockets), and ``Socket.shadow`` copies (not the
-socket's owner: they are left out).
+Not seen: contexts and sockets made before recording started, sockets of other bindings than
+pyzmq's ``zmq.Socket`` (a C extension's own libzmq sockets), and ``Socket.shadow`` copies (not
+the socket's owner: they are left out).
 """
 
 from __future__ import annotations
@@ -41,10 +45,12 @@ from pytest_shutdown.ownership import origins
 from pytest_shutdown.ownership.lazy_wrappers import LazyWrappers
 
 __all__ = [
+    "ContextEntry",
     "Event",
     "SocketEntry",
     "call_site",
     "close_with_linger_zero",
+    "context_entry",
     "events_since",
     "install",
     "installed",
@@ -64,6 +70,13 @@ EVENT_LIMIT = 1024
 #: Socket types that never send a message of their own: closed with any linger, nothing of
 #: theirs can keep ``term()`` waiting.
 RECEIVE_ONLY = frozenset({"PULL", "SUB"})
+
+
+def _where(site: tuple[tuple[str, int, str], ...]) -> str:
+    if not site:
+        return "an unknown site"
+    filename, lineno, _ = site[0]
+    return f"{filename}:{lineno}"
 
 
 class SocketEntry:
@@ -104,10 +117,7 @@ class SocketEntry:
         return self.closed and self.linger != 0 and self.kind not in RECEIVE_ONLY
 
     def where(self) -> str:
-        if not self.site:
-            return "an unknown site"
-        filename, lineno, _ = self.site[0]
-        return f"{filename}:{lineno}"
+        return _where(self.site)
 
     def describe(self) -> str:
         """``zmq socket PUSH tcp://127.0.0.1:5555 created at f.py:12``."""
@@ -133,6 +143,39 @@ class SocketEntry:
         return f"<{self.describe()} #{self.seq}>"
 
 
+class ContextEntry:
+    """One recorded context: where and in which test it was made, and in which test its first
+    socket started it (``started``: whether one did)."""
+
+    __slots__ = ("site", "test", "started", "started_in", "kind", "__weakref__")
+
+    def __init__(self, site: tuple[tuple[str, int, str], ...], test: str | None, kind: str) -> None:
+        self.site = site
+        self.test = test
+        self.started = False
+        self.started_in: str | None = None
+        #: ``zmq.Context``, ``zmq.asyncio.Context``, ...
+        self.kind = kind
+
+    def where(self) -> str:
+        return _where(self.site)
+
+    def describe(self) -> str:
+        """``zmq Context created at f.py:12``."""
+        return f"zmq Context created at {self.where()}"
+
+    def facts(self) -> dict[str, Any]:
+        return {
+            "type": self.kind,
+            "created_at": self.where(),
+            "created_in": self.test,
+            "started_in": self.started_in,
+        }
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"
+
+
 class Event:
     """One thing the record saw happen (a ``term()`` the probe found blocked)."""
 
@@ -153,6 +196,7 @@ class Event:
 _seq = 0
 _live: dict[int, SocketEntry] = {}
 _sockets: weakref.WeakKeyDictionary[Any, SocketEntry] = weakref.WeakKeyDictionary()
+_contexts: weakref.WeakKeyDictionary[Any, ContextEntry] = weakref.WeakKeyDictionary()
 _events: deque[Event] = deque(maxlen=EVENT_LIMIT)
 _lock = threading.Lock()
 _ZMQ_DIR = ""
@@ -226,6 +270,18 @@ def close_with_linger_zero(sock: Any) -> None:
     sys.modules["zmq.sugar.socket"].Socket.close(sock, linger=0)
 
 
+def context_entry(context: Any) -> ContextEntry | None:
+    """The record of ``context``, or of the context it shadows; None: made before recording."""
+    for candidate in (context, getattr(context, "_shadow_obj", None)):
+        try:
+            entry = _contexts.get(candidate)
+        except TypeError:  # None, an address: not weakly referenceable
+            continue
+        if entry is not None:
+            return entry
+    return None
+
+
 def open_sockets() -> Iterator[SocketEntry]:
     """The recorded sockets still open, newest first."""
     for entry in reversed(list(_live.values())):
@@ -260,6 +316,17 @@ def _made(sock: Any) -> None:
     _live[number] = entry
     if len(_live) > LIVE_LIMIT:
         _live.pop(next(iter(_live)))
+    started = context_entry(context) if context is not None else None
+    if started is not None and not started.started:
+        started.started, started.started_in = True, entry.test
+
+
+def _context_made(context: Any) -> None:
+    if getattr(context, "_shadow", False):
+        return
+    kind = type(context)
+    name = f"{kind.__module__}.{kind.__qualname__}".replace(".sugar.context", "")
+    _contexts[context] = ContextEntry(call_site(), origins.current_test(), name)
 
 
 def _wrap_zmq(zmq: Any) -> None:
@@ -275,7 +342,7 @@ def _wrap_zmq(zmq: Any) -> None:
     _ZMQ_DIR = os.path.dirname(zmq.__file__) + os.sep
     base, context_base = socket_class.Socket, context_class.Context
     init, bind, connect, close = base.__init__, base.bind, base.connect, base.close
-    term = context_base.term
+    context_init, term = context_base.__init__, context_base.term
     last_endpoint, linger_option = zmq.LAST_ENDPOINT, zmq.LINGER
 
     def socket_init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -322,6 +389,14 @@ def _wrap_zmq(zmq: Any) -> None:
             pass
         close(self, linger=linger)
 
+    def context_made(self: Any, *args: Any, **kwargs: Any) -> None:
+        __tracebackhide__ = True
+        context_init(self, *args, **kwargs)
+        try:
+            _context_made(self)
+        except Exception:  # noqa: BLE001
+            pass
+
     def context_term(self: Any) -> None:
         __tracebackhide__ = True
         watcher = term_watcher
@@ -340,10 +415,12 @@ def _wrap_zmq(zmq: Any) -> None:
     _wrappers.patch("connect", base, "connect", socket_connect)
     _wrappers.patch("close", base, "close", socket_close)
     _wrappers.patch("term", context_base, "term", context_term)
+    _wrappers.patch("context", context_base, "__init__", context_made)
 
 
 def _forget() -> None:
     _live.clear()
+    _contexts.clear()
     _events.clear()
 
 

@@ -481,96 +481,14 @@ def _anon_kind(target: str) -> str | None:
     return target[len("anon_inode:") :].strip("[]") if target.startswith("anon_inode:") else None
 
 
-#: ``Context.underlying`` of each zmq context an earlier search saw -> the descriptors it was
-#: given then (none: its own predate any later test; a repeated search gives it the same).
-_zmq_contexts_seen: dict[int, frozenset[int]] = {}
-
-
-def _zmq_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
-    """fd -> (the zmq object whose native code holds it, what to call it), for the eventfd and
-    epoll descriptors among ``items``.
-
-    A socket's mailbox is its ``FD`` (exact). The rest of a context's (1 eventfd; once a socket
-    started it, 2 + n eventfds and 1 + n epoll instances, n its I/O threads) are given to a
-    context only when exactly one live context no earlier search saw has exactly that shape and
-    each poller watches one of those eventfds: anything else stays unexplained."""
-    zmq = sys.modules.get("zmq")
-    socket_type, context_type = getattr(zmq, "Socket", None), getattr(zmq, "Context", None)
-    if not isinstance(socket_type, type) or not isinstance(context_type, type):
-        return {}
-    anon = {item.fd: _anon_kind(item.target) for item in items}
-    wanted = {fd for fd, kind in anon.items() if kind in _NATIVE_HELPER_KINDS}
-    if not wanted:
-        return {}
-    owners, contexts = _zmq_sockets_and_contexts(zmq, socket_type, context_type, wanted)
-    rest = wanted - owners.keys()
-    owners.update(_zmq_context_owning(rest, anon, contexts, getattr(zmq, "IO_THREADS", 1)))
-    return owners
-
-
-def _zmq_sockets_and_contexts(
-    zmq: Any, socket_type: type, context_type: type, wanted: set[int]
-) -> tuple[dict[int, tuple[object, str]], dict[int, object]]:
-    """One heap pass: the wanted descriptors that are a socket's mailbox (given to its context),
-    and each live context by its ``underlying`` address."""
-    fd_option = getattr(zmq, "FD", 14)
-    found = _cheap.heap_instances(lambda kind: issubclass(kind, (socket_type, context_type)))
-    owners: dict[int, tuple[object, str]] = {}
-    contexts: dict[int, object] = {}
-    for obj in found:
-        try:
-            if getattr(obj, "closed", True):
-                continue
-            if isinstance(obj, socket_type):
-                number = obj.get(fd_option)  # type: ignore[attr-defined]
-                context = obj.context  # type: ignore[attr-defined]
-                if isinstance(number, int) and number in wanted:
-                    owners[number] = (context, "libzmq's mailbox of a socket of")
-            else:
-                contexts.setdefault(int(obj.underlying), obj)  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001, S112 - a socket closed meanwhile, a shadow context
-            continue
-    del found
-    return owners, contexts
-
-
-def _zmq_context_owning(
-    rest: set[int],
-    anon: Mapping[int, str | None],
-    contexts: Mapping[int, object],
-    io_threads: int,
-) -> dict[int, tuple[object, str]]:
-    """The descriptors no socket explains, given to the one live context whose shape they have
-    (see :func:`_zmq_owners`), or to none; every context seen is remembered."""
-    eventfds = {fd for fd in rest if anon[fd] == "eventfd"}
-    polls = rest - eventfds
-    given = frozenset(rest)
-    candidates = []
-    for address, context in contexts.items():
-        if _zmq_contexts_seen.get(address, given) != given:
-            continue
-        try:
-            threads = int(context.get(io_threads))  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - terminated meanwhile
-            continue
-        if (len(eventfds), len(polls)) in ((2 + threads, 1 + threads), (1, 0)):
-            candidates.append(address)
-    if len(_zmq_contexts_seen) > 10_000:
-        _zmq_contexts_seen.clear()
-    for address in contexts:
-        _zmq_contexts_seen.setdefault(address, frozenset())
-    if len(candidates) == 1 and all(eventfds.intersection(_fdinfo(fd, "tfd:")) for fd in polls):
-        _zmq_contexts_seen[candidates[0]] = given
-        return {fd: (contexts[candidates[0]], "libzmq's mailbox or poller of") for fd in rest}
-    return {}
-
-
 def native_owners(items: Sequence[FdItem]) -> dict[int, tuple[object, str]]:
     """fd -> (the Python object whose native code holds it, what it is to that object), for
     descriptors no Python object wraps."""
-    if "libzmq" in loaded_native_libraries():
-        return _zmq_owners(items)
-    return {}
+    if "libzmq" not in loaded_native_libraries():
+        return {}
+    from pytest_shutdown.resources._zmq_contexts import zmq_owners  # noqa: PLC0415 - libzmq's
+
+    return zmq_owners({item.fd: _anon_kind(item.target) for item in items})
 
 
 #: Attribute names under which pure-Python code keeps a raw descriptor number (multiprocessing's
@@ -679,7 +597,7 @@ def _native_phrase(record: Mapping[str, Any], libraries: Sequence[str], holder: 
 
 def _native_note(records: Sequence[Mapping[str, Any]]) -> str:
     """The finding's last sentence when some descriptors have no Python object."""
-    native = [r for r in records if r.get("native")]
+    native = [r for r in records if r.get("native") and "zmq_context" not in r]
     if not native:
         return ""
     count = len(native)
@@ -722,6 +640,22 @@ def _innermost(objects: Sequence[object]) -> object:
 
 def _held_by(record: Mapping[str, Any]) -> str:
     return f" held by {record['holder']}" if record.get("holder") else ""
+
+
+def _texts(records: Sequence[Mapping[str, Any]]) -> list[str]:
+    """One text per descriptor, but one for all those a zmq context holds (``fds 5, 6, 9: zmq
+    Context created at ...``)."""
+    texts: list[str] = []
+    contexts: set[str] = set()
+    for r in records:
+        context = r.get("zmq_context")
+        if context is None:
+            texts.append(f"fd {r['fd']}: {r['what']}" + _held_by(r))
+        elif r["what"] not in contexts:
+            contexts.add(r["what"])
+            fds = context["fds"]
+            texts.append(f"fd{'s' if len(fds) > 1 else ''} {', '.join(map(str, fds))}: {r['what']}")
+    return texts
 
 
 class FdKind(ObjectKind):
@@ -885,8 +819,24 @@ class FdKind(ObjectKind):
             from pytest_shutdown.resources.zmq_sockets import name_descriptors  # noqa: PLC0415
 
             name_descriptors(records)
-            records.sort(key=lambda r: "zmq_socket" not in r)  # the sockets' names lead
+            self._name_context_holders(records)
+            # the sockets' names lead, then their contexts'
+            records.sort(key=lambda r: ("zmq_socket" not in r, "zmq_context" not in r))
         return records
+
+    def _name_context_holders(self, records: Sequence[dict[str, Any]]) -> None:
+        """A descriptor a zmq context was named for is no longer a guess at a library (the owner
+        search, where it ran, named the context's Python class already)."""
+        from pytest_shutdown.resources._zmq_contexts import CONTEXT_ROLE  # noqa: PLC0415
+
+        for record in records:
+            context = record.get("zmq_context")
+            if context is None:
+                continue
+            record.pop("likely_library", None)
+            if record["fd"] not in self._native:
+                holder = f"{CONTEXT_ROLE} {context['type']}"
+                record["opened_by"] = _native_phrase(record, (), holder)
 
     def findings(
         self, items: Sequence[FdItem], subject: str, *, grace: float, extra: Extra = None
@@ -899,7 +849,7 @@ class FdKind(ObjectKind):
             "fd-leak",
             "fds",
             records,
-            [f"fd {r['fd']}: {r['what']}" + _held_by(r) for r in records],
+            _texts(records),
             f"{count} file descriptor{'s' if count != 1 else ''} opened in {subject} still open",
             grace=grace,
             extra=extra,

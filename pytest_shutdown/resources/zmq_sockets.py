@@ -22,6 +22,7 @@ from typing import Any
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.resources import _zmq_record as record
 from pytest_shutdown.resources import _zmq_term_probe as probe
+from pytest_shutdown.resources._zmq_contexts import name_context_descriptors
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 
 __all__ = ["ZmqKind", "name_descriptors"]
@@ -177,14 +178,20 @@ def name_descriptors(records: Sequence[dict[str, Any]]) -> None:
     that a recorded ZMQ socket still open owns: its mailbox (its ``FD``) and its endpoints'
     connections and listeners. Their
     ``what`` becomes ``zmq socket PUSH tcp://... created at f.py:12 (...)``, and ``zmq_socket``
-    holds the socket's facts."""
+    holds the socket's facts. Then those a recorded context never terminated holds
+    (:func:`~._zmq_contexts.name_context_descriptors`)."""
     zmq = sys.modules.get("zmq")
     if zmq is None or not record.installed():
         return
     sockets = list(record.open_sockets())
-    if not sockets:
-        return
-    fd_option = getattr(zmq, "FD", 14)
+    if sockets:
+        _name_socket_descriptors(records, sockets, getattr(zmq, "FD", 14))
+    name_context_descriptors(records)
+
+
+def _name_socket_descriptors(
+    records: Sequence[dict[str, Any]], sockets: Sequence[record.SocketEntry], fd_option: int
+) -> None:
     mailboxes: dict[int, record.SocketEntry] = {}
     for entry in sockets:
         try:

@@ -26,7 +26,11 @@ __getattr__, __dir__ = lazy_exports("pytest_shutdown.aio", _LAZY, globals())
 
 if TYPE_CHECKING:  # pragma: no cover
     from pytest_shutdown.helpers.async_shutdown import (
-        assert_finalizes_on_gc_async,
-        assert_idempotent_shutdown_async,
-        assert_nonblocking_shutdown_async,
+        assert_finalizes_on_gc_async as assert_finalizes_on_gc_async,
+    )
+    from pytest_shutdown.helpers.async_shutdown import (
+        assert_idempotent_shutdown_async as assert_idempotent_shutdown_async,
+    )
+    from pytest_shutdown.helpers.async_shutdown import (
+        assert_nonblocking_shutdown_async as assert_nonblocking_shutdown_async,
     )

@@ -7,6 +7,7 @@
   Once preloaded it collects and freezes its heap: a fork then never traverses torch's ~170,000
   objects nor copies their pages, and EngineCore's start-up ``gc.collect()`` (100-150 ms) is
   skipped; ``heap_frozen_by_fork_server`` tells a fork that the freeze is not its own.
+  It also ignores SIGTERM (its forks restore it): a signal to its process group must not kill it.
 * ``"spawn"``: a fresh interpreter per process.
 * ``"fork"``: refused (:func:`engine_context`) where it breaks; see
   :mod:`pytest_shutdown.gpu.forking`.
@@ -17,6 +18,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import signal
 import sys
 import threading
 from multiprocessing.context import BaseContext
@@ -149,5 +151,34 @@ def _freeze_fork_server_heap() -> None:
     _fork_server_pid = os.getpid()
 
 
+def _shield_fork_server_from_sigterm() -> None:
+    """Ignore and block SIGTERM in the fork server; each of its forks restores both at once.
+
+    The fork server is in its parent's process group, and a DP supervisor stops a child by
+    signalling that group: killed by that SIGTERM, the server takes the exit statuses it has not
+    reported yet with it, and ``Popen.poll`` answers 255 for an EngineCore still shutting down
+    (its parent then neither waits for it nor kills it). CPython shields its own helpers the
+    same way: the fork server from SIGINT, the resource tracker from SIGINT and SIGTERM.
+    Ignored, for any thread an import started; blocked too, so that a SIGTERM sent to a fork
+    before it restored the handler stays pending and ends it then. Only the server's own forks
+    restore: their forks keep whatever handler they inherit.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - POSIX has it
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    shielded = True
+
+    def unshield_this_fork() -> None:
+        nonlocal shielded
+        if shielded:
+            shielded = False
+            signal.signal(signal.SIGTERM, previous)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
+
+    os.register_at_fork(after_in_child=unshield_this_fork)
+
+
 if _imported_by_fork_server():
     _freeze_fork_server_heap()
+    _shield_fork_server_from_sigterm()

@@ -19,6 +19,7 @@ from typing import Any
 
 from pytest_shutdown.engine.config import START_METHODS, EngineConfig
 from pytest_shutdown.engine.faults import ChildFaults
+from pytest_shutdown.engine.lifecycle import LifecycleLog
 from pytest_shutdown.engine.lifeline import ParentWatch, set_parent_death_signal, wake_fd
 from pytest_shutdown.engine.processes import (
     EngineProcManager,
@@ -219,7 +220,11 @@ def supervised_child_main(
     faults: ChildFaults | None,
     pdeathsig: bool,
 ) -> None:
-    """A supervised child: own process group, one ``EngineProcManager``, stop on SIGTERM/SIGINT."""
+    """A supervised child: own process group, one ``EngineProcManager``, stop on SIGTERM/SIGINT.
+
+    Its ``engines_stopped`` lifecycle event is what its manager's shutdown saw: exit codes as this
+    process read them, force-killed engines, engines its monitor took for dead before the stop.
+    """
     os.setpgid(0, 0)
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -244,7 +249,13 @@ def supervised_child_main(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         timeout = 0.0 if watch.parent_gone.is_set() else config.shutdown_timeout
-        manager.shutdown(timeout)
+        outcome = manager.shutdown(timeout)
+        if outcome is not None:
+            LifecycleLog(lifecycle_log).event(
+                "engines_stopped", exitcodes=outcome.exitcodes,
+                force_killed=outcome.force_killed, duration_s=round(outcome.duration_s, 3),
+                failures=[[f.name, f.exitcode] for f in manager.failures],
+            )
         watch.stop()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)

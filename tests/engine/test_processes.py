@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 from collections.abc import Iterator
 from multiprocessing.process import BaseProcess
 
@@ -16,6 +17,7 @@ import pytest
 from engine_proc_testing import (
     DEFAULT_TIMEOUT_S,
     GRACE_S,
+    alive,
     assert_gone,
     fast_config,
     sleeper,
@@ -108,6 +110,26 @@ def test_one_shared_deadline_not_one_per_process(started: list[BaseProcess]) -> 
     assert len(outcome.force_killed) == 3
     # Three per-process waits would take >= 3 s; one shared deadline takes ~1 s.
     assert 1.0 <= outcome.duration_s < 2.5, outcome
+
+
+def test_a_sigterm_to_the_whole_group_leaves_the_fork_server_and_the_real_exit_status(
+    started: list[BaseProcess],
+) -> None:
+    # A signal to a process group reaches the fork server too (a DP child's engines share its
+    # group). A fork server killed by it took the exit statuses it had not reported yet with it:
+    # Popen answered 255 for a process that died of SIGTERM.
+    from multiprocessing import forkserver
+
+    proc, _ = start(started, sleeper)
+    server = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    assert proc.pid is not None and server is not None
+
+    for pid in (server, proc.pid):
+        os.kill(pid, signal.SIGTERM)
+    proc.join(10)
+
+    assert proc.exitcode == -signal.SIGTERM  # its fork unblocked SIGTERM: the default action
+    assert alive(server)
 
 
 def test_processes_never_started_are_left_alone() -> None:

@@ -104,6 +104,30 @@ def test_default_start_method_tree_and_a_dropped_supervisor_leave_no_orphan() ->
     assert_gone(pids, what="the dropped supervisor's tree")
 
 
+def test_a_signal_to_a_childs_group_leaves_it_its_engines_exit_statuses(tmp_path: Path) -> None:
+    # The dp_supervisor fixture's shape: fork servers at both levels. Each child's fork server is
+    # in the child's group, so the supervisor's SIGTERM reached it too: killed, it took the exit
+    # status of the EngineCore it had forked with it, and the child read 255 for an engine still
+    # shutting down (waiting neither for it nor killing it).
+    log = str(tmp_path / "life.jsonl")
+    supervisor = DPSupervisor(fast_config(shutdown_timeout=5.0), num_children=2, lifecycle_log=log)
+    try:
+        pids = tree_pids(supervisor)
+        engine_pids = [pid for pids_ in supervisor.engine_pids.values() for pid in pids_]
+        outcome = supervisor.shutdown()
+    finally:
+        supervisor.shutdown()
+
+    assert outcome is not None and outcome.force_killed == []
+    assert set(outcome.exitcodes.values()) == {0}
+    seen = events(log, "engines_stopped")
+    assert [e["exitcodes"] for e in seen] == [{"EngineCore_DP0": 0}] * 2
+    assert [e["force_killed"] for e in seen] == [[], []]
+    for pid in engine_pids:
+        assert events(log, "final", pid)[0]["exit"] == 0
+    assert_gone(pids, what="the supervisor's tree")
+
+
 def test_supervisor_rejects_bad_arguments_naming_them() -> None:
     with pytest.raises(ValueError, match="num_children"):
         DPSupervisor(fast_config(), num_children=0)

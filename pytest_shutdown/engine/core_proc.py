@@ -229,7 +229,7 @@ class EngineCoreProc:
             self._run_dp_busy_loop(self.dp_group)
         else:
             while self._handle_shutdown():
-                self._process_input_queue()
+                self._process_input_queue(IDLE_WAKE_S)
                 self._process_engine_step()
         core = self._core
         if self.faults.leave_work:
@@ -308,7 +308,7 @@ class EngineCoreProc:
             self.log.event("drain_cut_short", aborted=len(aborted), parent_gone=self.parent_gone)
         return core.has_work()
 
-    def _process_input_queue(self, idle_wait_s: float = IDLE_WAKE_S) -> None:
+    def _process_input_queue(self, idle_wait_s: float) -> None:
         core = self._core
         idle = (
             idle_wait_s > 0

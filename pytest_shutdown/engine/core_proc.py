@@ -45,6 +45,7 @@ from pytest_shutdown.engine.lifecycle import LifecycleLog
 from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
     ParentWatch,
+    on_stop_signals,
     set_parent_death_signal,
     set_process_name,
     wake_fd,
@@ -477,12 +478,10 @@ def run_engine_core(
         proc.send((kind, text))
         raise
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        on_stop_signals(signal.SIG_IGN)
         _clean_up(proc, log, engine_core, workers)
         after = signal.SIG_IGN if exiting else signal.SIG_DFL
-        signal.signal(signal.SIGTERM, after)
-        signal.signal(signal.SIGINT, after)
+        on_stop_signals(after)
         log.event("handlers_restored", handlers="ignored" if exiting else "default")
         if parent_watch is not None:
             parent_watch.stop()
@@ -500,8 +499,7 @@ def _install_handlers(
     if ring_name is not None:
         proc.ring = ShmRing.create(ring_name)
     proc.waker = SignalWaker(proc.wake)
-    signal.signal(signal.SIGTERM, proc.signal_handler)
-    signal.signal(signal.SIGINT, proc.signal_handler)
+    on_stop_signals(proc.signal_handler)
     proc.waker.wake_on_signals()
     log.event("handlers_installed", dp_rank=dp_rank)
     set_process_name(f"EngineCore_DP{dp_rank}")

@@ -11,7 +11,6 @@ exit waits for forever.
 from __future__ import annotations
 
 import queue
-import signal
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from pytest_shutdown._os.phases import phase_pattern, report_phase, wanted_phase
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.faults import ChildFaults
-from pytest_shutdown.engine.lifeline import set_process_name
+from pytest_shutdown.engine.lifeline import on_stop_signals, set_process_name
 from pytest_shutdown.engine.processes import EngineProcManager, StartupInterrupted
 from pytest_shutdown.engine.stop_flag import SignalStop
 
@@ -111,12 +110,7 @@ def serve_frontend(
         )
     set_process_name("Frontend")
     stop = SignalStop()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    on_stop_signals(lambda signum, frame: stop.set())
     report_phase("starting")
     try:
         manager = EngineProcManager(config, faults=faults, interrupt=stop)

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -33,6 +35,11 @@ def set_process_name(name: str) -> bool:
     """Set ``/proc/PID/comm`` (15 bytes), by which the tree-death helper's level patterns tell
     the levels apart (Linux; else False)."""
     return prctl(PR_SET_NAME, name.encode()[:15])
+
+
+def on_stop_signals(handler: Callable[[int, Any], Any] | int) -> dict[int, Any]:
+    """Install ``handler`` for SIGTERM and SIGINT; returns the handlers it replaced."""
+    return {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
 
 
 def wake_fd(fd: int, data: bytes = b"\x01") -> None:

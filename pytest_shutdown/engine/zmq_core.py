@@ -32,6 +32,7 @@ from pytest_shutdown.engine.core import EngineCore, EngineCoreOutput, FinishReas
 from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
     ParentWatch,
+    on_stop_signals,
     set_parent_death_signal,
     set_process_name,
 )
@@ -86,8 +87,7 @@ def zmq_engine_main(
     reset_after_fork(config.start_method)
     set_process_name(f"EngineCore_DP{rank}")
     stop = _Stop()
-    signal.signal(signal.SIGTERM, stop.on_signal)
-    signal.signal(signal.SIGINT, stop.on_signal)
+    on_stop_signals(stop.on_signal)
     if pdeathsig:
         set_parent_death_signal(signal.SIGTERM)
     watch = ParentWatch(parent_pid, stop.on_parent_gone, exit_after_s=PARENT_GONE_EXIT_S).start()
@@ -111,8 +111,7 @@ def zmq_engine_main(
             if not stop.parent_gone:
                 outputs.send_pyobj((MSG_EXITING, rank))
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal never cuts this short
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        on_stop_signals(signal.SIG_IGN)  # a second signal never cuts this short
         if core is not None:
             core.abort_requests(None)
             core.shutdown()

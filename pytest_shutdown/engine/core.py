@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -195,6 +195,19 @@ class EngineCore:
         raise ValueError(
             f"unknown utility {name!r}; accepted: num_unfinished_requests, has_work, ping"
         )
+
+
+def load_model(
+    delay_s: float, interrupted: Callable[[], bool], wake: threading.Event, poll_s: float
+) -> None:
+    """Model loading: ``delay_s`` seconds, given up once ``interrupted()`` (checked every
+    ``poll_s``; ``wake`` set cuts the wait short)."""
+    until = time.monotonic() + delay_s
+    while not interrupted():
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            return
+        wake.wait(min(remaining, poll_s))
 
 
 def _freeze_startup_heap() -> bool:

@@ -38,6 +38,7 @@ from pytest_shutdown.engine.core import (
     EngineCoreOutput,
     EngineShutdownState,
     FinishReason,
+    load_model,
 )
 from pytest_shutdown.engine.dp_group import DP_IDLE_WAKE_S, DataParallelGroup, DPGroupSpec
 from pytest_shutdown.engine.faults import ChildFaults
@@ -215,14 +216,6 @@ class EngineCoreProc:
 
     def startup_interrupted(self) -> bool:
         return self.shutdown_requested or self.parent_gone_seen.is_set()
-
-    def load_model(self, delay_s: float) -> None:
-        until = time.monotonic() + delay_s
-        while not self.startup_interrupted():
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                return
-            self.parent_gone_seen.wait(min(remaining, STARTUP_POLL_S))
 
     def run_busy_loop(self) -> None:
         """Serve until a requested shutdown has no work left, then raise SystemExit."""
@@ -520,7 +513,10 @@ def _start_up(
         else:
             workers.wait_ready(deadline, proc.startup_interrupted)
     else:
-        proc.load_model(proc.config.startup_delay_s)
+        load_model(
+            proc.config.startup_delay_s, proc.startup_interrupted, proc.parent_gone_seen,
+            STARTUP_POLL_S,
+        )
     if faults.startup_delay_s:
         time.sleep(faults.startup_delay_s)
     if dp_rank in faults.fail_startup_ranks:

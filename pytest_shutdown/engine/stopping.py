@@ -11,6 +11,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from pytest_shutdown._os.killer import kill_trees
@@ -43,6 +44,15 @@ def validate_timeout(value: object, option: str = "timeout") -> float | None:
     if math.isnan(value) or math.isinf(value) or value < 0:
         raise ValueError(f"{option}: expected None or a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def close_quietly(conn: Connection | None) -> None:
+    """Close ``conn`` (None: nothing to close), ignoring an error: it is let go either way."""
+    if conn is not None:
+        try:
+            conn.close()
+        except OSError:
+            pass
 
 
 def kill_process_tree(pid: int, *, timeout: float = KILL_WAIT_S) -> list[int]:

@@ -101,7 +101,7 @@ class EngineCore:
         )
         # LIFO: the release runs first, the unfreeze last (after model and cache are gone).
         self._resources.callback(_unfreeze_if_frozen_by_us, _freeze_startup_heap())
-        self._resources.callback(_sleep, self.config.teardown_delay_s)
+        self._resources.callback(time.sleep, self.config.teardown_delay_s)
         self._resources.callback(_release, weakref.ref(self), self.device.type)
 
     def add_request(
@@ -223,11 +223,6 @@ def _freeze_startup_heap() -> bool:
 def _unfreeze_if_frozen_by_us(frozen_by_us: bool) -> None:
     if frozen_by_us:
         gc.unfreeze()
-
-
-def _sleep(seconds: float) -> None:
-    if seconds:
-        time.sleep(seconds)
 
 
 def _release(engine_ref: weakref.ReferenceType[EngineCore], device_type: str) -> None:

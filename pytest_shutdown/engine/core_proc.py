@@ -311,18 +311,12 @@ class EngineCoreProc:
             and not core.has_work()
         )
         try:
-            if idle:
-                msg = self.input_queue.get(timeout=idle_wait_s)
-            else:
+            msg = self.input_queue.get(block=idle, timeout=idle_wait_s)
+            while True:
+                self._handle_input(msg)
                 msg = self.input_queue.get_nowait()
         except queue.Empty:
             return
-        while True:
-            self._handle_input(msg)
-            try:
-                msg = self.input_queue.get_nowait()
-            except queue.Empty:
-                return
 
     def _handle_input(self, msg: tuple[Any, ...]) -> None:
         core = self._core

@@ -103,8 +103,7 @@ def serve_ranks(
             ranks[0].join(0.05)
     finally:
         del store
-    codes = [proc.exitcode or 0 for proc in ranks]
-    return 1 if any(codes) else 0
+    return 1 if any(proc.exitcode for proc in ranks) else 0
 
 
 def _rank_main(
@@ -203,6 +202,7 @@ class _Rank:
         self.group.step()
 
     def _wait_for_peers(self, store: Any, keys: list[str]) -> None:
+        """Its own frame: the collective-hang finding names it (docs/distributed.md)."""
         store.wait(keys, self.wait_timeout)
 
     def _teardown(self) -> None:

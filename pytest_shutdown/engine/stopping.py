@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from operator import methodcaller
 
 from pytest_shutdown._os.killer import kill_trees
 
@@ -87,7 +88,7 @@ def shutdown_processes(
     for proc in live:
         if proc.is_alive():
             try:
-                (terminate or _terminate)(proc)
+                (terminate or methodcaller("terminate"))(proc)
             except (ProcessLookupError, OSError):
                 pass
     for proc in live:
@@ -117,10 +118,6 @@ def _join_polling(proc: BaseProcess, deadline: float) -> None:
         if remaining <= 0:
             return
         proc.join(min(remaining, JOIN_POLL_S))
-
-
-def _terminate(proc: BaseProcess) -> None:
-    proc.terminate()
 
 
 def _unique_names(procs: Sequence[BaseProcess]) -> list[str]:

@@ -132,7 +132,6 @@ class _Worker:
         if self.lifeline and self.lifeline_while_loading:
             set_parent_death_signal(signal.SIGTERM)
         loaded_at = time.monotonic() + self.config.startup_delay_s
-        self._conn_open = True
         try:
             while True:
                 code = self._turn(wake_r, wake_w, loaded_at)

@@ -16,39 +16,25 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import Sequence
 from typing import Any
 
-from pytest_shutdown._os.phases import phase_pattern, report_phase, wanted_phase
+from pytest_shutdown._os.phases import report_phase, wanted_phase
 from pytest_shutdown.engine.async_llm import AsyncLLM
 from pytest_shutdown.engine.config import EngineConfig
+from pytest_shutdown.engine.frontend import (
+    BUSY_MAX_TOKENS,
+    BUSY_REQUESTS_PER_ENGINE,
+    SHUTTING_DOWN_TEARDOWN_S,
+    STARTING_LOAD_S,
+    ProcessesLoading,
+    stretched_for,
+)
 from pytest_shutdown.engine.lifeline import set_process_name
 
 #: The levels of the async tree, for the tree-death helper: the root, and name patterns.
 ASYNC_LEVELS = {"frontend": "root", "engine_core": "EngineCore_DP*"}
 #: Every phase the async front end reports.
 ASYNC_FRONTEND_PHASES = ("starting", "ready", "busy", "shutting_down")
-#: Model loading in the ``starting`` phase: longer than any test waits.
-STARTING_LOAD_S = 30.0
-#: EngineCore teardown in the ``shutting_down`` phase.
-SHUTTING_DOWN_TEARDOWN_S = 1.0
-#: Requests kept in flight per EngineCore in the ``busy`` phase, and their length.
-BUSY_REQUESTS_PER_ENGINE = 2
-BUSY_MAX_TOKENS = 1_000_000
-
-
-class EnginesLoading:
-    """Phase marker ``starting``: every EngineCore exists and is loading its model."""
-
-    def __init__(self, engines: int) -> None:
-        self.engines = engines
-
-    def __call__(self, output: str, processes: Sequence[Any]) -> bool:
-        loading = phase_pattern("starting").search(output) and not phase_pattern("ready").search(
-            output
-        )
-        found = sum(1 for p in processes if p.name.startswith("EngineCore_DP"))
-        return bool(loading) and found >= self.engines
 
 
 def async_matrix_config(**changes: Any) -> EngineConfig:
@@ -71,19 +57,15 @@ def async_matrix_config(**changes: Any) -> EngineConfig:
 
 
 #: The phases of the async tree as ``async_matrix_config()`` builds it (dp=2).
-ASYNC_PHASES = {"starting": EnginesLoading(2)}
+ASYNC_PHASES = {"starting": ProcessesLoading("EngineCore_DP", 2)}
 
 
 def serve_async_frontend(config: EngineConfig | None = None) -> int:
     """Run the async tree until told to stop; returns the exit code (1: an engine died)."""
-    config = config if config is not None else async_matrix_config()
     wanted = wanted_phase(known=ASYNC_FRONTEND_PHASES)
-    if wanted == "starting":
-        config = config.replace(startup_delay_s=max(config.startup_delay_s, STARTING_LOAD_S))
-    if wanted == "shutting_down":
-        config = config.replace(
-            teardown_delay_s=max(config.teardown_delay_s, SHUTTING_DOWN_TEARDOWN_S)
-        )
+    config = stretched_for(
+        wanted, config or async_matrix_config(), STARTING_LOAD_S, SHUTTING_DOWN_TEARDOWN_S
+    )
     set_process_name("AsyncFrontend")
     return asyncio.run(_serve(config, wanted))
 

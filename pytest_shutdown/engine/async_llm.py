@@ -163,10 +163,6 @@ class AsyncLLM:
         return self._res.context_terminated
 
     @property
-    def term_thread(self) -> threading.Thread | None:
-        return self._res.term_thread
-
-    @property
     def is_closed(self) -> bool:
         return self._closed
 

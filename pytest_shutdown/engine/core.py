@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
@@ -101,7 +101,7 @@ class EngineCore:
         )
         # LIFO: the release runs first, the unfreeze last (after model and cache are gone).
         self._resources.callback(_unfreeze_if_frozen_by_us, _freeze_startup_heap())
-        self._resources.callback(_sleep, self.config.teardown_delay_s)
+        self._resources.callback(time.sleep, self.config.teardown_delay_s)
         self._resources.callback(_release, weakref.ref(self), self.device.type)
 
     def add_request(
@@ -197,6 +197,19 @@ class EngineCore:
         )
 
 
+def load_model(
+    delay_s: float, interrupted: Callable[[], bool], wake: threading.Event, poll_s: float
+) -> None:
+    """Model loading: ``delay_s`` seconds, given up once ``interrupted()`` (checked every
+    ``poll_s``; ``wake`` set cuts the wait short)."""
+    until = time.monotonic() + delay_s
+    while not interrupted():
+        remaining = until - time.monotonic()
+        if remaining <= 0:
+            return
+        wake.wait(min(remaining, poll_s))
+
+
 def _freeze_startup_heap() -> bool:
     """True when this call did the freezing."""
     # Checked first: counting a frozen heap walks all of it (15-25 ms in a torch fork).
@@ -210,11 +223,6 @@ def _freeze_startup_heap() -> bool:
 def _unfreeze_if_frozen_by_us(frozen_by_us: bool) -> None:
     if frozen_by_us:
         gc.unfreeze()
-
-
-def _sleep(seconds: float) -> None:
-    if seconds:
-        time.sleep(seconds)
 
 
 def _release(engine_ref: weakref.ReferenceType[EngineCore], device_type: str) -> None:

@@ -38,6 +38,7 @@ from pytest_shutdown.engine.core import (
     EngineCoreOutput,
     EngineShutdownState,
     FinishReason,
+    load_model,
 )
 from pytest_shutdown.engine.dp_group import DP_IDLE_WAKE_S, DataParallelGroup, DPGroupSpec
 from pytest_shutdown.engine.faults import ChildFaults
@@ -45,6 +46,7 @@ from pytest_shutdown.engine.lifecycle import LifecycleLog
 from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
     ParentWatch,
+    on_stop_signals,
     set_parent_death_signal,
     set_process_name,
     wake_fd,
@@ -215,21 +217,13 @@ class EngineCoreProc:
     def startup_interrupted(self) -> bool:
         return self.shutdown_requested or self.parent_gone_seen.is_set()
 
-    def load_model(self, delay_s: float) -> None:
-        until = time.monotonic() + delay_s
-        while not self.startup_interrupted():
-            remaining = until - time.monotonic()
-            if remaining <= 0:
-                return
-            self.parent_gone_seen.wait(min(remaining, STARTUP_POLL_S))
-
     def run_busy_loop(self) -> None:
         """Serve until a requested shutdown has no work left, then raise SystemExit."""
         if self.dp_group is not None:
             self._run_dp_busy_loop(self.dp_group)
         else:
             while self._handle_shutdown():
-                self._process_input_queue()
+                self._process_input_queue(IDLE_WAKE_S)
                 self._process_engine_step()
         core = self._core
         if self.faults.leave_work:
@@ -308,7 +302,7 @@ class EngineCoreProc:
             self.log.event("drain_cut_short", aborted=len(aborted), parent_gone=self.parent_gone)
         return core.has_work()
 
-    def _process_input_queue(self, idle_wait_s: float = IDLE_WAKE_S) -> None:
+    def _process_input_queue(self, idle_wait_s: float) -> None:
         core = self._core
         idle = (
             idle_wait_s > 0
@@ -317,18 +311,12 @@ class EngineCoreProc:
             and not core.has_work()
         )
         try:
-            if idle:
-                msg = self.input_queue.get(timeout=idle_wait_s)
-            else:
+            msg = self.input_queue.get(block=idle, timeout=idle_wait_s)
+            while True:
+                self._handle_input(msg)
                 msg = self.input_queue.get_nowait()
         except queue.Empty:
             return
-        while True:
-            self._handle_input(msg)
-            try:
-                msg = self.input_queue.get_nowait()
-            except queue.Empty:
-                return
 
     def _handle_input(self, msg: tuple[Any, ...]) -> None:
         core = self._core
@@ -477,12 +465,10 @@ def run_engine_core(
         proc.send((kind, text))
         raise
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        on_stop_signals(signal.SIG_IGN)
         _clean_up(proc, log, engine_core, workers)
         after = signal.SIG_IGN if exiting else signal.SIG_DFL
-        signal.signal(signal.SIGTERM, after)
-        signal.signal(signal.SIGINT, after)
+        on_stop_signals(after)
         log.event("handlers_restored", handlers="ignored" if exiting else "default")
         if parent_watch is not None:
             parent_watch.stop()
@@ -500,8 +486,7 @@ def _install_handlers(
     if ring_name is not None:
         proc.ring = ShmRing.create(ring_name)
     proc.waker = SignalWaker(proc.wake)
-    signal.signal(signal.SIGTERM, proc.signal_handler)
-    signal.signal(signal.SIGINT, proc.signal_handler)
+    on_stop_signals(proc.signal_handler)
     proc.waker.wake_on_signals()
     log.event("handlers_installed", dp_rank=dp_rank)
     set_process_name(f"EngineCore_DP{dp_rank}")
@@ -522,7 +507,10 @@ def _start_up(
         else:
             workers.wait_ready(deadline, proc.startup_interrupted)
     else:
-        proc.load_model(proc.config.startup_delay_s)
+        load_model(
+            proc.config.startup_delay_s, proc.startup_interrupted, proc.parent_gone_seen,
+            STARTUP_POLL_S,
+        )
     if faults.startup_delay_s:
         time.sleep(faults.startup_delay_s)
     if dp_rank in faults.fail_startup_ranks:

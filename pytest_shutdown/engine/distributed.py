@@ -122,15 +122,19 @@ def _bindable(host: str, port: int) -> bool:
 
 def host_store(port: int, world_size: int, deadlines: GroupDeadlines) -> Any:
     """The group's ``TCPStore`` server, on ``STORE_HOST:port``; it does not wait for clients."""
+    return _tcp_store(port, world_size, deadlines, is_master=True)
+
+
+def _tcp_store(port: int, world_size: int, deadlines: GroupDeadlines, *, is_master: bool) -> Any:
     import torch.distributed as dist  # noqa: PLC0415
 
     return dist.TCPStore(
         STORE_HOST,
         port,
         world_size + 1,
-        is_master=True,
+        is_master=is_master,
         timeout=timedelta(seconds=deadlines.store_timeout_s),
-        wait_for_workers=False,
+        wait_for_workers=not is_master,  # a client's default: it checks in with the server
     )
 
 
@@ -169,35 +173,24 @@ class RankGroup:
         self.ending: str | None = None
         #: True while this rank is inside a collective (the watchdog reads it).
         self.in_collective = threading.Event()
-        self._store: Any = None
+        self.store: Any = None
         self._lock = threading.Lock()
 
     @property
-    def store(self) -> Any:
-        return self._store
-
-    @property
     def joined(self) -> bool:
-        return self._store is not None and self.ending is None
+        return self.store is not None and self.ending is None
 
     def join(self) -> None:
         import torch.distributed as dist  # noqa: PLC0415
 
         self.in_collective.set()  # blocked in C++ as in a collective: the watchdog covers it
         try:
-            if self.hosts_store:
-                self._store = host_store(self.port, self.world_size, self.deadlines)
-            else:
-                self._store = dist.TCPStore(
-                    STORE_HOST,
-                    self.port,
-                    self.world_size + 1,
-                    is_master=False,
-                    timeout=timedelta(seconds=self.deadlines.store_timeout_s),
-                )
+            self.store = _tcp_store(
+                self.port, self.world_size, self.deadlines, is_master=self.hosts_store
+            )
             dist.init_process_group(
                 self.backend,
-                store=self._store,
+                store=self.store,
                 rank=self.rank,
                 world_size=self.world_size,
                 timeout=timedelta(seconds=self.deadlines.collective_timeout_s),
@@ -227,12 +220,9 @@ class RankGroup:
         with self._lock:
             if self.ending is not None:
                 return self.ending
-            if self._store is None:
-                self.ending = "not-joined"
-                return self.ending
             import torch.distributed as dist  # noqa: PLC0415
 
-            if not dist.is_initialized():
+            if self.store is None or not dist.is_initialized():
                 self.ending = "not-joined"
                 return self.ending
             if not peer_gone:
@@ -242,7 +232,7 @@ class RankGroup:
             else:
                 dist.destroy_process_group()
                 self.ending = "destroyed"
-            self._store = None
+            self.store = None
             return self.ending
 
     def _barrier(self) -> bool:

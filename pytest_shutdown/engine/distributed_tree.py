@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from pytest_shutdown.engine.config import EngineConfig
-from pytest_shutdown.engine.frontend import REFERENCE_LEVELS, WholeTreeLoading, matrix_config
+from pytest_shutdown.engine.frontend import REFERENCE_LEVELS, REFERENCE_PHASES, matrix_config
 
 DISTRIBUTED_LEVELS = {**REFERENCE_LEVELS, "rank0": "Worker_TP0", "rank1": "Worker_TP1"}
-DISTRIBUTED_PHASES = {"starting": WholeTreeLoading(4)}
+DISTRIBUTED_PHASES = {**REFERENCE_PHASES}
 
 
 def distributed_matrix_config(**changes: Any) -> EngineConfig:

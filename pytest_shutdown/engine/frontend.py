@@ -11,7 +11,6 @@ exit waits for forever.
 from __future__ import annotations
 
 import queue
-import signal
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from pytest_shutdown._os.phases import phase_pattern, report_phase, wanted_phase
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.faults import ChildFaults
-from pytest_shutdown.engine.lifeline import set_process_name
+from pytest_shutdown.engine.lifeline import on_stop_signals, set_process_name
 from pytest_shutdown.engine.processes import EngineProcManager, StartupInterrupted
 from pytest_shutdown.engine.stop_flag import SignalStop
 
@@ -27,23 +26,24 @@ from pytest_shutdown.engine.stop_flag import SignalStop
 REFERENCE_LEVELS = {"frontend": "root", "engine_core": "EngineCore_DP*", "worker": "Worker_TP*"}
 
 
-class WholeTreeLoading:
-    """Phase marker ``starting``: every one of ``workers`` exists and is loading (the line
-    ``starting`` comes before the EngineCores exist)."""
+class ProcessesLoading:
+    """Phase marker ``starting``: ``count`` processes named ``prefix``* exist and are loading
+    (the line ``starting`` comes before they exist)."""
 
-    def __init__(self, workers: int) -> None:
-        self.workers = workers
+    def __init__(self, prefix: str, count: int) -> None:
+        self.prefix = prefix
+        self.count = count
 
     def __call__(self, output: str, processes: Sequence[Any]) -> bool:
         loading = phase_pattern("starting").search(output) and not phase_pattern(
             "ready"
         ).search(output)
-        found = sum(1 for p in processes if p.name.startswith("Worker_TP"))
-        return bool(loading) and found >= self.workers
+        found = sum(1 for p in processes if p.name.startswith(self.prefix))
+        return bool(loading) and found >= self.count
 
 
 #: The phases of the reference tree as ``matrix_config()`` builds it (tp=2, dp=2: 4 workers).
-REFERENCE_PHASES = {"starting": WholeTreeLoading(4)}
+REFERENCE_PHASES = {"starting": ProcessesLoading("Worker_TP", 4)}
 #: Every phase the frontend reports (declared to the test: an unknown one fails at once).
 FRONTEND_PHASES = ("starting", "ready", "busy", "shutting_down", "in_collective")
 SERVE_POLL_S = 0.02
@@ -79,6 +79,18 @@ def matrix_config(**changes: Any) -> EngineConfig:
     return EngineConfig(**base)
 
 
+def stretched_for(
+    wanted: str | None, config: EngineConfig, starting_load_s: float, teardown_s: float
+) -> EngineConfig:
+    """``config`` with model loading (phase ``starting``) or each EngineCore's teardown (phase
+    ``shutting_down``) lasting at least as long as the phase needs."""
+    if wanted == "starting":
+        return config.replace(startup_delay_s=max(config.startup_delay_s, starting_load_s))
+    if wanted == "shutting_down":
+        return config.replace(teardown_delay_s=max(config.teardown_delay_s, teardown_s))
+    return config
+
+
 def serve_frontend(
     config: EngineConfig | None = None,
     *,
@@ -95,14 +107,10 @@ def serve_frontend(
     the last TP rank enters each collective ``in_collective_straggle_s`` late (a config with
     ``process_group``); ``busy`` keeps requests in flight. Must run in the main thread.
     """
-    config = config if config is not None else matrix_config()
     wanted = wanted_phase(known=FRONTEND_PHASES)
-    if wanted == "starting":
-        config = config.replace(startup_delay_s=max(config.startup_delay_s, starting_load_s))
-    if wanted == "shutting_down":
-        config = config.replace(
-            teardown_delay_s=max(config.teardown_delay_s, shutting_down_teardown_s)
-        )
+    config = stretched_for(
+        wanted, config or matrix_config(), starting_load_s, shutting_down_teardown_s
+    )
     if wanted == "in_collective":
         if config.process_group == "off":
             raise ValueError("phase 'in_collective' needs EngineConfig.process_group != 'off'")
@@ -111,12 +119,7 @@ def serve_frontend(
         )
     set_process_name("Frontend")
     stop = SignalStop()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    on_stop_signals(lambda signum, frame: stop.set())
     report_phase("starting")
     try:
         manager = EngineProcManager(config, faults=faults, interrupt=stop)

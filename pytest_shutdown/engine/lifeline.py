@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import psutil
 
@@ -35,6 +37,11 @@ def set_process_name(name: str) -> bool:
     return prctl(PR_SET_NAME, name.encode()[:15])
 
 
+def on_stop_signals(handler: Callable[[int, Any], Any] | int) -> dict[int, Any]:
+    """Install ``handler`` for SIGTERM and SIGINT; returns the handlers it replaced."""
+    return {signum: signal.signal(signum, handler) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+
 def wake_fd(fd: int, data: bytes = b"\x01") -> None:
     """Write to a non-blocking wake-up pipe; a full one has a wake-up pending already."""
     try:
@@ -52,21 +59,16 @@ def process_is_alive(proc: psutil.Process) -> bool:
 
 class ParentWatch:
     """A daemon thread that notices the death of ``parent_pid``, calls ``on_parent_gone``, and
-    ends this process with ``os._exit`` unless it exited by itself within ``exit_after_s``."""
+    ends this process with ``os._exit(EXIT_PARENT_GONE)`` unless it exited by itself within
+    ``exit_after_s``."""
+
+    POLL_S = 0.1
 
     def __init__(
-        self,
-        parent_pid: int,
-        on_parent_gone: Callable[[], None],
-        *,
-        exit_after_s: float = 1.0,
-        exit_code: int = EXIT_PARENT_GONE,
-        poll_s: float = 0.1,
+        self, parent_pid: int, on_parent_gone: Callable[[], None], *, exit_after_s: float = 1.0
     ) -> None:
         self.parent_pid = parent_pid
         self.exit_after_s = exit_after_s
-        self.exit_code = exit_code
-        self.poll_s = poll_s
         self.parent_gone = threading.Event()
         self._on_parent_gone = on_parent_gone
         self._stopped = threading.Event()
@@ -87,7 +89,7 @@ class ParentWatch:
 
     def _run(self) -> None:
         while self._parent is not None and process_is_alive(self._parent):
-            if self._stopped.wait(self.poll_s):
+            if self._stopped.wait(self.POLL_S):
                 return
         if self._stopped.is_set():
             return
@@ -98,4 +100,4 @@ class ParentWatch:
         except Exception:  # noqa: BLE001 - the backstop below must still run
             logger.exception("on_parent_gone failed")
         if not self._stopped.wait(self.exit_after_s):
-            os._exit(self.exit_code)
+            os._exit(EXIT_PARENT_GONE)

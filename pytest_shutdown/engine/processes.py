@@ -38,8 +38,8 @@ from pytest_shutdown.engine.shm_ring import ShmRing, segment_name, unlink_segmen
 from pytest_shutdown.engine.start import engine_context, pdeathsig_safe, serialize_exit_polling
 from pytest_shutdown.engine.stop_flag import SignalStop
 from pytest_shutdown.engine.stopping import ShutdownOutcome as ShutdownOutcome  # re-exported
+from pytest_shutdown.engine.stopping import close_quietly, shutdown_processes, validate_timeout
 from pytest_shutdown.engine.stopping import kill_process_tree as kill_process_tree  # re-exported
-from pytest_shutdown.engine.stopping import shutdown_processes, validate_timeout
 from pytest_shutdown.engine.timeouts import get_engine_process_shutdown_timeout
 
 logger = logging.getLogger("pytest_shutdown.engine")
@@ -120,20 +120,13 @@ class _Shared:
 def _reap_on_gc(shared: _Shared, wake_w: Connection, timeout: float | None) -> ShutdownOutcome:
     """The GC fallback, and the reaping of a failed start."""
     shared.manager_stopped.set()
-    _close_quietly(wake_w)
+    close_quietly(wake_w)
     outcome = shutdown_processes(
         shared.processes, timeout, default_timeout=shared.config.default_process_timeout_s
     )
     shared.close_connections()
     shared.shut_down.set()
     return outcome
-
-
-def _close_quietly(conn: Connection) -> None:
-    try:
-        conn.close()
-    except OSError:
-        pass
 
 
 class EngineProcManager:
@@ -184,7 +177,7 @@ class EngineProcManager:
         except BaseException:
             self._finalizer.detach()
             self.last_outcome = _reap_on_gc(self._shared, self._wake_w, None)
-            _close_quietly(self._wake_r)
+            close_quietly(self._wake_r)
             raise
         self._monitor = threading.Thread(
             target=_monitor_loop,
@@ -331,7 +324,7 @@ class EngineProcManager:
                         "[shutdown] EngineCore process manager: using %ss ROCm cleanup grace "
                         "after immediate request abort", process_timeout,
                     )
-                _close_quietly(self._wake_w)
+                close_quietly(self._wake_w)
                 self.last_outcome = shutdown_processes(
                     self.processes, process_timeout,
                     default_timeout=self.config.default_process_timeout_s,
@@ -340,7 +333,7 @@ class EngineProcManager:
                 if monitor is not None and monitor is not threading.current_thread():
                     monitor.join(MONITOR_POLL_S + 1.0)
                 self._shared.close_connections()
-                _close_quietly(self._wake_r)
+                close_quietly(self._wake_r)
                 self._shared.shut_down.set()
         return self.last_outcome
 
@@ -362,7 +355,7 @@ def _monitor_loop(
     try:
         _monitor(shared, wake_r, manager_ref)
     finally:
-        _close_quietly(wake_r)
+        close_quietly(wake_r)
 
 
 def _monitor(

@@ -35,6 +35,7 @@ from pytest_shutdown.engine.distributed import (
 )
 from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
+    on_stop_signals,
     set_parent_death_signal,
     set_process_name,
 )
@@ -91,8 +92,7 @@ def serve_ranks(
                 except OSError:
                     pass
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    on_stop_signals(forward)
     try:
         # Each rank must end by itself: a rank deaf to the SIGTERM is the rank's bug.
         told = False
@@ -103,8 +103,7 @@ def serve_ranks(
             ranks[0].join(0.05)
     finally:
         del store
-    codes = [proc.exitcode or 0 for proc in ranks]
-    return 1 if any(codes) else 0
+    return 1 if any(proc.exitcode for proc in ranks) else 0
 
 
 def _rank_main(
@@ -150,8 +149,7 @@ class _Rank:
         self.stop.set()
 
     def run(self) -> int:
-        signal.signal(signal.SIGTERM, self.on_signal)
-        signal.signal(signal.SIGINT, self.on_signal)
+        on_stop_signals(self.on_signal)
         watchdog = None
         sig_fds: tuple[int, int] | None = None
         if not (self.faults.untimed_waits or self.faults.destroy_without_abort):
@@ -204,6 +202,7 @@ class _Rank:
         self.group.step()
 
     def _wait_for_peers(self, store: Any, keys: list[str]) -> None:
+        """Its own frame: the collective-hang finding names it (docs/distributed.md)."""
         store.wait(keys, self.wait_timeout)
 
     def _teardown(self) -> None:

@@ -72,12 +72,11 @@ class RayEngine:
         self.actors: list[Any] = []
         self.placement_groups: list[Any] = []
         self._closed = False
+        self._finalizer: weakref.finalize | None = None
         if not self.faults.detached:  # before the first actor: nothing is ever unowned
-            self._finalizer: weakref.finalize | None = weakref.finalize(
+            self._finalizer = weakref.finalize(
                 self, _release, self.actors, self.placement_groups, self.faults, timeout_s
             )
-        else:
-            self._finalizer = None
         remote = ray.remote(num_cpus=1, max_restarts=0)(EngineCoreActor)
         rank_config = self.config.replace(data_parallel_size=1, tensor_parallel_size=1)
         deadline = time.monotonic() + timeout_s

@@ -76,13 +76,12 @@ def unlink_segment(name: str) -> bool:
 class ShmRing:
     """One-writer one-reader ring of pickled items in a shared-memory segment."""
 
-    def __init__(self, shm: shared_memory.SharedMemory, owner: bool) -> None:
+    def __init__(self, shm: shared_memory.SharedMemory) -> None:
         self._shm = shm
         buf = shm.buf
         assert buf is not None
         self._buf: memoryview = buf
         self.name = shm.name.lstrip("/")
-        self.owner = owner
         magic, self.slots, self.slot_bytes = _HEADER.unpack_from(buf, 0)
         if magic != _MAGIC:
             raise ValueError(f"shared-memory segment {self.name!r} is not a ring buffer")
@@ -101,11 +100,11 @@ class ShmRing:
         _COUNTER.pack_into(buf, _WRITE_AT, 0)
         _COUNTER.pack_into(buf, _READ_AT, 0)
         del buf
-        return cls(shm, owner=True)
+        return cls(shm)
 
     @classmethod
     def attach(cls, name: str) -> ShmRing:
-        return cls(_open(name, False, 0), owner=False)
+        return cls(_open(name, False, 0))
 
     def _counter(self, at: int) -> int:
         return int(_COUNTER.unpack_from(self._buf, at)[0])

@@ -11,7 +11,9 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from operator import methodcaller
 
 from pytest_shutdown._os.killer import kill_trees
 
@@ -43,6 +45,15 @@ def validate_timeout(value: object, option: str = "timeout") -> float | None:
     if math.isnan(value) or math.isinf(value) or value < 0:
         raise ValueError(f"{option}: expected None or a finite number >= 0, got {value!r}")
     return float(value)
+
+
+def close_quietly(conn: Connection | None) -> None:
+    """Close ``conn`` (None: nothing to close), ignoring an error: it is let go either way."""
+    if conn is not None:
+        try:
+            conn.close()
+        except OSError:
+            pass
 
 
 def kill_process_tree(pid: int, *, timeout: float = KILL_WAIT_S) -> list[int]:
@@ -77,7 +88,7 @@ def shutdown_processes(
     for proc in live:
         if proc.is_alive():
             try:
-                (terminate or _terminate)(proc)
+                (terminate or methodcaller("terminate"))(proc)
             except (ProcessLookupError, OSError):
                 pass
     for proc in live:
@@ -107,10 +118,6 @@ def _join_polling(proc: BaseProcess, deadline: float) -> None:
         if remaining <= 0:
             return
         proc.join(min(remaining, JOIN_POLL_S))
-
-
-def _terminate(proc: BaseProcess) -> None:
-    proc.terminate()
 
 
 def _unique_names(procs: Sequence[BaseProcess]) -> list[str]:

@@ -20,7 +20,12 @@ from typing import Any
 from pytest_shutdown.engine.config import START_METHODS, EngineConfig
 from pytest_shutdown.engine.faults import ChildFaults
 from pytest_shutdown.engine.lifecycle import LifecycleLog
-from pytest_shutdown.engine.lifeline import ParentWatch, set_parent_death_signal, wake_fd
+from pytest_shutdown.engine.lifeline import (
+    ParentWatch,
+    on_stop_signals,
+    set_parent_death_signal,
+    wake_fd,
+)
 from pytest_shutdown.engine.processes import (
     EngineProcManager,
     ShutdownOutcome,
@@ -159,7 +164,7 @@ class DPSupervisor:
             received.append(signum)
             wake_fd(wake_w)
 
-        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        previous = on_stop_signals(handler)
         try:
             deadline = None if timeout is None else time.monotonic() + timeout
             while not received:
@@ -234,8 +239,7 @@ def supervised_child_main(
         received.append(signum)
         wake_fd(wake_w)
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    on_stop_signals(handler)
     if pdeathsig:
         set_parent_death_signal(signal.SIGTERM)
     manager = EngineProcManager(config, lifecycle_log=lifecycle_log, faults=faults)
@@ -246,8 +250,7 @@ def supervised_child_main(
         while not received and not watch.parent_gone.is_set():
             select.select([wake_r], [], [], 0.5)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        on_stop_signals(signal.SIG_IGN)
         timeout = 0.0 if watch.parent_gone.is_set() else config.shutdown_timeout
         outcome = manager.shutdown(timeout)
         if outcome is not None:
@@ -257,5 +260,4 @@ def supervised_child_main(
                 failures=[[f.name, f.exitcode] for f in manager.failures],
             )
         watch.stop()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        on_stop_signals(signal.SIG_DFL)

@@ -35,6 +35,7 @@ from pytest_shutdown.engine.distributed import (
 from pytest_shutdown.engine.lifecycle import LifecycleLog
 from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
+    on_stop_signals,
     set_parent_death_signal,
     set_process_name,
     wake_fd,
@@ -126,13 +127,11 @@ class _Worker:
     def run(self) -> int:
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
-        signal.signal(signal.SIGTERM, self._on_signal)
-        signal.signal(signal.SIGINT, self._on_signal)
+        on_stop_signals(self._on_signal)
         signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
         if self.lifeline and self.lifeline_while_loading:
             set_parent_death_signal(signal.SIGTERM)
         loaded_at = time.monotonic() + self.config.startup_delay_s
-        self._conn_open = True
         try:
             while True:
                 code = self._turn(wake_r, wake_w, loaded_at)
@@ -142,8 +141,7 @@ class _Worker:
             self.peer_gone = True  # an error of our own: no barrier the peers would wait in
             raise
         finally:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            on_stop_signals(signal.SIG_IGN)
             self._leave_group()
             self._release()
             signal.set_wakeup_fd(-1)

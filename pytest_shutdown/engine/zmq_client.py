@@ -34,7 +34,7 @@ import zmq.asyncio
 
 from pytest_shutdown.engine.config import EngineConfig
 from pytest_shutdown.engine.start import engine_context, pdeathsig_safe, serialize_exit_polling
-from pytest_shutdown.engine.stopping import ShutdownOutcome, shutdown_processes
+from pytest_shutdown.engine.stopping import ShutdownOutcome, close_quietly, shutdown_processes
 from pytest_shutdown.engine.zmq_core import zmq_engine_main
 
 logger = logging.getLogger("pytest_shutdown.engine")
@@ -65,7 +65,6 @@ class ClientResources:
     closing: threading.Event = field(default_factory=threading.Event)
     wake_r: Connection | None = None
     wake_w: Connection | None = None
-    outcome: ShutdownOutcome | None = None
     #: The thread that ran ``Context.term()`` and whether it returned.
     term_thread: threading.Thread | None = None
     context_terminated: bool = False
@@ -164,22 +163,22 @@ def _monitor(
     except OSError:
         return
     finally:
-        _close_quietly(wake_r)  # its own end: closed here, never under its wait
+        close_quietly(wake_r)  # its own end: closed here, never under its wait
 
 
 def stop_monitor(res: ClientResources) -> None:
     """Wake the monitor (its wake pipe at EOF): it ends and closes its own end."""
-    _close_quietly(res.wake_w)
+    close_quietly(res.wake_w)
 
 
 def stop_processes(res: ClientResources, timeout: float | None) -> ShutdownOutcome:
     """SIGTERM, one deadline, then the survivors' trees killed (through the one tree killer)."""
-    res.outcome = shutdown_processes(
+    outcome = shutdown_processes(
         res.processes, timeout, default_timeout=res.config.default_process_timeout_s
     )
     for conn in res.death_writers:
-        _close_quietly(conn)
-    return res.outcome
+        close_quietly(conn)
+    return outcome
 
 
 def close_sockets(res: ClientResources, linger: int | None) -> list[BaseException]:
@@ -230,14 +229,6 @@ def wait_until_terminated(res: ClientResources, timeout: float) -> bool:
 def remove_ipc_dir(res: ClientResources) -> None:
     if res.ipc_dir:
         shutil.rmtree(res.ipc_dir, ignore_errors=True)
-
-
-def _close_quietly(conn: Connection | None) -> None:
-    if conn is not None:
-        try:
-            conn.close()
-        except OSError:
-            pass
 
 
 def reap_on_gc(res: ClientResources) -> None:

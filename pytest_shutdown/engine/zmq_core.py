@@ -21,17 +21,17 @@ import logging
 import os
 import signal
 import threading
-import time
 from multiprocessing.connection import Connection
 from typing import Any
 
 import zmq
 
 from pytest_shutdown.engine.config import EngineConfig
-from pytest_shutdown.engine.core import EngineCore, EngineCoreOutput, FinishReason
+from pytest_shutdown.engine.core import EngineCore, EngineCoreOutput, FinishReason, load_model
 from pytest_shutdown.engine.lifeline import (
     EXIT_PARENT_GONE,
     ParentWatch,
+    on_stop_signals,
     set_parent_death_signal,
     set_process_name,
 )
@@ -86,8 +86,7 @@ def zmq_engine_main(
     reset_after_fork(config.start_method)
     set_process_name(f"EngineCore_DP{rank}")
     stop = _Stop()
-    signal.signal(signal.SIGTERM, stop.on_signal)
-    signal.signal(signal.SIGINT, stop.on_signal)
+    on_stop_signals(stop.on_signal)
     if pdeathsig:
         set_parent_death_signal(signal.SIGTERM)
     watch = ParentWatch(parent_pid, stop.on_parent_gone, exit_after_s=PARENT_GONE_EXIT_S).start()
@@ -103,7 +102,8 @@ def zmq_engine_main(
     try:
         inputs.bind(input_addr)
         outputs.connect(output_addr)
-        _load_model(config.startup_delay_s, stop)
+        # Given up at once when the front end dies, within POLL_MS of a signal (a flag only).
+        load_model(config.startup_delay_s, lambda: stop.requested, stop.event, POLL_MS / 1000)
         if not stop.requested:
             core = EngineCore(config)
             outputs.send_pyobj((MSG_READY, rank, os.getpid()))
@@ -111,8 +111,7 @@ def zmq_engine_main(
             if not stop.parent_gone:
                 outputs.send_pyobj((MSG_EXITING, rank))
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal never cuts this short
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        on_stop_signals(signal.SIG_IGN)  # a second signal never cuts this short
         if core is not None:
             core.abort_requests(None)
             core.shutdown()
@@ -131,17 +130,6 @@ def _watch_death_pipe(death_r: Connection, stop: _Stop) -> None:
     except (EOFError, OSError):
         pass
     stop.on_parent_gone()
-
-
-def _load_model(delay_s: float, stop: _Stop) -> None:
-    """Model loading: ``delay_s`` seconds, abandoned at once when the front end dies and within
-    ``POLL_MS`` of a signal (the handler only sets a flag)."""
-    until = time.monotonic() + delay_s
-    while not stop.requested:
-        remaining = until - time.monotonic()
-        if remaining <= 0:
-            return
-        stop.event.wait(min(remaining, POLL_MS / 1000))
 
 
 def _busy_loop(

@@ -209,9 +209,17 @@ ASYNC_SUITES = {
                     "retry_eintr", "message", "etc",
                 )
             ),  # fmt: skip
-            # test_large_send sends 2 GiB (20 s of copying): the socket code it runs is the
-            # other tests' too.
-            ("-m", "not large"),
+            (
+                # test_large_send sends 2 GiB (20 s of copying): the socket code it runs is the
+                # other tests' too.
+                "-m",
+                "not large",
+                # Flaky in every mode (upstream marks it so): zmq_poll keeps the clock as whole
+                # seconds (a C int), so a SIGALRM whose poll straddles a second's turn leaves the
+                # retried poll no time; about one run in ten (docs/benchmarks.md).
+                "-k",
+                "not test_retry_poll",
+            ),
             why="sockets bound, connected, closed with and without linger, Context.term() and "
             "destroy() (in a thread of the suite's own with a deadline), zmq.asyncio and "
             "Future sockets on pytest-asyncio loops, pollers, monitors, devices in threads",

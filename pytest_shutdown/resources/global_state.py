@@ -284,10 +284,19 @@ class GlobalStateKind(StateKind):
     ) -> list[Finding]:
         if not items:
             return []
-        described = "; ".join(f"{c.key}: {c.after} (was {c.before})" for c in items)
+        described = "; ".join(_change_text(c) for c in items)
         message = f"{subject} left process-wide state changed: {described}."
         changes = [{"what": c.key, "before": str(c.before), "after": str(c.after)} for c in items]
         return [Finding("global-state", message, {"changes": changes, **dict(extra or {})})]
+
+
+def _change_text(change: Change) -> str:
+    """``key: after (was before)``; a new object that reads as the old one did (a fresh
+    ``functools.partial`` of the same method, installed by each test's set-up) says so."""
+    after, before = str(change.after), str(change.before)
+    if after == before:
+        return f"{change.key}: {after}, a new one (the one before reads the same)"
+    return f"{change.key}: {after} (was {before})"
 
 
 def _signal_undo(sig: signal.Signals, handler: Any) -> Callable[[], None] | None:

@@ -195,3 +195,29 @@ def test_a_tests_change_is_never_blamed_on_a_fixture_alive_around_it(
     result.assert_outcomes(passed=2, warnings=1)
     result.stdout.fnmatch_lines(["*test_changes_environ: ?global-state? test_changes_environ *"])
     assert "fixture 'service'" not in result.stdout.str()
+
+
+def test_a_new_handler_that_reads_as_the_old_one_says_it_is_a_new_one(
+    pytester: pytest.Pytester,
+) -> None:
+    """pyzmq's suite: each test's set-up installs a fresh ``functools.partial`` of the same
+    method as the SIGALRM handler; "X (was X)" read as no change at all."""
+    pytester.makepyfile(
+        """
+        import functools, signal
+
+        def on_alarm(tag, signum, frame):
+            pass
+
+        def test_installs_a_partial():
+            signal.signal(signal.SIGALRM, functools.partial(on_alarm, "a"))
+
+        def test_installs_another_partial():
+            signal.signal(signal.SIGALRM, functools.partial(on_alarm, "b"))
+        """
+    )
+    result = pytester.runpytest_subprocess("-p", "shutdown", "--shutdown-guard=warn")
+    result.assert_outcomes(passed=2)
+    out = result.stdout.str()
+    assert "a new one (the one before reads the same)" in out
+    assert out.count("(was ") >= 1  # the first test's change still names what was there

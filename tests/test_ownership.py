@@ -570,3 +570,24 @@ def test_a_library_reloaded_under_its_name_from_another_file_is_searched_from_it
     owner = find_owners({monitor: monitor}, {})[monitor]
     assert (owner.kind, owner.name) == ("class-attribute", f"{library}.Bar.monitor")
     assert heap_passes == []  # found forwards from the new file's module
+
+
+class _OneSlot:
+    __slots__ = "worker"  # one slot given as a string, not a tuple
+
+    def __init__(self, worker: object) -> None:
+        self.worker = worker
+
+
+def test_a_single_string_slot_is_one_attribute_on_every_path() -> None:
+    """``__slots__ = "worker"`` declares one slot; iterated as it stands it read as the letters
+    w, o, r, k, e, r and the owner path fell back to ``.<_OneSlot>``."""
+    from pytest_shutdown.ownership import owners
+    from pytest_shutdown.ownership.backrefs import _object_edges
+    from pytest_shutdown.ownership.slots import slot_names
+
+    worker = object()
+    holder = _OneSlot(worker)
+    assert slot_names(_OneSlot) == ("worker",)
+    assert owners._edge(holder, worker) == ".worker"
+    assert (".worker", worker) in list(_object_edges(holder))

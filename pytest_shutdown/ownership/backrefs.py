@@ -29,6 +29,8 @@ from typing import Any
 
 import objgraph
 
+from pytest_shutdown.ownership.slots import slot_names
+
 #: Nodes the forward search visits at most before giving up.
 PATH_BUDGET = 20_000
 BACKREF_MAX_DEPTH = 16
@@ -119,8 +121,7 @@ def _object_edges(node: object) -> Iterator[tuple[str, object]]:
         for key, value in list(attrs.items()):
             yield f".{key}", value
     for klass in type(node).__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
+        for name in slot_names(klass):
             if name in ("__dict__", "__weakref__"):
                 continue
             try:

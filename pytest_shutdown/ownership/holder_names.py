@@ -7,6 +7,8 @@ import gc
 import types
 from collections.abc import Sequence
 
+from pytest_shutdown.ownership.slots import slot_names
+
 __all__ = ["holder_names"]
 
 #: Referrers that say nothing about who holds it: containers name no owner, frames are running
@@ -53,12 +55,7 @@ def vars_of(obj: object) -> dict[str, object] | None:
 def _name_attributes(
     owner: object, attrs: dict[str, object] | None, wanted: dict[int, object], found: dict[int, str]
 ) -> None:
-    slots = [
-        slot
-        for klass in type(owner).__mro__
-        for slot in (klass.__dict__.get("__slots__", ()) or ())
-        if isinstance(slot, str)
-    ]
+    slots = [slot for klass in type(owner).__mro__ for slot in slot_names(klass)]
     pairs = list((attrs or {}).items())
     for slot in slots:
         try:

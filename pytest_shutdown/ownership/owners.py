@@ -25,6 +25,7 @@ from pytest_shutdown._base.frozen_at_import import FROZEN_AT_IMPORT as _FROZEN_A
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._fast.moments import reading
 from pytest_shutdown.ownership import origins
+from pytest_shutdown.ownership.slots import slot_names
 
 __all__ = ["Owner", "find_owners", "module_holding", "singleton_slot", "stdlib_helper_threads"]
 
@@ -178,7 +179,7 @@ def _edge(parent: object, child: object) -> str:
     if isinstance(parent, types.FunctionType):
         return ".<closure>"
     for klass in type(parent).__mro__:
-        for slot in klass.__dict__.get("__slots__", ()) or ():
+        for slot in slot_names(klass):
             try:
                 if getattr(parent, slot) is child:
                     return f".{slot}"

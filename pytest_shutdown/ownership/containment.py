@@ -104,7 +104,7 @@ class Containment:
             return []
         skip = set(exclude) | {os.getpid()}
         found = []
-        for entry in os.listdir("/proc"):
+        for entry in escaped._listing():  # empty where /proc cannot be read
             if entry.isdigit() and int(entry) not in skip and self.marked(int(entry)):
                 found.append(int(entry))
         return found

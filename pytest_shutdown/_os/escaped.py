@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 
+from pytest_shutdown._fast.held_open import read_held
 from pytest_shutdown._os.proc_stat import stat_fields
 
 __all__ = [
@@ -26,6 +27,9 @@ __all__ = [
     "watching",
 ]
 
+#: The last pid the kernel allocated in this pid namespace: while it has not moved, no process
+#: (nor thread) was created anywhere.
+LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
 #: The entry an escaped process carries (``NAME=token\0``); None: not watched.
 _entry: bytes | None = None
 _found: set[int] = set()
@@ -55,13 +59,10 @@ def watch_marker(name: str | None, token: str | None = None, since: bytes | None
 
 
 def last_allocated_pid() -> bytes | None:
-    """``ns_last_pid``: read before a new token goes into the environment, it is where the
-    first look can start (:func:`watch_marker`'s ``since``); None where it cannot be read."""
-    try:
-        with open("/proc/sys/kernel/ns_last_pid", "rb") as f:
-            return f.read().strip()
-    except OSError:
-        return None
+    """``ns_last_pid`` (its file held open: one ``pread``); None where it cannot be read. Read
+    before a new token goes into the environment, it is where the first look can start
+    (:func:`watch_marker`'s ``since``)."""
+    return read_held(LAST_PID_PATH, 32)
 
 
 def restore_watch(previous: object) -> None:

@@ -30,7 +30,6 @@ from dataclasses import field
 from typing import Any
 
 from pytest_shutdown._fast import marks
-from pytest_shutdown._fast.held_open import read_held
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._fast.moments import reading
 from pytest_shutdown._os import escaped
@@ -118,9 +117,6 @@ def _may_have_children() -> bool:
     return child_state() is not None
 
 
-#: The last pid the kernel allocated in this pid namespace: while it has not moved, no process
-#: (nor thread) was created anywhere.
-_LAST_PID_PATH = "/proc/sys/kernel/ns_last_pid"
 #: (pid, ns_last_pid at the last scan, the descendants it found, the threads started then)
 _scan_cache: tuple[int, bytes, frozenset[int], int] | None = None
 
@@ -132,7 +128,7 @@ def last_pid() -> bytes | None:
 
 
 def _last_pid() -> bytes | None:
-    return read_held(_LAST_PID_PATH, 32)
+    return escaped.last_allocated_pid()
 
 
 def own_tasks() -> list[str]:

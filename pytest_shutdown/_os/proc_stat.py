@@ -1,6 +1,6 @@
 """The one reader of ``/proc/PID/stat``: its fields (:func:`stat_fields`), whether a process
-still runs (:func:`process_running`), and the whole line as a :class:`TreeProcess`
-(re-exported by ``helpers.tree``)."""
+still runs (:func:`process_running`) or is on its way out (:func:`process_ending`), and the
+whole line as a :class:`TreeProcess` (re-exported by ``helpers.tree``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,16 @@ import os
 
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 
-__all__ = ["TreeProcess", "process_running", "read_stat", "stat_fields"]
+__all__ = ["TreeProcess", "process_ending", "process_running", "read_stat", "stat_fields"]
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _ENDED = ("Z", "X", "x")
 _PSUTIL_ENDED = ("zombie", "dead")
+#: ``PF_EXITING`` in the flags (field 9): the process runs its exit (a big one takes a while).
+_PF_EXITING = 0x4
+#: SIGKILL in the thread's pending signals (field 31): a fatal signal was sent to the process;
+#: the kernel marks it so in the sender's ``kill()``, before the process runs again.
+_SIGKILL_PENDING = 1 << (9 - 1)
 
 
 def _stat_text(pid: int) -> str | None:
@@ -29,6 +34,23 @@ def stat_fields(pid: int) -> list[str] | None:
     ppid ...); None when ``pid`` is gone. Raises OSError when it exists but cannot be read."""
     data = _stat_text(pid)
     return None if data is None else data[data.rfind(")") + 2 :].split()
+
+
+def process_ending(pid: int) -> bool:
+    """True when ``pid`` is gone, a zombie, or already on its way out: a fatal signal sent to
+    it is pending, or it runs its exit. False where ``/proc`` cannot tell."""
+    try:
+        fields = stat_fields(pid)
+    except OSError:
+        return False
+    if fields is None:
+        return os.path.exists("/proc/self/stat")
+    if fields[0] in _ENDED:
+        return True
+    try:
+        return bool(int(fields[6]) & _PF_EXITING or int(fields[28]) & _SIGKILL_PENDING)
+    except (IndexError, ValueError):
+        return False
 
 
 def process_running(pid: int) -> bool:

@@ -80,6 +80,63 @@ def test_a_blanket_kill_of_a_fixtures_process_is_still_collateral(
     result.assert_outcomes(passed=2, errors=1)
 
 
+#: A test that kills its own child without waiting for it, the way vLLM's ``shutdown()`` kills
+#: an EngineCore that outlived its SIGTERM window: a process holding 500 MB takes tens of
+#: milliseconds to free it, so it is still exiting, not yet a zombie, when the next test starts.
+KILLED_ON_ITS_WAY_OUT = """
+import os, signal, subprocess, sys, time
+
+KEPT = []  # the engine manager keeps its Process objects: nothing reaps the child
+
+def big_child():
+    code = "a = bytearray(500_000_000); print('ready', flush=True); import time; time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert child.stdout.readline() == b"ready\\n"
+    child.stdout.close()
+    KEPT.append(child)
+    return child
+
+def test_kills_its_own_child():
+    os.kill(big_child().pid, signal.SIGKILL)  # no wait
+
+def test_next():
+    time.sleep(0.2)
+
+def test_starts_another():
+    big_child()
+
+def test_kills_every_child():
+    for child in KEPT:
+        if child.returncode is None:
+            os.kill(child.pid, signal.SIGKILL)
+    time.sleep(0.2)
+
+def test_reaps():
+    for child in KEPT:
+        child.wait(10)
+"""
+
+
+@pytest.mark.parametrize("mode", ["warn", "fail"])
+def test_a_process_killed_before_the_test_and_still_exiting_is_not_its_collateral(
+    pytester: pytest.Pytester, mode: str
+) -> None:
+    """``test_next`` killed nothing: the child ``test_kills_its_own_child`` killed was still
+    freeing its memory when it started (vLLM's check accused the next test of an EngineCore
+    its own ``shutdown()`` SIGKILLed). The other side: a child alive and well at the start of
+    ``test_kills_every_child`` is that test's collateral kill."""
+    pytester.makepyfile(test_killed=KILLED_ON_ITS_WAY_OUT)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "-p", "no:randomly", f"--shutdown-guard={mode}", "-rA"
+    )
+    out = result.stdout.str()
+    assert "test_next: [collateral-kill]" not in out
+    result.stdout.fnmatch_lines(
+        ["*test_kills_every_child: ?collateral-kill? 1 process*by SIGKILL*"]
+    )
+    result.assert_outcomes(passed=5, errors=1 if mode == "fail" else 0)
+
+
 # --- warn and fail mode leave process parentage alone ----------------------------------------
 
 ORPHANS = """

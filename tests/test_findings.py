@@ -76,3 +76,26 @@ def test_no_findings_no_error() -> None:
     raise_if_any([])
     with pytest.raises(ValueError, match="at least one finding"):
         ShutdownContractError([])
+
+
+def test_the_report_cuts_a_long_command_line_as_the_finding_text_does() -> None:
+    """One rule for command lines in the short report: a process's line and a budget's kill
+    are cut at ``CMDLINE_CHARS``; ``--shutdown-details`` lists them whole."""
+    from pytest_shutdown.findings.text import CMDLINE_CHARS
+    from pytest_shutdown.plugin.report import render_budget, render_findings
+
+    cmdline = ["python", "-c", "x" * 2000]
+    finding = Finding(
+        "process-leak",
+        "1 process test_x started is still running after the grace: 7 (python).",
+        {"processes": [{"pid": 7, "name": "python", "cmdline": cmdline}]},
+    ).to_dict()
+    (line,) = [line for line in render_findings([finding]).splitlines() if "process 7" in line]
+    assert line.endswith("...") and len(line) < CMDLINE_CHARS + 40, line
+    assert "x" * 2000 in render_findings([finding], details=True)
+    budget = {"budget_s": 1, "elapsed_s": 1.5, "method": "signal", "threads": []}
+    killed = {"pid": 7, "name": "python", "cmdline": cmdline}
+    (kill_line,) = render_budget({**budget, "killed": [killed]}).splitlines()[1:2]
+    assert kill_line.endswith("...") and len(kill_line) < CMDLINE_CHARS + 40, kill_line
+    unknown = render_budget({**budget, "killed": [{"pid": 8, "name": "sh"}]})
+    assert "killed process 8 (sh): ?" in unknown

@@ -56,9 +56,13 @@ def first_user_frame(stacks: str) -> str:
     return ""
 
 
-def _cmdline(parts: Any) -> str:
+def cmdline_text(parts: Any) -> str:
+    """A process's command line on one line, cut at ``CMDLINE_CHARS`` ("?" when unknown; every
+    character is in the details)."""
     text = parts if isinstance(parts, str) else " ".join(str(p) for p in (parts or []))
     text = text.replace("\n", "\\n")
+    if not text:
+        return "?"
     return text if len(text) <= CMDLINE_CHARS else text[: CMDLINE_CHARS - 3] + "..."
 
 
@@ -68,8 +72,8 @@ def key_fact_lines(code: str, details: Mapping[str, Any], indent: str = "  ") ->
         return []
     lines = []
     if details.get("cmdline"):
-        line = f"{indent}command line: {_cmdline(details['cmdline'])}"
-        if LAUNCHER_MODULE in _cmdline(details["cmdline"]):
+        line = f"{indent}command line: {cmdline_text(details['cmdline'])}"
+        if LAUNCHER_MODULE in cmdline_text(details["cmdline"]):
             line += f" (a fork of the tree launcher, now named {details.get('name') or '?'})"
         lines.append(line)
     if details.get("level"):

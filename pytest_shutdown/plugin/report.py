@@ -30,7 +30,7 @@ from pytest_shutdown._fast.node_markers import scanned_names_are_hooks
 from pytest_shutdown._os.forks import this_pid
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.findings.markup import coloured
-from pytest_shutdown.findings.text import DETAILS_HINT, finding_lines, merged
+from pytest_shutdown.findings.text import DETAILS_HINT, cmdline_text, finding_lines, merged
 from pytest_shutdown.plugin.hang import HANG_HANDLERS, HUNG_TEARDOWN_EXIT_CODE
 from pytest_shutdown.plugin.interrupts import SigtermEndsSessionInOrder
 from pytest_shutdown.plugin.records import (
@@ -146,10 +146,6 @@ def describe_guard_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"[:500]
 
 
-def _cmdline(parts: Iterable[str] | None) -> str:
-    return " ".join(parts or []).replace("\n", "\\n") or "?"
-
-
 def render_findings(findings: Iterable[Mapping[str, Any]], details: bool = False) -> str:
     """Render findings as text: the message and the facts that locate it (a survivor's command
     line and level, a hang's first user frame), then thread stacks and process command lines;
@@ -174,7 +170,7 @@ def render_findings(findings: Iterable[Mapping[str, Any]], details: bool = False
             lines.extend(_started_at(thread))
         for proc in facts.get("processes", []):
             # A forked child repeats pytest's command line: name what started it instead.
-            what = proc.get("what") or _cmdline(proc.get("cmdline"))
+            what = proc.get("what") or cmdline_text(proc.get("cmdline"))
             if proc.get("reparented") and proc.get("adopted", True):
                 what += " [re-parented to pytest: its parent exited]"
             elif proc.get("reparented"):
@@ -205,7 +201,7 @@ def render_budget(budget: Mapping[str, Any]) -> str:
     for killed in budget.get("killed", []):
         lines.append(
             f"  killed process {killed.get('pid')} ({killed.get('name')}): "
-            f"{_cmdline(killed.get('cmdline'))}"
+            f"{cmdline_text(killed.get('cmdline'))}"
         )
     for thread in budget.get("threads", []):
         lines.append(f"  stack of thread {thread.get('name')!r} (ident {thread.get('ident')}):")

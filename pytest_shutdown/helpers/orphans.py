@@ -37,6 +37,7 @@ from pytest_shutdown.helpers.collectives import (
     rank_of,
     read_environ,
 )
+from pytest_shutdown.helpers.report import is_seconds
 from pytest_shutdown.helpers.tree import TreeProcess, TreeResources, scan_tree, wait_gone
 from pytest_shutdown.helpers.tree_launcher import RunRequest, TreeLauncher
 from pytest_shutdown.resources.collateral import signal_name
@@ -165,8 +166,8 @@ def parse_signal(value: str | int) -> int:
 
 
 def _check_seconds(option: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1e6:
-        raise ValueError(f"{option}: expected a number of seconds > 0, got {value!r}")
+    if not is_seconds(value):
+        raise ValueError(f"{option}: expected a finite number of seconds > 0, got {value!r}")
 
 
 def _resolve_level(level: str, levels: Mapping[str, LevelSelector] | None) -> LevelSelector:

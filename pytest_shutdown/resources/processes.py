@@ -245,11 +245,15 @@ def _stop_pools_of(pids: Sequence[int], why: str) -> set[int]:
     return handed
 
 
-def _test_of(pid: int, tries: int = 5) -> str | None:
+#: How many times :func:`_test_of` reads an environment that reads empty.
+_ENVIRON_TRIES = 5
+
+
+def _test_of(pid: int) -> str | None:
     """:func:`started_in_test`, read again a few times while the environment reads empty: a
     process caught in the middle of an ``exec`` shows none for a moment."""
     env = escaped._read_environ(pid)
-    for _ in range(tries - 1):
+    for _ in range(_ENVIRON_TRIES - 1):
         if env != b"":
             break
         time.sleep(0.001)

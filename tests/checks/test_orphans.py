@@ -160,8 +160,10 @@ def test_killing_one_child_of_a_correct_tree_leaves_the_root_running_until_the_d
     [
         ("level", "gpu", "level: unknown level 'gpu'; accepted: root"),
         ("signal", "SIGFOO", "signal: unknown signal 'SIGFOO'; accepted: SIGKILL"),
-        ("deadline_s", 0, "deadline_s: expected a number of seconds > 0"),
-        ("phase_timeout_s", "1", "phase_timeout_s: expected a number of seconds > 0"),
+        ("deadline_s", 0, "deadline_s: expected a finite number of seconds > 0"),
+        ("deadline_s", float("inf"), "deadline_s: expected a finite number of seconds > 0"),
+        ("phase_timeout_s", "1", "phase_timeout_s: expected a finite number of seconds > 0"),
+        ("phase_timeout_s", True, "phase_timeout_s: expected a finite number of seconds > 0"),
         ("phase", "", "phase: expected a phase name"),
     ],
 )

@@ -14,15 +14,16 @@ A grandchild reaped by its own parent leaves no trace. Nothing is restored.
 from __future__ import annotations
 
 import gc
+import os
 import signal
 from collections.abc import Sequence
 from typing import Any
 
 from pytest_shutdown._fast.cheap import process_name
 from pytest_shutdown._os.killer import ordered_end_of
-from pytest_shutdown._os.proc_stat import process_ending
+from pytest_shutdown._os.proc_stat import process_ending, stat_fields
 from pytest_shutdown.findings.finding import Finding
-from pytest_shutdown.ownership import origins
+from pytest_shutdown.ownership import origins, signals_sent
 from pytest_shutdown.ownership.containment import exit_signal, is_zombie
 from pytest_shutdown.resources.base import Allowance, Extra, ObjectKind
 from pytest_shutdown.resources.primitives import child_state, descendant_pids
@@ -51,6 +52,23 @@ def _possible_victims() -> frozenset[int]:
     return frozenset(pid for pid in descendant_pids() if not process_ending(pid))
 
 
+def _sent_before_this_test(pid: int, sig: int) -> bool:
+    """Whether the signal ``sig`` that ended ``pid`` was last sent to it (or to its process
+    group) by this process before the running test began: an earlier test stopped it and did
+    not wait while it drained."""
+    sent = signals_sent.last_sent(pid, _group_of(pid) if signals_sent.groups_signalled() else None)
+    return sent is not None and sent.signal == sig and sent.test != origins.current_test()
+
+
+def _group_of(pid: int) -> int | None:
+    """The process group of ``pid`` (a zombie keeps it); None once it is reaped."""
+    try:
+        fields = stat_fields(pid)
+    except OSError:
+        return None
+    return int(fields[2]) if fields is not None and fields[2].isdigit() else None
+
+
 def signal_name(sig: int) -> str:
     try:
         return signal.Signals(sig).name
@@ -76,7 +94,10 @@ class CollateralKind(ObjectKind):
 
     def __init__(self) -> None:
         self._reported: set[tuple[int, int]] = set()
-        self._names: dict[int, str] = {}
+        signals_sent.install()
+
+    def close(self) -> None:
+        signals_sent.uninstall()
 
     def fingerprint(self) -> frozenset[int] | tuple[frozenset[int], bool]:
         pids = descendant_pids()
@@ -110,6 +131,8 @@ class CollateralKind(ObjectKind):
                 continue
             if pid in REPORTED:  # an earlier test's reported leak: ending it is cleaning up
                 continue
+            if _sent_before_this_test(pid, sig):
+                continue
             found.append((pid, sig))
             if pid in gone:
                 reaped.append(pid)
@@ -138,7 +161,16 @@ class CollateralKind(ObjectKind):
 
     def _name(self, pid: int) -> str:
         origin = origins.origin_of_process(pid)
-        return origin.what if origin is not None and origin.what else process_name(pid)
+        if origin is not None and origin.what:
+            return origin.what
+        name = process_name(pid)
+        if name == "?":  # reaped: its Popen still says what it ran
+            args = getattr(origins.process_object(pid), "args", None)
+            first = args.split()[0] if isinstance(args, str) and args.split() else None
+            if isinstance(args, (list, tuple)) and args:
+                first = str(args[0])
+            name = os.path.basename(first) if first else name
+        return name
 
     def settle(self, items: Sequence[Any], deadline: float) -> Sequence[Any]:
         return items  # a death is final

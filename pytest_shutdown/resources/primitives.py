@@ -117,6 +117,8 @@ def _may_have_children() -> bool:
     return child_state() is not None
 
 
+#: ``os.kill`` as imported, whichever wrapper is put on it later (signal 0 only asks).
+_probe = os.kill
 #: (pid, ns_last_pid at the last scan, the descendants it found, the threads started then)
 _scan_cache: tuple[int, bytes, frozenset[int], int] | None = None
 
@@ -171,12 +173,31 @@ def _read_descendants() -> frozenset[int]:
 
 
 def cached_descendants(marker: bytes) -> frozenset[int] | None:
-    """This process's descendants as the last scan at ``ns_last_pid`` == ``marker`` found them;
-    None when no scan was made at ``marker``."""
+    """This process's descendants as the last scan at ``ns_last_pid`` == ``marker`` found them,
+    less those reaped since; None when no scan was made at ``marker``."""
+    global _scan_cache
     cached = _scan_cache
     if cached is None or cached[1] != marker or cached[0] != this_pid():
         return None
-    return cached[2]
+    there = _less_reaped(cached[2])
+    if there is not cached[2]:
+        _scan_cache = (cached[0], cached[1], there, cached[3])
+    return there
+
+
+def _less_reaped(pids: frozenset[int]) -> frozenset[int]:
+    """``pids`` less those that no longer exist: a process reaped since the scan (a test's
+    ``Popen.wait()``) frees no pid number and allocates none, so ``ns_last_pid`` does not move.
+    One ``kill(pid, 0)`` each (a zombie still exists); the same set when none is gone."""
+    gone = []
+    for pid in pids:
+        try:
+            _probe(pid, 0)
+        except ProcessLookupError:
+            gone.append(pid)
+        except OSError:  # EPERM: it exists
+            pass
+    return pids.difference(gone) if gone else pids
 
 
 #: Pids allocated elsewhere that a check looks up one by one (whose child is it?) before a fresh
@@ -274,8 +295,9 @@ def descendants_if_nothing_of_ours(marker: bytes, started: int) -> frozenset[int
     # No descendant at the last scan: no pid is looked up (one waitid answers for them all).
     if not nothing_of_ours_since(cached[1], cached[3], marker, cached[2] or None):
         return None
-    _scan_cache = (pid, marker, cached[2], started)
-    return cached[2]
+    kept = _less_reaped(cached[2])
+    _scan_cache = (pid, marker, kept, started)
+    return kept
 
 
 def _read_descendant_pids() -> frozenset[int]:
@@ -294,7 +316,10 @@ def _read_descendant_pids() -> frozenset[int]:
         _scan_cache = (pid, marker, frozenset(), started) if marker is not None else None
         return frozenset()
     if unmoved and cached is not None:
-        return cached[2]
+        there = _less_reaped(cached[2])
+        if there is not cached[2]:
+            _scan_cache = (pid, cached[1], there, cached[3])
+        return there
     walked = _walk_descendants(pid)
     if walked is None:  # no /proc/PID/task/TID/children here: psutil scans the process table
         import psutil  # noqa: PLC0415 - only paid for when a child process exists

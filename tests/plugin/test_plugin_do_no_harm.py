@@ -137,6 +137,79 @@ def test_a_process_killed_before_the_test_and_still_exiting_is_not_its_collatera
     result.assert_outcomes(passed=5, errors=1 if mode == "fail" else 0)
 
 
+#: A server that drains for 0.3 s after SIGTERM, then dies of it (the default action, re-raised).
+GRACEFUL_SERVERS = """
+import os, signal, subprocess, sys, time
+import pytest
+
+DRAINS = (
+    "import os, signal, time\\n"
+    "def on_term(*args):\\n"
+    "    time.sleep(0.3)\\n"
+    "    signal.signal(signal.SIGTERM, signal.SIG_DFL)\\n"
+    "    os.kill(os.getpid(), signal.SIGTERM)\\n"
+    "signal.signal(signal.SIGTERM, on_term)\\n"
+    "print('ready', flush=True)\\n"
+    "time.sleep(60)\\n"
+)
+KEPT = []
+
+def graceful_server(**kwargs):
+    server = subprocess.Popen([sys.executable, "-c", DRAINS], stdout=subprocess.PIPE, **kwargs)
+    assert server.stdout.readline() == b"ready\\n"
+    server.stdout.close()
+    KEPT.append(server)
+    return server
+
+@pytest.fixture(scope="module")
+def shared_server():
+    return graceful_server()
+
+def test_stops_its_server_without_waiting():
+    graceful_server().terminate()
+
+def test_next():
+    time.sleep(0.6)
+
+def test_stops_its_servers_group_without_waiting():
+    os.killpg(graceful_server(start_new_session=True).pid, signal.SIGTERM)
+
+def test_next_again():
+    time.sleep(0.6)
+
+def test_uses_the_shared_server(shared_server):
+    assert shared_server.poll() is None
+
+def test_stops_the_shared_server(shared_server):
+    os.kill(shared_server.pid, signal.SIGTERM)
+    shared_server.wait(10)
+
+def test_reaps():
+    for server in KEPT:
+        server.wait(10)
+"""
+
+
+@pytest.mark.parametrize("mode", ["warn", "fail"])
+def test_a_process_an_earlier_test_stopped_that_dies_draining_is_not_the_next_tests_kill(
+    pytester: pytest.Pytester, mode: str
+) -> None:
+    """Each ``test_next*`` sent no signal: the server the test before it stopped (by pid or by
+    process group) drained into it and died of that test's SIGTERM. The other side: a test
+    that stops a module fixture's server is that server's collateral kill, as before."""
+    pytester.makepyfile(test_graceful=GRACEFUL_SERVERS)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "-p", "no:randomly", f"--shutdown-guard={mode}", "-rA"
+    )
+    out = result.stdout.str()
+    assert "test_next: [collateral-kill]" not in out
+    assert "test_next_again: [collateral-kill]" not in out
+    result.stdout.fnmatch_lines(
+        ["*test_stops_the_shared_server: ?collateral-kill? 1 process*by SIGTERM*"]
+    )
+    result.assert_outcomes(passed=7, errors=1 if mode == "fail" else 0)
+
+
 # --- warn and fail mode leave process parentage alone ----------------------------------------
 
 ORPHANS = """
@@ -499,3 +572,39 @@ def test_fail_mode_reports_but_does_not_stop_what_an_owner_search_could_not_fini
         ["*[[]process-leak[]]*1 of them not stopped: their owner search was cut short*"]
     )
     result.assert_outcomes(passed=2, errors=1)
+
+
+# --- the record of signals sent is invisible ---------------------------------------------------
+
+SIGNALS_SENT = """
+import os, signal, sys
+
+def test_a_kill_that_raises():
+    os.kill(2**22 + 12345, signal.SIGTERM)  # no such process: ProcessLookupError
+
+def test_a_forked_child_has_the_builtin_kill():
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if type(os.kill).__name__ == "builtin_function_or_method" else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+"""
+
+
+def test_the_record_of_signals_sent_changes_no_traceback_and_no_child(
+    pytester: pytest.Pytester,
+) -> None:
+    """``os.kill`` records what it sends (collateral-kill reads it), and is invisible: a
+    failure through it shows the frames it shows without the plugin; a forked child has the
+    builtin back."""
+    pytester.makepyfile(test_sent=SIGNALS_SENT)
+    plain = pytester.runpytest_subprocess("-p", "no:shutdown", "-p", "no:randomly")
+    plain.assert_outcomes(passed=1, failed=1)
+    frames = [line for line in plain.outlines if line.startswith("test_sent.py:")]
+    for mode in ("warn", "fail"):
+        guarded = pytester.runpytest_subprocess(
+            "-p", "shutdown", "-p", "no:randomly", f"--shutdown-guard={mode}"
+        )
+        guarded.assert_outcomes(passed=1, failed=1)
+        assert [line for line in guarded.outlines if line.startswith("test_sent.py:")] == frames
+        assert "pytest_shutdown" not in guarded.stdout.str()

@@ -18,7 +18,6 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
-import signal
 import sys
 import threading
 from multiprocessing.context import BaseContext
@@ -26,15 +25,18 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, cast
 
 from pytest_shutdown.engine.config import START_METHODS
+from pytest_shutdown.engine.fork_server_shield import imported_by_fork_server
 from pytest_shutdown.gpu.forking import check_fork_allowed
 
 if TYPE_CHECKING:
     from pytest_shutdown.engine.config import EngineConfig
 
 #: The main script first, as multiprocessing's default (or every engine process re-runs it as
-#: ``__mp_main__``); this module last: imported by the fork server, it freezes the server's heap.
+#: ``__mp_main__``); then the SIGTERM shield; this module last: imported by the fork server, it
+#: freezes the server's heap.
 FORKSERVER_PRELOAD = (
     "__main__",
+    "pytest_shutdown.engine.fork_server_shield",  # before torch's second of importing
     "torch",
     "pytest_shutdown.engine.core_proc",
     "pytest_shutdown.engine.processes",
@@ -130,20 +132,6 @@ def heap_frozen_by_fork_server() -> bool:
     return _fork_server_pid is not None and _fork_server_pid != os.getpid()
 
 
-def _imported_by_fork_server() -> bool:
-    try:
-        from multiprocessing import forkserver  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - platforms without fork server
-        return False
-    server_main = getattr(getattr(forkserver, "main", None), "__code__", None)
-    frame = sys._getframe(1)
-    while frame is not None:
-        if frame.f_code is server_main:
-            return True
-        frame = frame.f_back  # type: ignore[assignment]
-    return False
-
-
 def _freeze_fork_server_heap() -> None:
     global _fork_server_pid
     gc.collect()
@@ -151,34 +139,5 @@ def _freeze_fork_server_heap() -> None:
     _fork_server_pid = os.getpid()
 
 
-def _shield_fork_server_from_sigterm() -> None:
-    """Ignore and block SIGTERM in the fork server; each of its forks restores both at once.
-
-    The fork server is in its parent's process group, and a DP supervisor stops a child by
-    signalling that group: killed by that SIGTERM, the server takes the exit statuses it has not
-    reported yet with it, and ``Popen.poll`` answers 255 for an EngineCore still shutting down
-    (its parent then neither waits for it nor kills it). CPython shields its own helpers the
-    same way: the fork server from SIGINT, the resource tracker from SIGINT and SIGTERM.
-    Ignored, for any thread an import started; blocked too, so that a SIGTERM sent to a fork
-    before it restored the handler stays pending and ends it then. Only the server's own forks
-    restore: their forks keep whatever handler they inherit.
-    """
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - POSIX has it
-        return
-    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    shielded = True
-
-    def unshield_this_fork() -> None:
-        nonlocal shielded
-        if shielded:
-            shielded = False
-            signal.signal(signal.SIGTERM, previous)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-
-    os.register_at_fork(after_in_child=unshield_this_fork)
-
-
-if _imported_by_fork_server():
+if imported_by_fork_server():
     _freeze_fork_server_heap()
-    _shield_fork_server_from_sigterm()

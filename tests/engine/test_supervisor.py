@@ -13,6 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 from engine_proc_testing import assert_gone, events, fast_config, wait_event
+from inner_runs import fresh_python
 
 from pytest_shutdown.engine.processes import EngineProcManager
 from pytest_shutdown.engine.supervisor import DPSupervisor
@@ -193,3 +194,30 @@ def test_late_duplicate_sigterms_leave_an_engine_its_clean_exit(
         proc.join(10)
         assert proc.exitcode == 0
         assert events(log, "final", proc.pid)[0]["exit"] == 0
+
+
+SHIELDED_BEFORE_TORCH = """
+import os, sys, time
+from multiprocessing import forkserver
+from pytest_shutdown.engine.start import mp_context
+
+mp_context("forkserver")  # the engine's preload
+forkserver.ensure_running()  # returns before the server's preload ends
+pid = forkserver._forkserver._forkserver_pid
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    with open(f"/proc/{pid}/status") as f:
+        ignored = next(int(l.split()[1], 16) for l in f if l.startswith("SigIgn:"))
+    if ignored & (1 << (15 - 1)):  # SIGTERM
+        with open(f"/proc/{pid}/maps") as f:
+            print("torch loaded" if "libtorch" in f.read() else "torch not loaded yet")
+        break
+else:
+    print("never shielded")
+"""
+
+
+def test_the_fork_server_ignores_sigterm_before_it_imports_torch() -> None:
+    """A SIGTERM to the parent's group during the server's second of importing torch killed it
+    (the shield came with the last preloaded module); now it is shielded before torch loads."""
+    assert fresh_python(SHIELDED_BEFORE_TORCH, timeout=90).split("\n")[0] == "torch not loaded yet"

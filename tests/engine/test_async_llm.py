@@ -248,6 +248,11 @@ def test_bug_output_handler_left_pending_logs_an_engine_dead_error_at_a_graceful
     assert exc_info is not None and exc_info[0] is EngineDeadError
 
 
+#: What a connecting socket's monitor says once its peer went (libzmq says CLOSED and
+#: CONNECT_RETRIED for an ipc peer, DISCONNECTED for others).
+ZMQ_SAW_THE_PEER_GO = zmq.EVENT_DISCONNECTED | zmq.EVENT_CLOSED | zmq.EVENT_CONNECT_RETRIED
+
+
 def test_bug_sockets_without_linger_zero_make_term_hang_on_a_message_for_a_dead_engine() -> None:
     """vLLM PR #13298: with an EngineCore gone, the stop message queued for it keeps
     ``Context.term()`` from returning (probed in a daemon thread, released by the test)."""
@@ -256,7 +261,14 @@ def test_bug_sockets_without_linger_zero_make_term_hang_on_a_message_for_a_dead_
 
         async def scenario(engine: AsyncLLM = engine) -> None:
             await engine.start()
+            input_socket = engine._res.input_sockets[0]
+            monitor = input_socket.get_monitor_socket(ZMQ_SAW_THE_PEER_GO)
             kill_trees([engine.processes[0].pid], why="the test kills an EngineCore", timeout=5)
+            # Until ZMQ saw the peer go, the stop message may still be written to the dead
+            # connection and dropped with it (term() then returns: a busy machine did so).
+            await asyncio.wait_for(monitor.recv_multipart(), 5)
+            input_socket.disable_monitor()
+            monitor.close(linger=0)
             await engine.aclose()
 
         _run(scenario())

@@ -79,15 +79,18 @@ def count_objects(objects: Iterable[object]) -> dict[str, int]:
 
 
 def own_records() -> dict[str, int]:
-    """Objects the plugin's guard keeps for every process started while it is on (the bounded
-    creation-site record of :mod:`pytest_shutdown.ownership.origins`): the guard's, not the code's
-    under test, so they are not counted. Read through ``sys.modules``: nothing is imported."""
+    """Objects the plugin's guard keeps for every process started or signalled while it is on
+    (the bounded records of :mod:`pytest_shutdown.ownership.origins` and
+    :mod:`pytest_shutdown.ownership.signals_sent`): the guard's, not the code's under test, so
+    they are not counted. Read through ``sys.modules``: nothing is imported."""
+    kept: list[object] = []
     origins = sys.modules.get("pytest_shutdown.ownership.origins")
-    registry = getattr(origins, "_processes", None)
-    if not registry:
-        return {}
-    entries = list(registry.values())
-    return count_objects(obj for entry in entries for obj in (entry, *entry) if gc.is_tracked(obj))
+    for entry in list(getattr(origins, "_processes", {}).values()):
+        kept += (entry, *entry)
+    sent = sys.modules.get("pytest_shutdown.ownership.signals_sent")
+    for table in (getattr(sent, "_to_pids", {}), getattr(sent, "_to_groups", {})):
+        kept += list(table.values())
+    return count_objects(obj for obj in kept if gc.is_tracked(obj)) if kept else {}
 
 
 def fd_numbers() -> list[int]:

@@ -89,7 +89,8 @@ def own_records() -> dict[str, int]:
         kept += (entry, *entry)
     sent = sys.modules.get("pytest_shutdown.ownership.signals_sent")
     for table in (getattr(sent, "_to_pids", {}), getattr(sent, "_to_groups", {})):
-        kept += list(table.values())
+        for record in list(table.values()):
+            kept += (record, *record)
     return count_objects(obj for obj in kept if gc.is_tracked(obj)) if kept else {}
 
 

@@ -24,11 +24,12 @@ LIMIT = 4096
 
 
 class Sent(NamedTuple):
-    """The last signal sent to a process or a process group: which, and during which test
-    (None: between tests)."""
+    """The last signal sent to a process or a process group: which, during which test (None:
+    between tests), and the call that sent it."""
 
     signal: int
     test: str | None
+    origin: origins.Origin | None
 
 
 _to_pids: OrderedDict[int, Sent] = OrderedDict()
@@ -38,7 +39,11 @@ _to_groups: OrderedDict[int, Sent] = OrderedDict()
 def _remember(table: OrderedDict[int, Sent], target: Any, sig: Any) -> None:
     if not isinstance(target, int) or not isinstance(sig, int) or sig == 0 or target <= 0:
         return  # signal 0 only asks whether it exists; -1 and 0 are broadcasts, not a target
-    table[target] = Sent(sig, origins.current_test())
+    try:
+        origin: origins.Origin | None = origins._capture(depth=3)  # the caller of os.kill
+    except Exception:  # noqa: BLE001 - recording must never break a kill
+        origin = None
+    table[target] = Sent(sig, origins.current_test(), origin)
     table.move_to_end(target)
     if len(table) > LIMIT:
         table.popitem(last=False)

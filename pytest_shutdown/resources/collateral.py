@@ -52,12 +52,23 @@ def _possible_victims() -> frozenset[int]:
     return frozenset(pid for pid in descendant_pids() if not process_ending(pid))
 
 
-def _sent_before_this_test(pid: int, sig: int) -> bool:
-    """Whether the signal ``sig`` that ended ``pid`` was last sent to it (or to its process
-    group) by this process before the running test began: an earlier test stopped it and did
-    not wait while it drained."""
-    sent = signals_sent.last_sent(pid, _group_of(pid) if signals_sent.groups_signalled() else None)
+def _last_signal(pid: int) -> signals_sent.Sent | None:
+    """The last signal this process sent to ``pid`` or to its process group (read only when a
+    group was signalled: a zombie keeps its group)."""
+    return signals_sent.last_sent(pid, _group_of(pid) if signals_sent.groups_signalled() else None)
+
+
+def _sent_before_this_test(sent: signals_sent.Sent | None, sig: int) -> bool:
+    """Whether ``sent`` is the signal ``sig`` that ended its process, sent before the running
+    test began: an earlier test stopped it and did not wait while it drained."""
     return sent is not None and sent.signal == sig and sent.test != origins.current_test()
+
+
+def _sender(sent: origins.Origin) -> str | None:
+    """The call that sent the signal as a user reads it: the innermost frame outside psutil (its
+    ``send_signal``/``kill`` is how a signal was sent, not who sent it)."""
+    frames = tuple(f for f in sent.frames if f"{os.sep}psutil{os.sep}" not in f[0]) or sent.frames
+    return origins.start_site(origins.Origin(frames, sent.test))
 
 
 def _group_of(pid: int) -> int | None:
@@ -86,7 +97,9 @@ def _owner_signal(pid: int) -> int | None:
 
 
 class CollateralKind(ObjectKind):
-    """Items: ``(pid, signal, name)`` of processes alive at the snapshot that died by a signal."""
+    """Items: ``(pid, signal, name, sent)`` of processes alive at the snapshot that died by a
+    signal; ``sent``: the :class:`~pytest_shutdown.ownership.origins.Origin` of the call of this
+    test that sent it, where recorded."""
 
     name = "collateral"
     allow_key = "collateral"
@@ -120,6 +133,7 @@ class CollateralKind(ObjectKind):
             return ()  # every earlier process is still there and none of ours is a zombie
         found: list[tuple[int, int]] = []
         reaped: list[int] = []
+        sites: dict[int, origins.Origin] = {}  # where this test sent the fatal signal
         for pid in sorted(before):
             if pid in gone:
                 sig = _owner_signal(pid)
@@ -131,9 +145,12 @@ class CollateralKind(ObjectKind):
                 continue
             if pid in REPORTED:  # an earlier test's reported leak: ending it is cleaning up
                 continue
-            if _sent_before_this_test(pid, sig):
+            sent = _last_signal(pid)
+            if _sent_before_this_test(sent, sig):
                 continue
             found.append((pid, sig))
+            if sent is not None and sent.signal == sig and sent.origin is not None:
+                sites[pid] = sent.origin
             if pid in gone:
                 reaped.append(pid)
         if reaped:
@@ -141,7 +158,7 @@ class CollateralKind(ObjectKind):
         victims = []
         for pid, sig in found:
             self._reported.add((pid, sig))
-            victims.append((pid, sig, self._name(pid)))
+            victims.append((pid, sig, self._name(pid), sites.get(pid)))
         return tuple(victims)
 
     @staticmethod
@@ -181,18 +198,24 @@ class CollateralKind(ObjectKind):
         if not items:
             return []
         victims = []
-        for pid, sig, name in items:
+        for pid, sig, name, sent in items:
             origin = origins.origin_of_process(pid)
             victims.append(
                 {
                     "pid": pid,
                     "name": name,
                     "signal": signal_name(sig),
+                    "sent_from": _sender(sent) if sent is not None else None,
+                    "sent_at": origins.render_origin(sent) if sent is not None else "",
                     "started_in": origin.test if origin is not None else None,
                     "started_at": origins.render_origin(origin) if origin is not None else "",
                 }
             )
-        described = ", ".join(f"{v['pid']} ({v['name']}) by {v['signal']}" for v in victims)
+        described = ", ".join(
+            f"{v['pid']} ({v['name']}) by {v['signal']}"
+            + (f" (sent by {v['sent_from']})" if v["sent_from"] else "")
+            for v in victims
+        )
         count = len(victims)
         return [
             Finding(

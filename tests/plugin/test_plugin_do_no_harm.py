@@ -205,7 +205,10 @@ def test_a_process_an_earlier_test_stopped_that_dies_draining_is_not_the_next_te
     assert "test_next: [collateral-kill]" not in out
     assert "test_next_again: [collateral-kill]" not in out
     result.stdout.fnmatch_lines(
-        ["*test_stops_the_shared_server: ?collateral-kill? 1 process*by SIGTERM*"]
+        [
+            "*test_stops_the_shared_server: ?collateral-kill? 1 process*by SIGTERM (sent by "
+            "test_stops_the_shared_server at test_graceful.py:*"
+        ]
     )
     result.assert_outcomes(passed=7, errors=1 if mode == "fail" else 0)
 

@@ -284,7 +284,8 @@ def test_a_wider_fixtures_process_killed_during_a_test_is_collateral(
             "*test_shutdown_kills_every_child: ?collateral-kill? 1 process "
             "test_shutdown_kills_every_child did not start (alive before it, a wider-scope "
             "fixture's or an earlier test's) died by a signal during "
-            "test_shutdown_kills_every_child: * (*) by SIGKILL.",
+            "test_shutdown_kills_every_child: * (*) by SIGKILL (sent by "
+            "test_shutdown_kills_every_child at test_collateral.py:*).",
         ]
     )
     assert "test_tidy_shutdown: [" not in result.stdout.str()

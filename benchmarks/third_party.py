@@ -246,6 +246,10 @@ PROCESS_SUITES = {
                 "-p",
                 "no:asyncio",
             ),
+            # Runs in about 9 s. Started with SIGINT ignored (this script run as a background
+            # job of a non-interactive shell, ``cmd &``), its KeyboardInterrupt tests fail or
+            # spin in every mode: run it in the foreground, or with SIGINT at its default.
+            timeout_s=180.0,
             why="subprocesses waited with pidfds, open_signal_receiver, KeyboardInterrupt "
             "delivery (its SIGINT handler set and put back per run), the run loop's system "
             "tasks, to_thread/from_thread and the thread cache's workers, pipes; -W error",

@@ -3,7 +3,8 @@
 Not part of ``make test``. The suites are subsets of projects' own test suites, pinned to one
 release each: issue 26's four (pebble, loky, tqdm, joblib; the default, and the guard budget's)
 and issue 44's, whose tests start processes and signal them (execnet, pexpect, sh; run them with
-``--suites execnet,pexpect,sh``); issue 48's, whose tests run asyncio loops, tasks and executors
+``--suites execnet,pexpect,sh``; and psutil, trio, pytest-xprocess: parentage, zombies, pidfds,
+signal handlers, process trees); issue 48's, whose tests run asyncio loops, tasks and executors
 and pyzmq sockets (pyzmq, asgiref, janus, anyio; ``--suites pyzmq,asgiref,janus,anyio``). Each
 sdist is downloaded from PyPI (``pip download --no-binary``) and unpacked into a side folder
 this script manages (``.venv-third-party/`` in the repository, git-ignored), with a side venv
@@ -23,6 +24,7 @@ deadline; a run past it is SIGKILLed with its whole process group and counted as
 
     .venv/bin/python benchmarks/third_party.py [--suites tqdm,joblib] [--rounds 3] [--json P]
     .venv/bin/python benchmarks/third_party.py --suites execnet,pexpect,sh --rounds 1
+    .venv/bin/python benchmarks/third_party.py --suites psutil,trio,pytest-xprocess --rounds 1
     .venv/bin/python benchmarks/third_party.py --suites pyzmq,asgiref,janus,anyio --rounds 1
     .venv/bin/python benchmarks/third_party.py --setup-only
 """
@@ -191,6 +193,85 @@ PROCESS_SUITES = {
             "grandchildren",
             slow=True,
         ),
+        Suite(
+            "psutil",
+            "7.2.2",  # the side venv's psutil (this venv's): its tests import the wheel
+            (
+                "tests/test_process.py",
+                "tests/test_testutils.py",
+                "tests/test_misc.py",
+                "tests/test_system.py::TestProcessIter",
+                "tests/test_system.py::TestProcessAPIs",
+                "tests/test_connections.py",
+            ),
+            (
+                # Its addopts load instafail and xdist and turn junitxml off.
+                "-o",
+                "addopts=",
+                "-o",
+                "verbosity_subtests=0",  # its ini's "0" (a string) is an error to pytest 9.2
+                # The sdist's psutil/ (unbuilt) must not shadow the wheel: tests/ is a package,
+                # so prepend mode would put the sdist's root first on sys.path.
+                "--import-mode=append",
+                # Fails plain too: its children put the sdist's root first on sys.path and
+                # import the unbuilt psutil from there.
+                "-k",
+                "not test_multi_sockets_procs",
+            ),
+            why="children and parents (ppid, children(recursive=True)), zombies, wait() and "
+            "wait_procs, send_signal/terminate/kill, reap_children of its helpers' process "
+            "trees, its SIGTERM handler set at import; the process's own sockets (every "
+            "test_connections test asserts it has none before and after)",
+            slow=True,
+            python_flags=("-P",),
+        ),
+        Suite(
+            "trio",
+            "0.35.0",
+            (
+                "src/trio/_tests/test_subprocess.py",
+                "src/trio/_tests/test_signals.py",
+                "src/trio/_core/_tests/test_ki.py",
+                "src/trio/_core/_tests/test_run.py",
+                "src/trio/_tests/test_threads.py",
+                "src/trio/_core/_tests/test_thread_cache.py",
+                "src/trio/_tests/test_unix_pipes.py",
+            ),
+            (
+                "-o",
+                "pythonpath=src",
+                "--run-slow",
+                # Its own plugin runs the async tests; pytest-asyncio's configure-time
+                # deprecation warning is an error under its filterwarnings.
+                "-p",
+                "no:asyncio",
+            ),
+            # Runs in about 9 s. Started with SIGINT ignored (this script run as a background
+            # job of a non-interactive shell, ``cmd &``), its KeyboardInterrupt tests fail or
+            # spin in every mode: run it in the foreground, or with SIGINT at its default.
+            timeout_s=180.0,
+            why="subprocesses waited with pidfds, open_signal_receiver, KeyboardInterrupt "
+            "delivery (its SIGINT handler set and put back per run), the run loop's system "
+            "tasks, to_thread/from_thread and the thread cache's workers, pipes; -W error",
+        ),
+        Suite(
+            "pytest-xprocess",
+            "1.0.2",
+            ("tests",),
+            (
+                # Its fixture keeps its processes' pid files under config.cache.
+                "-p",
+                "cacheprovider",
+                # Turned back on after -p no:cacheprovider: already imported, not rewritten.
+                "-W",
+                "ignore::pytest.PytestAssertRewriteWarning",
+                "-p",
+                "no:asyncio",  # its configure-time warning is an error under -W error
+            ),
+            why="a pytest plugin that starts server processes and terminates their trees "
+            "(psutil), across in-process and subprocess pytest runs, on interruption too",
+            slow=True,
+        ),
     )
 }
 #: Suites whose tests run asyncio loops, tasks, executors and pyzmq sockets (issue 48's
@@ -280,6 +361,8 @@ SIDE_PACKAGES = (
     "anyio==4.16.0",  # anyio's own tests import the wheel (and its pytest plugin)
     "pytest-mock==3.17.0",  # anyio
     "trustme==1.2.1",  # anyio's conftest
+    "trio==0.35.0",  # trio's addopts load its pytest plugin from the installed package
+    "pytest-xprocess==1.0.2",  # its tests' pytester subprocesses load it as an entry point
 )
 
 

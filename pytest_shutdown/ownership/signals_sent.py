@@ -40,13 +40,12 @@ def _remember(table: OrderedDict[int, Sent], target: Any, sig: Any) -> None:
     if not isinstance(target, int) or not isinstance(sig, int) or sig == 0 or target <= 0:
         return  # signal 0 only asks whether it exists; -1 and 0 are broadcasts, not a target
     try:
-        origin: origins.Origin | None = origins._capture(depth=3)  # the caller of os.kill
-    except Exception:  # noqa: BLE001 - recording must never break a kill
-        origin = None
-    table[target] = Sent(sig, origins.current_test(), origin)
-    table.move_to_end(target)
-    if len(table) > LIMIT:
-        table.popitem(last=False)
+        table[target] = Sent(sig, origins.current_test(), origins._capture(depth=3))
+        table.move_to_end(target)
+        if len(table) > LIMIT:
+            table.popitem(last=False)
+    except Exception:  # noqa: BLE001 - recording never breaks a kill (a __del__ at exit)
+        pass
 
 
 def _wrap(module: Any) -> None:

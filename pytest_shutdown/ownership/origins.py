@@ -360,6 +360,7 @@ def install() -> None:
     popen_init = subprocess.Popen.__init__
 
     def start(self: threading.Thread, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # the user's traceback is as without the plugin
         try:
             _threads[self] = _capture()
             current = threading.current_thread()
@@ -379,6 +380,7 @@ def install() -> None:
         return result
 
     def popen(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+        __tracebackhide__ = True  # the user's traceback is as without the plugin
         origin = None
         called_at = time.time()
         try:
@@ -411,6 +413,7 @@ def _wrap_start_new_thread() -> None:
     original = _thread.start_new_thread
 
     def start_new_thread(function: Any, args: Any, kwargs: Any = None) -> int:
+        __tracebackhide__ = True  # the user's traceback is as without the plugin
         ran = _weak_run(function)
         if ran is None:
             return original(function, args) if kwargs is None else original(function, args, kwargs)
@@ -498,6 +501,7 @@ def _wrap_process_start(module: Any) -> None:
     process_start = module.BaseProcess.start
 
     def start_process(self: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # the user's traceback is as without the plugin
         origin = None
         called_at = time.time()
         try:
@@ -588,6 +592,7 @@ def _wrap_shm(module: Any) -> None:
     init = module.SharedMemory.__init__
 
     def shm_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        __tracebackhide__ = True  # the user's traceback is as without the plugin
         create = kwargs.get("create", args[1] if len(args) > 1 else False)
         origin = None
         if create:

@@ -571,13 +571,30 @@ def test_fail_mode_reports_but_does_not_stop_what_an_owner_search_could_not_fini
     result.assert_outcomes(passed=2, errors=1)
 
 
-# --- the record of signals sent is invisible ---------------------------------------------------
+# --- the recording wrappers are invisible ------------------------------------------------------
 
-SIGNALS_SENT = """
-import os, signal, sys
+#: Errors raised through the wrappers that record starts and signals: each traceback must show
+#: the frames it shows without the plugin.
+RAISED_THROUGH_RECORDERS = """
+import multiprocessing, os, signal, subprocess, threading
 
 def test_a_kill_that_raises():
     os.kill(2**22 + 12345, signal.SIGTERM)  # no such process: ProcessLookupError
+
+def test_a_command_that_does_not_exist():
+    subprocess.Popen(["/nonexistent/command"])
+
+def test_a_thread_started_twice():
+    thread = threading.Thread(target=int)
+    thread.start()
+    thread.join()
+    thread.start()
+
+def test_a_process_started_twice():
+    process = multiprocessing.get_context("fork").Process(target=int)
+    process.start()
+    process.join()
+    process.start()
 
 def test_a_forked_child_has_the_builtin_kill():
     pid = os.fork()
@@ -588,20 +605,22 @@ def test_a_forked_child_has_the_builtin_kill():
 """
 
 
-def test_the_record_of_signals_sent_changes_no_traceback_and_no_child(
+def test_the_recording_wrappers_change_no_traceback_and_no_child(
     pytester: pytest.Pytester,
 ) -> None:
-    """``os.kill`` records what it sends (collateral-kill reads it), and is invisible: a
-    failure through it shows the frames it shows without the plugin; a forked child has the
-    builtin back."""
-    pytester.makepyfile(test_sent=SIGNALS_SENT)
+    """``Popen.__init__``, ``Thread.start``, ``Process.start`` and ``os.kill`` record what they
+    do (creation sites, who sent a signal) and are invisible: a failure through one shows the
+    frames it shows without the plugin (they showed ``origins.py: in popen`` and the like); a
+    forked child has the builtin ``os.kill`` back."""
+    pytester.makepyfile(test_raised=RAISED_THROUGH_RECORDERS)
     plain = pytester.runpytest_subprocess("-p", "no:shutdown", "-p", "no:randomly")
-    plain.assert_outcomes(passed=1, failed=1)
-    frames = [line for line in plain.outlines if line.startswith("test_sent.py:")]
+    plain.assert_outcomes(passed=1, failed=4)
+    frames = [line for line in plain.outlines if re.match(r"^\S+\.py:\d+: ", line)]
+    assert any("subprocess.py" in line for line in frames), frames
     for mode in ("warn", "fail"):
         guarded = pytester.runpytest_subprocess(
             "-p", "shutdown", "-p", "no:randomly", f"--shutdown-guard={mode}"
         )
-        guarded.assert_outcomes(passed=1, failed=1)
-        assert [line for line in guarded.outlines if line.startswith("test_sent.py:")] == frames
+        guarded.assert_outcomes(passed=1, failed=4)
+        assert [line for line in guarded.outlines if re.match(r"^\S+\.py:\d+: ", line)] == frames
         assert "pytest_shutdown" not in guarded.stdout.str()

@@ -64,6 +64,7 @@ def _wrap(module: Any) -> None:
     register, unregister = module.register, module.unregister
 
     def recording_register(func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True  # the user's traceback is as without the plugin
         global _seq
         result = register(func, *args, **kwargs)
         try:
@@ -80,6 +81,7 @@ def _wrap(module: Any) -> None:
         return result
 
     def recording_unregister(func: Callable[..., Any]) -> None:
+        __tracebackhide__ = True
         unregister(func)
         _registrations[:] = [r for r in _registrations if not _same(r.func, func)]
 

@@ -576,7 +576,10 @@ def test_fail_mode_reports_but_does_not_stop_what_an_owner_search_could_not_fini
 #: Errors raised through the wrappers that record starts and signals: each traceback must show
 #: the frames it shows without the plugin.
 RAISED_THROUGH_RECORDERS = """
-import multiprocessing, os, signal, subprocess, threading
+import atexit, multiprocessing, os, signal, subprocess, threading
+
+def test_an_atexit_registration_of_no_callable():
+    atexit.register(42)  # TypeError
 
 def test_a_kill_that_raises():
     os.kill(2**22 + 12345, signal.SIGTERM)  # no such process: ProcessLookupError
@@ -608,19 +611,19 @@ def test_a_forked_child_has_the_builtin_kill():
 def test_the_recording_wrappers_change_no_traceback_and_no_child(
     pytester: pytest.Pytester,
 ) -> None:
-    """``Popen.__init__``, ``Thread.start``, ``Process.start`` and ``os.kill`` record what they
-    do (creation sites, who sent a signal) and are invisible: a failure through one shows the
-    frames it shows without the plugin (they showed ``origins.py: in popen`` and the like); a
-    forked child has the builtin ``os.kill`` back."""
+    """``Popen.__init__``, ``Thread.start``, ``Process.start``, ``atexit.register`` and
+    ``os.kill`` record what they do (creation sites, who sent a signal) and are invisible: a
+    failure through one shows the frames it shows without the plugin (they showed
+    ``origins.py: in popen`` and the like); a forked child has the builtin ``os.kill`` back."""
     pytester.makepyfile(test_raised=RAISED_THROUGH_RECORDERS)
     plain = pytester.runpytest_subprocess("-p", "no:shutdown", "-p", "no:randomly")
-    plain.assert_outcomes(passed=1, failed=4)
+    plain.assert_outcomes(passed=1, failed=5)
     frames = [line for line in plain.outlines if re.match(r"^\S+\.py:\d+: ", line)]
     assert any("subprocess.py" in line for line in frames), frames
     for mode in ("warn", "fail"):
         guarded = pytester.runpytest_subprocess(
             "-p", "shutdown", "-p", "no:randomly", f"--shutdown-guard={mode}"
         )
-        guarded.assert_outcomes(passed=1, failed=4)
+        guarded.assert_outcomes(passed=1, failed=5)
         assert [line for line in guarded.outlines if re.match(r"^\S+\.py:\d+: ", line)] == frames
         assert "pytest_shutdown" not in guarded.stdout.str()

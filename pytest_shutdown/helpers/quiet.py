@@ -315,6 +315,7 @@ class ErrorWatch:
         records, level, watch = self.records, self.level, self
 
         def callHandlers(self: logging.Logger, record: logging.LogRecord) -> None:  # noqa: N802
+            __tracebackhide__ = True  # the user's traceback is as without the helper
             if watch._active and record.levelno >= level:
                 records.append(record)  # list.append: safe from any thread
             original(self, record)

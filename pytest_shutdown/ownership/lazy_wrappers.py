@@ -10,6 +10,7 @@ them back at once.
 from __future__ import annotations
 
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +60,10 @@ class LazyWrappers:
         original = getattr(owner, attr)
         for name in ("__doc__", "__name__", "__qualname__"):
             setattr(wrapper, name, getattr(original, name, attr if name != "__doc__" else None))
+        if isinstance(owner, types.ModuleType):
+            # Pickled by reference as owner.attr (os.kill sent to a process pool): the name
+            # finds the wrapper here, and the original in a process without the plugin.
+            wrapper.__module__, wrapper.__qualname__ = owner.__name__, attr
         self._originals[key] = (owner, attr, original, wrapper, attr in owner.__dict__)
         setattr(owner, attr, wrapper)
 

@@ -60,6 +60,7 @@ class LazyWrappers:
         original = getattr(owner, attr)
         for name in ("__doc__", "__name__", "__qualname__"):
             setattr(wrapper, name, getattr(original, name, attr if name != "__doc__" else None))
+        wrapper.__wrapped__ = original  # inspect.signature() reads the original's
         if isinstance(owner, types.ModuleType):
             # Pickled by reference as owner.attr (os.kill sent to a process pool): the name
             # finds the wrapper here, and the original in a process without the plugin.

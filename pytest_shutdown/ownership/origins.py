@@ -22,10 +22,12 @@ import types
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from pytest_shutdown._fast.lazy_dataclass import lazy_dataclass
 from pytest_shutdown._os.forks import forget_in_child, undo_in_forked_child
+
+T = TypeVar("T")
 
 __all__ = [
     "Origin",
@@ -392,6 +394,8 @@ def install() -> None:
             _remember_process(getattr(self, "pid", None), self, origin, called_at)
 
     _originals.update({"thread": (thread_start, start), "popen": (popen_init, popen)})
+    _looks_like(start, thread_start)
+    _looks_like(popen, popen_init)
     threading.Thread.start = start  # type: ignore[method-assign]
     subprocess.Popen.__init__ = popen  # type: ignore[method-assign]
     _wrap_start_new_thread()
@@ -404,6 +408,13 @@ def install() -> None:
             _process_start_pending.append(waiting)
             sys.meta_path.insert(0, waiting)
     undo_in_forked_child("origins", _uninstall_in_forked_child)
+
+
+def _looks_like(wrapper: T, original: Any) -> T:
+    """``wrapper`` with ``original``'s name, module and doc, and ``__wrapped__``: what reads it
+    (``inspect.signature(subprocess.Popen)`` for a parameter, pickle) sees the original."""
+    functools.update_wrapper(wrapper, original)  # type: ignore[arg-type]
+    return wrapper
 
 
 def _wrap_start_new_thread() -> None:
@@ -433,7 +444,7 @@ def _wrap_start_new_thread() -> None:
         return original(run, args, kwargs or {})
 
     _originals["start_new_thread"] = (original, start_new_thread)
-    _thread.start_new_thread = start_new_thread
+    _thread.start_new_thread = _looks_like(start_new_thread, original)
 
 
 def _weak_run(function: Any) -> Any:
@@ -515,7 +526,7 @@ def _wrap_process_start(module: Any) -> None:
         return result
 
     _originals["process"] = (process_start, start_process)
-    module.BaseProcess.start = start_process
+    module.BaseProcess.start = _looks_like(start_process, process_start)
 
 
 def _stop_waiting_for_import(name: str | None = None) -> None:
@@ -617,7 +628,7 @@ def _wrap_shm(module: Any) -> None:
         _claim(name)
 
     _originals["shm"] = (init, shm_init)
-    module.SharedMemory.__init__ = shm_init
+    module.SharedMemory.__init__ = _looks_like(shm_init, init)
 
 
 def recorded_segment(name: str) -> tuple[object | None, Origin, int] | None:

@@ -604,6 +604,12 @@ def test_os_kill_goes_to_a_process_pool():  # pickled by reference, found in the
     with ProcessPoolExecutor(1) as pool:
         assert pool.submit(os.kill, os.getpid(), 0).result(timeout=60) is None
 
+def test_signatures_read_as_the_originals():  # feature checks on a parameter of Popen
+    import inspect
+    assert "start_new_session" in inspect.signature(subprocess.Popen).parameters
+    assert list(inspect.signature(os.kill).parameters) == ["pid", "signal"]
+    assert threading.Thread.start.__qualname__ == "Thread.start"
+
 def test_a_forked_child_has_the_builtin_kill():
     pid = os.fork()
     if pid == 0:
@@ -619,17 +625,18 @@ def test_the_recording_wrappers_change_no_traceback_and_no_child(
     """``Popen.__init__``, ``Thread.start``, ``Process.start``, ``atexit.register`` and
     ``os.kill`` record what they do (creation sites, who sent a signal) and are invisible: a
     failure through one shows the frames it shows without the plugin (they showed
-    ``origins.py: in popen`` and the like); ``os.kill`` still pickles (to a process pool); a
-    forked child has the builtin back."""
+    ``origins.py: in popen`` and the like); their signatures and names read as the originals'
+    (``inspect.signature(subprocess.Popen)`` read ``(*args, **kwargs)``); ``os.kill`` still
+    pickles (to a process pool); a forked child has the builtin back."""
     pytester.makepyfile(test_raised=RAISED_THROUGH_RECORDERS)
     plain = pytester.runpytest_subprocess("-p", "no:shutdown", "-p", "no:randomly")
-    plain.assert_outcomes(passed=2, failed=5)
+    plain.assert_outcomes(passed=3, failed=5)
     frames = [line for line in plain.outlines if re.match(r"^\S+\.py:\d+: ", line)]
     assert any("subprocess.py" in line for line in frames), frames
     for mode in ("warn", "fail"):
         guarded = pytester.runpytest_subprocess(
             "-p", "shutdown", "-p", "no:randomly", f"--shutdown-guard={mode}"
         )
-        guarded.assert_outcomes(passed=2, failed=5)
+        guarded.assert_outcomes(passed=3, failed=5)
         assert [line for line in guarded.outlines if re.match(r"^\S+\.py:\d+: ", line)] == frames
         assert "pytest_shutdown" not in guarded.stdout.str()

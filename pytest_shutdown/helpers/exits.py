@@ -74,6 +74,9 @@ def _probe_main(
     os.close(err)
     # The parent's sys.stderr may not write to fd 2 (pytest's capture replaces it): rebind it.
     sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+    # Garbage inherited from the parent goes first: a finalizer in it that freezes the heap
+    # (an earlier test's engine) would read as the target's freeze.
+    gc.collect()
     _write_atomically(os.path.join(workdir, "freeze-start"), str(gc.get_freeze_count()))
     try:
         target(*args, **kwargs)

@@ -510,6 +510,32 @@ def test_a_missing_freeze_on_rocm_is_caught() -> None:
     assert "did not freeze" in finding.message
 
 
+def test_a_freeze_by_garbage_the_child_inherited_is_not_the_targets() -> None:
+    """An earlier test's object in a reference cycle whose finalizer freezes the heap, still
+    uncollected in the parent: collected in the forked child, it froze there (Python 3.12 CI:
+    every scenario "froze its heap at exit")."""
+
+    parent = os.getpid()
+
+    class FreezesWhenCollected:
+        def __init__(self) -> None:
+            self.cycle = self
+
+        def __del__(self) -> None:
+            if os.getpid() != parent:  # collected here, it leaves this process alone
+                gc.freeze()
+
+    gc.disable()
+    try:
+        FreezesWhenCollected()  # garbage until the next collection: in the child
+        report = assert_freeze_policy(_run(v.run_engine_core), start_method="fork")
+    finally:
+        gc.enable()
+        gc.collect()
+    facts = report.details["scenarios"]
+    assert [sid for sid, f in facts.items() if f["frozen"]] == ["rocm-drain0-clean"]
+
+
 def test_a_child_that_never_reaches_its_end_is_reported() -> None:
     def exits_hard(scenario: FreezeScenario) -> None:
         os._exit(0)

@@ -271,14 +271,14 @@ def test_the_opt_in_subreaper_reaps_what_it_adopts_at_once(pytester: pytest.Pyte
 # --- a pool is stopped as a pool, never by killing its workers under it ----------------------
 
 LEAKED_POOL = """
-import multiprocessing as mp
 import threading
+{imports}
 
 def work(x):
     return x * 2
 
 def test_leaks_a_pool():
-    pool = mp.get_context("fork").Pool(2)
+    pool = {pool}(2)
     assert pool.map(work, range(20)) == [x * 2 for x in range(20)]
     stop = threading.Event()  # a thread keeps the pool alive past the test
     threading.Thread(target=lambda: stop.wait() and pool, daemon=True).start()
@@ -288,12 +288,32 @@ def test_next():
 """
 
 
+def forked_pool_module() -> str:
+    """multiprocessing.pool's code as another package's module, as billiard (celery's fork)
+    ships it: a ``Pool`` of the same shape that is no subclass of multiprocessing's."""
+    import inspect  # noqa: PLC0415
+    import multiprocessing.pool  # noqa: PLC0415
+
+    source = inspect.getsource(multiprocessing.pool)
+    source = source.replace("from . import", "from multiprocessing import")
+    return source.replace("from .connection import", "from multiprocessing.connection import")
+
+
+@pytest.mark.parametrize(
+    ("imports", "pool"),
+    [
+        pytest.param("import multiprocessing as mp", 'mp.get_context("fork").Pool', id="stdlib"),
+        pytest.param("from forkedmp.pool import Pool", "Pool", id="a-fork-of-its-code"),
+    ],
+)
 def test_a_leaked_pool_is_stopped_as_a_pool_and_the_exit_does_not_hang(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, imports: str, pool: str
 ) -> None:
     """Killing a live Pool's workers made its handler re-spawn them and its exit-time
-    finalizer wait forever on a lock a killed worker held: pytest never exited."""
-    pytester.makepyfile(test_pool=LEAKED_POOL)
+    finalizer wait forever on a lock a killed worker held: pytest never exited. A fork of
+    multiprocessing's pool code (billiard's) hung the same way: its Pool is no subclass."""
+    pytester.mkpydir("forkedmp").joinpath("pool.py").write_text(forked_pool_module())
+    pytester.makepyfile(test_pool=LEAKED_POOL.format(imports=imports, pool=pool))
     by_mode = run_modes(pytester, guarded=("--shutdown-grace=0.5",))
     assert by_mode["plain"] == by_mode["warn"]
     assert set(by_mode["plain"].values()) == {"PASSED"}

@@ -86,7 +86,8 @@ class ProcessKind(ObjectKind):
         late = self._note_late(now)
         if not now or now <= before:
             return ()
-        fresh = now - before - multiprocessing_helper_pids() - late
+        fresh = now - before - late
+        fresh -= multiprocessing_helper_pids(fresh)
         return tuple(sorted(p for p in fresh if process_running(p)))
 
     def _note_late(self, now: frozenset[int]) -> frozenset[int]:
@@ -163,7 +164,7 @@ class ProcessKind(ObjectKind):
             now = now | frozenset(containment.stray_marked(now))
         if not now:
             return
-        kept = set(end.session_start_pids) | set(multiprocessing_helper_pids())
+        kept = set(end.session_start_pids) | set(multiprocessing_helper_pids(now))
         for name, item in [*end.long_lived, *end.reported_at_end]:
             # a global's pool (long-lived), or a leak just reported with its test: not again
             if name == self.name:

@@ -320,6 +320,57 @@ def test_a_leaked_pool_is_stopped_as_a_pool_and_the_exit_does_not_hang(
     assert by_mode["fail"] == {**by_mode["plain"], "test_pool.py::test_leaks_a_pool": "ERROR"}
 
 
+# --- a fork's process-lifetime helper that keeps no pid is no test's leak -------------------
+
+PIDLESS_TRACKER = """
+import os, sys, threading
+
+class SemaphoreTracker:
+    \"\"\"billiard's shape: started on first use, kept until exit; it keeps the pipe's write
+    end, not the pid, and its process reads until the pipe closes.\"\"\"
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._fd = None
+
+    def ensure_running(self):
+        with self._lock:
+            if self._fd is None:
+                r, w = os.pipe()
+                os.set_inheritable(r, True)
+                code = f"from trackerpkg.semaphore_tracker import main;main({r})"
+                os.posix_spawn(sys.executable, [sys.executable, "-c", code], os.environ)
+                os.close(r)
+                self._fd = w
+
+def main(fd):
+    with open(fd, "rb") as pipe:
+        pipe.read()
+
+_semaphore_tracker = SemaphoreTracker()
+ensure_running = _semaphore_tracker.ensure_running
+"""
+
+FIRST_USE = """
+from trackerpkg import semaphore_tracker
+
+def test_first_use_starts_the_tracker():
+    semaphore_tracker.ensure_running()
+
+def test_next():
+    pass
+"""
+
+
+def test_a_helper_known_by_its_command_line_is_not_a_leak(pytester: pytest.Pytester) -> None:
+    """billiard's semaphore tracker and fork server keep no pid: the first test to use them
+    errored in fail mode, and the process-lifetime helper was killed under the session."""
+    pytester.mkpydir("trackerpkg").joinpath("semaphore_tracker.py").write_text(PIDLESS_TRACKER)
+    pytester.makepyfile(test_tracker=FIRST_USE)
+    by_mode = run_modes(pytester)
+    assert set(by_mode["plain"].values()) == {"PASSED"}
+    assert by_mode["plain"] == by_mode["warn"] == by_mode["fail"]
+
+
 # --- what a session fixture's registry reaches is never the test's ---------------------------
 
 GATEWAY_REGISTRY = """

@@ -50,9 +50,10 @@ BENCHMARKS: dict[str, tuple[tuple[str, ...], str]] = {
     "harm": (
         ("third_party.py", "--suites",
          "pebble,loky,tqdm,joblib,execnet,pexpect,pyzmq,asgiref,janus,anyio,psutil,trio,"
-         "pytest-xprocess", "--rounds", "1"),
-        "thirteen real suites (issue 44's but sh, flaky plain; issue 48's asyncio and ZMQ ones; "
-        "psutil, trio, pytest-xprocess), one round: per-test outcomes plain vs warn vs fail",
+         "pytest-xprocess,uvicorn,billiard", "--rounds", "1"),
+        "fifteen real suites (issue 44's but sh, flaky plain; issue 48's asyncio and ZMQ ones; "
+        "psutil, trio, pytest-xprocess, uvicorn, billiard), one round: per-test outcomes plain "
+        "vs warn vs fail",
     ),
     "os": (("os_resources.py",), "the fds, ports and shm kinds' share of a clean test's check"),
     "distributed": (

@@ -3,13 +3,15 @@
 Not part of ``make test``. The suites are subsets of projects' own test suites, pinned to one
 release each: issue 26's four (pebble, loky, tqdm, joblib; the default, and the guard budget's)
 and issue 44's, whose tests start processes and signal them (execnet, pexpect, sh; run them with
-``--suites execnet,pexpect,sh``; and psutil, trio, pytest-xprocess: parentage, zombies, pidfds,
-signal handlers, process trees); issue 48's, whose tests run asyncio loops, tasks and executors
-and pyzmq sockets (pyzmq, asgiref, janus, anyio; ``--suites pyzmq,asgiref,janus,anyio``). Each
-sdist is downloaded from PyPI (``pip download --no-binary``) and unpacked into a side folder
-this script manages (``.venv-third-party/`` in the repository, git-ignored), with a side venv
-holding pytest, the suites' test dependencies and this checkout of pytest-shutdown (editable).
-``--setup-only`` builds it; every run builds what is missing.
+``--suites execnet,pexpect,sh``; psutil, trio, pytest-xprocess: parentage, zombies, pidfds,
+signal handlers, process trees; uvicorn, billiard: supervisors, reloaders and pools that signal,
+restart and time out their workers); issue 48's, whose tests run asyncio loops, tasks and
+executors and pyzmq sockets (pyzmq, asgiref, janus, anyio;
+``--suites pyzmq,asgiref,janus,anyio``). Each sdist is downloaded from PyPI
+(``pip download --no-binary``) and unpacked into a side folder this script manages
+(``.venv-third-party/`` in the repository, git-ignored), with a side venv holding pytest, the
+suites' test dependencies and this checkout of pytest-shutdown (editable). ``--setup-only``
+builds it; every run builds what is missing.
 
 Each suite runs plain (``-p no:shutdown``), guarded in warn mode and guarded in fail mode
 (``-p shutdown --shutdown-guard=warn|fail``), the order turning each round, with bytecode
@@ -25,6 +27,7 @@ deadline; a run past it is SIGKILLed with its whole process group and counted as
     .venv/bin/python benchmarks/third_party.py [--suites tqdm,joblib] [--rounds 3] [--json P]
     .venv/bin/python benchmarks/third_party.py --suites execnet,pexpect,sh --rounds 1
     .venv/bin/python benchmarks/third_party.py --suites psutil,trio,pytest-xprocess --rounds 1
+    .venv/bin/python benchmarks/third_party.py --suites uvicorn,billiard --rounds 1
     .venv/bin/python benchmarks/third_party.py --suites pyzmq,asgiref,janus,anyio --rounds 1
     .venv/bin/python benchmarks/third_party.py --setup-only
 """
@@ -272,6 +275,35 @@ PROCESS_SUITES = {
             "(psutil), across in-process and subprocess pytest runs, on interruption too",
             slow=True,
         ),
+        Suite(
+            "uvicorn",
+            "0.55.0",
+            (
+                "tests/supervisors",
+                "tests/test_server.py",
+                "tests/test_subprocess.py",
+            ),
+            (
+                "-o",
+                "addopts=",  # its addopts say -n 8 (xdist)
+                "-p",
+                "no:asyncio",  # its async tests run on anyio's plugin; -W error
+            ),
+            why="the multiprocess supervisor (workers spawned, restarted, killed; SIGINT, "
+            "SIGTERM, SIGHUP, SIGTTIN/SIGTTOU to the supervisor), the reload supervisors "
+            "(stat and watchfiles), servers in threads with their signal handlers captured and "
+            "re-raised, spawn subprocesses; -W error",
+        ),
+        Suite(
+            "billiard",
+            "4.3.2",
+            # Not t/integration: Python 2 code (import Queue, StringIO), fails to collect.
+            ("t/unit",),
+            why="celery's fork of multiprocessing: its Pool (a copy of multiprocessing's code, "
+            "no subclass) terminated, closed and joined, hard timeouts, workers terminated "
+            "mid-job, SystemExit in a task, pools left running; spawn/fork/forkserver "
+            "contexts (its semaphore tracker and fork server keep no pid), set_pdeathsig",
+        ),
     )
 }
 #: Suites whose tests run asyncio loops, tasks, executors and pyzmq sockets (issue 48's
@@ -363,6 +395,11 @@ SIDE_PACKAGES = (
     "trustme==1.2.1",  # anyio's conftest
     "trio==0.35.0",  # trio's addopts load its pytest plugin from the installed package
     "pytest-xprocess==1.0.2",  # its tests' pytester subprocesses load it as an entry point
+    "uvicorn==0.55.0",  # uvicorn's dependencies (click, h11)
+    "httpx2==2.17.0",  # uvicorn's tests' client
+    "watchfiles==1.3.0",  # uvicorn's WatchFilesReload tests
+    "httptools==0.9.0",  # uvicorn's test_server imports its httptools protocol
+    "billiard==4.3.2",  # billiard's tests import the sdist's (pure Python): same release
 )
 
 

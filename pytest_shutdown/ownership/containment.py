@@ -170,7 +170,8 @@ def _test_named_in(environ: bytes | None) -> str | None:
 
 def first_ancestor(pid: int, test: str | None = None) -> tuple[int, str] | None:
     """The recorded process (started during ``test``, or any) this re-parented ``pid`` most
-    likely descends from, and how: its session or group leader, else the last one before it."""
+    likely descends from, and how: its session or group leader, else the last one before it
+    (none for our own child, not re-parented: it descends from us)."""
     from pytest_shutdown.ownership import origins  # noqa: PLC0415
 
     fields = _stat_fields(pid)
@@ -183,6 +184,8 @@ def first_ancestor(pid: int, test: str | None = None) -> tuple[int, str] | None:
             return candidate, "session leader"
         if candidate == pgid and candidate != pid:
             return candidate, "process group leader"
+    if int(fields[1]) == os.getpid() and not _subreaper_now():
+        return None  # forked here (by code no start record knows): no other recorded process's
     # A recorded time precedes the fork: never after anything the process started. The 0.05 s
     # is for the tick resolution of ``pid``'s start time.
     started = _started_at(pid)

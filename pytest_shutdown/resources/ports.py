@@ -125,7 +125,7 @@ def new_ports(before: PortSnapshot) -> list[PortItem]:
     fresh = descendant_pids() - before.pids
     if not fresh:
         return _bound({os.getpid(): own})
-    fresh -= multiprocessing_helper_pids()
+    fresh -= multiprocessing_helper_pids(fresh)
     # A fork inherits our sockets: one we held before the test (a wider fixture's listener) is
     # not the child's new port while we still hold it.
     ours_before = {i for i, fd in socket_fds_of(os.getpid()).items() if fd in before.fds.fds}

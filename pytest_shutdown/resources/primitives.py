@@ -36,7 +36,7 @@ from pytest_shutdown._os import escaped
 from pytest_shutdown._os.children import walk_descendants
 from pytest_shutdown._os.forks import this_pid
 from pytest_shutdown._os.proc_stat import process_running as process_running
-from pytest_shutdown._os.proc_stat import stat_fields
+from pytest_shutdown._os.proc_stat import read_stat, stat_fields
 from pytest_shutdown.findings.finding import Finding
 from pytest_shutdown.ownership import origins
 from pytest_shutdown.resources.base import after_grace
@@ -401,14 +401,16 @@ def started_since(
     if processes:
         now = descendant_pids()
         if now:
-            fresh = now - before.pids - multiprocessing_helper_pids()
+            fresh = now - before.pids
+            fresh -= multiprocessing_helper_pids(fresh)
             new_pids = tuple(sorted(p for p in fresh if process_running(p)))
     return Started(new_threads, new_pids)
 
 
 #: The last part of the name of a module that keeps a process-lifetime helper in a global, in
-#: multiprocessing and every fork of it (``multiprocess``, loky, ...).
-HELPER_MODULE_NAMES = ("resource_tracker", "forkserver", "resource_sharer")
+#: multiprocessing and every fork of it (``multiprocess``, loky, billiard: its semaphore tracker
+#: is the resource tracker of Python 3.7).
+HELPER_MODULE_NAMES = ("resource_tracker", "forkserver", "resource_sharer", "semaphore_tracker")
 
 #: last parts -> (len(sys.modules) when listed, the names of the modules so named then)
 _modules_named_seen: dict[tuple[str, ...], tuple[int, tuple[str, ...]]] = {}
@@ -459,14 +461,33 @@ def helper_numbers(helper: object, suffix: str) -> set[int]:
     }
 
 
-def multiprocessing_helper_pids() -> frozenset[int]:
+def multiprocessing_helper_pids(among: Iterable[int] = ()) -> frozenset[int]:
     """Pids of this process's fork servers and resource trackers (see
     :func:`process_lifetime_helpers`): started on first use, kept until exit, never a test's
-    leak (what a fork server starts stays checked)."""
+    leak (what a fork server starts stays checked). A helper that keeps no pid (billiard's
+    semaphore tracker and fork server) is found among ``among`` by how it was started."""
     pids: set[int] = set()
     for helper in process_lifetime_helpers():
         pids.update(p for p in helper_numbers(helper, "pid") if p > 0)
+    starts = tuple(f"from {name} import main" for name in helper_module_names())
+    if starts:
+        pids.update(p for p in among if p not in pids and _started_as_helper(p, starts))
     return frozenset(pids)
+
+
+def _started_as_helper(pid: int, starts: tuple[str, ...]) -> bool:
+    """Whether ``pid`` is our child started as ``python -c "from <helper module> import main;
+    main(...)"`` (the children of a fork server repeat its command line: not ours)."""
+    process = read_stat(pid)
+    if process is None or process.ppid != this_pid():
+        return False
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    code = argv[argv.index(b"-c") + 1] if b"-c" in argv[:-1] else b""
+    return code.decode(errors="replace").startswith(starts)
 
 
 def await_exit(started: Started, grace: float, *, collect: bool = True) -> Started:

@@ -30,6 +30,7 @@ from pytest_shutdown.resources.primitives import (
     descendant_pids,
     kill_process_trees,
     leak_findings,
+    modules_named,
     multiprocessing_helper_pids,
     process_running,
 )
@@ -85,7 +86,8 @@ class ProcessKind(ObjectKind):
         late = self._note_late(now)
         if not now or now <= before:
             return ()
-        fresh = now - before - multiprocessing_helper_pids() - late
+        fresh = now - before - late
+        fresh -= multiprocessing_helper_pids(fresh)
         return tuple(sorted(p for p in fresh if process_running(p)))
 
     def _note_late(self, now: frozenset[int]) -> frozenset[int]:
@@ -162,7 +164,7 @@ class ProcessKind(ObjectKind):
             now = now | frozenset(containment.stray_marked(now))
         if not now:
             return
-        kept = set(end.session_start_pids) | set(multiprocessing_helper_pids())
+        kept = set(end.session_start_pids) | set(multiprocessing_helper_pids(now))
         for name, item in [*end.long_lived, *end.reported_at_end]:
             # a global's pool (long-lived), or a leak just reported with its test: not again
             if name == self.name:
@@ -194,15 +196,16 @@ class ProcessKind(ObjectKind):
                 stop_processes(sorted(again), why="the session-end sweep (fail mode)")
 
 
-#: Seconds a leaked ``multiprocessing.Pool`` has to stop through its own ``terminate()``.
+#: Seconds a leaked process pool has to stop through its own ``terminate()``.
 POOL_STOP_S = 5.0
 
 
 def stop_processes(pids: Sequence[int], *, why: str) -> list[dict[str, Any]]:
-    """Stop the processes ``pids`` (fail mode): a live ``multiprocessing.Pool``'s workers through
-    the pool's own ``terminate()`` (killing a worker under a live pool leaves it re-spawning
-    workers and its exit-time finalizer waiting forever on a lock the worker held), the others
-    by the one tree killer. Returns the killed processes' records."""
+    """Stop the processes ``pids`` (fail mode): a live process pool's workers (multiprocessing's
+    or a fork's, see :func:`pool_classes`) through the pool's own ``terminate()`` (killing a
+    worker under a live pool leaves it re-spawning workers and its exit-time finalizer waiting
+    forever on a lock the worker held), the others by the one tree killer. Returns the killed
+    processes' records."""
     pids = tuple(pids)
     if not pids:
         return []
@@ -214,23 +217,18 @@ def stop_processes(pids: Sequence[int], *, why: str) -> list[dict[str, Any]]:
 
 
 def _stop_pools_of(pids: Sequence[int], why: str) -> set[int]:
-    """Terminate each live ``multiprocessing.Pool`` with a worker among ``pids`` (bounded); the
-    workers so handed to their pool."""
-    pool_module = sys.modules.get("multiprocessing.pool")
-    if pool_module is None:
-        return set()
-    workers = {}
-    for pid in pids:
-        obj = origins.process_object(pid)
-        if obj is not None:
-            workers[id(obj)] = pid
-    if not workers:
+    """Terminate each live process pool with a worker among ``pids`` (bounded); the workers so
+    handed to their pool."""
+    classes = pool_classes()
+    wanted = set(pids)
+    if not classes or not wanted:
         return set()
     import gc  # noqa: PLC0415
 
     handed: set[int] = set()
-    for pool in [o for o in gc.get_objects() if isinstance(o, pool_module.Pool)]:
-        mine = [workers[id(w)] for w in list(getattr(pool, "_pool", ())) if id(w) in workers]
+    pools: list[Any] = [o for o in gc.get_objects() if isinstance(o, classes)]
+    for pool in pools:
+        mine = [pid for w in list(getattr(pool, "_pool", ())) if (pid := _pid_of(w)) in wanted]
         if not mine:
             continue
         from pytest_shutdown._os.killer import record_ordered_end  # noqa: PLC0415
@@ -243,6 +241,28 @@ def _stop_pools_of(pids: Sequence[int], why: str) -> set[int]:
         stopper.join(POOL_STOP_S)
         handed.update(mine)
     return handed
+
+
+def pool_classes() -> tuple[type, ...]:
+    """The loaded ``Pool`` classes of multiprocessing and of the forks of its code (billiard's,
+    celery's; no subclass of multiprocessing's): the ``Pool`` of each loaded ``*.pool`` module
+    that has a ``terminate()``."""
+    found = []
+    for name in modules_named("pool"):
+        cls = getattr(sys.modules.get(name), "Pool", None)
+        if isinstance(cls, type) and callable(getattr(cls, "terminate", None)):
+            found.append(cls)
+    return tuple(found)
+
+
+def _pid_of(worker: object) -> int | None:
+    """A pool worker's pid (its ``Process`` object's; a fork's workers are started by a
+    ``Process`` class of its own, which no start record knows)."""
+    try:
+        pid = getattr(worker, "pid", None)
+    except Exception:  # noqa: BLE001 - a closed Process raises ValueError
+        return None
+    return pid if type(pid) is int else None
 
 
 #: How many times :func:`_test_of` reads an environment that reads empty.

@@ -271,14 +271,14 @@ def test_the_opt_in_subreaper_reaps_what_it_adopts_at_once(pytester: pytest.Pyte
 # --- a pool is stopped as a pool, never by killing its workers under it ----------------------
 
 LEAKED_POOL = """
-import multiprocessing as mp
 import threading
+{imports}
 
 def work(x):
     return x * 2
 
 def test_leaks_a_pool():
-    pool = mp.get_context("fork").Pool(2)
+    pool = {pool}(2)
     assert pool.map(work, range(20)) == [x * 2 for x in range(20)]
     stop = threading.Event()  # a thread keeps the pool alive past the test
     threading.Thread(target=lambda: stop.wait() and pool, daemon=True).start()
@@ -288,16 +288,87 @@ def test_next():
 """
 
 
+def forked_pool_module() -> str:
+    """multiprocessing.pool's code as another package's module, as billiard (celery's fork)
+    ships it: a ``Pool`` of the same shape that is no subclass of multiprocessing's."""
+    import inspect  # noqa: PLC0415
+    import multiprocessing.pool  # noqa: PLC0415
+
+    source = inspect.getsource(multiprocessing.pool)
+    source = source.replace("from . import", "from multiprocessing import")
+    return source.replace("from .connection import", "from multiprocessing.connection import")
+
+
+@pytest.mark.parametrize(
+    ("imports", "pool"),
+    [
+        pytest.param("import multiprocessing as mp", 'mp.get_context("fork").Pool', id="stdlib"),
+        pytest.param("from forkedmp.pool import Pool", "Pool", id="a-fork-of-its-code"),
+    ],
+)
 def test_a_leaked_pool_is_stopped_as_a_pool_and_the_exit_does_not_hang(
-    pytester: pytest.Pytester,
+    pytester: pytest.Pytester, imports: str, pool: str
 ) -> None:
     """Killing a live Pool's workers made its handler re-spawn them and its exit-time
-    finalizer wait forever on a lock a killed worker held: pytest never exited."""
-    pytester.makepyfile(test_pool=LEAKED_POOL)
+    finalizer wait forever on a lock a killed worker held: pytest never exited. A fork of
+    multiprocessing's pool code (billiard's) hung the same way: its Pool is no subclass."""
+    pytester.mkpydir("forkedmp").joinpath("pool.py").write_text(forked_pool_module())
+    pytester.makepyfile(test_pool=LEAKED_POOL.format(imports=imports, pool=pool))
     by_mode = run_modes(pytester, guarded=("--shutdown-grace=0.5",))
     assert by_mode["plain"] == by_mode["warn"]
     assert set(by_mode["plain"].values()) == {"PASSED"}
     assert by_mode["fail"] == {**by_mode["plain"], "test_pool.py::test_leaks_a_pool": "ERROR"}
+
+
+# --- a fork's process-lifetime helper that keeps no pid is no test's leak -------------------
+
+PIDLESS_TRACKER = """
+import os, sys, threading
+
+class SemaphoreTracker:
+    \"\"\"billiard's shape: started on first use, kept until exit; it keeps the pipe's write
+    end, not the pid, and its process reads until the pipe closes.\"\"\"
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._fd = None
+
+    def ensure_running(self):
+        with self._lock:
+            if self._fd is None:
+                r, w = os.pipe()
+                os.set_inheritable(r, True)
+                code = f"from trackerpkg.semaphore_tracker import main;main({r})"
+                os.posix_spawn(sys.executable, [sys.executable, "-c", code], os.environ)
+                os.close(r)
+                self._fd = w
+
+def main(fd):
+    with open(fd, "rb") as pipe:
+        pipe.read()
+
+_semaphore_tracker = SemaphoreTracker()
+ensure_running = _semaphore_tracker.ensure_running
+"""
+
+FIRST_USE = """
+from trackerpkg import semaphore_tracker
+
+def test_first_use_starts_the_tracker():
+    semaphore_tracker.ensure_running()
+
+def test_next():
+    pass
+"""
+
+
+def test_a_helper_known_by_its_command_line_is_not_a_leak(pytester: pytest.Pytester) -> None:
+    """billiard's semaphore tracker and fork server keep no pid: the first test to use them
+    errored in fail mode, and the process-lifetime helper was killed under the session."""
+    pytester.mkpydir("trackerpkg").joinpath("semaphore_tracker.py").write_text(PIDLESS_TRACKER)
+    pytester.makepyfile(test_tracker=FIRST_USE)
+    by_mode = run_modes(pytester)
+    assert set(by_mode["plain"].values()) == {"PASSED"}
+    assert by_mode["plain"] == by_mode["warn"] == by_mode["fail"]
 
 
 # --- what a session fixture's registry reaches is never the test's ---------------------------

@@ -212,3 +212,33 @@ def test_details_keep_each_finding_and_need_no_hint(where_suite: pytest.Pytester
     assert sum("[atexit-holds-object]" in line for line in section) == 5, section
     assert DETAILS_HINT not in section
     assert "    site: test_atexit at test_where.py:" in "\n".join(section)
+
+
+FORKED_AFTER_A_COMMAND = """
+import os, subprocess, sys, time
+
+def test_runs_a_command():
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+
+def test_forks_a_worker():
+    if os.fork() == 0:  # as billiard's Process starts a pool worker: no start record knows it
+        time.sleep(30)
+        os._exit(0)
+"""
+
+
+def test_our_own_forked_child_is_not_said_to_descend_from_an_earlier_command(
+    pytester: pytest.Pytester,
+) -> None:
+    """billiard's pool workers (forked by its own Process class) were described as started by
+    an earlier test's ``subprocess.run``, "through its ancestor": the last recorded process
+    started before them, which had ended long before."""
+    pytester.makepyfile(test_fork=FORKED_AFTER_A_COMMAND)
+    result = pytester.runpytest_subprocess(
+        "-p", "shutdown", "--shutdown-guard=fail", "--shutdown-grace=0.2", "--shutdown-details"
+    )
+    result.assert_outcomes(passed=2, errors=1)
+    text = result.stdout.str()
+    assert "[process-leak] 1 child process started in test_forks_a_worker" in text
+    assert "test_runs_a_command" not in text.split("short test summary")[0]
+    assert "through its ancestor" not in text and "first recorded ancestor" not in text

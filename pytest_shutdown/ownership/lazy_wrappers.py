@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pytest_shutdown._os.forks import forget_in_child, undo_in_forked_child
-from pytest_shutdown.ownership.origins import _AfterImport
+from pytest_shutdown.ownership.origins import _AfterImport, looks_like
 
 __all__ = ["LazyWrappers"]
 
@@ -56,11 +56,10 @@ class LazyWrappers:
         undo_in_forked_child(self._key, self._in_forked_child)
 
     def patch(self, key: str, owner: Any, attr: str, wrapper: Any) -> None:
-        """Put ``wrapper`` in place of ``owner.attr``, with the original's name and doc."""
+        """Put ``wrapper`` in place of ``owner.attr``, looking like the original (see
+        :func:`~pytest_shutdown.ownership.origins.looks_like`)."""
         original = getattr(owner, attr)
-        for name in ("__doc__", "__name__", "__qualname__"):
-            setattr(wrapper, name, getattr(original, name, attr if name != "__doc__" else None))
-        wrapper.__wrapped__ = original  # inspect.signature() reads the original's
+        looks_like(wrapper, original)
         if isinstance(owner, types.ModuleType):
             # Pickled by reference as owner.attr (os.kill sent to a process pool): the name
             # finds the wrapper here, and the original in a process without the plugin.

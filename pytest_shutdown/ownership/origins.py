@@ -33,6 +33,7 @@ __all__ = [
     "Origin",
     "capture_here",
     "install",
+    "looks_like",
     "origin_of",
     "origin_of_process",
     "origin_of_thread",
@@ -394,8 +395,8 @@ def install() -> None:
             _remember_process(getattr(self, "pid", None), self, origin, called_at)
 
     _originals.update({"thread": (thread_start, start), "popen": (popen_init, popen)})
-    _looks_like(start, thread_start)
-    _looks_like(popen, popen_init)
+    looks_like(start, thread_start)
+    looks_like(popen, popen_init)
     threading.Thread.start = start  # type: ignore[method-assign]
     subprocess.Popen.__init__ = popen  # type: ignore[method-assign]
     _wrap_start_new_thread()
@@ -410,7 +411,7 @@ def install() -> None:
     undo_in_forked_child("origins", _uninstall_in_forked_child)
 
 
-def _looks_like(wrapper: T, original: Any) -> T:
+def looks_like(wrapper: T, original: Any) -> T:
     """``wrapper`` with ``original``'s name, module and doc, and ``__wrapped__``: what reads it
     (``inspect.signature(subprocess.Popen)`` for a parameter, pickle) sees the original."""
     functools.update_wrapper(wrapper, original)  # type: ignore[arg-type]
@@ -444,7 +445,7 @@ def _wrap_start_new_thread() -> None:
         return original(run, args, kwargs or {})
 
     _originals["start_new_thread"] = (original, start_new_thread)
-    _thread.start_new_thread = _looks_like(start_new_thread, original)
+    _thread.start_new_thread = looks_like(start_new_thread, original)
 
 
 def _weak_run(function: Any) -> Any:
@@ -526,7 +527,7 @@ def _wrap_process_start(module: Any) -> None:
         return result
 
     _originals["process"] = (process_start, start_process)
-    module.BaseProcess.start = _looks_like(start_process, process_start)
+    module.BaseProcess.start = looks_like(start_process, process_start)
 
 
 def _stop_waiting_for_import(name: str | None = None) -> None:
@@ -628,7 +629,7 @@ def _wrap_shm(module: Any) -> None:
         _claim(name)
 
     _originals["shm"] = (init, shm_init)
-    module.SharedMemory.__init__ = _looks_like(shm_init, init)
+    module.SharedMemory.__init__ = looks_like(shm_init, init)
 
 
 def recorded_segment(name: str) -> tuple[object | None, Origin, int] | None:
